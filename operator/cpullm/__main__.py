@@ -1,0 +1,3 @@
+from cpullm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""Generates the CpuLLMService CRD from the pydantic models: the spec model is the schema.
+
+Pydantic's JSON Schema is turned into a structural OpenAPI v3 schema: $refs inlined, Optional unwrapped,
+titles dropped, free-form maps marked x-kubernetes-preserve-unknown-fields.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpullm.api.plan import Plan
+from cpullm.api.spec import GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION, CpuLLMServiceSpec
+
+_DROP = {"title", "$defs"}
+
+
+def _openapi(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    if "$ref" in schema:
+        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return _openapi(merged, defs)
+    if "anyOf" in schema:
+        branches = [b for b in schema["anyOf"] if b.get("type") != "null"]
+        if len(branches) != 1:
+            raise ValueError(f"unions are not structural: {schema}")
+        rest = {k: v for k, v in schema.items() if k != "anyOf"}
+        return _openapi({**branches[0], **rest}, defs)
+
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DROP or (key == "default" and value is None):
+            continue
+        if key == "properties":
+            out[key] = {name: _openapi(prop, defs) for name, prop in value.items()}
+        elif key == "items":
+            out[key] = _openapi(value, defs)
+        elif key == "additionalProperties":
+            if value is False:
+                continue  # extra=forbid: the API server prunes unknown fields anyway
+            if value is True or value == {}:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            else:
+                out[key] = _openapi(value, defs)
+        else:
+            out[key] = value
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    return out
+
+
+def model_schema(model: type[Any]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="serialization")
+    return _openapi(raw, raw.get("$defs", {}))
+
+
+def status_schema() -> dict[str, Any]:
+    condition = {
+        "type": "object",
+        "required": ["type", "status", "reason", "message", "lastTransitionTime"],
+        "properties": {
+            "type": {"type": "string"},
+            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
+            "reason": {"type": "string"},
+            "message": {"type": "string"},
+            "observedGeneration": {"type": "integer", "format": "int64"},
+            "lastTransitionTime": {"type": "string", "format": "date-time"},
+        },
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "observedGeneration": {"type": "integer", "format": "int64"},
+            "replicas": {"type": "integer", "description": "Pods of the Deployment."},
+            "readyReplicas": {"type": "integer", "description": "Ready pods of the Deployment."},
+            "selector": {"type": "string", "description": "Label selector of the pods (scale subresource)."},
+            "conditions": {
+                "type": "array",
+                "items": condition,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "plan": {**model_schema(Plan), "description": "What the planner decided (see `cpullm plan`)."},
+        },
+    }
+
+
+def build_crd() -> dict[str, Any]:
+    spec = model_schema(CpuLLMServiceSpec)
+    spec["description"] = "A model served by vLLM's CPU backend, planned for the cluster's CPU topology."
+    columns = [
+        ("Model", "string", ".spec.model.name", 0),
+        ("TP", "integer", ".status.plan.tensorParallelSize", 0),
+        ("KV GiB", "integer", ".status.plan.kvCacheGiB", 1),
+        ("Bind", "string", ".status.plan.threadsBind", 1),
+        ("Replicas", "integer", ".spec.replicas", 0),
+        ("Ready", "integer", ".status.readyReplicas", 0),
+        ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "plural": PLURAL,
+                "singular": SINGULAR,
+                "shortNames": [SHORT_NAME],
+                "categories": ["all"],
+            },
+            "scope": "Namespaced",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string"},
+                                "kind": {"type": "string"},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                                "status": status_schema(),
+                            },
+                        }
+                    },
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": n, "type": t, "jsonPath": p, **({"priority": prio} if prio else {})}
+                        for n, t, p, prio in columns
+                    ],
+                }
+            ],
+        },
+    }

@@ -1,0 +1,47 @@
+"""The plan: what the planner decided for one CpuLLMService. Printed by `cpullm plan` and stored in
+`status.plan`; its schema in the CRD is generated from this model."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class NodeProfileSummary(_Model):
+    """The shape shared by the nodes the plan runs on."""
+
+    arch: str
+    numa_nodes: int
+    numa_source: str = Field(description="Label the NUMA count came from, or 'default' (1).")
+    cpus: int = Field(description="Allocatable whole CPUs of each node.")
+    memory_bytes: int = Field(description="Smallest allocatable memory among the profile's nodes.")
+    smt: bool | None = None
+    cpu_manager_policy: str | None = None
+    isa: list[str] = Field(default_factory=list)
+
+
+class Plan(_Model):
+    tensor_parallel_size: int
+    kv_cache_gi_b: int = Field(alias="kvCacheGiB", description="VLLM_CPU_KVCACHE_SPACE, per rank.")
+    kv_cache_source: str = Field(description="'explicit' (spec.kvCacheGiB) or 'derived' (maxModelLen x maxNumSeqs).")
+    kv_tokens_per_rank: int = Field(description="Tokens the per-rank KV cache holds.")
+    threads_bind: str = Field(description="VLLM_CPU_OMP_THREADS_BIND.")
+    reserved_cpus_per_rank: int
+    omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")
+    cpus_per_rank: int
+    cpu: int = Field(description="Whole CPUs requested and limited for the container.")
+    weights_bytes: int
+    weight_shard_bytes: int = Field(description="Weight bytes per rank.")
+    kv_bytes_per_token: int = Field(description="KV bytes per token for the whole model.")
+    rank_overhead_bytes: int
+    shm_bytes: int
+    memory_limit_bytes: int = Field(description="Container memory request and limit.")
+    max_model_len: int | None = None
+    image: str
+    node_profile: NodeProfileSummary
+    eligible_nodes: list[str]
+    summary: str = Field(description="One line: what was chosen and why.")

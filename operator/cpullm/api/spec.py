@@ -1,0 +1,212 @@
+"""The CpuLLMService spec: the one source of truth for the CRD schema (see api/crd.py) and for parsing.
+
+Field descriptions become `kubectl explain` text. Checks that the API server can make (ranges, enums,
+CEL rules in `json_schema_extra`) live here too, so a bad spec is refused at admission; the same rules run
+again in pydantic when the CLI parses a file.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic.alias_generators import to_camel
+
+GROUP = "cpullm.io"
+VERSION = "v1alpha1"
+KIND = "CpuLLMService"
+PLURAL = "cpullmservices"
+SINGULAR = "cpullmservice"
+SHORT_NAME = "cpullm"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+# One range list per rank, ranks separated by '|': "0-31|32-63", "0,2,4|1,3,5".
+_CPU_LIST = r"\d+(-\d+)?(,\d+(-\d+)?)*"
+EXPLICIT_BIND_PATTERN = rf"^{_CPU_LIST}(\|{_CPU_LIST})*$"
+# lscpu flag names: lower case letters, digits and '_'.
+ISA_FLAG_PATTERN = r"^[a-z0-9_]+$"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class DType(StrEnum):
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FLOAT32 = "float32"
+
+
+class ThreadsBindMode(StrEnum):
+    AUTO = "auto"
+    NOBIND = "nobind"
+
+
+class ModelSource(_Model):
+    name: str = Field(
+        min_length=1,
+        description="Hugging Face model id (org/name) or an absolute path inside the container "
+        "(for example on the model cache volume, which is mounted at /models).",
+    )
+    revision: str | None = Field(default=None, description="Hugging Face revision (branch, tag or commit).")
+    dtype: DType = Field(
+        default=DType.BFLOAT16,
+        description="Weight and activation dtype passed to vLLM (--dtype). bfloat16 is recommended on CPU; "
+        "float16 is discouraged by vLLM's CPU backend.",
+    )
+    config: dict[str, Any] | None = Field(
+        default=None,
+        description="Inline Hugging Face config.json fields used for sizing (model_type, hidden_size, "
+        "intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, "
+        "vocab_size, tie_word_embeddings, max_position_embeddings). When absent the operator fetches "
+        "config.json from the Hugging Face Hub.",
+    )
+    weights_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="Total weight bytes in the serving dtype; overrides the size computed from the config.",
+    )
+
+
+class CpuSettings(_Model):
+    required_isa: list[Annotated[str, Field(pattern=ISA_FLAG_PATTERN)]] = Field(
+        default_factory=list,
+        alias="requiredISA",
+        description="CPU flags every chosen node must have, as lscpu names (avx512f, avx512_bf16, amx_bf16, "
+        "avx2, ...). Read from Node Feature Discovery labels or cpullm.io/isa.<flag> labels.",
+    )
+    reserved_cpus_per_rank: int | None = Field(
+        default=None,
+        ge=0,
+        description="Cores per rank kept off OpenMP for the HTTP front end (VLLM_CPU_NUM_OF_RESERVED_CPU). "
+        "Default: 1 when a rank has more than 2 physical cores, else 0.",
+    )
+    cpus_per_rank: int | None = Field(
+        default=None,
+        ge=1,
+        description="Whole CPUs requested per rank. Default: every allocatable CPU of one NUMA node.",
+    )
+    threads_bind: str = Field(
+        default=ThreadsBindMode.AUTO.value,
+        description="VLLM_CPU_OMP_THREADS_BIND. 'auto' binds rank N to the N-th NUMA node of the pod's "
+        "cpuset (nodes labelled cpullm.io/cpu-manager-policy=none get 'nobind' instead); 'nobind' uses "
+        "OMP_NUM_THREADS; an explicit list gives each rank's CPUs, ranks separated by '|' (e.g. "
+        "'0-31|32-63'): use it only where the container's CPU ids are known.",
+        pattern=rf"^(auto|nobind|{EXPLICIT_BIND_PATTERN[1:-1]})$",
+    )
+
+
+class Toleration(_Model):
+    key: str | None = None
+    operator: str | None = Field(default=None, json_schema_extra={"enum": ["Exists", "Equal"]})
+    value: str | None = None
+    effect: str | None = Field(
+        default=None, json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]}
+    )
+    toleration_seconds: int | None = None
+
+
+class EnvVar(_Model):
+    name: str = Field(min_length=1)
+    value: str | None = None
+    value_from: dict[str, Any] | None = Field(default=None, description="As in a container's env[].valueFrom.")
+
+
+class SecretKeyRef(_Model):
+    name: str = Field(min_length=1, description="Secret in the service's namespace.")
+    key: str = Field(default="HF_TOKEN", description="Key holding the Hugging Face token.")
+
+
+class PersistentVolumeClaimRef(_Model):
+    claim_name: str = Field(min_length=1)
+
+
+class EmptyDirCache(_Model):
+    size_limit: str | None = Field(default=None, description="Quantity, e.g. 50Gi.")
+
+
+class ModelCache(_Model):
+    """Where downloaded weights live (mounted at /models, HF_HOME=/models/huggingface)."""
+
+    persistent_volume_claim: PersistentVolumeClaimRef | None = None
+    empty_dir: EmptyDirCache | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ModelCache:
+        if (self.persistent_volume_claim is None) == (self.empty_dir is None):
+            raise ValueError("modelCache needs exactly one of persistentVolumeClaim or emptyDir")
+        return self
+
+
+class ServiceSettings(_Model):
+    port: int = Field(default=8000, ge=1, le=65535, description="Port of the OpenAI-compatible API.")
+    type: str = Field(default="ClusterIP", json_schema_extra={"enum": ["ClusterIP", "NodePort", "LoadBalancer"]})
+
+
+_CEL_KV_SOURCE: dict[str, JsonValue] = {
+    "rule": "has(self.kvCacheGiB) || (has(self.maxModelLen) && has(self.maxNumSeqs))",
+    "message": "set kvCacheGiB, or maxModelLen and maxNumSeqs to derive it",
+}
+_CEL_CACHE_ONE_OF: dict[str, JsonValue] = {
+    "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
+    "message": "modelCache needs exactly one of persistentVolumeClaim or emptyDir",
+}
+
+
+class CpuLLMServiceSpec(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_KV_SOURCE]})
+
+    model: ModelSource
+    replicas: int = Field(default=1, ge=0, le=1000, description="Number of vLLM pods (scale subresource).")
+    image: str | None = Field(
+        default=None,
+        description="vLLM CPU image. Default: the pinned vllm/vllm-openai-cpu image for the chosen nodes' arch.",
+    )
+    tensor_parallel_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="Ranks per pod. Default: one per NUMA node of the chosen nodes, capped to what vLLM "
+        "supports (divides the attention and KV heads, never 6) and to memory.",
+    )
+    kv_cache_gi_b: int | None = Field(
+        default=None,
+        alias="kvCacheGiB",
+        ge=1,
+        description="KV cache per rank in whole GiB (VLLM_CPU_KVCACHE_SPACE). Default: derived from "
+        "maxModelLen x maxNumSeqs.",
+    )
+    max_model_len: int | None = Field(default=None, ge=1, description="Context length (--max-model-len).")
+    max_num_seqs: int | None = Field(default=None, ge=1, description="Concurrent sequences (--max-num-seqs).")
+    cpu: CpuSettings = Field(default_factory=CpuSettings)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: list[Toleration] = Field(default_factory=list)
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="Pod affinity as in a pod spec. Its required node affinity also narrows the eligible "
+        "nodes; the operator adds the nodes it chose.",
+    )
+    env: list[EnvVar] = Field(default_factory=list, description="Extra container env; wins over the operator's.")
+    extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments, appended.")
+    hf_token_secret: SecretKeyRef | None = Field(
+        default=None, description="Secret with a Hugging Face token, for gated models (pod and operator)."
+    )
+    model_cache: ModelCache | None = Field(
+        default=None,
+        description="Volume for downloaded weights, mounted at /models. Default: an emptyDir.",
+        json_schema_extra={"x-kubernetes-validations": [_CEL_CACHE_ONE_OF]},
+    )
+    service: ServiceSettings = Field(default_factory=ServiceSettings)
+    numa_privileges: bool = Field(
+        default=True,
+        description="Give the vLLM container seccomp Unconfined and SYS_NICE, which vLLM needs for "
+        "get_mempolicy/migrate_pages (NUMA memory binding). Pod Security baseline and restricted reject "
+        "them: set false there, and vLLM runs without NUMA memory migration.",
+    )
+
+    @model_validator(mode="after")
+    def _kv_source(self) -> CpuLLMServiceSpec:
+        if self.kv_cache_gi_b is None and (self.max_model_len is None or self.max_num_seqs is None):
+            raise ValueError(str(_CEL_KV_SOURCE["message"]))
+        return self

@@ -1,0 +1,197 @@
+"""Desired Deployment and Service for one CpuLLMService, built purely from its spec and plan."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cpullm.api.plan import Plan
+from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
+from cpullm.core import constants as c
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "cpullm-operator"
+SERVICE_LABEL = "cpullm.io/service"
+CONTAINER_NAME = "vllm"
+PORT_NAME = "http"
+VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The CpuLLMService the children belong to. uid is None when rendering offline (no owner reference)."""
+
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+def labels(owner: Owner) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": owner.name,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        SERVICE_LABEL: owner.name,
+    }
+
+
+def selector(owner: Owner) -> dict[str, str]:
+    return {SERVICE_LABEL: owner.name}
+
+
+def _metadata(owner: Owner) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": owner.name, "namespace": owner.namespace, "labels": labels(owner)}
+    if owner.uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta
+
+
+def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
+    model = spec.model
+    args = ["--model", model.name]
+    if model.revision:
+        args += ["--revision", model.revision]
+    args += ["--dtype", model.dtype.value, "--tensor-parallel-size", str(plan.tensor_parallel_size)]
+    if plan.tensor_parallel_size > 1:
+        args += ["--distributed-executor-backend", "mp"]
+    if spec.max_model_len is not None:
+        args += ["--max-model-len", str(spec.max_model_len)]
+    if spec.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(spec.max_num_seqs)]
+    args += ["--host", "0.0.0.0", "--port", str(spec.service.port)]
+    return args + list(spec.extra_args)
+
+
+def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
+    """The operator's env, then the user's: a user entry replaces the operator's entry of the same name."""
+    env: list[dict[str, Any]] = [
+        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(plan.kv_cache_gi_b)},
+        {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": plan.threads_bind},
+        {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": str(plan.reserved_cpus_per_rank)},
+    ]
+    if plan.omp_num_threads is not None:
+        env.append({"name": "OMP_NUM_THREADS", "value": str(plan.omp_num_threads)})
+    tcmalloc = c.TCMALLOC_PATH.get(plan.node_profile.arch)
+    if tcmalloc:
+        env.append({"name": "LD_PRELOAD", "value": tcmalloc})
+    env.append({"name": "HF_HOME", "value": c.HF_HOME})
+    if spec.hf_token_secret is not None:
+        ref = spec.hf_token_secret
+        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    user = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
+    overridden = {e["name"] for e in user}
+    return [e for e in env if e["name"] not in overridden] + user
+
+
+def _probes(plan: Plan) -> dict[str, Any]:
+    def http(**extra: int) -> dict[str, Any]:
+        return {"httpGet": {"path": "/health", "port": PORT_NAME}, **extra}
+
+    shard_gib = plan.weight_shard_bytes * plan.tensor_parallel_size / c.GiB
+    startup_seconds = c.STARTUP_BASE_SECONDS + math.ceil(shard_gib * c.STARTUP_SECONDS_PER_WEIGHT_GIB)
+    return {
+        "startupProbe": http(
+            periodSeconds=c.PROBE_PERIOD_SECONDS,
+            timeoutSeconds=5,
+            failureThreshold=math.ceil(startup_seconds / c.PROBE_PERIOD_SECONDS),
+        ),
+        "readinessProbe": http(periodSeconds=c.PROBE_PERIOD_SECONDS, timeoutSeconds=5, failureThreshold=3),
+        # A CPU server under full load answers slowly: be patient before restarting it.
+        "livenessProbe": http(periodSeconds=30, timeoutSeconds=10, failureThreshold=5),
+    }
+
+
+def _affinity(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
+    """The user's affinity with the required node affinity replaced by the plan's nodes (the user's own
+    required terms were already applied when the planner chose them)."""
+    affinity = {k: v for k, v in (spec.affinity or {}).items()}
+    node_affinity = dict(affinity.get("nodeAffinity") or {})
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
+        "nodeSelectorTerms": [
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(plan.eligible_nodes)}]}
+        ]
+    }
+    affinity["nodeAffinity"] = node_affinity
+    return affinity
+
+
+def _volumes(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
+    cache: dict[str, Any] = {"emptyDir": {}}
+    if spec.model_cache and spec.model_cache.persistent_volume_claim:
+        cache = {"persistentVolumeClaim": {"claimName": spec.model_cache.persistent_volume_claim.claim_name}}
+    elif spec.model_cache and spec.model_cache.empty_dir and spec.model_cache.empty_dir.size_limit:
+        cache = {"emptyDir": {"sizeLimit": spec.model_cache.empty_dir.size_limit}}
+    return [
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{plan.shm_bytes // c.MiB}Mi"}},
+        {"name": "model-cache", **cache},
+    ]
+
+
+def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
+    resources = {"cpu": str(plan.cpu), "memory": f"{plan.memory_limit_bytes // c.MiB}Mi"}
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": plan.image,
+        "command": list(VLLM_COMMAND),
+        "args": vllm_args(spec, plan),
+        "env": vllm_env(spec, plan),
+        "ports": [{"name": PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"}],
+        # Guaranteed QoS (requests == limits, whole CPUs): the static CPU manager gives exclusive cores.
+        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        "volumeMounts": [
+            {"name": "dshm", "mountPath": "/dev/shm"},
+            {"name": "model-cache", "mountPath": c.MODEL_CACHE_MOUNT},
+        ],
+        **_probes(plan),
+    }
+    if spec.numa_privileges:
+        container["securityContext"] = {
+            "seccompProfile": {"type": "Unconfined"},
+            "capabilities": {"add": ["SYS_NICE"]},
+        }
+    pod_spec: dict[str, Any] = {
+        "containers": [container],
+        "affinity": _affinity(spec, plan),
+        "volumes": _volumes(spec, plan),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": selector(owner)},
+            # A pod takes most of a node: a surge pod would sit Pending, so replace one at a time.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {"metadata": {"labels": labels(owner)}, "spec": pod_spec},
+        },
+    }
+
+
+def build_service(owner: Owner, spec: CpuLLMServiceSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner),
+        "spec": {
+            "type": spec.service.type,
+            "selector": selector(owner),
+            "ports": [{"name": PORT_NAME, "port": spec.service.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }

@@ -1,0 +1,105 @@
+"""The CpuLLMService status, computed purely from what reconcile saw. The clock is an argument.
+
+Conditions:
+- Planned: True when the spec was planned on the current nodes; False names the refusal (NoEligibleNode,
+  ModelTooLarge, InvalidTensorParallelSize, KVCacheTooSmall, ModelConfigUnavailable, InvalidSpec, ...).
+- Ready: True when every desired replica is ready (or none is desired); False says why (the plan failed,
+  or pods are still starting).
+On a failed plan the last good plan stays in status.plan: it is what the Deployment still runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from cpullm.api.plan import Plan
+from cpullm.core.manifests import SERVICE_LABEL
+from cpullm.errors import CpuLLMError
+
+PLANNED = "Planned"
+READY = "Ready"
+
+
+def condition(
+    type_: str,
+    ok: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+    previous: Sequence[Mapping[str, Any]] = (),
+) -> dict[str, Any]:
+    """A metav1.Condition; lastTransitionTime moves only when the status flips."""
+    status = "True" if ok else "False"
+    old = next((c for c in previous if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "lastTransitionTime": since or now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+
+
+def compute_status(
+    *,
+    name: str,
+    generation: int,
+    desired_replicas: int,
+    outcome: Plan | CpuLLMError,
+    deployment_status: Mapping[str, Any] | None,
+    previous: Mapping[str, Any],
+    now: datetime,
+) -> dict[str, Any]:
+    conditions = previous.get("conditions") or []
+    deployment_status = deployment_status or {}
+    replicas = int(deployment_status.get("replicas") or 0)
+    ready = int(deployment_status.get("readyReplicas") or 0)
+
+    if isinstance(outcome, Plan):
+        plan: Any = outcome.model_dump(by_alias=True, mode="json", exclude_none=True)
+        planned = condition(PLANNED, True, "Planned", outcome.summary, generation, now, conditions)
+        if desired_replicas == 0:
+            ready_ok, reason, message = True, "ScaledToZero", "no replicas requested"
+        elif ready >= desired_replicas:
+            ready_ok, reason, message = True, "Available", f"{ready}/{desired_replicas} replicas ready"
+        else:
+            ready_ok, reason, message = False, "Progressing", f"{ready}/{desired_replicas} replicas ready"
+    else:
+        plan = previous.get("plan")
+        planned = condition(PLANNED, False, outcome.reason, outcome.message, generation, now, conditions)
+        kept = "; the last applied Deployment is left as it was" if plan else ""
+        ready_ok, reason, message = False, outcome.reason, f"not planned: {outcome.message}{kept}"
+
+    status: dict[str, Any] = {
+        "observedGeneration": generation,
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "selector": f"{SERVICE_LABEL}={name}",
+        "conditions": [planned, condition(READY, ready_ok, reason, message, generation, now, conditions)],
+    }
+    if plan is not None:
+        status["plan"] = plan
+    return status
+
+
+def status_changes(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """The top-level status keys whose value differs: the merge patch to send, empty when nothing changed."""
+    return {key: value for key, value in desired.items() if current.get(key) != value}
+
+
+def changed_conditions(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Conditions that flipped or changed reason, and a Planned whose message (the plan) changed: what
+    deserves an event. Progress counts alone ('1/2 replicas ready' -> '2/2') do not."""
+    before = {c.get("type"): c for c in current.get("conditions") or []}
+
+    def key(cond: Mapping[str, Any]) -> tuple[Any, ...]:
+        return (cond.get("status"), cond.get("reason")) + (
+            (cond.get("message"),) if cond.get("type") == PLANNED else ()
+        )
+
+    return [c for c in desired.get("conditions") or [] if key(before.get(c["type"], {"type": c["type"]})) != key(c)]

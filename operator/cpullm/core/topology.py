@@ -1,0 +1,176 @@
+"""Node objects -> NodeProfile: what the planner needs to know about one node, read from its labels.
+
+The label contract (README, "Node labels"):
+- NUMA count: `cpullm.io/numa-nodes` (explicit), else `feature.node.kubernetes.io/memory-numa.node_count`
+  (published by an NFD NodeFeatureRule from feature `memory.numa`), else 1.
+- ISA: `feature.node.kubernetes.io/cpu-cpuid.<FLAG>=true` (NFD), overridden by `cpullm.io/isa.<flag>=true|false`.
+- SMT: `feature.node.kubernetes.io/cpu-hardware_multithreading=true|false`.
+- CPU manager policy: `cpullm.io/cpu-manager-policy=static|none` (the kubelet does not publish it).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from cpullm.errors import NodeLabelError
+
+NFD_PREFIX = "feature.node.kubernetes.io/"
+NFD_CPUID_PREFIX = NFD_PREFIX + "cpu-cpuid."
+NFD_NUMA_COUNT = NFD_PREFIX + "memory-numa.node_count"
+NFD_SMT = NFD_PREFIX + "cpu-hardware_multithreading"
+NUMA_NODES_LABEL = "cpullm.io/numa-nodes"
+ISA_LABEL_PREFIX = "cpullm.io/isa."
+CPU_MANAGER_POLICY_LABEL = "cpullm.io/cpu-manager-policy"
+ARCH_LABEL = "kubernetes.io/arch"
+MAX_NUMA_NODES = 64
+
+# NFD cpuid names whose lscpu spelling is not simply the lower-cased name.
+_NFD_TO_LSCPU = {
+    "AVX512VNNI": "avx512_vnni",
+    "AVX512BF16": "avx512_bf16",
+    "AVX512FP16": "avx512_fp16",
+    "AVX512BITALG": "avx512_bitalg",
+    "AVX512VBMI2": "avx512_vbmi2",
+    "AVX512VPOPCNTDQ": "avx512_vpopcntdq",
+    "AVX512VP2INTERSECT": "avx512_vp2intersect",
+    "AVXVNNI": "avx_vnni",
+    "AVXVNNIINT8": "avx_vnni_int8",
+    "AMXTILE": "amx_tile",
+    "AMXBF16": "amx_bf16",
+    "AMXINT8": "amx_int8",
+    "AMXFP16": "amx_fp16",
+    "FMA3": "fma",
+}
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str | None
+    effect: str
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    name: str
+    arch: str
+    cpus: int
+    memory_bytes: int
+    numa_nodes: int
+    numa_source: str
+    isa: frozenset[str]
+    smt: bool | None
+    cpu_manager_policy: str | None
+    unschedulable: bool = False
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
+    taints: tuple[Taint, ...] = ()
+
+    @property
+    def shape(self) -> tuple[object, ...]:
+        """Nodes with the same shape get the same plan; memory may differ (the profile takes the least)."""
+        return (self.arch, self.numa_nodes, self.cpus, tuple(sorted(self.isa)), self.smt, self.cpu_manager_policy)
+
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+_SUFFIX = {
+    "": Decimal(1),
+    "m": Decimal("0.001"),
+    "k": Decimal(10) ** 3,
+    "M": Decimal(10) ** 6,
+    "G": Decimal(10) ** 9,
+    "T": Decimal(10) ** 12,
+    "P": Decimal(10) ** 15,
+    "E": Decimal(10) ** 18,
+    "Ki": Decimal(2) ** 10,
+    "Mi": Decimal(2) ** 20,
+    "Gi": Decimal(2) ** 30,
+    "Ti": Decimal(2) ** 40,
+    "Pi": Decimal(2) ** 50,
+    "Ei": Decimal(2) ** 60,
+}
+
+
+def parse_quantity(text: str | int | float) -> Decimal:
+    """A Kubernetes resource quantity ('15900m', '64Gi', '1e9') as a Decimal."""
+    match = _QUANTITY.match(str(text).strip())
+    if not match or match.group(2) not in _SUFFIX:
+        raise ValueError(f"not a quantity: {text!r}")
+    try:
+        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except InvalidOperation as err:
+        raise ValueError(f"not a quantity: {text!r}") from err
+
+
+def parse_node(node: Mapping[str, Any]) -> NodeProfile:
+    """Read one Node object (as the API returns it). Raises NodeLabelError when a label cannot be used."""
+    metadata = node.get("metadata") or {}
+    name = str(metadata.get("name", ""))
+    labels: Mapping[str, str] = metadata.get("labels") or {}
+    spec = node.get("spec") or {}
+    status = node.get("status") or {}
+    allocatable = status.get("allocatable") or status.get("capacity") or {}
+
+    def fail(why: str) -> NodeLabelError:
+        return NodeLabelError(f"node {name}: {why}")
+
+    try:
+        cpus = math.floor(parse_quantity(allocatable.get("cpu", 0)))
+        memory_bytes = math.floor(parse_quantity(allocatable.get("memory", 0)))
+    except ValueError as err:
+        raise fail(f"allocatable: {err}") from err
+
+    numa_nodes, numa_source = 1, "default"
+    for label in (NUMA_NODES_LABEL, NFD_NUMA_COUNT):
+        if label in labels:
+            value = labels[label]
+            if not value.isdigit() or not 1 <= int(value) <= MAX_NUMA_NODES:
+                raise fail(f"label {label}={value!r} is not a NUMA node count (1-{MAX_NUMA_NODES})")
+            numa_nodes, numa_source = int(value), label
+            break
+
+    isa: set[str] = set()
+    overrides: dict[str, bool] = {}
+    for key, value in labels.items():
+        if key.startswith(NFD_CPUID_PREFIX):
+            flag = key[len(NFD_CPUID_PREFIX) :]
+            if _parse_bool(key, value, fail):
+                isa.add(_NFD_TO_LSCPU.get(flag, flag.lower()))
+        elif key.startswith(ISA_LABEL_PREFIX):
+            overrides[key[len(ISA_LABEL_PREFIX) :]] = _parse_bool(key, value, fail)
+    for flag, present in overrides.items():
+        (isa.add if present else isa.discard)(flag)
+
+    smt = _parse_bool(NFD_SMT, labels[NFD_SMT], fail) if NFD_SMT in labels else None
+    policy = labels.get(CPU_MANAGER_POLICY_LABEL)
+    if policy is not None and policy not in ("static", "none"):
+        raise fail(f"label {CPU_MANAGER_POLICY_LABEL}={policy!r} is not 'static' or 'none'")
+
+    arch = labels.get(ARCH_LABEL) or (status.get("nodeInfo") or {}).get("architecture") or "unknown"
+    taints = tuple(
+        Taint(key=t.get("key", ""), value=t.get("value"), effect=t.get("effect", "")) for t in spec.get("taints") or []
+    )
+    return NodeProfile(
+        name=name,
+        arch=arch,
+        cpus=cpus,
+        memory_bytes=memory_bytes,
+        numa_nodes=numa_nodes,
+        numa_source=numa_source,
+        isa=frozenset(isa),
+        smt=smt,
+        cpu_manager_policy=policy,
+        unschedulable=bool(spec.get("unschedulable", False)),
+        labels=dict(labels),
+        taints=taints,
+    )
+
+
+def _parse_bool(key: str, value: str, fail: Any) -> bool:
+    if value not in ("true", "false"):
+        raise fail(f"label {key}={value!r} is not 'true' or 'false'")
+    return value == "true"

@@ -1,0 +1,83 @@
+"""Typed errors. Each carries the condition `reason` it is reported under; controller/outcomes.py maps
+them to Kopf (retry or not) in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+
+class CpuLLMError(Exception):
+    """Base of every error the operator reports on a resource."""
+
+    reason: ClassVar[str] = "Error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidSpec(CpuLLMError):
+    reason = "InvalidSpec"
+
+
+class PlanRefusal(CpuLLMError):
+    """The spec cannot be planned on the nodes there are. Permanent until the spec or the nodes change."""
+
+    reason = "PlanRefused"
+
+
+class NoEligibleNode(PlanRefusal):
+    reason = "NoEligibleNode"
+
+    def __init__(self, rejections: Mapping[str, str]) -> None:
+        self.rejections = dict(rejections)
+        super().__init__(summarize_rejections(self.rejections))
+
+
+class ModelTooLarge(PlanRefusal):
+    reason = "ModelTooLarge"
+
+
+class InvalidTensorParallelSize(PlanRefusal):
+    reason = "InvalidTensorParallelSize"
+
+
+class KVCacheTooSmall(PlanRefusal):
+    reason = "KVCacheTooSmall"
+
+
+class UnsupportedModel(PlanRefusal):
+    reason = "UnsupportedModel"
+
+
+class ModelConfigUnavailable(CpuLLMError):
+    """The model's config could not be had (Hub down, gated, path without inline config). Retried."""
+
+    reason = "ModelConfigUnavailable"
+
+
+class NodeLabelError(CpuLLMError):
+    """A node's topology labels cannot be parsed; the node is skipped."""
+
+    reason = "InvalidNodeLabels"
+
+
+def summarize_rejections(rejections: Mapping[str, str]) -> str:
+    """'no eligible node: lacks amx_bf16 (2: a, b); tainted (1: c)' — grouped so big pools stay readable."""
+    if not rejections:
+        return "no eligible node: the cluster has no nodes"
+    by_reason: dict[str, list[str]] = {}
+    for node, why in sorted(rejections.items()):
+        by_reason.setdefault(why, []).append(node)
+    parts = []
+    for why, nodes in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
+        shown = ", ".join(nodes[:3]) + (", ..." if len(nodes) > 3 else "")
+        parts.append(f"{why} ({len(nodes)}: {shown})")
+    return "no eligible node: " + "; ".join(parts)
+
+
+class PermissionDenied(CpuLLMError):
+    """The API server refused the operator an action its RBAC should grant. Retried."""
+
+    reason = "PermissionDenied"

@@ -1,0 +1,134 @@
+"""The one module that talks to the Kubernetes API (Kopf's own watching aside).
+
+Children are written with server-side apply under one field manager, so the operator owns exactly the
+fields it sets: drift in them is reverted, fields others own (an HPA's, kubectl annotations) are left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any, cast
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from cpullm.api.spec import GROUP, PLURAL, VERSION
+from cpullm.errors import PermissionDenied
+
+FIELD_MANAGER = "cpullm-operator"
+APPLY = "application/apply-patch+yaml"
+MERGE = "application/merge-patch+json"
+log = logging.getLogger(__name__)
+
+
+class Kube:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.apps = client.AppsV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.custom = client.CustomObjectsApi(api_client)
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient())
+
+    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply a Deployment or Service; returns the object as stored (status included)."""
+        meta = manifest["metadata"]
+        call: Any = {"Deployment": self.apps.patch_namespaced_deployment, "Service": self.core.patch_namespaced_service}
+        with _permission(f"apply {manifest['kind']} {meta['namespace']}/{meta['name']}"):
+            response = call[manifest["kind"]](
+                meta["name"],
+                meta["namespace"],
+                dict(manifest),
+                field_manager=FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+                _preload_content=False,
+            )
+        return _json(response)
+
+    def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        with _permission(f"read Deployment {namespace}/{name}"):
+            try:
+                response = self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
+            except ApiException as err:
+                if err.status == 404:
+                    return None
+                raise
+        return _json(response)
+
+    def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        with _permission(f"patch {PLURAL}/status {namespace}/{name}"):
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}, _content_type=MERGE
+            )
+
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        """The decoded value, or None when the secret or key does not exist."""
+        try:
+            secret = self.core.read_namespaced_secret(name, namespace)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            if err.status == 403:
+                raise PermissionDenied(f"cannot read secret {namespace}/{name}: {err.reason}") from err
+            raise
+        value = (secret.data or {}).get(key)
+        return base64.b64decode(value).decode() if value is not None else None
+
+    def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `regarding` ({apiVersion, kind, name, namespace, uid}). Best effort."""
+        now = datetime.now(UTC)
+        namespace = regarding.get("namespace") or "default"
+        body = {
+            "metadata": {"generateName": f"{regarding['name']}.", "namespace": namespace},
+            "involvedObject": dict(regarding),
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(namespace, cast(Any, body))
+        except ApiException as err:
+            log.warning("could not post event %s on %s/%s: %s", reason, namespace, regarding["name"], err.reason)
+
+
+class _permission:
+    """Turns a 403 into PermissionDenied naming the action, so status says which rule is missing."""
+
+    def __init__(self, action: str) -> None:
+        self.action = action
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: object, err: BaseException | None, tb: object) -> None:
+        if isinstance(err, ApiException) and err.status == 403:
+            raise PermissionDenied(f"forbidden to {self.action}: {_message(err)}") from err
+
+
+def _json(response: Any) -> dict[str, Any]:
+    """The body of a call made with _preload_content=False (the client's models drop unknown fields)."""
+    result: dict[str, Any] = json.loads(response.data)
+    return result
+
+
+def _message(err: ApiException) -> str:
+    try:
+        return str(json.loads(err.body or "").get("message", err.reason))
+    except (TypeError, ValueError):
+        return str(err.reason)

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Builds the local control plane's tools from the Go module proxy and caches them, keyed by version,
+# under ${CPULLM_TOOLS_CACHE:-$HOME/.cache/cpullm-operator/tools}. Idempotent: a tool whose binaries are
+# already in the cache is skipped, so a warm run takes seconds. Nothing is written inside the repo.
+#
+#   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind (default: all)
+#
+# Prints, last, the directory of each tool (one `NAME_BIN_DIR=path` line per tool built or found).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=tool-versions.env
+source "$here/tool-versions.env"
+cache=${CPULLM_TOOLS_CACHE:-$HOME/.cache/cpullm-operator/tools}
+export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+mkdir -p "$cache"
+
+log() { echo "build-tools: $*" >&2; }
+
+# have DIR BIN... : true when every BIN is an executable in DIR
+have() { local dir=$1; shift; for b in "$@"; do [[ -x $dir/$b ]] || return 1; done; }
+
+# Builds into a temporary directory and renames it into place, so an interrupted build never leaves
+# a half-filled cache entry behind.
+publish() { local tmp=$1 dir=$2; rm -rf "$dir"; mv "$tmp" "$dir"; }
+
+build_kubernetes() {
+  local v=$KUBERNETES_VERSION dir=$cache/kubernetes-$KUBERNETES_VERSION
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  if have "$dir" "${bins[@]}"; then echo "KUBERNETES_BIN_DIR=$dir"; return; fi
+  log "kubernetes $v: building ${bins[*]} (cold: tens of minutes)"
+  local work=$cache/src/kubernetes-$v tmp=$dir.tmp
+  rm -rf "$tmp"; mkdir -p "$work" "$tmp"
+  # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging paths,
+  # so it cannot be built as a dependency as is. A wrapper module replaces each staging module with its
+  # published release (v1.X.Y -> v0.X.Y), the list taken from the real go.mod of this version.
+  local gomod staging
+  gomod=$(go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+  staging="v0.${v#v1.}"
+  (
+    cd "$work"
+    rm -f go.mod go.sum
+    go mod init cpullm.local/kubernetes-tools >/dev/null 2>&1
+    grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk '{print $1}' | while read -r m; do
+      go mod edit -replace "$m=$m@$staging"
+    done
+    go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$v" "k8s.io/kubernetes/cmd/kube-controller-manager@$v" \
+      "k8s.io/kubernetes/cmd/kube-scheduler@$v" "k8s.io/kubernetes/cmd/kubectl@$v"
+    # Without the stamp /version says v0.0.0-master and Helm's kubeVersion checks fail.
+    local minor=${v#v1.}; minor=${minor%%.*}
+    local ld="-s -w" pkg
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+      ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+    done
+    for b in "${bins[@]}"; do
+      log "  go build $b"
+      go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ld" -o "$tmp/$b" "k8s.io/kubernetes/cmd/$b"
+    done
+  )
+  publish "$tmp" "$dir"
+  echo "KUBERNETES_BIN_DIR=$dir"
+}
+
+build_etcd() {
+  local v=$ETCD_VERSION dir=$cache/etcd-$ETCD_VERSION
+  if have "$dir" etcd etcdctl; then echo "ETCD_BIN_DIR=$dir"; return; fi
+  log "etcd $v: building etcd, etcdctl"
+  local work=$cache/src/etcd-$v tmp=$dir.tmp
+  rm -rf "$tmp"; mkdir -p "$work" "$tmp"
+  (
+    cd "$work"
+    rm -f go.mod go.sum
+    go mod init cpullm.local/etcd-tools >/dev/null 2>&1
+    go get -tool "go.etcd.io/etcd/server/v3@$v" "go.etcd.io/etcd/etcdctl/v3@$v"
+    go build -trimpath -ldflags "-s -w" -o "$tmp/etcd" go.etcd.io/etcd/server/v3
+    go build -trimpath -ldflags "-s -w" -o "$tmp/etcdctl" go.etcd.io/etcd/etcdctl/v3
+  )
+  publish "$tmp" "$dir"
+  echo "ETCD_BIN_DIR=$dir"
+}
+
+# go_install NAME DIR VERSION LDFLAGS PKG... : `go install` each PKG@VERSION into DIR
+go_install() {
+  local name=$1 dir=$2 v=$3 ld=$4; shift 4
+  local tmp=$dir.tmp
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  log "$name $v: go install $*"
+  for pkg in "$@"; do GOBIN=$tmp go install -trimpath -ldflags "$ld" "$pkg@$v"; done
+  publish "$tmp" "$dir"
+}
+
+build_kwok() {
+  local dir=$cache/kwok-$KWOK_VERSION
+  have "$dir" kwok kwokctl || go_install kwok "$dir" "$KWOK_VERSION" "-s -w" \
+    sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
+  echo "KWOK_BIN_DIR=$dir"
+}
+
+build_helm() {
+  local dir=$cache/helm-$HELM_VERSION
+  have "$dir" helm || go_install helm "$dir" "$HELM_VERSION" \
+    "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+  echo "HELM_BIN_DIR=$dir"
+}
+
+build_kind() {
+  local dir=$cache/kind-$KIND_VERSION
+  have "$dir" kind || go_install kind "$dir" "$KIND_VERSION" "-s -w" sigs.k8s.io/kind
+  echo "KIND_BIN_DIR=$dir"
+}
+
+tools=("$@")
+((${#tools[@]})) || tools=(kubernetes etcd kwok helm kind)
+for t in "${tools[@]}"; do
+  case $t in
+    kubernetes|etcd|kwok|helm|kind) "build_$t" ;;
+    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind)"; exit 2 ;;
+  esac
+done

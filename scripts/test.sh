@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The test command: lint, types, unit tests, then the e2e suite on a local control plane
+# (scripts/build-tools.sh builds it on first use; CPULLM_SKIP_E2E=1 skips it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+.venv/bin/ruff check operator tests e2e
+.venv/bin/ruff format --check operator tests e2e
+.venv/bin/mypy
+.venv/bin/python -m pytest tests -q
+if [[ ${CPULLM_SKIP_E2E:-0} != 1 ]]; then
+  .venv/bin/python -m pytest e2e -q
+fi

@@ -1,0 +1,84 @@
+"""Test data builders: Node objects and specs with only the fields a test cares about."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core.sizing import ModelSize, size_model
+from cpullm.core.topology import NodeProfile, parse_node
+
+NFD = "feature.node.kubernetes.io/"
+AMX_FLAGS = ("AVX2", "AVX512F", "AVX512BW", "AVX512VL", "AVX512BF16", "AMXTILE", "AMXBF16", "AMXINT8")
+AVX512_FLAGS = ("AVX2", "AVX512F", "AVX512BW", "AVX512VL", "AVX512BF16")
+
+LLAMA_8B = {
+    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "tie_word_embeddings": False, "max_position_embeddings": 131072, "torch_dtype": "bfloat16",
+}
+QWEN25_05B = {
+    "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936, "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+}
+QWEN3_06B = {
+    "model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+    "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
+    "tie_word_embeddings": True, "max_position_embeddings": 40960,
+}
+MISTRAL_7B_V03 = {
+    "model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 32768,
+    "tie_word_embeddings": False, "max_position_embeddings": 32768,
+}
+
+
+def node_object(
+    name: str = "node-0",
+    *,
+    arch: str = "amd64",
+    cpu: str = "64",
+    memory: str = "256Gi",
+    numa: int | None = 1,
+    flags: tuple[str, ...] = AMX_FLAGS,
+    smt: bool | None = None,
+    policy: str | None = None,
+    labels: dict[str, str] | None = None,
+    taints: list[dict[str, str]] | None = None,
+    unschedulable: bool = False,
+) -> dict[str, Any]:
+    all_labels = {"kubernetes.io/arch": arch, "kubernetes.io/hostname": name}
+    if numa is not None:
+        all_labels["cpullm.io/numa-nodes"] = str(numa)
+    all_labels.update({f"{NFD}cpu-cpuid.{f}": "true" for f in flags})
+    if smt is not None:
+        all_labels[f"{NFD}cpu-hardware_multithreading"] = str(smt).lower()
+    if policy is not None:
+        all_labels["cpullm.io/cpu-manager-policy"] = policy
+    all_labels.update(labels or {})
+    spec: dict[str, Any] = {"taints": taints} if taints else {}
+    if unschedulable:
+        spec["unschedulable"] = True
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": spec,
+        "status": {"allocatable": {"cpu": cpu, "memory": memory}},
+    }
+
+
+def node(name: str = "node-0", **kwargs: Any) -> NodeProfile:
+    return parse_node(node_object(name, **kwargs))
+
+
+def spec(**fields: Any) -> CpuLLMServiceSpec:
+    """A spec for Llama-3.1-8B with a 4 GiB KV cache and a 16k context unless the test says otherwise."""
+    raw: dict[str, Any] = {"model": {"name": "meta-llama/Llama-3.1-8B-Instruct"}, "kvCacheGiB": 4, "maxModelLen": 16384}
+    raw.update(fields)
+    return CpuLLMServiceSpec.model_validate(raw)
+
+
+def llama_8b() -> ModelSize:
+    return size_model(LLAMA_8B, spec().model.dtype)
