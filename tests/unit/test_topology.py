@@ -10,7 +10,14 @@ from .builders import NFD, node_object
 
 @pytest.mark.parametrize(
     ("text", "value"),
-    [("16", 16), ("15900m", Decimal("15.9")), ("64Gi", 64 * 2**30), ("65536Ki", 2**26), ("1e9", 10**9), ("2G", 2 * 10**9)],
+    [
+        ("16", 16),
+        ("15900m", Decimal("15.9")),
+        ("64Gi", 64 * 2**30),
+        ("65536Ki", 2**26),
+        ("1e9", 10**9),
+        ("2G", 2 * 10**9),
+    ],
 )
 def test_parse_quantity(text, value):
     assert parse_quantity(text) == value
@@ -38,8 +45,12 @@ def test_numa_count_sources(labels, numa, source):
 def test_reads_isa_smt_policy_arch_and_allocatable():
     profile = parse_node(
         node_object(
-            cpu="95900m", memory="500Gi", flags=("AVX512F", "AMXBF16", "AVX512VNNI", "AVX512BF16"), smt=True,
-            policy="none", labels={"cpullm.io/isa.avx512f": "false", "cpullm.io/isa.avx512_fp16": "true"},
+            cpu="95900m",
+            memory="500Gi",
+            flags=("AVX512F", "AMXBF16", "AVX512VNNI", "AVX512BF16"),
+            smt=True,
+            policy="none",
+            labels={"cpullm.io/isa.avx512f": "false", "cpullm.io/isa.avx512_fp16": "true"},
         )
     )
     assert profile.isa == {"amx_bf16", "avx512_vnni", "avx512_bf16", "avx512_fp16"}

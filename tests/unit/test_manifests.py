@@ -1,0 +1,172 @@
+from cpullm.core.manifests import Owner, build_deployment, build_service
+from cpullm.core.planner import plan_service
+
+from .builders import llama_8b, node, spec
+
+OWNER = Owner(name="llama", namespace="serving", uid="uid-1")
+LABELS = {
+    "app.kubernetes.io/name": "vllm",
+    "app.kubernetes.io/instance": "llama",
+    "app.kubernetes.io/managed-by": "cpullm-operator",
+    "cpullm.io/service": "llama",
+}
+METADATA = {
+    "name": "llama",
+    "namespace": "serving",
+    "labels": LABELS,
+    "ownerReferences": [
+        {
+            "apiVersion": "cpullm.io/v1alpha1",
+            "kind": "CpuLLMService",
+            "name": "llama",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ],
+}
+
+
+def test_deployment_whole_manifest():
+    service_spec = spec(
+        replicas=2,
+        maxNumSeqs=8,
+        hfTokenSecret={"name": "hf"},
+        modelCache={"persistentVolumeClaim": {"claimName": "weights"}},
+        tolerations=[{"key": "dedicated", "operator": "Exists"}],
+        nodeSelector={"pool": "llm"},
+        env=[{"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"}, {"name": "EXTRA", "value": "1"}],
+        extraArgs=["--enable-prefix-caching"],
+    )
+    plan = plan_service(
+        service_spec, llama_8b(), [node("n1", numa=2, cpu="64", memory="512Gi", labels={"pool": "llm"})]
+    )
+    probe = {"httpGet": {"path": "/health", "port": "http"}}
+    assert build_deployment(OWNER, service_spec, plan) == {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": METADATA,
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"cpullm.io/service": "llama"}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": LABELS},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "vllm",
+                            "image": "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64",
+                            "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                            "args": [
+                                "--model",
+                                "meta-llama/Llama-3.1-8B-Instruct",
+                                "--dtype",
+                                "bfloat16",
+                                "--tensor-parallel-size",
+                                "2",
+                                "--distributed-executor-backend",
+                                "mp",
+                                "--max-model-len",
+                                "16384",
+                                "--max-num-seqs",
+                                "8",
+                                "--host",
+                                "0.0.0.0",
+                                "--port",
+                                "8000",
+                                "--enable-prefix-caching",
+                            ],
+                            "env": [
+                                {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "4"},
+                                {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": "1"},
+                                {"name": "LD_PRELOAD", "value": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"},
+                                {"name": "HF_HOME", "value": "/models/huggingface"},
+                                {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
+                                {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"},
+                                {"name": "EXTRA", "value": "1"},
+                            ],
+                            "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                            "resources": {
+                                "requests": {"cpu": "64", "memory": "31242Mi"},
+                                "limits": {"cpu": "64", "memory": "31242Mi"},
+                            },
+                            "volumeMounts": [
+                                {"name": "dshm", "mountPath": "/dev/shm"},
+                                {"name": "model-cache", "mountPath": "/models"},
+                            ],
+                            # 600 s + 60 s per GiB of weights (14.96 GiB) = 1498 s
+                            "startupProbe": {
+                                **probe,
+                                "periodSeconds": 10,
+                                "timeoutSeconds": 5,
+                                "failureThreshold": 150,
+                            },
+                            "readinessProbe": {
+                                **probe,
+                                "periodSeconds": 10,
+                                "timeoutSeconds": 5,
+                                "failureThreshold": 3,
+                            },
+                            "livenessProbe": {
+                                **probe,
+                                "periodSeconds": 30,
+                                "timeoutSeconds": 10,
+                                "failureThreshold": 5,
+                            },
+                            "securityContext": {
+                                "seccompProfile": {"type": "Unconfined"},
+                                "capabilities": {"add": ["SYS_NICE"]},
+                            },
+                        }
+                    ],
+                    "affinity": {
+                        "nodeAffinity": {
+                            "requiredDuringSchedulingIgnoredDuringExecution": {
+                                "nodeSelectorTerms": [
+                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                                ]
+                            }
+                        }
+                    },
+                    "volumes": [
+                        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "768Mi"}},
+                        {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights"}},
+                    ],
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 60,
+                    "nodeSelector": {"pool": "llm"},
+                    "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+                },
+            },
+        },
+    }
+
+
+def test_tp1_nobind_and_opt_out_of_numa_privileges():
+    service_spec = spec(numaPrivileges=False, tensorParallelSize=1, service={"port": 9000})
+    plan = plan_service(service_spec, llama_8b(), [node(numa=2, policy="none", cpu="32", memory="512Gi")])
+    container = build_deployment(Owner("x", "ns"), service_spec, plan)["spec"]["template"]["spec"]["containers"][0]
+    assert "securityContext" not in container
+    assert "--distributed-executor-backend" not in container["args"]
+    assert container["args"][-4:] == ["--host", "0.0.0.0", "--port", "9000"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (env["VLLM_CPU_OMP_THREADS_BIND"], env["OMP_NUM_THREADS"]) == ("nobind", "15")
+
+
+def test_offline_render_has_no_owner_reference():
+    plan = plan_service(spec(), llama_8b(), [node(memory="512Gi")])
+    assert "ownerReferences" not in build_deployment(Owner("x", "ns"), spec(), plan)["metadata"]
+
+
+def test_service_whole_manifest():
+    assert build_service(OWNER, spec(service={"port": 8080, "type": "NodePort"})) == {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": METADATA,
+        "spec": {
+            "type": "NodePort",
+            "selector": {"cpullm.io/service": "llama"},
+            "ports": [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }

@@ -1,0 +1,225 @@
+import pytest
+
+from cpullm.core.constants import GiB, MiB
+from cpullm.core.planner import memory_limit_bytes, plan_service
+from cpullm.core.sizing import size_model
+from cpullm.errors import (
+    InvalidTensorParallelSize,
+    KVCacheTooSmall,
+    ModelTooLarge,
+    NoEligibleNode,
+)
+
+from .builders import AVX512_FLAGS, QWEN25_05B, llama_8b, node, spec
+
+LLAMA_SHARD_TP1 = 8_030_261_248 * 2
+
+
+@pytest.mark.parametrize(
+    ("numa", "tp", "cpus_per_rank", "reserved"),
+    [
+        (1, 1, 64, 1),
+        (2, 2, 32, 1),
+        (4, 4, 16, 1),
+        (6, 4, 10, 1),  # TP 6 is unsupported: the largest valid size below is 4 (divides 32 and 8 heads)
+        (8, 8, 8, 1),
+    ],
+)
+def test_default_tp_is_one_rank_per_numa_node_within_vllm_limits(numa, tp, cpus_per_rank, reserved):
+    plan = plan_service(spec(), llama_8b(), [node(numa=numa, cpu="64", memory="1Ti")])
+    assert plan.tensor_parallel_size == tp
+    assert plan.cpus_per_rank == cpus_per_rank
+    assert plan.cpu == cpus_per_rank * tp
+    assert plan.reserved_cpus_per_rank == reserved
+    assert plan.threads_bind == "auto"
+    assert plan.weight_shard_bytes == -(-LLAMA_SHARD_TP1 // tp)
+
+
+def test_tp_follows_heads_of_small_models():
+    qwen = size_model(QWEN25_05B, spec().model.dtype)  # 14 heads, 2 KV heads
+    plan = plan_service(spec(maxModelLen=8192, kvCacheGiB=1), qwen, [node(numa=4, memory="1Ti")])
+    assert plan.tensor_parallel_size == 2
+
+
+def test_memory_formula_and_plan_fields():
+    plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="96", memory="512Gi")])
+    limit, overhead, shm = memory_limit_bytes(2, plan.weight_shard_bytes, 4)
+    expected = 1536 * MiB + 2 * (plan.weight_shard_bytes + 4 * GiB + overhead) + shm
+    assert limit == -(-expected // MiB) * MiB == plan.memory_limit_bytes
+    assert overhead == 800 * MiB + -(-plan.weight_shard_bytes // 4)
+    assert shm == 256 * MiB + 2 * 256 * MiB
+    assert plan.kv_cache_gi_b == 4 and plan.kv_cache_source == "explicit"
+    assert plan.kv_tokens_per_rank == 4 * GiB // 65536
+    assert plan.image == "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64"
+    assert plan.node_profile.numa_nodes == 2 and plan.eligible_nodes == ["node-0"]
+
+
+@pytest.mark.parametrize(
+    ("smt", "policy", "reserved", "bind", "omp"),
+    [
+        (False, "static", None, "auto", None),
+        (True, None, None, "auto", None),
+        (True, "none", None, "nobind", 15),  # 32 CPUs per rank with SMT = 16 cores, 1 reserved
+        (False, "none", 0, "nobind", 32),
+        (False, "none", 4, "nobind", 28),
+    ],
+)
+def test_thread_binding_follows_cpu_manager_policy_and_smt(smt, policy, reserved, bind, omp):
+    cpu = {"reservedCpusPerRank": reserved} if reserved is not None else {}
+    plan = plan_service(spec(cpu=cpu), llama_8b(), [node(numa=2, smt=smt, policy=policy)])
+    assert (plan.threads_bind, plan.omp_num_threads) == (bind, omp)
+
+
+def test_tiny_ranks_reserve_no_core():
+    plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="4", memory="256Gi")])
+    assert (plan.cpus_per_rank, plan.reserved_cpus_per_rank) == (2, 0)
+
+
+def test_explicit_bind_list_sets_tp_and_allows_more_ranks_than_numa_nodes():
+    plan = plan_service(spec(cpu={"threadsBind": "0|1"}), llama_8b(), [node(numa=1, cpu="2", memory="256Gi")])
+    assert (plan.tensor_parallel_size, plan.threads_bind, plan.cpus_per_rank) == (2, "0|1", 1)
+
+
+@pytest.mark.parametrize(
+    ("fields", "numa", "message"),
+    [
+        ({"tensorParallelSize": 3}, 4, "does not divide the 32 attention heads"),
+        ({"tensorParallelSize": 6}, 8, "6 is not supported"),
+        ({"tensorParallelSize": 4}, 2, "exceeds the 2 NUMA nodes"),
+        ({"tensorParallelSize": 2, "cpu": {"threadsBind": "0-3|4-7|8-11"}}, 4, "lists 3 ranks"),
+    ],
+)
+def test_invalid_explicit_tp_is_refused(fields, numa, message):
+    with pytest.raises(InvalidTensorParallelSize, match=message):
+        plan_service(spec(**fields), llama_8b(), [node(numa=numa, memory="1Ti")])
+
+
+def test_kv_derived_from_context_and_concurrency_rounds_up_to_whole_gib():
+    fields = {"kvCacheGiB": None, "maxModelLen": 8192, "maxNumSeqs": 5}
+    plan = plan_service(spec(**fields), llama_8b(), [node(numa=2, memory="1Ti")])
+    # 8192 x 5 tokens x 65536 B per rank = 2.5 GiB -> 3
+    assert (plan.kv_cache_gi_b, plan.kv_cache_source) == (3, "derived")
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"maxModelLen": None}, "less than one sequence of 131072.*kvCacheGiB >= 8"),
+        ({"kvCacheGiB": 1, "maxModelLen": 32768}, "holds 16384 tokens per rank"),
+    ],
+)
+def test_kv_cache_that_cannot_hold_one_sequence_is_refused(fields, message):
+    with pytest.raises(KVCacheTooSmall, match=message):
+        plan_service(spec(**fields), llama_8b(), [node(numa=2, memory="1Ti")])
+
+
+@pytest.mark.parametrize(
+    ("nodes", "fields", "message"),
+    [
+        ([node(flags=("AVX2",))], {"cpu": {"requiredISA": ["avx512f"]}}, "lacks ISA avx512f"),
+        ([node(flags=AVX512_FLAGS)], {"cpu": {"requiredISA": ["amx_bf16", "avx512f"]}}, "lacks ISA amx_bf16"),
+        ([node(arch="s390x")], {}, "arch s390x has no default vLLM CPU image"),
+        ([node(unschedulable=True)], {}, "unschedulable"),
+        ([node()], {"nodeSelector": {"pool": "llm"}}, "nodeSelector pool=llm"),
+        ([node(taints=[{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}])], {}, "taint dedicated=gpu"),
+        (
+            [node()],
+            {
+                "affinity": {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [
+                                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                            ]
+                        }
+                    }
+                }
+            },
+            "required node affinity",
+        ),
+        ([], {}, "the cluster has no nodes"),
+    ],
+)
+def test_no_eligible_node_names_why(nodes, fields, message):
+    with pytest.raises(NoEligibleNode, match=message):
+        plan_service(spec(**fields), llama_8b(), nodes)
+
+
+@pytest.mark.parametrize(
+    ("taint", "toleration"),
+    [
+        ({"key": "dedicated", "value": "llm", "effect": "NoSchedule"}, {"key": "dedicated", "value": "llm"}),
+        ({"key": "dedicated", "value": "llm", "effect": "NoExecute"}, {"key": "dedicated", "operator": "Exists"}),
+        ({"key": "x", "effect": "NoSchedule"}, {"operator": "Exists"}),
+        ({"key": "soft", "effect": "PreferNoSchedule"}, None),
+    ],
+)
+def test_tolerated_taints_keep_nodes_eligible(taint, toleration):
+    fields = {"tolerations": [toleration]} if toleration else {}
+    assert plan_service(spec(**fields), llama_8b(), [node(taints=[taint])]).eligible_nodes == ["node-0"]
+
+
+def test_selector_and_affinity_narrow_the_pool():
+    nodes = [
+        node("a", labels={"pool": "llm", "zone": "z1"}),
+        node("b", labels={"pool": "llm", "zone": "z2"}),
+        node("c", labels={"zone": "z1"}),
+    ]
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["z2"]}]},
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]},
+                ]
+            }
+        }
+    }
+    plan = plan_service(spec(nodeSelector={"pool": "llm"}, affinity=affinity), llama_8b(), nodes)
+    assert plan.eligible_nodes == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("nodes", "message"),
+    [
+        ([node(memory="24Gi")], r"needs 25\.5 GiB per pod .* have 24\.0 GiB"),
+        (
+            [node(numa=2, memory="26Gi")],
+            r"14\.1 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
+        ),
+    ],
+)
+def test_too_small_nodes_refuse_with_model_too_large(nodes, message):
+    with pytest.raises(ModelTooLarge, match=message):
+        plan_service(spec(), llama_8b(), nodes)
+
+
+def test_heterogeneous_pool_prefers_a_shape_with_room_for_every_replica_then_more_ranks():
+    pool = [
+        node("amx-0", numa=2, cpu="96", memory="512Gi"),
+        node("amx-1", numa=2, cpu="96", memory="512Gi"),
+        node("big-0", numa=4, cpu="128", memory="1Ti", flags=AVX512_FLAGS),
+        node("small-0", numa=1, cpu="16", memory="16Gi", flags=("AVX2",)),  # too small for 8B
+        node("arm-0", arch="arm64", numa=1, cpu="64", memory="256Gi", flags=()),
+    ]
+    one = plan_service(spec(), llama_8b(), pool)
+    assert (one.tensor_parallel_size, one.eligible_nodes) == (4, ["big-0"])
+    two = plan_service(spec(replicas=2), llama_8b(), pool)
+    assert (two.tensor_parallel_size, two.eligible_nodes) == (2, ["amx-0", "amx-1"])
+    amx = plan_service(spec(cpu={"requiredISA": ["amx_bf16"]}), llama_8b(), pool)
+    assert amx.eligible_nodes == ["amx-0", "amx-1"]
+
+
+def test_nodes_of_one_shape_share_a_plan_sized_for_the_smallest():
+    plan = plan_service(spec(), llama_8b(), [node("a", memory="512Gi"), node("b", memory="300Gi")])
+    assert plan.eligible_nodes == ["a", "b"] and plan.node_profile.memory_bytes == 300 * GiB
+
+
+def test_arm64_gets_the_arm_image_and_explicit_image_wins():
+    assert plan_service(spec(), llama_8b(), [node(arch="arm64", flags=())]).image.endswith("-arm64")
+    assert plan_service(spec(image="me/vllm:1"), llama_8b(), [node(arch="s390x")]).image == "me/vllm:1"
+
+
+def test_mixed_refusals_across_shapes_become_no_eligible_node():
+    with pytest.raises(NoEligibleNode, match="needs .* GiB per pod"):
+        plan_service(spec(), llama_8b(), [node("a", memory="8Gi"), node("b", arch="arm64", memory="8Gi")])

@@ -1,0 +1,125 @@
+"""The reconcile path with the one API module stubbed (tests against a real API server live in e2e/)."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from cpullm.controller.handlers import outcome_to_kopf
+from cpullm.controller.reconcile import Reconciler
+from cpullm.errors import ModelConfigUnavailable, NoEligibleNode
+from cpullm.io.hub import ModelFiles
+
+from .builders import LLAMA_8B, node
+
+
+class StubKube:
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+        self.status_patches: list[dict[str, Any]] = []
+        self.events: list[tuple[str, str]] = []
+        self.secrets = {("serving", "hf", "HF_TOKEN"): "hf_secret"}
+
+    def apply(self, manifest):
+        self.applied.append(manifest)
+        return {**manifest, "status": {"replicas": 1, "readyReplicas": 1}}
+
+    def read_deployment(self, namespace, name):
+        return None
+
+    def patch_service_status(self, namespace, name, status):
+        self.status_patches.append(dict(status))
+
+    def read_secret_key(self, namespace, name, key):
+        return self.secrets.get((namespace, name, key))
+
+    def emit_event(self, regarding, type_, reason, message):
+        self.events.append((type_, reason))
+
+
+class StubHub:
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.calls: list[tuple[str, str | None, str | None]] = []
+
+    def fetch(self, name, revision, token):
+        self.calls.append((name, revision, token))
+        if self.fail:
+            raise ModelConfigUnavailable("cannot reach the hub")
+        return ModelFiles(config=LLAMA_8B, checkpoint_total_bytes=None)
+
+
+def service(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "llama", "namespace": "serving", "uid": "u1", "generation": 2},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B"}, "kvCacheGiB": 4, "maxModelLen": 8192, **spec},
+        "status": status or {},
+    }
+
+
+def reconciler(hub: StubHub | None = None) -> tuple[Reconciler, StubKube]:
+    kube = StubKube()
+    return Reconciler(kube, hub or StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC)), kube
+
+
+NODES = [node("n1", numa=2, memory="512Gi")]
+
+
+def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
+    rec, kube = reconciler()
+    outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), NODES)
+    assert outcome.tensor_parallel_size == 2
+    assert [m["kind"] for m in kube.applied] == ["Deployment", "Service"]
+    assert rec.hub.calls == [("meta-llama/Llama-3.1-8B", None, "hf_secret")]
+    (patch,) = kube.status_patches
+    assert patch["readyReplicas"] == 1 and patch["observedGeneration"] == 2
+    assert kube.events == [("Normal", "Planned"), ("Normal", "Available")]
+
+    rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES)
+    assert len(kube.status_patches) == 1 and len(kube.events) == 2  # nothing changed: no patch, no event
+    assert len(kube.applied) == 4  # apply is idempotent server-side
+
+
+def test_refusal_becomes_condition_and_warning_event_not_an_exception():
+    rec, kube = reconciler()
+    outcome = rec.reconcile(service({"cpu": {"requiredISA": ["sve"]}}), NODES)
+    assert isinstance(outcome, NoEligibleNode)
+    assert kube.applied == []
+    assert kube.events == [("Warning", "NoEligibleNode"), ("Warning", "NoEligibleNode")]
+    assert kube.status_patches[0]["conditions"][0]["message"].startswith("no eligible node: lacks ISA sve")
+    outcome_to_kopf(outcome, retry=0)  # a refusal is not retried: Kopf sees success
+
+
+def test_invalid_spec_is_reported():
+    rec, kube = reconciler()
+    outcome = rec.reconcile(service({"replicas": -1}), NODES)
+    assert outcome.reason == "InvalidSpec" and "spec.replicas" in outcome.message
+    assert kube.status_patches[0]["conditions"][0]["reason"] == "InvalidSpec"
+
+
+@pytest.mark.parametrize(
+    ("spec", "hub", "message"),
+    [
+        ({}, StubHub(fail=True), "cannot reach the hub"),
+        ({"hfTokenSecret": {"name": "missing"}}, StubHub(), "has no key HF_TOKEN"),
+        ({"model": {"name": "/models/llama"}}, StubHub(), "give spec.model.config"),
+    ],
+)
+def test_unavailable_model_config_is_reported_and_retried_with_backoff(spec, hub, message):
+    import kopf
+
+    rec, kube = reconciler(hub)
+    outcome = rec.reconcile(service(spec), NODES)
+    assert isinstance(outcome, ModelConfigUnavailable) and message in outcome.message
+    assert kube.status_patches[0]["conditions"][0]["reason"] == "ModelConfigUnavailable"
+    with pytest.raises(kopf.TemporaryError) as raised:
+        outcome_to_kopf(outcome, retry=3)
+    assert raised.value.delay == 80
+
+
+def test_inline_config_needs_no_hub():
+    rec, _ = reconciler(StubHub(fail=True))
+    assert (
+        rec.reconcile(service({"model": {"name": "/models/llama", "config": LLAMA_8B}}), NODES).tensor_parallel_size
+        == 2
+    )

@@ -1,0 +1,96 @@
+from datetime import UTC, datetime
+
+import pytest
+
+from cpullm.core.planner import plan_service
+from cpullm.core.status import changed_conditions, compute_status, status_changes
+from cpullm.errors import ModelTooLarge, NoEligibleNode
+
+from .builders import llama_8b, node, spec
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+T1 = datetime(2026, 1, 1, 12, 5, 0, tzinfo=UTC)
+PLAN = plan_service(spec(), llama_8b(), [node(numa=2, memory="512Gi")])
+
+
+def status(outcome, desired=1, deployment=None, previous=None, now=T0, generation=3):
+    return compute_status(
+        name="svc",
+        generation=generation,
+        desired_replicas=desired,
+        outcome=outcome,
+        deployment_status=deployment,
+        previous=previous or {},
+        now=now,
+    )
+
+
+def conditions(result):
+    return {c["type"]: (c["status"], c["reason"]) for c in result["conditions"]}
+
+
+@pytest.mark.parametrize(
+    ("outcome", "desired", "deployment", "expected"),
+    [
+        (
+            PLAN,
+            2,
+            {"replicas": 2, "readyReplicas": 2},
+            {"Planned": ("True", "Planned"), "Ready": ("True", "Available")},
+        ),
+        (
+            PLAN,
+            2,
+            {"replicas": 2, "readyReplicas": 1},
+            {"Planned": ("True", "Planned"), "Ready": ("False", "Progressing")},
+        ),
+        (PLAN, 2, None, {"Planned": ("True", "Planned"), "Ready": ("False", "Progressing")}),
+        (PLAN, 0, {"replicas": 0}, {"Planned": ("True", "Planned"), "Ready": ("True", "ScaledToZero")}),
+        (
+            NoEligibleNode({"a": "lacks ISA amx_bf16"}),
+            1,
+            None,
+            {"Planned": ("False", "NoEligibleNode"), "Ready": ("False", "NoEligibleNode")},
+        ),
+        (
+            ModelTooLarge("too big"),
+            1,
+            {"replicas": 1, "readyReplicas": 1},
+            {"Planned": ("False", "ModelTooLarge"), "Ready": ("False", "ModelTooLarge")},
+        ),
+    ],
+)
+def test_conditions(outcome, desired, deployment, expected):
+    result = status(outcome, desired, deployment)
+    assert conditions(result) == expected
+    assert result["observedGeneration"] == 3
+    assert all(
+        c["observedGeneration"] == 3 and c["lastTransitionTime"] == "2026-01-01T12:00:00Z" for c in result["conditions"]
+    )
+    assert result["selector"] == "cpullm.io/service=svc"
+
+
+def test_plan_is_reported_and_kept_when_a_later_plan_fails():
+    planned = status(PLAN, deployment={"replicas": 1, "readyReplicas": 1})
+    assert planned["plan"]["tensorParallelSize"] == 2 and "cpuManagerPolicy" not in planned["plan"]
+    refused = status(ModelTooLarge("too big"), previous=planned, now=T1)
+    assert refused["plan"] == planned["plan"]
+    assert "last applied Deployment is left as it was" in refused["conditions"][1]["message"]
+
+
+def test_transition_time_moves_only_when_the_status_flips():
+    first = status(PLAN, deployment={"replicas": 1, "readyReplicas": 0})
+    same = status(PLAN, deployment={"replicas": 1, "readyReplicas": 0}, previous=first, now=T1)
+    assert same == first and status_changes(first, same) == {}
+    flipped = status(PLAN, deployment={"replicas": 1, "readyReplicas": 1}, previous=first, now=T1)
+    times = {c["type"]: c["lastTransitionTime"] for c in flipped["conditions"]}
+    assert times == {"Planned": "2026-01-01T12:00:00Z", "Ready": "2026-01-01T12:05:00Z"}
+    assert set(status_changes(first, flipped)) == {"readyReplicas", "conditions"}
+    assert [c["type"] for c in changed_conditions(first, flipped)] == ["Ready"]
+
+
+def test_progress_counts_alone_raise_no_event():
+    one = status(PLAN, 3, {"replicas": 3, "readyReplicas": 1})
+    two = status(PLAN, 3, {"replicas": 3, "readyReplicas": 2}, previous=one)
+    assert changed_conditions(one, two) == []
+    assert [c["type"] for c in changed_conditions({}, one)] == ["Planned", "Ready"]
