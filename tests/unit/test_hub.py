@@ -3,6 +3,7 @@
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import ClassVar
 
 import pytest
 
@@ -17,7 +18,7 @@ FILES = {
 
 
 class Handler(BaseHTTPRequestHandler):
-    requests: list[tuple[str, str | None]] = []
+    requests: ClassVar[list[tuple[str, str | None]]] = []
 
     def do_GET(self):
         Handler.requests.append((self.path, self.headers.get("Authorization")))

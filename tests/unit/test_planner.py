@@ -221,5 +221,5 @@ def test_arm64_gets_the_arm_image_and_explicit_image_wins():
 
 
 def test_mixed_refusals_across_shapes_become_no_eligible_node():
-    with pytest.raises(NoEligibleNode, match="needs .* GiB per pod"):
+    with pytest.raises(NoEligibleNode, match=r"needs .* GiB per pod"):
         plan_service(spec(), llama_8b(), [node("a", memory="8Gi"), node("b", arch="arm64", memory="8Gi")])
