@@ -1,0 +1,174 @@
+"""Fixtures of the e2e suite. By default it starts a local control plane (KWOK, binaries from
+scripts/build-tools.sh); with CPULLM_E2E_KUBECONFIG=path it uses that cluster instead (kind: e2e/kind/)."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import socket
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.cluster import LocalCluster
+from e2e.helpers import ROOT, Kubectl, Operator, eventually
+
+E2E_LABEL = "cpullm.io/e2e"
+SAMPLE_NODES = ROOT / "examples" / "nodes.yaml"
+
+
+def sample_nodes() -> list[dict[str, Any]]:
+    """The sample nodes, labelled so the suite's services select only them (on kind, real workers exist)."""
+    nodes = yaml.safe_load(SAMPLE_NODES.read_text())["items"]
+    for node in nodes:
+        node["metadata"]["labels"][E2E_LABEL] = "true"
+    return nodes
+
+
+def fake_node(name: str, *, numa: int = 2, cpu: str = "32", memory: str = "128Gi", **labels: str) -> dict[str, Any]:
+    """A KWOK node shaped for one test (AMX Xeon by default)."""
+    node = copy.deepcopy(sample_nodes()[0])
+    node["metadata"]["name"] = name
+    node["metadata"]["labels"].update({"kubernetes.io/hostname": name, "cpullm.io/numa-nodes": str(numa), **labels})
+    node["status"]["capacity"].update(cpu=cpu, memory=memory)
+    node["status"]["allocatable"].update(cpu=cpu, memory=memory)
+    return node
+
+
+def tiny_service(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
+    """Qwen2.5-0.5B with 2 CPUs per rank: many fit on one node, so tests do not compete for capacity."""
+    body: dict[str, Any] = {
+        "model": {
+            "name": "Qwen/Qwen2.5-0.5B-Instruct",
+            "config": {
+                "model_type": "qwen2",
+                "hidden_size": 896,
+                "intermediate_size": 4864,
+                "num_hidden_layers": 24,
+                "num_attention_heads": 14,
+                "num_key_value_heads": 2,
+                "vocab_size": 151936,
+                "tie_word_embeddings": True,
+                "max_position_embeddings": 32768,
+            },
+        },
+        "kvCacheGiB": 1,
+        "maxModelLen": 4096,
+        "cpu": {"cpusPerRank": 2},
+        "nodeSelector": {E2E_LABEL: "true"},
+    }
+    body.update(spec)
+    body = {key: value for key, value in body.items() if value is not None}  # None: leave the field out
+    return {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": body,
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def workdir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="cpullm-e2e-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kubectl(workdir: Path) -> Iterator[Kubectl]:
+    given = os.environ.get("CPULLM_E2E_KUBECONFIG")
+    if given:
+        yield Kubectl(os.environ.get("CPULLM_E2E_KUBECTL", "kubectl"), given)
+        return
+    cluster = LocalCluster.start(workdir)
+    try:
+        yield Kubectl(str(cluster.kubectl), str(cluster.kubeconfig))
+    finally:
+        cluster.delete()
+
+
+@pytest.fixture(scope="session")
+def cluster_ready(kubectl: Kubectl) -> Kubectl:
+    """CRD installed and established; sample nodes Ready."""
+    kubectl.run("apply", "--server-side", "-f", str(ROOT / "crds"))
+    kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
+    kubectl.apply(*sample_nodes())
+    for node in sample_nodes():
+        eventually(lambda n=node: node_ready(kubectl, n["metadata"]["name"]), timeout=60, what="sample node Ready")
+    return kubectl
+
+
+def node_ready(kubectl: Kubectl, name: str) -> bool:
+    node = kubectl.get("node", name)
+    conditions = {c["type"]: c["status"] for c in (node or {}).get("status", {}).get("conditions", [])}
+    return conditions.get("Ready") == "True"
+
+
+@pytest.fixture(scope="session")
+def operator(cluster_ready: Kubectl, workdir: Path) -> Iterator[Operator]:
+    process = Operator(cluster_ready.kubeconfig, workdir / "operator.log", _free_port())
+    process.start()
+    yield process
+    process.stop()
+
+
+@pytest.fixture
+def namespace(cluster_ready: Kubectl, operator: Operator, request: pytest.FixtureRequest) -> Iterator[str]:
+    name = f"e2e-{request.node.name[5:25].lower().replace('_', '-').strip('-')}-{uuid.uuid4().hex[:5]}"
+    cluster_ready.run("create", "namespace", name)
+    yield name
+    cluster_ready.run("delete", "namespace", name, "--wait=false")
+
+
+class NodePool:
+    """KWOK nodes made for one test; deleted after it."""
+
+    def __init__(self, kubectl: Kubectl) -> None:
+        self.kubectl = kubectl
+        self.names: set[str] = set()
+
+    def add(self, node: dict[str, Any]) -> None:
+        self.kubectl.apply(node)
+        self.names.add(node["metadata"]["name"])
+        eventually(lambda: node_ready(self.kubectl, node["metadata"]["name"]), timeout=60, what="node Ready")
+
+
+@pytest.fixture
+def nodes(cluster_ready: Kubectl) -> Iterator[NodePool]:
+    pool = NodePool(cluster_ready)
+    yield pool
+    for name in pool.names:
+        cluster_ready.run("delete", "node", name, "--wait=false", check=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """On failure, attach the objects, events and the operator's log to the report."""
+    report = yield
+    kubectl = getattr(item, "funcargs", {}).get("kubectl")
+    if report.failed and call.when == "call" and isinstance(kubectl, Kubectl):
+        namespace = item.funcargs.get("namespace")
+        scope = ["-n", namespace] if namespace else ["-A"]
+        dump = [
+            kubectl.run("get", "cpullm,deploy,rs,svc,pods", *scope, "-o", "wide", check=False).stdout,
+            kubectl.run("get", "cpullm", *scope, "-o", "yaml", check=False).stdout,
+            kubectl.run("get", "events", *scope, "--sort-by=.lastTimestamp", check=False).stdout,
+            kubectl.run("get", "nodes", "--show-labels", check=False).stdout,
+        ]
+        operator = item.funcargs.get("operator")
+        if isinstance(operator, Operator):
+            dump.append("operator log:\n" + operator.log_tail())
+        report.sections.append(("cluster state", "\n".join(dump)))
+    return report

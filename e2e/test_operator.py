@@ -1,0 +1,256 @@
+"""The operator against a real API server, scheduler and controller manager (KWOK nodes and pods)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.conftest import E2E_LABEL, NodePool, fake_node, sample_nodes, tiny_service
+from e2e.helpers import ROOT, Kubectl, Operator, eventually
+
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+
+def conditions(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in service.get("status", {}).get("conditions", [])}
+
+
+def ready(kubectl: Kubectl, namespace: str, name: str, replicas: int | None = None) -> dict[str, Any]:
+    """The service once Ready for its current generation (and with `replicas` ready pods, if given)."""
+
+    def probe() -> dict[str, Any]:
+        service = kubectl.get("cpullm", name, namespace)
+        assert service is not None, "service missing"
+        status = service.get("status", {})
+        ready_condition = conditions(service).get("Ready", {})
+        assert ready_condition.get("status") == "True", ready_condition
+        assert status.get("observedGeneration") == service["metadata"]["generation"], status
+        if replicas is not None:
+            assert status.get("readyReplicas") == replicas, status
+        return service
+
+    return eventually(probe, timeout=90, what=f"{namespace}/{name} Ready")
+
+
+def not_planned(kubectl: Kubectl, namespace: str, name: str, reason: str) -> dict[str, Any]:
+    def probe() -> dict[str, Any]:
+        service = kubectl.get("cpullm", name, namespace)
+        cond = conditions(service)
+        assert cond.get("Planned", {}).get("reason") == reason, cond
+        assert cond["Ready"]["status"] == "False", cond
+        return service
+
+    return eventually(probe, timeout=60, what=f"{namespace}/{name} refused with {reason}")
+
+
+def deployment(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    return eventually(lambda: kubectl.get("deployment", name, namespace), timeout=60, what="Deployment")
+
+
+def container(deploy: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = deploy["spec"]["template"]["spec"]["containers"][0]
+    return result
+
+
+def env(deploy: dict[str, Any]) -> dict[str, str | None]:
+    return {e["name"]: e.get("value") for e in container(deploy)["env"]}
+
+
+def cli(*args: str) -> str:
+    return subprocess.run([sys.executable, "-m", "cpullm", *args], check=True, capture_output=True, text=True).stdout
+
+
+def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [e for e in kubectl.get("events", namespace=namespace) if e["involvedObject"]["name"] == name]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_examples_run_as_planned(example: Path, kubectl: Kubectl, operator: Operator, namespace: str, tmp_path: Path):
+    service = yaml.safe_load(example.read_text())
+    service["metadata"]["namespace"] = namespace
+    service["spec"]["nodeSelector"] = {E2E_LABEL: "true"}
+    name = service["metadata"]["name"]
+    (tmp_path / "svc.yaml").write_text(yaml.safe_dump(service))
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all(sample_nodes()))
+    expected_plan = json.loads(cli("plan", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml")))
+    expected_deploy, expected_svc = yaml.safe_load_all(
+        cli("render", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml"))
+    )
+
+    kubectl.apply(service)
+    replicas = service["spec"].get("replicas", 1)
+    status = ready(kubectl, namespace, name, replicas)["status"]
+    assert status["plan"] == expected_plan
+
+    deploy = kubectl.get("deployment", name, namespace)
+    for field in ("command", "args", "env", "image", "resources", "securityContext"):
+        assert container(deploy)[field] == container(expected_deploy)[field], field
+    pod_spec = deploy["spec"]["template"]["spec"]
+    assert pod_spec["affinity"] == expected_deploy["spec"]["template"]["spec"]["affinity"]
+    assert deploy["metadata"]["ownerReferences"][0]["kind"] == "CpuLLMService"
+    assert kubectl.get("service", name, namespace)["spec"]["ports"] == expected_svc["spec"]["ports"]
+
+    pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": name})
+    assert len(pods) == replicas
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        assert pod["spec"]["nodeName"] in expected_plan["eligibleNodes"]
+    # Let the next example have the nodes: the big ones take whole nodes.
+    kubectl.run("delete", "cpullm", name, "-n", namespace)
+    eventually(lambda: not kubectl.get("pods", namespace=namespace), timeout=90, what="pods gone")
+
+
+def test_scale_subresource(kubectl: Kubectl, operator: Operator, namespace: str):
+    kubectl.apply(tiny_service("scaled", namespace))
+    ready(kubectl, namespace, "scaled", 1)
+    kubectl.run("scale", "cpullm/scaled", "-n", namespace, "--replicas=3")
+    ready(kubectl, namespace, "scaled", 3)
+    assert kubectl.get("deployment", "scaled", namespace)["spec"]["replicas"] == 3
+    scale = json.loads(
+        kubectl.run(
+            "get", "--raw", f"/apis/cpullm.io/v1alpha1/namespaces/{namespace}/cpullmservices/scaled/scale"
+        ).stdout
+    )
+    assert (scale["spec"]["replicas"], scale["status"]["replicas"]) == (3, 3)
+    assert scale["status"]["selector"] == "cpullm.io/service=scaled"
+
+
+def test_spec_change_rolls_the_deployment(kubectl: Kubectl, operator: Operator, namespace: str):
+    kubectl.apply(tiny_service("rolled", namespace))
+    ready(kubectl, namespace, "rolled", 1)
+    before = kubectl.get("deployment", "rolled", namespace)
+    kubectl.apply(tiny_service("rolled", namespace, kvCacheGiB=3))
+    after = ready(kubectl, namespace, "rolled", 1)
+    assert after["status"]["plan"]["kvCacheGiB"] == 3
+    deploy = kubectl.get("deployment", "rolled", namespace)
+    assert env(deploy)["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert deploy["metadata"]["generation"] > before["metadata"]["generation"]
+    assert len(kubectl.get("rs", namespace=namespace)) == 2  # a rollout: a new ReplicaSet
+
+
+def test_node_label_change_replans(kubectl: Kubectl, operator: Operator, namespace: str, nodes: NodePool):
+    nodes.add(fake_node(f"replan-{namespace[-5:]}", numa=2, pool=namespace))
+    kubectl.apply(tiny_service("replan", namespace, nodeSelector={"pool": namespace}, tensorParallelSize=None))
+    assert ready(kubectl, namespace, "replan", 1)["status"]["plan"]["tensorParallelSize"] == 2
+    kubectl.run("label", "node", f"replan-{namespace[-5:]}", "cpullm.io/numa-nodes=1", "--overwrite")
+
+    def replanned() -> None:
+        service = ready(kubectl, namespace, "replan", 1)
+        assert service["status"]["plan"]["tensorParallelSize"] == 1
+        assert "--tensor-parallel-size" in (args := container(kubectl.get("deployment", "replan", namespace))["args"])
+        assert args[args.index("--tensor-parallel-size") + 1] == "1"
+
+    eventually(replanned, timeout=60, what="re-plan to TP 1")
+
+
+def test_losing_every_eligible_node_and_getting_it_back(
+    kubectl: Kubectl, operator: Operator, namespace: str, nodes: NodePool
+):
+    node = fake_node(f"only-{namespace[-5:]}", numa=1, pool=namespace)
+    nodes.add(node)
+    kubectl.apply(tiny_service("lonely", namespace, nodeSelector={"pool": namespace}))
+    ready(kubectl, namespace, "lonely", 1)
+
+    kubectl.run("delete", "node", node["metadata"]["name"])
+    refused = not_planned(kubectl, namespace, "lonely", "NoEligibleNode")
+    assert "no eligible node" in conditions(refused)["Planned"]["message"]
+    assert any(e["reason"] == "NoEligibleNode" and e["type"] == "Warning" for e in events(kubectl, namespace, "lonely"))
+
+    nodes.add(node)
+    ready(kubectl, namespace, "lonely", 1)
+
+
+def test_deleting_the_service_collects_its_children(kubectl: Kubectl, operator: Operator, namespace: str):
+    kubectl.apply(tiny_service("doomed", namespace))
+    ready(kubectl, namespace, "doomed", 1)
+    kubectl.run("delete", "cpullm", "doomed", "-n", namespace)
+    eventually(lambda: kubectl.get("deployment", "doomed", namespace) is None, timeout=60, what="Deployment collected")
+    eventually(lambda: kubectl.get("service", "doomed", namespace) is None, timeout=60, what="Service collected")
+    eventually(lambda: not kubectl.get("pods", namespace=namespace), timeout=60, what="pods collected")
+
+
+def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator, namespace: str):
+    kubectl.apply(tiny_service("steady", namespace, replicas=2))
+    ready(kubectl, namespace, "steady", 2)
+    patch = {
+        "spec": {
+            "replicas": 5,
+            "template": {
+                "spec": {"containers": [{"name": "vllm", "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "64"}]}]}
+            },
+        }
+    }
+    kubectl.run("patch", "deployment", "steady", "-n", namespace, "--type=strategic", "-p", json.dumps(patch))
+
+    def reverted() -> None:
+        deploy = kubectl.get("deployment", "steady", namespace)
+        assert deploy["spec"]["replicas"] == 2
+        assert env(deploy)["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+    eventually(reverted, timeout=60, what="Deployment drift reverted")
+    kubectl.run("delete", "service", "steady", "-n", namespace)
+    eventually(lambda: kubectl.get("service", "steady", namespace), timeout=60, what="Service recreated")
+    kubectl.run("delete", "deployment", "steady", "-n", namespace)
+    eventually(lambda: kubectl.get("deployment", "steady", namespace), timeout=60, what="Deployment recreated")
+    ready(kubectl, namespace, "steady", 2)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"replicas": -1}, "spec.replicas: Invalid value: -1"),
+        ({"cpu": {"threadsBind": "all-of-them"}}, "spec.cpu.threadsBind"),
+        ({"cpu": {"requiredISA": ["AVX512F"]}}, "spec.cpu.requiredISA[0]"),
+        ({"kvCacheGiB": None, "maxModelLen": None}, "set kvCacheGiB, or maxModelLen and maxNumSeqs"),
+        ({"modelCache": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "x"}}}, "exactly one of"),
+        ({"model": {"name": "m", "dtype": "int4"}}, 'spec.model.dtype: Unsupported value: "int4"'),
+    ],
+)
+def test_api_server_rejects_invalid_specs(kubectl: Kubectl, operator: Operator, namespace: str, spec, message):
+    service = tiny_service("invalid", namespace, **spec)
+    result = kubectl.apply(service, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr
+
+
+def test_unplannable_spec_is_a_condition_and_an_event(kubectl: Kubectl, operator: Operator, namespace: str):
+    kubectl.apply(tiny_service("three", namespace, tensorParallelSize=3))
+    refused = not_planned(kubectl, namespace, "three", "InvalidTensorParallelSize")
+    assert "does not divide the 14 attention heads" in conditions(refused)["Planned"]["message"]
+    assert kubectl.get("deployment", "three", namespace) is None
+    eventually(
+        lambda: [e for e in events(kubectl, namespace, "three") if e["reason"] == "InvalidTensorParallelSize"],
+        timeout=30,
+        what="warning event",
+    )
+    kubectl.apply(tiny_service("three", namespace, tensorParallelSize=2))  # fixing the spec recovers
+    ready(kubectl, namespace, "three", 1)
+
+
+def test_sigkill_mid_reconcile_converges_without_duplicates(kubectl: Kubectl, operator: Operator, namespace: str):
+    names = [f"burst-{i}" for i in range(6)]
+    kubectl.apply(*(tiny_service(n, namespace) for n in names))
+    eventually(lambda: kubectl.get("deployment", names[0], namespace), timeout=30, what="first Deployment")
+    operator.kill()  # the others are mid-flight
+    operator.start()
+    for name in names:
+        ready(kubectl, namespace, name, 1)
+    deployments = kubectl.get("deployments", namespace=namespace)
+    assert sorted(d["metadata"]["name"] for d in deployments) == names
+    assert sorted(s["metadata"]["name"] for s in kubectl.get("services", namespace=namespace)) == names
+    assert len(kubectl.get("rs", namespace=namespace)) == len(names)
+    assert len(kubectl.get("pods", namespace=namespace)) == len(names)
+
+
+def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator, namespace: str):
+    kubectl.apply(tiny_service("shown", namespace, replicas=2))
+    ready(kubectl, namespace, "shown", 2)
+    table = kubectl.run("get", "cpullm", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert table[0].split() == ["NAME", "MODEL", "TP", "KV", "GIB", "BIND", "REPLICAS", "READY", "STATUS", "AGE"]
+    assert table[1].split()[:8] == ["shown", "Qwen/Qwen2.5-0.5B-Instruct", "1", "1", "auto", "2", "2", "Available"]
