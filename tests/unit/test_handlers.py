@@ -1,0 +1,83 @@
+"""Kopf handlers called as Kopf would, with the reconciler's API module stubbed."""
+
+from typing import Any
+
+import kopf
+
+from cpullm.controller import handlers
+
+from .builders import node, node_object
+
+
+class RecordingReconciler:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, list[str]]] = []
+        self.kube = self
+        self.events: list[tuple[str, str, str]] = []
+
+    def reconcile(self, service: dict[str, Any], nodes: list[Any]) -> None:
+        self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
+
+    def emit_event(self, regarding, type_, reason, message):
+        self.events.append((regarding["kind"], type_, reason))
+
+
+SERVICES = {
+    ("ns", "a"): [{"metadata": {"name": "a", "namespace": "ns"}}],
+    ("ns", "gone"): [{"metadata": {"name": "gone", "namespace": "ns", "deletionTimestamp": "now"}}],
+}
+
+
+def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], index: dict[str, list[Any]]) -> None:
+    handlers.node_changed(
+        name=obj["metadata"]["name"], type=type_, body=kopf.Body(obj), memo=memo, node_profiles=index, services=SERVICES
+    )
+
+
+def test_node_events_replan_only_when_the_profile_changes():
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    rec = memo["reconciler"]
+    index = {"n1": [node("n1")], "n2": [node("n2")]}
+    call_node_changed(memo, None, node_object("n1"), index)  # initial listing: resume handlers cover it
+    assert rec.calls == []
+    heartbeat = node_object("n1")
+    heartbeat["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    call_node_changed(memo, "MODIFIED", heartbeat, index)
+    assert rec.calls == []
+    call_node_changed(memo, "MODIFIED", node_object("n1", numa=2), index)
+    assert rec.calls == [("a", ["n1", "n2"])]  # the service being deleted is skipped
+    call_node_changed(memo, "DELETED", node_object("n1", numa=2), index)
+    assert rec.calls[-1] == ("a", ["n2"])
+
+
+def test_unparseable_node_is_skipped_with_a_warning_event():
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    index = {"n1": [node("n1")], "n2": [node("n2")]}
+    call_node_changed(memo, None, node_object("n1"), index)
+    call_node_changed(memo, "MODIFIED", node_object("n1", labels={"cpullm.io/numa-nodes": "two"}), index)
+    rec = memo["reconciler"]
+    assert rec.events == [("Node", "Warning", "InvalidNodeLabels")]
+    assert rec.calls == [("a", ["n2"])]
+
+
+def test_child_events_reconcile_their_owner_only():
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    index = {"n1": [node("n1")]}
+    for labels, type_ in [
+        ({"cpullm.io/service": "a"}, "MODIFIED"),
+        ({"cpullm.io/service": "other"}, "DELETED"),
+        ({}, "MODIFIED"),
+        ({"cpullm.io/service": "a"}, None),
+    ]:
+        handlers.child_changed(
+            labels=labels, namespace="ns", type=type_, memo=memo, node_profiles=index, services=SERVICES
+        )
+    assert memo["reconciler"].calls == [("a", ["n1"])]
+
+
+def test_node_index_keeps_label_errors_out_of_planning():
+    good = handlers.node_profiles(name="n1", body=kopf.Body(node_object("n1")))
+    bad = handlers.node_profiles(name="n2", body=kopf.Body(node_object("n2", labels={"cpullm.io/numa-nodes": "x"})))
+    assert [
+        p.name for p in handlers.usable_nodes({**{k: [v] for k, v in good.items()}, **{k: [v] for k, v in bad.items()}})
+    ] == ["n1"]
