@@ -51,6 +51,12 @@ class UnsupportedModel(PlanRefusal):
     reason = "UnsupportedModel"
 
 
+class PodSecurityForbidden(PlanRefusal):
+    """The namespace's Pod Security level would reject the vLLM pod."""
+
+    reason = "PodSecurityForbidden"
+
+
 class ModelConfigUnavailable(CpuLLMError):
     """The model's config could not be had (Hub down, gated, path without inline config). Retried."""
 

@@ -19,6 +19,7 @@ class StubKube:
         self.status_patches: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
         self.secrets = {("serving", "hf", "HF_TOKEN"): "hf_secret"}
+        self.namespace_labels: dict[str, str] = {}
 
     def apply(self, manifest):
         self.applied.append(manifest)
@@ -26,6 +27,9 @@ class StubKube:
 
     def read_deployment(self, namespace, name):
         return None
+
+    def read_namespace_labels(self, namespace):
+        return self.namespace_labels
 
     def patch_service_status(self, namespace, name, status):
         self.status_patches.append(dict(status))
@@ -123,3 +127,24 @@ def test_inline_config_needs_no_hub():
         rec.reconcile(service({"model": {"name": "/models/llama", "config": LLAMA_8B}}), NODES).tensor_parallel_size
         == 2
     )
+
+
+@pytest.mark.parametrize(
+    ("level", "spec", "refused"),
+    [
+        ("privileged", {}, None),
+        ("baseline", {}, "set spec.numaPrivileges: false"),
+        ("baseline", {"numaPrivileges": False}, None),
+        ("restricted", {"numaPrivileges": False}, "cannot meet"),
+    ],
+)
+def test_pod_security_level_that_would_reject_the_pod_is_a_refusal(level, spec, refused):
+    rec, kube = reconciler()
+    kube.namespace_labels = {"pod-security.kubernetes.io/enforce": level}
+    outcome = rec.reconcile(service(spec), NODES)
+    if refused is None:
+        assert outcome.tensor_parallel_size == 2
+    else:
+        assert outcome.reason == "PodSecurityForbidden" and refused in outcome.message
+        assert "pod-security.kubernetes.io/enforce=privileged" in outcome.message
+        assert kube.applied == [] and ("Warning", "PodSecurityForbidden") in kube.events

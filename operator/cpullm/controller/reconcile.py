@@ -17,6 +17,7 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
 from cpullm.core.manifests import Owner, build_deployment, build_service
 from cpullm.core.planner import plan_service
+from cpullm.core.podsecurity import check_pod_security
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.core.status import changed_conditions, compute_status, status_changes
 from cpullm.core.topology import NodeProfile
@@ -27,6 +28,7 @@ from cpullm.io.hub import ModelFiles
 class KubeGateway(Protocol):
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def read_namespace_labels(self, namespace: str) -> dict[str, str]: ...
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None: ...
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
@@ -95,6 +97,7 @@ class Reconciler:
             spec: CpuLLMServiceSpec | None = None
             try:
                 spec = parse_spec(service.get("spec"))
+                check_pod_security(namespace, self.kube.read_namespace_labels(namespace), spec)
                 outcome = plan_service(spec, self.resolve_model(spec, namespace), nodes)
                 deployment = self.kube.apply(build_deployment(owner, spec, outcome))
                 self.kube.apply(build_service(owner, spec))

@@ -66,6 +66,11 @@ class Kube:
                 raise
         return _json(response)
 
+    def read_namespace_labels(self, namespace: str) -> dict[str, str]:
+        with _permission(f"read Namespace {namespace}"):
+            metadata = self.core.read_namespace(namespace).metadata
+        return dict((metadata.labels if metadata else None) or {})
+
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         with _permission(f"patch {PLURAL}/status {namespace}/{name}"):
             self.custom.patch_namespaced_custom_object_status(

@@ -1,0 +1,31 @@
+"""Pod Security admission awareness: would the namespace's enforced level admit the vLLM pod?
+
+Baseline rejects seccomp `Unconfined` and added capabilities outside its small allowed set (SYS_NICE is not in
+it); restricted additionally requires non-root, all capabilities dropped and RuntimeDefault seccomp, which the
+vLLM CPU image (it runs as root) does not meet. Unlabelled namespaces get the cluster default, assumed
+`privileged` (the API server's default when no AdmissionConfiguration says otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.errors import PodSecurityForbidden
+
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
+
+
+def check_pod_security(namespace: str, labels: Mapping[str, str], spec: CpuLLMServiceSpec) -> None:
+    level = labels.get(ENFORCE_LABEL, "privileged")
+    fix_label = f"label the namespace {ENFORCE_LABEL}=privileged"
+    if level == "restricted":
+        raise PodSecurityForbidden(
+            f"namespace {namespace} enforces Pod Security 'restricted', which the vLLM CPU image cannot meet "
+            f"(it runs as root): {fix_label}, or use another namespace"
+        )
+    if level == "baseline" and spec.numa_privileges:
+        raise PodSecurityForbidden(
+            f"namespace {namespace} enforces Pod Security 'baseline', which rejects seccomp Unconfined and "
+            f"SYS_NICE (needed for vLLM's NUMA memory binding): {fix_label}, or set spec.numaPrivileges: false"
+        )
