@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_NAME = "cpullm-e2e"
 
 
-def tool_dirs() -> dict[str, Path]:
+def tool_dirs(tools: list[str] | None = None) -> dict[str, Path]:
     """Builds what is missing (cold: tens of minutes; cached: seconds) and returns each tool's directory."""
     result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-tools.sh"), "kubernetes", "etcd", "kwok"],
+        ["bash", str(ROOT / "scripts" / "build-tools.sh"), *(tools or ["kubernetes", "etcd", "kwok"])],
         check=True,
         stdout=subprocess.PIPE,
         text=True,

@@ -73,7 +73,7 @@ def tiny_service(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     }
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -118,7 +118,7 @@ def node_ready(kubectl: Kubectl, name: str) -> bool:
 
 @pytest.fixture(scope="session")
 def operator(cluster_ready: Kubectl, workdir: Path) -> Iterator[Operator]:
-    process = Operator(cluster_ready.kubeconfig, workdir / "operator.log", _free_port())
+    process = Operator(cluster_ready.kubeconfig, workdir / "operator.log", free_port())
     process.start()
     yield process
     process.stop()

@@ -57,6 +57,12 @@ class PodSecurityForbidden(PlanRefusal):
     reason = "PodSecurityForbidden"
 
 
+class ChildRejected(PlanRefusal):
+    """The API server refused a child built from the spec (e.g. an invalid pass-through env or affinity)."""
+
+    reason = "ChildRejected"
+
+
 class ModelConfigUnavailable(CpuLLMError):
     """The model's config could not be had (Hub down, gated, path without inline config). Retried."""
 

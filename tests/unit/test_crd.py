@@ -33,3 +33,8 @@ def test_schema_is_structural_and_explained():
     assert "NUMA node" in spec["properties"]["tensorParallelSize"]["description"]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert [c["name"] for c in version["additionalPrinterColumns"]][:2] == ["Model", "TP"]
+
+
+def test_chart_crd_is_identical():
+    chart_copy = ROOT / "charts" / "cpullm-operator" / "crds" / CRD_FILE.name
+    assert chart_copy.read_bytes() == CRD_FILE.read_bytes()

@@ -39,7 +39,9 @@ def test_deployment_whole_manifest():
         extraArgs=["--enable-prefix-caching"],
     )
     plan = plan_service(
-        service_spec, llama_8b(), [node("n1", numa=2, cpu="64", memory="512Gi", labels={"pool": "llm"})]
+        service_spec,
+        llama_8b(),
+        [node(n, numa=2, cpu="64", memory="512Gi", labels={"pool": "llm"}) for n in ("n1", "n2")],
     )
     probe = {"httpGet": {"path": "/health", "port": "http"}}
     assert build_deployment(OWNER, service_spec, plan) == {
@@ -124,7 +126,8 @@ def test_deployment_whole_manifest():
                         "nodeAffinity": {
                             "requiredDuringSchedulingIgnoredDuringExecution": {
                                 "nodeSelectorTerms": [
-                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
+                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]},
                                 ]
                             }
                         }

@@ -43,6 +43,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
+    # Resources are discovered once at start-up (the CRD is installed before the operator), so the operator
+    # needs no list/watch on CustomResourceDefinitions or Namespaces.
+    settings.scanning.disabled = True
     settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's only on trouble
     settings.execution.max_workers = int(os.environ.get("CPULLM_WORKERS", "8"))
     settings.watching.server_timeout = 300

@@ -116,9 +116,11 @@ def _affinity(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
     required terms were already applied when the planner chose them)."""
     affinity = {k: v for k, v in (spec.affinity or {}).items()}
     node_affinity = dict(affinity.get("nodeAffinity") or {})
+    # A metadata.name field selector takes one value per requirement: one term per node (terms are ORed).
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
         "nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": list(plan.eligible_nodes)}]}
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
+            for name in plan.eligible_nodes
         ]
     }
     affinity["nodeAffinity"] = node_affinity

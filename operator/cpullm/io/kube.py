@@ -17,7 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
-from cpullm.errors import PermissionDenied
+from cpullm.errors import ChildRejected, PermissionDenied
 
 FIELD_MANAGER = "cpullm-operator"
 APPLY = "application/apply-patch+yaml"
@@ -113,7 +113,8 @@ class Kube:
 
 
 class _permission:
-    """Turns a 403 into PermissionDenied naming the action, so status says which rule is missing."""
+    """Turns a 403 into PermissionDenied naming the action (status then says which rule is missing), and a
+    422 into ChildRejected (a spec whose pass-through fields the API server refuses)."""
 
     def __init__(self, action: str) -> None:
         self.action = action
@@ -124,6 +125,8 @@ class _permission:
     def __exit__(self, kind: object, err: BaseException | None, tb: object) -> None:
         if isinstance(err, ApiException) and err.status == 403:
             raise PermissionDenied(f"forbidden to {self.action}: {_message(err)}") from err
+        if isinstance(err, ApiException) and err.status == 422:
+            raise ChildRejected(f"the API server refused to {self.action}: {_message(err)}") from err
 
 
 def _json(response: Any) -> dict[str, Any]:

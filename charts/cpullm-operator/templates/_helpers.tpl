@@ -1,0 +1,45 @@
+{{- define "cpullm.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "cpullm.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "cpullm.labels" -}}
+{{ include "cpullm.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "cpullm.serviceAccountName" -}}
+{{- default (include "cpullm.fullname" .) .Values.serviceAccount.name -}}
+{{- end -}}
+
+{{/* The rules the operator needs in every namespace it serves (see the chart README for why each exists). */}}
+{{- define "cpullm.namespacedRules" -}}
+- apiGroups: [cpullm.io]
+  resources: [cpullmservices]
+  verbs: [list, watch, patch]
+- apiGroups: [cpullm.io]
+  resources: [cpullmservices/status]
+  verbs: [patch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch]
+- apiGroups: [""]
+  resources: [services]
+  verbs: [list, watch, create, patch]
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get]
+{{- end -}}

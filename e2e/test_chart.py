@@ -1,0 +1,186 @@
+"""The Helm chart and plain manifests against a real API server: lint, server-side validation, install,
+RBAC that suffices (the operator runs with the chart's ServiceAccount token) and that is needed, upgrade,
+uninstall."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from e2e.cluster import tool_dirs
+from e2e.conftest import free_port, tiny_service
+from e2e.helpers import ROOT, Kubectl, Operator, eventually
+from e2e.test_operator import conditions, ready
+
+CHART = ROOT / "charts" / "cpullm-operator"
+RELEASE = "cpullm"
+RELEASE_NAMESPACE = "cpullm-system"
+
+
+class Helm:
+    def __init__(self, binary: Path, kubeconfig: str) -> None:
+        self.binary, self.kubeconfig = binary, kubeconfig
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.binary), "--kubeconfig", self.kubeconfig, *args], capture_output=True, text=True, timeout=300
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
+        return result
+
+    def template(self, *values: str) -> str:
+        return self.run("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, *values).stdout
+
+
+@pytest.fixture(scope="module")
+def helm(kubectl: Kubectl) -> Helm:
+    return Helm(tool_dirs(["helm"])["helm"] / "helm", kubectl.kubeconfig)
+
+
+def objects(rendered: str) -> list[dict[str, Any]]:
+    return [doc for doc in yaml.safe_load_all(rendered) if doc]
+
+
+def test_helm_lint(helm: Helm):
+    for values in ([], ["--set", "watchNamespaces={a,b}"], ["--set", "replicas=2,peering.enabled=true"]):
+        helm.run("lint", "--strict", str(CHART), *values)
+
+
+def test_values_are_validated(helm: Helm):
+    bad = helm.run("template", RELEASE, str(CHART), "--set", "logLevel=loud", check=False)
+    assert bad.returncode != 0 and "logLevel" in bad.stderr
+    two = helm.run("template", RELEASE, str(CHART), "--set", "replicas=2", check=False)
+    assert two.returncode != 0 and "replicas > 1 needs peering.enabled=true" in two.stderr
+
+
+@pytest.mark.parametrize(
+    "values", [[], ["--set", "watchNamespaces={team-a,team-b}"]], ids=["clusterwide", "namespaced"]
+)
+def test_rendered_chart_validates_on_the_api_server(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl, values):
+    for namespace in (RELEASE_NAMESPACE, "team-a", "team-b"):
+        kubectl.run("create", "namespace", namespace, check=False)
+    result = kubectl.run("apply", "--dry-run=server", "-f", "-", input=helm.template(*values))
+    assert "deployment.apps/cpullm-cpullm-operator created (server dry run)" in result.stdout
+
+
+def test_peering_renders_its_crds_and_object(helm: Helm):
+    rendered = objects(helm.template("--set", "replicas=2,peering.enabled=true"))
+    kinds = {(o["kind"], o["metadata"]["name"]) for o in rendered}
+    assert ("ClusterKopfPeering", "cpullm-operator") in kinds
+    assert ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev") in kinds
+    deploy = next(o for o in rendered if o["kind"] == "Deployment")
+    assert "--peering=cpullm-operator" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
+def test_install_yaml_is_rendered_from_the_chart(tmp_path: Path):
+    expected = (ROOT / "manifests" / "install.yaml").read_text()
+    subprocess.run(["bash", str(ROOT / "scripts" / "render-install.sh")], check=True, capture_output=True)
+    assert (ROOT / "manifests" / "install.yaml").read_text() == expected, "run scripts/render-install.sh"
+
+
+def test_examples_validate_against_the_installed_crd(kubectl: Kubectl, cluster_ready: Kubectl):
+    result = kubectl.run("apply", "--dry-run=server", "-f", str(ROOT / "manifests" / "examples"))
+    assert result.stdout.count("created (server dry run)") == len(
+        list((ROOT / "manifests" / "examples").glob("*.yaml"))
+    )
+
+
+def service_account_kubeconfig(kubectl: Kubectl, path: Path) -> str:
+    """A kubeconfig that authenticates as the chart's ServiceAccount (a TokenRequest token)."""
+    token = kubectl.run(
+        "create", "token", "cpullm-cpullm-operator", "-n", RELEASE_NAMESPACE, "--duration=1h"
+    ).stdout.strip()
+    admin = yaml.safe_load(Path(kubectl.kubeconfig).read_text())
+    cluster = admin["clusters"][0]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "current-context": "sa",
+        "clusters": [{"name": "c", "cluster": cluster["cluster"]}],
+        "users": [{"name": "sa", "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "c", "user": "sa"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture
+def chart_only(operator: Operator) -> Iterator[None]:
+    """The suite's admin-credentialed operator stands down while the chart's identity does the work."""
+    operator.stop()
+    yield
+    operator.start()
+
+
+def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
+    helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl, chart_only: None, workdir: Path
+):
+    namespace = f"e2e-chart-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", namespace)
+    helm.run("install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace")
+    as_chart = Operator(
+        service_account_kubeconfig(kubectl, workdir / "sa.kubeconfig"), workdir / "chart-operator.log", free_port()
+    )
+    as_chart.start()
+    try:
+        kubectl.apply(tiny_service("rbac-ok", namespace))
+        ready(kubectl, namespace, "rbac-ok", 1)
+
+        # Take away one rule the code needs: applying Services.
+        role = kubectl.get("clusterrole", "cpullm-cpullm-operator")
+        index = next(i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["services"])
+        kubectl.run(
+            "patch",
+            "clusterrole",
+            "cpullm-cpullm-operator",
+            "--type=json",
+            "-p",
+            json.dumps([{"op": "remove", "path": f"/rules/{index}"}]),
+        )
+        kubectl.apply(tiny_service("rbac-missing", namespace))
+
+        def permission_problem() -> str:
+            planned = conditions(kubectl.get("cpullm", "rbac-missing", namespace)).get("Planned", {})
+            assert planned.get("reason") == "PermissionDenied", planned
+            return str(planned["message"])
+
+        message = eventually(permission_problem, timeout=60, what="PermissionDenied condition")
+        assert "forbidden to apply Service" in message
+    finally:
+        as_chart.stop()
+
+    helm.run(
+        "upgrade",
+        RELEASE,
+        str(CHART),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--set",
+        f"logLevel=debug,watchNamespaces={{{namespace}}}",
+    )
+    args = kubectl.get("deployment", "cpullm-cpullm-operator", RELEASE_NAMESPACE)["spec"]["template"]["spec"][
+        "containers"
+    ][0]["args"]
+    assert f"--namespace={namespace}" in args and "--verbose" in args
+    assert kubectl.get("role", "cpullm-cpullm-operator", namespace) is not None
+    assert kubectl.get("clusterrole", "cpullm-cpullm-operator") is None  # namespaced rules moved to the Role
+
+    helm.run("uninstall", RELEASE, "--namespace", RELEASE_NAMESPACE, "--wait")
+    left = [
+        kubectl.get(kind, namespace=ns, **{"app.kubernetes.io/instance": RELEASE})
+        for kind, ns in [
+            ("deploy,sa,role,rolebinding", RELEASE_NAMESPACE),
+            ("role,rolebinding", namespace),
+            ("clusterrole,clusterrolebinding", None),
+        ]
+    ]
+    assert left == [[], [], []]
+    assert kubectl.get("crd", "cpullmservices.cpullm.io") is not None  # Helm never deletes chart CRDs
