@@ -24,8 +24,8 @@ class NotYet(AssertionError):
 
 
 def eventually(probe: Callable[[], T], *, timeout: float = 60, interval: float = 0.5, what: str = "") -> T:
-    """Call probe until it returns without raising AssertionError (or a truthy value); the last failure
-    is reported after timeout. The suite's only way to wait."""
+    """Call probe until it returns a value other than None/False without raising AssertionError; after
+    timeout the last failure is reported. The suite's only way to wait."""
     deadline = time.monotonic() + timeout
     while True:
         try:

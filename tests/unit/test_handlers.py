@@ -1,5 +1,6 @@
 """Kopf handlers called as Kopf would, with the reconciler's API module stubbed."""
 
+import asyncio
 from typing import Any
 
 import kopf
@@ -29,9 +30,10 @@ SERVICES = {
 
 
 def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], index: dict[str, list[Any]]) -> None:
-    handlers.node_changed(
+    run = handlers.node_changed(
         name=obj["metadata"]["name"], type=type_, body=kopf.Body(obj), memo=memo, node_profiles=index, services=SERVICES
     )
+    asyncio.run(run)
 
 
 def test_node_events_replan_only_when_the_profile_changes():
@@ -69,15 +71,16 @@ def test_child_events_reconcile_their_owner_only():
         ({}, "MODIFIED"),
         ({"cpullm.io/service": "a"}, None),
     ]:
-        handlers.child_changed(
+        call = handlers.child_changed(
             labels=labels, namespace="ns", type=type_, memo=memo, node_profiles=index, services=SERVICES
         )
+        asyncio.run(call)
     assert memo["reconciler"].calls == [("a", ["n1"])]
 
 
 def test_node_index_keeps_label_errors_out_of_planning():
-    good = handlers.node_profiles(name="n1", body=kopf.Body(node_object("n1")))
-    bad = handlers.node_profiles(name="n2", body=kopf.Body(node_object("n2", labels={"cpullm.io/numa-nodes": "x"})))
-    assert [
-        p.name for p in handlers.usable_nodes({**{k: [v] for k, v in good.items()}, **{k: [v] for k, v in bad.items()}})
-    ] == ["n1"]
+    good = asyncio.run(handlers.node_profiles(name="n1", body=kopf.Body(node_object("n1"))))
+    bad_labels = node_object("n2", labels={"cpullm.io/numa-nodes": "x"})
+    bad = asyncio.run(handlers.node_profiles(name="n2", body=kopf.Body(bad_labels)))
+    index = {name: [profile] for name, profile in {**good, **bad}.items()}
+    assert [p.name for p in handlers.usable_nodes(index)] == ["n1"]

@@ -3,10 +3,14 @@
 Triggers: the CpuLLMService itself (create/update/resume, retried with backoff on transient errors); a
 node whose profile changed (every service is re-planned; only changed plans touch anything); a change to a
 child Deployment or Service (drift is reverted, readiness copied into status).
+
+Handlers are async: Kopf mutates its indexes on the event loop, so they are read (copied) there, and only
+then is the blocking reconcile handed to a worker thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import os
@@ -47,7 +51,6 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # needs no list/watch on CustomResourceDefinitions or Namespaces.
     settings.scanning.disabled = True
     settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's only on trouble
-    settings.execution.max_workers = int(os.environ.get("CPULLM_WORKERS", "8"))
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 5, 10, 30]
@@ -68,7 +71,7 @@ def outcome_to_kopf(outcome: Any, retry: int) -> None:
 
 
 @kopf.index("", "v1", "nodes")
-def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeProfile | NodeLabelError]:
+async def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeProfile | NodeLabelError]:
     try:
         return {name: parse_node(body)}
     except NodeLabelError as err:
@@ -76,7 +79,7 @@ def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeProfile
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
-def services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+async def services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return {(namespace, name): copy.deepcopy(dict(body))}
 
 
@@ -87,17 +90,18 @@ def usable_nodes(index: kopf.Index[Any, Any]) -> list[NodeProfile]:
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-def reconcile_service(
+async def reconcile_service(
     body: kopf.Body, retry: int, memo: kopf.Memo, node_profiles: kopf.Index[Any, Any], **_: Any
 ) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
-    outcome = memo["reconciler"].reconcile(copy.deepcopy(dict(body)), usable_nodes(node_profiles))
+    service, nodes = copy.deepcopy(dict(body)), usable_nodes(node_profiles)
+    outcome = await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes)
     outcome_to_kopf(outcome, retry)
 
 
 @kopf.on.event("", "v1", "nodes")
-def node_changed(
+async def node_changed(
     name: str,
     type: str | None,
     body: kopf.Body,
@@ -132,9 +136,7 @@ def node_changed(
         nodes = [n for n in nodes if n.name != name] + [profile]
     elif profile is None or isinstance(profile, NodeLabelError):
         nodes = [n for n in nodes if n.name != name]
-    for store in services.values():
-        for service in store:
-            _reconcile_quietly(memo, service, nodes)
+    await _reconcile_quietly(memo, [s for store in services.values() for s in store], nodes)
 
 
 def _same(before: Any, after: Any) -> bool:
@@ -143,19 +145,19 @@ def _same(before: Any, after: Any) -> bool:
     return bool(before == after) and (not isinstance(after, NodeProfile) or before.labels == after.labels)
 
 
-def _reconcile_quietly(memo: kopf.Memo, service: Mapping[str, Any], nodes: list[NodeProfile]) -> None:
+async def _reconcile_quietly(memo: kopf.Memo, services: list[Mapping[str, Any]], nodes: list[NodeProfile]) -> None:
     """Event-driven reconciles report through status; errors are logged, the resource handler retries."""
-    if service["metadata"].get("deletionTimestamp"):
-        return
-    try:
-        memo["reconciler"].reconcile(copy.deepcopy(dict(service)), nodes)
-    except Exception:  # an event handler must not stop the watch; the error is in the log
-        log.exception("reconcile of %s/%s failed", service["metadata"]["namespace"], service["metadata"]["name"])
+    for service in [copy.deepcopy(dict(s)) for s in services if not s["metadata"].get("deletionTimestamp")]:
+        try:
+            await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes)
+        except Exception:  # an event handler must not stop the watch; the error is in the log
+            meta = service["metadata"]
+            log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
-def child_changed(
+async def child_changed(
     labels: Mapping[str, str],
     namespace: str,
     type: str | None,
@@ -168,5 +170,4 @@ def child_changed(
     owner = labels.get(SERVICE_LABEL)
     if type is None or owner is None or (namespace, owner) not in services:
         return
-    for service in services[namespace, owner]:
-        _reconcile_quietly(memo, service, usable_nodes(node_profiles))
+    await _reconcile_quietly(memo, list(services[namespace, owner]), usable_nodes(node_profiles))

@@ -72,10 +72,15 @@ class Kube:
         return dict((metadata.labels if metadata else None) or {})
 
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch status; a service deleted meanwhile is not an error (its children go with it)."""
         with _permission(f"patch {PLURAL}/status {namespace}/{name}"):
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}, _content_type=MERGE
-            )
+            try:
+                self.custom.patch_namespaced_custom_object_status(
+                    GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}, _content_type=MERGE
+                )
+            except ApiException as err:
+                if err.status != 404:
+                    raise
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         """The decoded value, or None when the secret or key does not exist."""
