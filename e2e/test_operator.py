@@ -250,7 +250,17 @@ def test_sigkill_mid_reconcile_converges_without_duplicates(kubectl: Kubectl, op
 
 def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator, namespace: str):
     kubectl.apply(tiny_service("shown", namespace, replicas=2))
-    ready(kubectl, namespace, "shown", 2)
+    plan = ready(kubectl, namespace, "shown", 2)["status"]["plan"]
     table = kubectl.run("get", "cpullm", "-n", namespace, "-o", "wide").stdout.splitlines()
     assert table[0].split() == ["NAME", "MODEL", "TP", "KV", "GIB", "BIND", "REPLICAS", "READY", "STATUS", "AGE"]
-    assert table[1].split()[:8] == ["shown", "Qwen/Qwen2.5-0.5B-Instruct", "1", "1", "auto", "2", "2", "Available"]
+    expected = [
+        "shown",
+        "Qwen/Qwen2.5-0.5B-Instruct",
+        str(plan["tensorParallelSize"]),
+        str(plan["kvCacheGiB"]),
+        plan["threadsBind"],
+        "2",
+        "2",
+        "Available",
+    ]
+    assert table[1].split()[:8] == expected

@@ -9,6 +9,7 @@ from cpullm.controller.handlers import outcome_to_kopf
 from cpullm.controller.reconcile import Reconciler
 from cpullm.errors import ModelConfigUnavailable, NoEligibleNode
 from cpullm.io.hub import ModelFiles
+from cpullm.io.kube import NamespaceInfo
 
 from .builders import LLAMA_8B, node
 
@@ -20,6 +21,7 @@ class StubKube:
         self.events: list[tuple[str, str]] = []
         self.secrets = {("serving", "hf", "HF_TOKEN"): "hf_secret"}
         self.namespace_labels: dict[str, str] = {}
+        self.terminating = False
 
     def apply(self, manifest):
         self.applied.append(manifest)
@@ -28,8 +30,8 @@ class StubKube:
     def read_deployment(self, namespace, name):
         return None
 
-    def read_namespace_labels(self, namespace):
-        return self.namespace_labels
+    def read_namespace(self, namespace):
+        return NamespaceInfo(labels=self.namespace_labels, terminating=self.terminating)
 
     def patch_service_status(self, namespace, name, status):
         self.status_patches.append(dict(status))
@@ -148,3 +150,10 @@ def test_pod_security_level_that_would_reject_the_pod_is_a_refusal(level, spec, 
         assert outcome.reason == "PodSecurityForbidden" and refused in outcome.message
         assert "pod-security.kubernetes.io/enforce=privileged" in outcome.message
         assert kube.applied == [] and ("Warning", "PodSecurityForbidden") in kube.events
+
+
+def test_terminating_namespace_is_left_alone():
+    rec, kube = reconciler()
+    kube.terminating = True
+    assert rec.reconcile(service({}), NODES) is None
+    assert (kube.applied, kube.status_patches, kube.events) == ([], [], [])

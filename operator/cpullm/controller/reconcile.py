@@ -6,6 +6,7 @@ gather (spec, model size, nodes, current status) -> decide (plan, manifests, sta
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -23,12 +24,15 @@ from cpullm.core.status import changed_conditions, compute_status, status_change
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable
 from cpullm.io.hub import ModelFiles
+from cpullm.io.kube import NamespaceInfo
+
+log = logging.getLogger(__name__)
 
 
 class KubeGateway(Protocol):
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
     def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-    def read_namespace_labels(self, namespace: str) -> dict[str, str]: ...
+    def read_namespace(self, namespace: str) -> NamespaceInfo: ...
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None: ...
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
@@ -86,18 +90,22 @@ class Reconciler:
             checkpoint_total_bytes=files.checkpoint_total_bytes,
         )
 
-    def reconcile(self, service: Mapping[str, Any], nodes: Sequence[NodeProfile]) -> Plan | CpuLLMError:
-        """Bring children and status in line with the spec; returns the plan or the error reported."""
+    def reconcile(self, service: Mapping[str, Any], nodes: Sequence[NodeProfile]) -> Plan | CpuLLMError | None:
+        """Bring children and status in line with the spec; returns the plan or the error reported, or None
+        when the namespace is being deleted (nothing may be created there; everything goes with it)."""
         meta = service["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         with self._lock((namespace, name)):
+            namespace_info = self.kube.read_namespace(namespace)
+            if namespace_info.terminating:
+                return None
             owner = Owner(name=name, namespace=namespace, uid=meta.get("uid"))
             outcome: Plan | CpuLLMError
             deployment: Mapping[str, Any] | None = None
             spec: CpuLLMServiceSpec | None = None
             try:
                 spec = parse_spec(service.get("spec"))
-                check_pod_security(namespace, self.kube.read_namespace_labels(namespace), spec)
+                check_pod_security(namespace, namespace_info.labels, spec)
                 outcome = plan_service(spec, self.resolve_model(spec, namespace), nodes)
                 deployment = self.kube.apply(build_deployment(owner, spec, outcome))
                 self.kube.apply(build_service(owner, spec))
@@ -127,5 +135,8 @@ class Reconciler:
             }
             for cond in changed_conditions(current, desired):
                 kind = "Normal" if cond["status"] == "True" else "Warning"
+                log.info(
+                    "%s/%s %s=%s %s: %s", namespace, name, cond["type"], cond["status"], cond["reason"], cond["message"]
+                )
                 self.kube.emit_event(regarding, kind, cond["reason"], cond["message"])
             return outcome

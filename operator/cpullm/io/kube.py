@@ -10,6 +10,7 @@ import base64
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -20,6 +21,14 @@ from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.errors import ChildRejected, PermissionDenied
 
 FIELD_MANAGER = "cpullm-operator"
+
+
+@dataclass(frozen=True)
+class NamespaceInfo:
+    labels: dict[str, str]
+    terminating: bool
+
+
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 log = logging.getLogger(__name__)
@@ -66,10 +75,14 @@ class Kube:
                 raise
         return _json(response)
 
-    def read_namespace_labels(self, namespace: str) -> dict[str, str]:
+    def read_namespace(self, namespace: str) -> NamespaceInfo:
         with _permission(f"read Namespace {namespace}"):
-            metadata = self.core.read_namespace(namespace).metadata
-        return dict((metadata.labels if metadata else None) or {})
+            ns = self.core.read_namespace(namespace)
+        labels = dict((ns.metadata.labels if ns.metadata else None) or {})
+        terminating = bool(ns.metadata and ns.metadata.deletion_timestamp) or (
+            ns.status is not None and ns.status.phase == "Terminating"
+        )
+        return NamespaceInfo(labels=labels, terminating=terminating)
 
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch status; a service deleted meanwhile is not an error (its children go with it)."""
