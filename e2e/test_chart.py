@@ -184,3 +184,4 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
     ]
     assert left == [[], [], []]
     assert kubectl.get("crd", "cpullmservices.cpullm.io") is not None  # Helm never deletes chart CRDs
+    kubectl.run("delete", "namespace", namespace, "--wait=false")

@@ -71,13 +71,25 @@ def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
-def test_examples_run_as_planned(example: Path, kubectl: Kubectl, operator: Operator, namespace: str, tmp_path: Path):
+def test_examples_run_as_planned(
+    example: Path, kubectl: Kubectl, operator: Operator, namespace: str, nodes: NodePool, tmp_path: Path
+):
+    # A private copy of the sample nodes: the big examples take whole nodes, other tests' pods must not.
+    suffix = namespace[-5:]
+    private = []
+    for node in sample_nodes():
+        labels = node["metadata"]["labels"]
+        del labels[E2E_LABEL]
+        node["metadata"]["name"] = labels["kubernetes.io/hostname"] = f"{node['metadata']['name']}-{suffix}"
+        labels["pool"] = namespace
+        private.append(node)
+        nodes.add(node)
     service = yaml.safe_load(example.read_text())
     service["metadata"]["namespace"] = namespace
-    service["spec"]["nodeSelector"] = {E2E_LABEL: "true"}
+    service["spec"]["nodeSelector"] = {"pool": namespace}
     name = service["metadata"]["name"]
     (tmp_path / "svc.yaml").write_text(yaml.safe_dump(service))
-    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all(sample_nodes()))
+    (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all(private))
     expected_plan = json.loads(cli("plan", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml")))
     expected_deploy, expected_svc = yaml.safe_load_all(
         cli("render", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml"))
@@ -101,9 +113,8 @@ def test_examples_run_as_planned(example: Path, kubectl: Kubectl, operator: Oper
     for pod in pods:
         assert pod["status"]["phase"] == "Running"
         assert pod["spec"]["nodeName"] in expected_plan["eligibleNodes"]
-    # Let the next example have the nodes: the big ones take whole nodes.
-    kubectl.run("delete", "cpullm", name, "-n", namespace)
-    eventually(lambda: not kubectl.get("pods", namespace=namespace), timeout=90, what="pods gone")
+    events_seen = [(e["reason"], e["count"]) for e in events(kubectl, namespace, name)]
+    assert events_seen.count(("Planned", 1)) == 1, events_seen  # one decision, one event
 
 
 def test_scale_subresource(kubectl: Kubectl, operator: Operator, namespace: str):
@@ -264,3 +275,23 @@ def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator, nam
         "Available",
     ]
     assert table[1].split()[:8] == expected
+
+
+def test_pod_security_baseline_namespace_gets_a_clear_condition(kubectl: Kubectl, operator: Operator, namespace: str):
+    kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline")
+    kubectl.apply(tiny_service("guarded", namespace))
+    refused = not_planned(kubectl, namespace, "guarded", "PodSecurityForbidden")
+    message = conditions(refused)["Planned"]["message"]
+    assert "pod-security.kubernetes.io/enforce=privileged" in message and "numaPrivileges: false" in message
+    assert kubectl.get("deployment", "guarded", namespace) is None  # no ReplicaSet stuck on FailedCreate
+    kubectl.apply(tiny_service("guarded", namespace, numaPrivileges=False))  # the opt-out: baseline admits it
+    ready(kubectl, namespace, "guarded", 1)
+
+
+def test_pass_through_fields_the_api_server_refuses_become_a_condition(
+    kubectl: Kubectl, operator: Operator, namespace: str
+):
+    bad_env = [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.noSuchField"}}}]
+    kubectl.apply(tiny_service("refused", namespace, env=bad_env))
+    refused = not_planned(kubectl, namespace, "refused", "ChildRejected")
+    assert "fieldPath" in conditions(refused)["Planned"]["message"]

@@ -99,8 +99,18 @@ build_kwok() {
 
 build_helm() {
   local dir=$cache/helm-$HELM_VERSION
-  have "$dir" helm || go_install helm "$dir" "$HELM_VERSION" \
-    "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+  if ! have "$dir" helm; then
+    # As Helm's Makefile does: the default Kubernetes version for offline template/lint follows the
+    # client-go it is built with (v0.X.Y -> 1.X); unstamped it is v1.20 and kubeVersion checks fail.
+    local gomod client_go ld="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+    gomod=$(go mod download -json "helm.sh/helm/v3@$HELM_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
+    client_go=$(awk '$1 == "k8s.io/client-go" {print $2}' "$gomod")
+    client_go=${client_go#v0.}
+    for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+      ld+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=${client_go%%.*}"
+    done
+    go_install helm "$dir" "$HELM_VERSION" "$ld" helm.sh/helm/v3/cmd/helm
+  fi
   echo "HELM_BIN_DIR=$dir"
 }
 

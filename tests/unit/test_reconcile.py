@@ -157,3 +157,10 @@ def test_terminating_namespace_is_left_alone():
     kube.terminating = True
     assert rec.reconcile(service({}), NODES) is None
     assert (kube.applied, kube.status_patches, kube.events) == ([], [], [])
+
+
+def test_a_stale_snapshot_after_our_own_status_write_causes_no_repeat():
+    rec, kube = reconciler()
+    rec.reconcile(service({}), NODES)
+    rec.reconcile(service({}), NODES)  # the watch has not delivered our status yet: same stale body
+    assert len(kube.status_patches) == 1 and kube.events == [("Normal", "Planned"), ("Normal", "Available")]

@@ -62,6 +62,10 @@ class Reconciler:
         self.clock = clock
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        # The operator is the only writer of status; what it last wrote (per object uid) is newer than a
+        # watch snapshot that may not have caught up yet, and comparing against it avoids repeated patches
+        # and events. Empty after a restart: the object's own status is used then.
+        self._written: dict[str, dict[str, Any]] = {}
 
     def _lock(self, key: tuple[str, str]) -> threading.Lock:
         with self._locks_guard:
@@ -113,7 +117,8 @@ class Reconciler:
                 outcome = err
                 deployment = self.kube.read_deployment(namespace, name)
 
-            current = service.get("status") or {}
+            uid = str(meta.get("uid"))
+            current = self._written.get(uid) or service.get("status") or {}
             desired = compute_status(
                 name=name,
                 generation=int(meta.get("generation") or 0),
@@ -126,6 +131,7 @@ class Reconciler:
             patch = status_changes(current, desired)
             if patch:
                 self.kube.patch_service_status(namespace, name, patch)
+                self._written[uid] = desired
             regarding = {
                 "apiVersion": API_VERSION,
                 "kind": KIND,
