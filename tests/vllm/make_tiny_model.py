@@ -1,0 +1,108 @@
+"""Builds a tiny random-weight Llama checkpoint that vLLM loads like a real one: config.json, bf16
+model.safetensors with Llama's tensor names, and a byte-level BPE tokenizer trained here (nothing is
+downloaded). Runs in the vLLM environment (it needs torch): python make_tiny_model.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "vocab_size": 1024,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "hidden_act": "silu",
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Large language models run on CPUs with the right thread binding and memory placement.",
+    "Each tensor parallel rank binds to one NUMA node and keeps its own KV cache.",
+    "Kubernetes schedules pods onto nodes that have enough CPU and memory.",
+    "Once upon a time there was a small model that answered every question with random words.",
+]
+
+
+def build_tokenizer(out: Path) -> None:
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=CONFIG["vocab_size"],
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(CORPUS * 50, trainer=trainer)
+    tokenizer.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "model_max_length": CONFIG["max_position_embeddings"],
+            }
+        )
+    )
+
+
+def build_weights(out: Path) -> None:
+    torch.manual_seed(0)
+    h, i, v = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["vocab_size"]
+    d, heads, kv = CONFIG["head_dim"], CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
+
+    tensors = {
+        "model.embed_tokens.weight": rand(v, h),
+        "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
+        "lm_head.weight": rand(v, h),
+    }
+    for layer in range(CONFIG["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        tensors |= {
+            p + "self_attn.q_proj.weight": rand(heads * d, h),
+            p + "self_attn.k_proj.weight": rand(kv * d, h),
+            p + "self_attn.v_proj.weight": rand(kv * d, h),
+            p + "self_attn.o_proj.weight": rand(h, heads * d),
+            p + "mlp.gate_proj.weight": rand(i, h),
+            p + "mlp.up_proj.weight": rand(i, h),
+            p + "mlp.down_proj.weight": rand(h, i),
+            p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
+        }
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def main(out_dir: str) -> None:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    build_tokenizer(out)
+    build_weights(out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
