@@ -21,6 +21,7 @@ from e2e.helpers import ROOT, Kubectl, Operator, eventually
 
 E2E_LABEL = "cpullm.io/e2e"
 SAMPLE_NODES = ROOT / "examples" / "nodes.yaml"
+QWEN_SMALL = yaml.safe_load((ROOT / "manifests" / "examples" / "qwen-small.yaml").read_text())
 
 
 def sample_nodes() -> list[dict[str, Any]]:
@@ -44,20 +45,7 @@ def fake_node(name: str, *, numa: int = 2, cpu: str = "32", memory: str = "128Gi
 def tiny_service(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
     """Qwen2.5-0.5B with 2 CPUs per rank: many fit on one node, so tests do not compete for capacity."""
     body: dict[str, Any] = {
-        "model": {
-            "name": "Qwen/Qwen2.5-0.5B-Instruct",
-            "config": {
-                "model_type": "qwen2",
-                "hidden_size": 896,
-                "intermediate_size": 4864,
-                "num_hidden_layers": 24,
-                "num_attention_heads": 14,
-                "num_key_value_heads": 2,
-                "vocab_size": 151936,
-                "tie_word_embeddings": True,
-                "max_position_embeddings": 32768,
-            },
-        },
+        "model": copy.deepcopy(QWEN_SMALL["spec"]["model"]),
         "kvCacheGiB": 1,
         "maxModelLen": 4096,
         "cpu": {"cpusPerRank": 2},

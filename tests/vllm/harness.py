@@ -104,6 +104,7 @@ class LocalServer:
             "max_tokens": max_tokens,
             "temperature": 0.0,
             "ignore_eos": True,
+            "skip_special_tokens": False,  # a random model emits special tokens too
         }
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}/v1/completions",

