@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -94,13 +95,21 @@ def plain(python: Path, model: Path, tp: int, port: int, log: Path) -> LocalServ
     return LocalServer(command=command, env=env, port=port, log=log)
 
 
+def root_cause(log: Path) -> str:
+    """The first exception message in a vLLM log (the worker's, not the engine's wrapper)."""
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.search(r"\b(\w+Error: .*)", line)
+        if match and " ERROR " in line and "Engine core initialization failed" not in match.group(1):
+            return match.group(1)[:160]
+    return "failed to start (see the log)"
+
+
 def measure(server: LocalServer, tokens: int, batch: int) -> dict[str, Any]:
     try:
         server.start(timeout=600)
-    except (RuntimeError, TimeoutError) as err:
+    except (RuntimeError, TimeoutError):
         server.stop()
-        last = [line for line in str(err).splitlines() if line.strip()][-1:]
-        return {"error": last[0][:120] if last else "failed to start"}
+        return {"error": root_cause(server.log)}
     try:
         server.complete(PROMPTS[0], max_tokens=4)  # warm-up
         started = time.monotonic()
