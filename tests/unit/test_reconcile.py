@@ -3,11 +3,12 @@
 from datetime import UTC, datetime
 from typing import Any
 
+import kopf
 import pytest
 
 from cpullm.controller.handlers import outcome_to_kopf
 from cpullm.controller.reconcile import Reconciler
-from cpullm.errors import ModelConfigUnavailable, NoEligibleNode
+from cpullm.errors import ModelConfigUnavailable, NoEligibleNode, PermissionDenied
 from cpullm.io.hub import ModelFiles
 from cpullm.io.kube import NamespaceInfo
 
@@ -112,8 +113,6 @@ def test_invalid_spec_is_reported():
     ],
 )
 def test_unavailable_model_config_is_reported_and_retried_with_backoff(spec, hub, message):
-    import kopf
-
     rec, kube = reconciler(hub)
     outcome = rec.reconcile(service(spec), NODES)
     assert isinstance(outcome, ModelConfigUnavailable) and message in outcome.message
@@ -164,3 +163,17 @@ def test_a_stale_snapshot_after_our_own_status_write_causes_no_repeat():
     rec.reconcile(service({}), NODES)
     rec.reconcile(service({}), NODES)  # the watch has not delivered our status yet: same stale body
     assert len(kube.status_patches) == 1 and kube.events == [("Normal", "Planned"), ("Normal", "Available")]
+
+
+def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
+    rec, kube = reconciler()
+
+    def forbidden(*_args):
+        raise PermissionDenied("forbidden to apply Deployment serving/llama: no rule")
+
+    kube.apply = kube.read_deployment = forbidden
+    outcome = rec.reconcile(service({}), NODES)
+    assert isinstance(outcome, PermissionDenied)
+    assert kube.status_patches[0]["conditions"][0]["reason"] == "PermissionDenied"
+    with pytest.raises(kopf.TemporaryError):
+        outcome_to_kopf(outcome, retry=0)

@@ -19,18 +19,12 @@ from typing import Any
 
 import kopf
 
+from cpullm.api.plan import Plan
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.manifests import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.topology import NodeProfile, parse_node
-from cpullm.errors import (
-    CpuLLMError,
-    InvalidSpec,
-    ModelConfigUnavailable,
-    NodeLabelError,
-    PermissionDenied,
-    PlanRefusal,
-)
+from cpullm.errors import CpuLLMError, InvalidSpec, NodeLabelError, PlanRefusal
 from cpullm.io.hub import DEFAULT_ENDPOINT, HubClient
 from cpullm.io.kube import Kube
 
@@ -59,14 +53,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo["reconciler"] = Reconciler(Kube.from_environment(), hub)
 
 
-def outcome_to_kopf(outcome: Any, retry: int) -> None:
-    """The one place errors meet Kopf. Refusals and bad specs are reported and wait for a change (no
-    retry); transient errors are retried with exponential backoff."""
-    if isinstance(outcome, ModelConfigUnavailable | PermissionDenied):
-        raise kopf.TemporaryError(outcome.message, delay=min(MAX_BACKOFF_SECONDS, 10 * 2**retry))
-    if isinstance(outcome, PlanRefusal | InvalidSpec):
-        log.info("not planned: %s", outcome.message)
-    elif isinstance(outcome, CpuLLMError):
+def outcome_to_kopf(outcome: Plan | CpuLLMError | None, retry: int) -> None:
+    """The one place errors meet Kopf. A plan, a refusal or a bad spec is already reported in status and
+    waits for a change (no retry); any other error (Hub unreachable, permission denied) is transient and
+    retried with exponential backoff."""
+    if isinstance(outcome, CpuLLMError) and not isinstance(outcome, PlanRefusal | InvalidSpec):
         raise kopf.TemporaryError(outcome.message, delay=min(MAX_BACKOFF_SECONDS, 10 * 2**retry))
 
 

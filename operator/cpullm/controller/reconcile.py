@@ -94,6 +94,13 @@ class Reconciler:
             checkpoint_total_bytes=files.checkpoint_total_bytes,
         )
 
+    def _current_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """What still runs after a failed plan, for the replica counts; unknown if it cannot be read."""
+        try:
+            return self.kube.read_deployment(namespace, name)
+        except CpuLLMError:
+            return None
+
     def reconcile(self, service: Mapping[str, Any], nodes: Sequence[NodeProfile]) -> Plan | CpuLLMError | None:
         """Bring children and status in line with the spec; returns the plan or the error reported, or None
         when the namespace is being deleted (nothing may be created there; everything goes with it)."""
@@ -115,7 +122,7 @@ class Reconciler:
                 self.kube.apply(build_service(owner, spec))
             except CpuLLMError as err:
                 outcome = err
-                deployment = self.kube.read_deployment(namespace, name)
+                deployment = self._current_deployment(namespace, name)
 
             uid = str(meta.get("uid"))
             current = self._written.get(uid) or service.get("status") or {}
