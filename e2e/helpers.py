@@ -83,8 +83,9 @@ class Kubectl:
 class Operator:
     """`cpullm run` as a real process against the cluster; restartable (the SIGKILL test)."""
 
-    def __init__(self, kubeconfig: str, log_path: Path, health_port: int) -> None:
+    def __init__(self, kubeconfig: str, log_path: Path, health_port: int, extra_args: list[str] | None = None) -> None:
         self.kubeconfig = kubeconfig
+        self.extra_args = extra_args or []
         self.log_path = log_path
         self.health_url = f"http://127.0.0.1:{health_port}/healthz"
         self.process: subprocess.Popen[bytes] | None = None
@@ -93,7 +94,7 @@ class Operator:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "cpullm", "run", "--liveness", self.health_url],
+            [sys.executable, "-m", "cpullm", "run", "--liveness", self.health_url, *self.extra_args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -71,13 +71,13 @@ def test_rendered_chart_validates_on_the_api_server(helm: Helm, kubectl: Kubectl
     assert "deployment.apps/cpullm-cpullm-operator created (server dry run)" in result.stdout
 
 
-def test_peering_renders_its_crds_and_object(helm: Helm):
+def test_peering_renders_its_object_and_flag(helm: Helm):
     rendered = objects(helm.template("--set", "replicas=2,peering.enabled=true"))
     kinds = {(o["kind"], o["metadata"]["name"]) for o in rendered}
     assert ("ClusterKopfPeering", "cpullm-operator") in kinds
-    assert ("CustomResourceDefinition", "clusterkopfpeerings.kopf.dev") in kinds
     deploy = next(o for o in rendered if o["kind"] == "Deployment")
     assert "--peering=cpullm-operator" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "strategy" not in deploy["spec"]  # peers may overlap during a rollout: only one is active
 
 
 def test_install_yaml_is_rendered_from_the_chart(tmp_path: Path):
@@ -93,11 +93,10 @@ def test_examples_validate_against_the_installed_crd(kubectl: Kubectl, cluster_r
     )
 
 
-def service_account_kubeconfig(kubectl: Kubectl, path: Path) -> str:
+def service_account_kubeconfig(kubectl: Kubectl, path: Path, release: str = RELEASE) -> str:
     """A kubeconfig that authenticates as the chart's ServiceAccount (a TokenRequest token)."""
-    token = kubectl.run(
-        "create", "token", "cpullm-cpullm-operator", "-n", RELEASE_NAMESPACE, "--duration=1h"
-    ).stdout.strip()
+    account = f"{release}-cpullm-operator"
+    token = kubectl.run("create", "token", account, "-n", RELEASE_NAMESPACE, "--duration=1h").stdout.strip()
     admin = yaml.safe_load(Path(kubectl.kubeconfig).read_text())
     cluster = admin["clusters"][0]
     config = {
@@ -185,3 +184,33 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
     assert left == [[], [], []]
     assert kubectl.get("crd", "cpullmservices.cpullm.io") is not None  # Helm never deletes chart CRDs
     kubectl.run("delete", "namespace", namespace, "--wait=false")
+
+
+def test_peering_mode_runs_with_the_charts_rbac(
+    helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl, chart_only: None, workdir: Path
+):
+    release, namespace = "peered", f"e2e-peering-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", namespace)
+    helm.run(
+        "install",
+        release,
+        str(CHART),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        "--set",
+        "replicas=2,peering.enabled=true",
+    )
+    kubeconfig = service_account_kubeconfig(kubectl, workdir / "peer.kubeconfig", release)
+    peer = Operator(kubeconfig, workdir / "peer-operator.log", free_port(), extra_args=["--peering", "cpullm-operator"])
+    peer.start()
+    try:
+        kubectl.apply(tiny_service("peered", namespace))
+        ready(kubectl, namespace, "peered", 1)
+        peering = kubectl.get("clusterkopfpeering", "cpullm-operator")
+        assert peering.get("status"), "the operator did not announce itself in the peering object"
+        assert "forbidden" not in peer.log_tail(200).lower()
+    finally:
+        peer.stop()
+        helm.run("uninstall", release, "--namespace", RELEASE_NAMESPACE, "--wait")
+        kubectl.run("delete", "namespace", namespace, "--wait=false")

@@ -1,4 +1,6 @@
-from cpullm.core.manifests import Owner, build_deployment, build_service
+import pytest
+
+from cpullm.core.manifests import Owner, binary_quantity, build_deployment, build_service
 from cpullm.core.planner import plan_service
 
 from .builders import llama_8b, node, spec
@@ -173,3 +175,18 @@ def test_service_whole_manifest():
             "ports": [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}],
         },
     }
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        (7168 * 2**20, "7Gi"),
+        (32816 * 2**20, "32816Mi"),
+        (768 * 2**20, "768Mi"),
+        (2**40, "1Ti"),
+        (1000, "1000"),
+        (0, "0"),
+    ],
+)
+def test_quantities_are_rendered_in_the_api_servers_canonical_form(n, text):
+    assert binary_quantity(n) == text

@@ -27,6 +27,15 @@ class Owner:
     uid: str | None = None
 
 
+def binary_quantity(n: int) -> str:
+    """A byte count in the API server's canonical form (largest binary suffix that divides it), so what is
+    rendered is what the server stores: 7168Mi is stored as 7Gi."""
+    for suffix, factor in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n and n % factor == 0:
+            return f"{n // factor}{suffix}"
+    return str(n)
+
+
 def labels(owner: Owner) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "vllm",
@@ -134,13 +143,13 @@ def _volumes(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     elif spec.model_cache and spec.model_cache.empty_dir and spec.model_cache.empty_dir.size_limit:
         cache = {"emptyDir": {"sizeLimit": spec.model_cache.empty_dir.size_limit}}
     return [
-        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{plan.shm_bytes // c.MiB}Mi"}},
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": binary_quantity(plan.shm_bytes)}},
         {"name": "model-cache", **cache},
     ]
 
 
 def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
-    resources = {"cpu": str(plan.cpu), "memory": f"{plan.memory_limit_bytes // c.MiB}Mi"}
+    resources = {"cpu": str(plan.cpu), "memory": binary_quantity(plan.memory_limit_bytes)}
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": plan.image,
