@@ -1,5 +1,7 @@
 """Fixtures of the e2e suite. By default it starts a local control plane (KWOK, binaries from
-scripts/build-tools.sh); with CPULLM_E2E_KUBECONFIG=path it uses that cluster instead (kind: e2e/kind/)."""
+scripts/build-tools.sh) and runs the operator as a local process. With CPULLM_E2E_KUBECONFIG=path it uses that
+cluster instead, and with CPULLM_E2E_OPERATOR=namespace/deployment it drives an operator already installed
+there by the chart (e2e/kind/run.sh does both)."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ import pytest
 import yaml
 
 from e2e.cluster import LocalCluster
-from e2e.helpers import ROOT, Kubectl, Operator, eventually
+from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
 
 E2E_LABEL = "cpullm.io/e2e"
 SAMPLE_NODES = ROOT / "examples" / "nodes.yaml"
@@ -105,7 +107,14 @@ def node_ready(kubectl: Kubectl, name: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def operator(cluster_ready: Kubectl, workdir: Path) -> Iterator[Operator]:
+def operator(cluster_ready: Kubectl, workdir: Path) -> Iterator[Operator | InClusterOperator]:
+    installed = os.environ.get("CPULLM_E2E_OPERATOR")
+    if installed:
+        namespace, deployment = installed.split("/", 1)
+        in_cluster = InClusterOperator(cluster_ready, namespace, deployment)
+        in_cluster.start()
+        yield in_cluster
+        return
     process = Operator(cluster_ready.kubeconfig, workdir / "operator.log", free_port())
     process.start()
     yield process
@@ -156,7 +165,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             kubectl.run("get", "nodes", "--show-labels", check=False).stdout,
         ]
         operator = item.funcargs.get("operator")
-        if isinstance(operator, Operator):
+        if isinstance(operator, Operator | InClusterOperator):
             dump.append("operator log:\n" + operator.log_tail())
         report.sections.append(("cluster state", "\n".join(dump)))
     return report

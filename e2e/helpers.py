@@ -127,3 +127,32 @@ class Operator:
     def log_tail(self, lines: int = 80) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
         return "\n".join(text.splitlines()[-lines:])
+
+
+class InClusterOperator:
+    """The chart's operator Deployment (the kind path), behind Operator's interface: stop scales it to 0,
+    kill force-deletes its pod with no grace period (the container gets SIGKILL), start waits for a ready pod."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str, deployment: str) -> None:
+        self.kubectl, self.namespace, self.deployment = kubectl, namespace, deployment
+
+    def start(self) -> None:
+        self.kubectl.run("scale", "deployment", self.deployment, "-n", self.namespace, "--replicas=1")
+        self.kubectl.run("rollout", "status", "deployment", self.deployment, "-n", self.namespace, "--timeout=180s")
+
+    def stop(self) -> None:
+        self.kubectl.run("scale", "deployment", self.deployment, "-n", self.namespace, "--replicas=0")
+        eventually(lambda: not self._pods(), timeout=120, what="operator pods gone")
+
+    def kill(self) -> None:
+        for pod in self._pods():
+            self.kubectl.run("delete", "pod", pod, "-n", self.namespace, "--grace-period=0", "--force")
+
+    def log_tail(self, lines: int = 80) -> str:
+        args = ("logs", f"deployment/{self.deployment}", "-n", self.namespace, f"--tail={lines}")
+        return self.kubectl.run(*args, check=False).stdout
+
+    def _pods(self) -> list[str]:
+        deployment = self.kubectl.get("deployment", self.deployment, self.namespace)
+        selector = deployment["spec"]["selector"]["matchLabels"]
+        return [p["metadata"]["name"] for p in self.kubectl.get("pods", namespace=self.namespace, **selector)]

@@ -16,7 +16,7 @@ import yaml
 
 from e2e.cluster import tool_dirs
 from e2e.conftest import free_port, tiny_service
-from e2e.helpers import ROOT, Kubectl, Operator, eventually
+from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
 from e2e.test_operator import conditions, ready
 
 CHART = ROOT / "charts" / "cpullm-operator"
@@ -112,7 +112,7 @@ def service_account_kubeconfig(kubectl: Kubectl, path: Path, release: str = RELE
 
 
 @pytest.fixture
-def chart_only(operator: Operator) -> Iterator[None]:
+def chart_only(operator: Operator | InClusterOperator) -> Iterator[None]:
     """The suite's admin-credentialed operator stands down while the chart's identity does the work."""
     operator.stop()
     yield

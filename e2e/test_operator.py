@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from e2e.conftest import E2E_LABEL, NodePool, fake_node, sample_nodes, tiny_service
-from e2e.helpers import ROOT, Kubectl, Operator, eventually
+from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
@@ -72,7 +72,12 @@ def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_examples_run_as_planned(
-    example: Path, kubectl: Kubectl, operator: Operator, namespace: str, nodes: NodePool, tmp_path: Path
+    example: Path,
+    kubectl: Kubectl,
+    operator: Operator | InClusterOperator,
+    namespace: str,
+    nodes: NodePool,
+    tmp_path: Path,
 ):
     # A private copy of the sample nodes: the big examples take whole nodes, other tests' pods must not.
     suffix = namespace[-5:]
@@ -117,7 +122,7 @@ def test_examples_run_as_planned(
     assert events_seen.count(("Planned", 1)) == 1, events_seen  # one decision, one event
 
 
-def test_scale_subresource(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_scale_subresource(kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str):
     kubectl.apply(tiny_service("scaled", namespace))
     ready(kubectl, namespace, "scaled", 1)
     kubectl.run("scale", "cpullm/scaled", "-n", namespace, "--replicas=3")
@@ -132,7 +137,7 @@ def test_scale_subresource(kubectl: Kubectl, operator: Operator, namespace: str)
     assert scale["status"]["selector"] == "cpullm.io/service=scaled"
 
 
-def test_spec_change_rolls_the_deployment(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_spec_change_rolls_the_deployment(kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str):
     kubectl.apply(tiny_service("rolled", namespace))
     ready(kubectl, namespace, "rolled", 1)
     before = kubectl.get("deployment", "rolled", namespace)
@@ -145,7 +150,9 @@ def test_spec_change_rolls_the_deployment(kubectl: Kubectl, operator: Operator, 
     assert len(kubectl.get("rs", namespace=namespace)) == 2  # a rollout: a new ReplicaSet
 
 
-def test_node_label_change_replans(kubectl: Kubectl, operator: Operator, namespace: str, nodes: NodePool):
+def test_node_label_change_replans(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
     nodes.add(fake_node(f"replan-{namespace[-5:]}", numa=2, pool=namespace))
     kubectl.apply(tiny_service("replan", namespace, nodeSelector={"pool": namespace}, tensorParallelSize=None))
     assert ready(kubectl, namespace, "replan", 1)["status"]["plan"]["tensorParallelSize"] == 2
@@ -161,7 +168,7 @@ def test_node_label_change_replans(kubectl: Kubectl, operator: Operator, namespa
 
 
 def test_losing_every_eligible_node_and_getting_it_back(
-    kubectl: Kubectl, operator: Operator, namespace: str, nodes: NodePool
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
 ):
     node = fake_node(f"only-{namespace[-5:]}", numa=1, pool=namespace)
     nodes.add(node)
@@ -177,7 +184,9 @@ def test_losing_every_eligible_node_and_getting_it_back(
     ready(kubectl, namespace, "lonely", 1)
 
 
-def test_deleting_the_service_collects_its_children(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_deleting_the_service_collects_its_children(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
     kubectl.apply(tiny_service("doomed", namespace))
     ready(kubectl, namespace, "doomed", 1)
     kubectl.run("delete", "cpullm", "doomed", "-n", namespace)
@@ -186,7 +195,7 @@ def test_deleting_the_service_collects_its_children(kubectl: Kubectl, operator: 
     eventually(lambda: not kubectl.get("pods", namespace=namespace), timeout=60, what="pods collected")
 
 
-def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str):
     kubectl.apply(tiny_service("steady", namespace, replicas=2))
     ready(kubectl, namespace, "steady", 2)
     patch = {
@@ -223,14 +232,18 @@ def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator, nam
         ({"model": {"name": "m", "dtype": "int4"}}, 'spec.model.dtype: Unsupported value: "int4"'),
     ],
 )
-def test_api_server_rejects_invalid_specs(kubectl: Kubectl, operator: Operator, namespace: str, spec, message):
+def test_api_server_rejects_invalid_specs(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, spec, message
+):
     service = tiny_service("invalid", namespace, **spec)
     result = kubectl.apply(service, check=False)
     assert result.returncode != 0
     assert message in result.stderr
 
 
-def test_unplannable_spec_is_a_condition_and_an_event(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_unplannable_spec_is_a_condition_and_an_event(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
     kubectl.apply(tiny_service("three", namespace, tensorParallelSize=3))
     refused = not_planned(kubectl, namespace, "three", "InvalidTensorParallelSize")
     assert "does not divide the 14 attention heads" in conditions(refused)["Planned"]["message"]
@@ -244,7 +257,9 @@ def test_unplannable_spec_is_a_condition_and_an_event(kubectl: Kubectl, operator
     ready(kubectl, namespace, "three", 1)
 
 
-def test_sigkill_mid_reconcile_converges_without_duplicates(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_sigkill_mid_reconcile_converges_without_duplicates(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
     names = [f"burst-{i}" for i in range(6)]
     kubectl.apply(*(tiny_service(n, namespace) for n in names))
     eventually(lambda: kubectl.get("deployment", names[0], namespace), timeout=30, what="first Deployment")
@@ -259,7 +274,7 @@ def test_sigkill_mid_reconcile_converges_without_duplicates(kubectl: Kubectl, op
     assert len(kubectl.get("pods", namespace=namespace)) == len(names)
 
 
-def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str):
     kubectl.apply(tiny_service("shown", namespace, replicas=2))
     plan = ready(kubectl, namespace, "shown", 2)["status"]["plan"]
     table = kubectl.run("get", "cpullm", "-n", namespace, "-o", "wide").stdout.splitlines()
@@ -277,7 +292,9 @@ def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator, nam
     assert table[1].split()[:8] == expected
 
 
-def test_pod_security_baseline_namespace_gets_a_clear_condition(kubectl: Kubectl, operator: Operator, namespace: str):
+def test_pod_security_baseline_namespace_gets_a_clear_condition(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
     kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=baseline")
     kubectl.apply(tiny_service("guarded", namespace))
     refused = not_planned(kubectl, namespace, "guarded", "PodSecurityForbidden")
@@ -289,7 +306,7 @@ def test_pod_security_baseline_namespace_gets_a_clear_condition(kubectl: Kubectl
 
 
 def test_pass_through_fields_the_api_server_refuses_become_a_condition(
-    kubectl: Kubectl, operator: Operator, namespace: str
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
 ):
     bad_env = [{"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.noSuchField"}}}]
     kubectl.apply(tiny_service("refused", namespace, env=bad_env))
