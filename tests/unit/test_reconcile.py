@@ -177,3 +177,13 @@ def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
     assert kube.status_patches[0]["conditions"][0]["reason"] == "PermissionDenied"
     with pytest.raises(kopf.TemporaryError):
         outcome_to_kopf(outcome, retry=0)
+
+
+def test_forgetting_a_deleted_service_releases_its_memory():
+    rec, kube = reconciler()
+    rec.reconcile(service({}), NODES)
+    rec.reconcile(service({}), NODES)  # the stale body is compared with what was written: no patch
+    assert len(kube.status_patches) == 1
+    rec.forget("serving", "llama", "u1")
+    rec.reconcile(service({}), NODES)  # forgotten: the object's own (empty) status is the reference again
+    assert len(kube.status_patches) == 2

@@ -91,6 +91,12 @@ async def reconcile_service(
     outcome_to_kopf(outcome, retry)
 
 
+@kopf.on.event(GROUP, VERSION, PLURAL)
+async def service_deleted(type: str | None, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+    if type == "DELETED":
+        memo["reconciler"].forget(namespace, name, uid)
+
+
 @kopf.on.event("", "v1", "nodes")
 async def node_changed(
     name: str,

@@ -94,6 +94,12 @@ class Reconciler:
             checkpoint_total_bytes=files.checkpoint_total_bytes,
         )
 
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        """Drop what is remembered about a deleted service (its children go by garbage collection)."""
+        with self._locks_guard:
+            self._locks.pop((namespace, name), None)
+        self._written.pop(uid, None)
+
     def _current_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
         """What still runs after a failed plan, for the replica counts; unknown if it cannot be read."""
         try:
