@@ -14,8 +14,7 @@ import yaml
 
 from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
-from cpullm.api.spec import CpuLLMServiceSpec
-from cpullm.controller.reconcile import parse_spec
+from cpullm.api.spec import CpuLLMServiceSpec, parse_spec
 from cpullm.core.manifests import Owner, build_deployment, build_service
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import size_model

@@ -7,11 +7,14 @@ again in pydantic when the CLI parses a file.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+
+from cpullm.errors import InvalidSpec
 
 GROUP = "cpullm.io"
 VERSION = "v1alpha1"
@@ -210,3 +213,15 @@ class CpuLLMServiceSpec(_Model):
         if self.kv_cache_gi_b is None and (self.max_model_len is None or self.max_num_seqs is None):
             raise ValueError(str(_CEL_KV_SOURCE["message"]))
         return self
+
+
+def parse_spec(raw: Mapping[str, Any] | None) -> CpuLLMServiceSpec:
+    """Validate a spec as the API server stored it; errors become one InvalidSpec naming each field."""
+    try:
+        return CpuLLMServiceSpec.model_validate(raw or {})
+    except ValidationError as err:
+        problems = "; ".join(
+            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else f"spec: {e['msg']}"
+            for e in err.errors()
+        )
+        raise InvalidSpec(problems) from err

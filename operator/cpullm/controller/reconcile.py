@@ -12,17 +12,15 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from pydantic import ValidationError
-
 from cpullm.api.plan import Plan
-from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
+from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec, parse_spec
 from cpullm.core.manifests import Owner, build_deployment, build_service
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import check_pod_security
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.core.status import changed_conditions, compute_status, status_changes
 from cpullm.core.topology import NodeProfile
-from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable
+from cpullm.errors import CpuLLMError, ModelConfigUnavailable
 from cpullm.io.hub import ModelFiles
 from cpullm.io.kube import NamespaceInfo
 
@@ -40,17 +38,6 @@ class KubeGateway(Protocol):
 
 class ModelConfigSource(Protocol):
     def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles: ...
-
-
-def parse_spec(raw: Mapping[str, Any] | None) -> CpuLLMServiceSpec:
-    try:
-        return CpuLLMServiceSpec.model_validate(raw or {})
-    except ValidationError as err:
-        problems = "; ".join(
-            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else f"spec: {e['msg']}"
-            for e in err.errors()
-        )
-        raise InvalidSpec(problems) from err
 
 
 class Reconciler:
