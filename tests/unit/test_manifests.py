@@ -92,8 +92,8 @@ def test_deployment_whole_manifest():
                             ],
                             "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
                             "resources": {
-                                "requests": {"cpu": "64", "memory": "32816Mi"},
-                                "limits": {"cpu": "64", "memory": "32816Mi"},
+                                "requests": {"cpu": "64", "memory": "32416Mi"},
+                                "limits": {"cpu": "64", "memory": "32416Mi"},
                             },
                             "volumeMounts": [
                                 {"name": "dshm", "mountPath": "/dev/shm"},

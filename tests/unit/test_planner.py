@@ -44,9 +44,9 @@ def test_tp_follows_heads_of_small_models():
 def test_memory_formula_and_plan_fields():
     plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="96", memory="512Gi")])
     limit, overhead, shm = memory_limit_bytes(2, plan.weight_shard_bytes, 4)
-    expected = 2150 * MiB + 2 * (plan.weight_shard_bytes + 4 * GiB + overhead) + shm
+    expected = 1950 * MiB + 2 * (plan.weight_shard_bytes + 4 * GiB + overhead) + shm
     assert limit == -(-expected // MiB) * MiB == plan.memory_limit_bytes
-    assert overhead == 1280 * MiB + -(-plan.weight_shard_bytes // 4)
+    assert overhead == 1180 * MiB + -(-plan.weight_shard_bytes // 4)
     assert shm == 256 * MiB + 2 * 256 * MiB
     assert plan.kv_cache_gi_b == 4 and plan.kv_cache_source == "explicit"
     assert plan.kv_tokens_per_rank == 4 * GiB // 65536
@@ -182,10 +182,10 @@ def test_selector_and_affinity_narrow_the_pool():
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
-        ([node(memory="24Gi")], r"needs 26\.5 GiB per pod .* have 24\.0 GiB"),
+        ([node(memory="24Gi")], r"needs 26\.3 GiB per pod .* have 24\.0 GiB"),
         (
             [node(numa=2, memory="26Gi")],
-            r"14\.6 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
+            r"14\.5 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
         ),
     ],
 )

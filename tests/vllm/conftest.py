@@ -10,6 +10,7 @@ import pytest
 from tests.vllm.harness import vllm_python as setup_vllm_python
 
 RATIOS: dict[str, tuple[int, int]] = {}
+BREAKDOWNS: dict[str, list[tuple[str, int]]] = {}
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +32,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(
                 f"{case}: peak {peak / 2**30:.2f} GiB / limit {limit / 2**30:.2f} GiB = {peak / limit:.3f}"
             )
+            parts = ", ".join(f"{name} {size / 2**30:.2f}" for name, size in BREAKDOWNS.get(case, []))
+            terminalreporter.write_line(f"  at the peak (GiB): {parts}")

