@@ -10,26 +10,17 @@ against the planned container memory limit.
 from __future__ import annotations
 
 import argparse
-import io
-import json
 import re
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm.harness import LocalServer, server_for_container, vllm_python
-from tests.vllm.test_rendered_pod import this_machine
-
-from cpullm.cli import main as cpullm
+from tests.vllm.harness import LocalServer, free_port, render_tiny_service, server_for_container, vllm_python
 
 PROMPTS = [
     "The quick brown fox",
@@ -41,39 +32,6 @@ PROMPTS = [
     "Thread binding",
     "The lazy dog",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def rendered(workdir: Path, model: Path, tp: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    env = [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}] if tp == 2 else []
-    service = {
-        "apiVersion": "cpullm.io/v1alpha1",
-        "kind": "CpuLLMService",
-        "metadata": {"name": "bench"},
-        "spec": {
-            "model": {"name": "/models/tiny-llama", "config": json.loads((model / "config.json").read_text())},
-            "kvCacheGiB": 1,
-            "maxModelLen": 1024,
-            "maxNumSeqs": 8,
-            "env": env,
-        },
-    }
-    (workdir / "svc.yaml").write_text(yaml.safe_dump(service))
-    (workdir / "nodes.yaml").write_text(yaml.safe_dump(this_machine(tp)))
-    outputs = []
-    for command in ("plan", "render"):
-        buffer = io.StringIO()
-        with redirect_stdout(buffer):
-            assert cpullm([command, str(workdir / "svc.yaml"), "--nodes", str(workdir / "nodes.yaml")]) == 0
-        outputs.append(buffer.getvalue())
-    plan = json.loads(outputs[0])
-    container = next(yaml.safe_load_all(outputs[1]))["spec"]["template"]["spec"]["containers"][0]
-    return plan, container
 
 
 def plain(python: Path, model: Path, tp: int, port: int, log: Path) -> LocalServer:
@@ -142,7 +100,8 @@ def main() -> None:
     )
     rows = []
     for tp in (1, 2):
-        plan, container = rendered(workdir, model, tp)
+        env = [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}] if tp == 2 else []
+        plan, container = render_tiny_service(workdir, model, tp, maxNumSeqs=8, env=env)
         limit = plan["memoryLimitBytes"]
         ours = server_for_container(
             container,

@@ -7,20 +7,27 @@ Used by the `vllm` tests and by bench/vllm_bench.py.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
+import socket
 import subprocess
 import threading
 import time
 import urllib.request
 from collections.abc import Sequence
+from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
+import yaml
+
+from cpullm.cli import main as cpullm
 
 ROOT = Path(__file__).resolve().parents[2]
+TOTAL_MEMORY = "23Gi"  # this machine's, as its allocatable
 
 
 def vllm_python() -> Path:
@@ -28,6 +35,63 @@ def vllm_python() -> Path:
         ["bash", str(ROOT / "scripts" / "setup-vllm.sh")], check=True, stdout=subprocess.PIPE, text=True
     )
     return Path(out.stdout.strip().splitlines()[-1])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def this_machine(numa_nodes: int) -> dict[str, Any]:
+    """This 2-core, 1-NUMA, AMX machine as a Node; numa_nodes=2 describes it as vLLM sees it with
+    VLLM_CPU_SIM_MULTI_NUMA=1 (the knob vLLM's own CPU CI uses for multi-rank runs on one NUMA node)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": "localhost",
+            "labels": {
+                "kubernetes.io/arch": "amd64",
+                "cpullm.io/numa-nodes": str(numa_nodes),
+                "feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true",
+                "feature.node.kubernetes.io/cpu-cpuid.AMXBF16": "true",
+                "feature.node.kubernetes.io/cpu-hardware_multithreading": "false",
+            },
+        },
+        "status": {"allocatable": {"cpu": "2", "memory": TOTAL_MEMORY}},
+    }
+
+
+def render_tiny_service(
+    workdir: Path, model: Path, numa_nodes: int, **spec: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the tiny
+    model at /models/tiny-llama, on this machine described with `numa_nodes` NUMA nodes."""
+    service = {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "metadata": {"name": "tiny", "namespace": "default"},
+        "spec": {
+            "model": {"name": "/models/tiny-llama", "config": json.loads((model / "config.json").read_text())},
+            "kvCacheGiB": 1,
+            "maxModelLen": 1024,
+            "maxNumSeqs": 4,
+            **spec,
+        },
+    }
+    (workdir / "svc.yaml").write_text(yaml.safe_dump(service))
+    (workdir / "nodes.yaml").write_text(yaml.safe_dump(this_machine(numa_nodes)))
+    outputs = []
+    for command in ("plan", "render"):
+        buffer = io.StringIO()
+        with redirect_stdout(buffer):
+            code = cpullm([command, str(workdir / "svc.yaml"), "--nodes", str(workdir / "nodes.yaml")])
+        if code != 0:
+            raise RuntimeError(f"cpullm {command} exited {code}")
+        outputs.append(buffer.getvalue())
+    deployment = next(yaml.safe_load_all(outputs[1]))
+    return json.loads(outputs[0]), deployment["spec"]["template"]["spec"]["containers"][0]
 
 
 def substitute(args: Sequence[str], model: str, port: int) -> list[str]:
