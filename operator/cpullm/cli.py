@@ -4,76 +4,48 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import yaml
 
 from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
-from cpullm.api.spec import CpuLLMServiceSpec, parse_spec
-from cpullm.core.manifests import Owner, build_deployment, build_service
-from cpullm.core.planner import plan_service
-from cpullm.core.sizing import size_model
-from cpullm.core.topology import NodeProfile, parse_node
-from cpullm.errors import CpuLLMError, InvalidSpec, NodeLabelError
-from cpullm.io.hub import DEFAULT_ENDPOINT, HubClient
+from cpullm.controller.gather import ModelConfigSource, gather
+from cpullm.core.decision import Decision, decide
+from cpullm.errors import CpuLLMError
+from cpullm.io.files import ConfigFile, OfflineCluster, load_nodes, load_service
+from cpullm.io.hub import HubClient
+from cpullm.settings import Settings
 
 
-def _documents(path: str) -> Iterator[dict[str, Any]]:
-    """Every object in a YAML/JSON file: several documents, or `kind: List` items (kubectl get -o yaml)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    for doc in yaml.safe_load_all(text):
-        if not doc:
-            continue
-        if not isinstance(doc, dict):
-            raise InvalidSpec(f"{path}: expected objects, found {type(doc).__name__}")
-        if doc.get("kind", "").endswith("List") and "items" in doc:
-            yield from doc["items"]
-        else:
-            yield doc
+def _warn(message: str) -> None:
+    print(f"cpullm: warning: {message}", file=sys.stderr)
 
 
-def load_nodes(path: str) -> list[NodeProfile]:
-    profiles = []
-    for obj in _documents(path):
-        if obj.get("kind") != "Node":
-            continue
-        try:
-            profiles.append(parse_node(obj))
-        except NodeLabelError as err:
-            print(f"cpullm: warning: {err.message}; node skipped", file=sys.stderr)
-    return profiles
-
-
-def load_service(path: str) -> tuple[Owner, CpuLLMServiceSpec]:
-    services = [o for o in _documents(path) if o.get("kind") == "CpuLLMService"]
-    if len(services) != 1:
-        raise InvalidSpec(f"{path}: expected one CpuLLMService, found {len(services)}")
-    meta = services[0].get("metadata") or {}
-    owner = Owner(name=meta.get("name", "unnamed"), namespace=meta.get("namespace", "default"), uid=meta.get("uid"))
-    return owner, parse_spec(services[0].get("spec"))
-
-
-def plan_from_files(
-    service_path: str, nodes_path: str, model_config: str | None
-) -> tuple[Owner, CpuLLMServiceSpec, Plan]:
-    owner, spec = load_service(service_path)
-    model = spec.model
-    total: int | None = None
-    if model_config:
-        config = json.loads(Path(model_config).read_text())
-    elif model.config is not None:
-        config = model.config
-    else:  # like the operator: the Hub (or $HF_ENDPOINT), with $HF_TOKEN
-        hub = HubClient(endpoint=os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
-        files = hub.fetch(model.name, model.revision, os.environ.get("HF_TOKEN"))
-        config, total = files.config, files.checkpoint_total_bytes
-    size = size_model(config, model.dtype, weights_bytes=model.weights_bytes, checkpoint_total_bytes=total)
-    return owner, spec, plan_service(spec, size, load_nodes(nodes_path))
+def decide_from_files(service_path: str, nodes_path: str, model_config: str | None) -> tuple[Plan, Decision]:
+    """The operator's gather and decision, fed from files: what it would plan and apply for this service."""
+    settings = Settings()
+    models: ModelConfigSource = (
+        ConfigFile(model_config)
+        if model_config
+        else HubClient(settings.hf_endpoint, settings.hub_timeout_seconds, settings.hub_cache_seconds)
+    )
+    observed = gather(
+        load_service(service_path),
+        nodes=load_nodes(nodes_path, _warn),
+        deployment=None,
+        last_status={},
+        cluster=OfflineCluster(settings.hf_token),
+        models=models,
+    )
+    decision = decide(observed, datetime.now(UTC))
+    if not isinstance(decision.outcome, Plan):
+        assert decision.outcome is not None  # offline namespaces are never terminating
+        raise decision.outcome
+    return decision.outcome, decision
 
 
 def _dump(obj: Any, output: str) -> str:
@@ -89,7 +61,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub = commands.add_parser(name, help=help_)
         sub.add_argument("service", help="CpuLLMService YAML file ('-' for stdin)")
         sub.add_argument("--nodes", required=True, help="nodes YAML, as `kubectl get nodes -o yaml` prints")
-        sub.add_argument("--model-config", help="Hugging Face config.json to size the model from")
+        sub.add_argument(
+            "--model-config", help="Hugging Face config.json to size the model from when the spec has no inline config"
+        )
         sub.add_argument("-o", "--output", choices=("json", "yaml"), default="json" if name == "plan" else "yaml")
     commands.add_parser("crd", help="print the CustomResourceDefinition")
     run = commands.add_parser("run", help="start the operator")
@@ -107,11 +81,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         elif args.command == "run":
             return _run(args)
         else:
-            owner, spec, plan = plan_from_files(args.service, args.nodes, args.model_config)
+            plan, decision = decide_from_files(args.service, args.nodes, args.model_config)
             if args.command == "plan":
                 sys.stdout.write(_dump(plan.model_dump(by_alias=True, mode="json", exclude_none=True), args.output))
             else:
-                objects = [build_deployment(owner, spec, plan), build_service(owner, spec)]
+                objects = list(decision.children)
                 if args.output == "json":
                     sys.stdout.write(
                         json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
@@ -134,16 +108,20 @@ def _run(args: argparse.Namespace) -> int:
 
     import cpullm.controller.handlers  # noqa: F401  (registers the handlers)
 
+    flags = {"namespaces": args.namespace, "peering": args.peering, "liveness": args.liveness, "verbose": args.verbose}
+    settings = Settings(**{key: value for key, value in flags.items() if value not in (None, [], False)})
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:  # Kopf logs every handler run at INFO; our own lines say what changed
+    if not settings.verbose:  # Kopf logs every handler run at INFO; our own lines say what changed
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
-        clusterwide=not args.namespace,
-        namespaces=args.namespace,
-        standalone=args.peering is None,
-        peering_name=args.peering,
-        liveness_endpoint=args.liveness,
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        liveness_endpoint=settings.liveness,
+        memo=kopf.Memo(settings=settings),
     )
     return 0

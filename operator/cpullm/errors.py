@@ -1,9 +1,9 @@
-"""Typed errors. Each carries the condition `reason` it is reported under; controller/outcomes.py maps
-them to Kopf (retry or not) in one place."""
+"""Typed errors. Each carries the condition `reason` it is reported under; `controller/outcomes.py` maps
+them to Kopf (retry or not) in one place, and `io/kube.py` maps API errors to them in one place."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
 
@@ -75,6 +75,11 @@ class NodeLabelError(CpuLLMError):
     reason = "InvalidNodeLabels"
 
 
+def name_list(names: Sequence[str], shown: int = 3) -> str:
+    """'a, b, c, ...': the first few names, so messages about big node pools stay readable."""
+    return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")
+
+
 def summarize_rejections(rejections: Mapping[str, str]) -> str:
     """'no eligible node: lacks amx_bf16 (2: a, b); tainted (1: c)' — grouped so big pools stay readable."""
     if not rejections:
@@ -82,10 +87,10 @@ def summarize_rejections(rejections: Mapping[str, str]) -> str:
     by_reason: dict[str, list[str]] = {}
     for node, why in sorted(rejections.items()):
         by_reason.setdefault(why, []).append(node)
-    parts = []
-    for why, nodes in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0])):
-        shown = ", ".join(nodes[:3]) + (", ..." if len(nodes) > 3 else "")
-        parts.append(f"{why} ({len(nodes)}: {shown})")
+    parts = [
+        f"{why} ({len(nodes)}: {name_list(nodes)})"
+        for why, nodes in sorted(by_reason.items(), key=lambda item: (-len(item[1]), item[0]))
+    ]
     return "no eligible node: " + "; ".join(parts)
 
 
@@ -93,3 +98,10 @@ class PermissionDenied(CpuLLMError):
     """The API server refused the operator an action its RBAC should grant. Retried."""
 
     reason = "PermissionDenied"
+
+
+class TransientApiError(CpuLLMError):
+    """The API server could not be reached or asked us to come back (connection refused or reset, 409,
+    429, 5xx). Retried soon; nothing about the spec is wrong."""
+
+    reason = "ApiUnavailable"

@@ -16,7 +16,7 @@ class RecordingReconciler:
         self.kube = self
         self.events: list[tuple[str, str, str]] = []
 
-    def reconcile(self, service: dict[str, Any], nodes: list[Any]) -> None:
+    def reconcile(self, service: dict[str, Any], nodes: list[Any], deployment: Any = None) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
 
     def emit_event(self, regarding, type_, reason, message):
@@ -30,8 +30,21 @@ SERVICES = {
 
 
 def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], index: dict[str, list[Any]]) -> None:
+    """As Kopf does: the node index is updated from the event first, then the event handler runs."""
+    name = obj["metadata"]["name"]
+    index.pop(name, None)
+    if type_ != "DELETED":
+        index.update(
+            {n: [p] for n, p in (asyncio.run(handlers.node_profiles(name=name, body=kopf.Body(obj))) or {}).items()}
+        )
     run = handlers.node_changed(
-        name=obj["metadata"]["name"], type=type_, body=kopf.Body(obj), memo=memo, node_profiles=index, services=SERVICES
+        name=name,
+        type=type_,
+        body=kopf.Body(obj),
+        memo=memo,
+        node_profiles=index,
+        services=SERVICES,
+        owned_deployments={},
     )
     asyncio.run(run)
 
@@ -72,7 +85,13 @@ def test_child_events_reconcile_their_owner_only():
         ({"cpullm.io/service": "a"}, None),
     ]:
         call = handlers.child_changed(
-            labels=labels, namespace="ns", type=type_, memo=memo, node_profiles=index, services=SERVICES
+            labels=labels,
+            namespace="ns",
+            type=type_,
+            memo=memo,
+            node_profiles=index,
+            services=SERVICES,
+            owned_deployments={},
         )
         asyncio.run(call)
     assert memo["reconciler"].calls == [("a", ["n1"])]
@@ -81,6 +100,6 @@ def test_child_events_reconcile_their_owner_only():
 def test_node_index_keeps_label_errors_out_of_planning():
     good = asyncio.run(handlers.node_profiles(name="n1", body=kopf.Body(node_object("n1"))))
     bad_labels = node_object("n2", labels={"cpullm.io/numa-nodes": "x"})
-    bad = asyncio.run(handlers.node_profiles(name="n2", body=kopf.Body(bad_labels)))
-    index = {name: [profile] for name, profile in {**good, **bad}.items()}
+    assert asyncio.run(handlers.node_profiles(name="n2", body=kopf.Body(bad_labels))) is None
+    index = {name: [profile] for name, profile in good.items()}
     assert [p.name for p in handlers.usable_nodes(index)] == ["n1"]

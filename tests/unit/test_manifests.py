@@ -1,6 +1,8 @@
 import pytest
 
-from cpullm.core.manifests import Owner, binary_quantity, build_deployment, build_service
+from cpullm.core.children.common import Owner, binary_quantity
+from cpullm.core.children.deployment import build_deployment
+from cpullm.core.children.service import build_service
 from cpullm.core.planner import plan_service
 
 from .builders import llama_8b, node, spec
@@ -165,7 +167,9 @@ def test_offline_render_has_no_owner_reference():
 
 
 def test_service_whole_manifest():
-    assert build_service(OWNER, spec(service={"port": 8080, "type": "NodePort"})) == {
+    service_spec = spec(service={"port": 8080, "type": "NodePort"})
+    plan = plan_service(service_spec, llama_8b(), [node(memory="512Gi")])
+    assert build_service(OWNER, service_spec, plan) == {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": METADATA,

@@ -1,7 +1,7 @@
 import pytest
 
 from cpullm.core.constants import GiB, MiB
-from cpullm.core.planner import memory_limit_bytes, plan_service
+from cpullm.core.planner import memory_budget, plan_service
 from cpullm.core.sizing import size_model
 from cpullm.errors import (
     InvalidTensorParallelSize,
@@ -43,7 +43,8 @@ def test_tp_follows_heads_of_small_models():
 
 def test_memory_formula_and_plan_fields():
     plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="96", memory="512Gi")])
-    limit, overhead, shm = memory_limit_bytes(2, plan.weight_shard_bytes, 4)
+    budget = memory_budget(2, plan.weight_shard_bytes, 4)
+    limit, overhead, shm = budget.limit_bytes, budget.rank_overhead_bytes, budget.shm_bytes
     expected = 1950 * MiB + 2 * (plan.weight_shard_bytes + 4 * GiB + overhead) + shm
     assert limit == -(-expected // MiB) * MiB == plan.memory_limit_bytes
     assert overhead == 1180 * MiB + -(-plan.weight_shard_bytes // 4)

@@ -6,11 +6,12 @@ from typing import Any
 import kopf
 import pytest
 
-from cpullm.controller.handlers import outcome_to_kopf
+from cpullm.controller.outcomes import outcome_to_kopf
 from cpullm.controller.reconcile import Reconciler
+from cpullm.core.decision import NamespaceFacts
+from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ModelConfigUnavailable, NoEligibleNode, PermissionDenied
-from cpullm.io.hub import ModelFiles
-from cpullm.io.kube import NamespaceInfo
+from cpullm.io.hub import HubClient
 
 from .builders import LLAMA_8B, node
 
@@ -26,13 +27,10 @@ class StubKube:
 
     def apply(self, manifest):
         self.applied.append(manifest)
-        return {**manifest, "status": {"replicas": 1, "readyReplicas": 1}}
-
-    def read_deployment(self, namespace, name):
-        return None
+        return manifest
 
     def read_namespace(self, namespace):
-        return NamespaceInfo(labels=self.namespace_labels, terminating=self.terminating)
+        return NamespaceFacts(labels=self.namespace_labels, terminating=self.terminating)
 
     def patch_service_status(self, namespace, name, status):
         self.status_patches.append(dict(status))
@@ -70,11 +68,13 @@ def reconciler(hub: StubHub | None = None) -> tuple[Reconciler, StubKube]:
 
 
 NODES = [node("n1", numa=2, memory="512Gi")]
+# The owned Deployment as Kopf's index holds it: one replica, ready.
+READY = {"status": {"replicas": 1, "readyReplicas": 1}}
 
 
 def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     rec, kube = reconciler()
-    outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), NODES)
+    outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), NODES, READY)
     assert outcome.tensor_parallel_size == 2
     assert [m["kind"] for m in kube.applied] == ["Deployment", "Service"]
     assert rec.hub.calls == [("meta-llama/Llama-3.1-8B", None, "hf_secret")]
@@ -82,7 +82,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     assert patch["readyReplicas"] == 1 and patch["observedGeneration"] == 2
     assert kube.events == [("Normal", "Planned"), ("Normal", "Available")]
 
-    rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES)
+    rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES, READY)
     assert len(kube.status_patches) == 1 and len(kube.events) == 2  # nothing changed: no patch, no event
     assert len(kube.applied) == 4  # apply is idempotent server-side
 
@@ -109,7 +109,8 @@ def test_invalid_spec_is_reported():
     [
         ({}, StubHub(fail=True), "cannot reach the hub"),
         ({"hfTokenSecret": {"name": "missing"}}, StubHub(), "has no key HF_TOKEN"),
-        ({"model": {"name": "/models/llama"}}, StubHub(), "give spec.model.config"),
+        # The real Hub client: it refuses a path before any request (nothing listens on port 9).
+        ({"model": {"name": "/models/llama"}}, HubClient("http://127.0.0.1:9"), "give spec.model.config"),
     ],
 )
 def test_unavailable_model_config_is_reported_and_retried_with_backoff(spec, hub, message):
@@ -160,8 +161,8 @@ def test_terminating_namespace_is_left_alone():
 
 def test_a_stale_snapshot_after_our_own_status_write_causes_no_repeat():
     rec, kube = reconciler()
-    rec.reconcile(service({}), NODES)
-    rec.reconcile(service({}), NODES)  # the watch has not delivered our status yet: same stale body
+    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), NODES, READY)  # the watch has not delivered our status yet: same stale body
     assert len(kube.status_patches) == 1 and kube.events == [("Normal", "Planned"), ("Normal", "Available")]
 
 
@@ -171,7 +172,7 @@ def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
     def forbidden(*_args):
         raise PermissionDenied("forbidden to apply Deployment serving/llama: no rule")
 
-    kube.apply = kube.read_deployment = forbidden
+    kube.apply = forbidden
     outcome = rec.reconcile(service({}), NODES)
     assert isinstance(outcome, PermissionDenied)
     assert kube.status_patches[0]["conditions"][0]["reason"] == "PermissionDenied"

@@ -1,11 +1,13 @@
 """Kopf handlers: thin. They turn watch events into Reconciler.reconcile calls and map its outcome to Kopf.
 
-Triggers: the CpuLLMService itself (create/update/resume, retried with backoff on transient errors); a
-node whose profile changed (every service is re-planned; only changed plans touch anything); a change to a
-child Deployment or Service (drift is reverted, readiness copied into status).
+Triggers: the CpuLLMService itself (create/update/resume, retried per controller/outcomes.py); a node whose
+profile changed (every service is re-planned; only changed plans touch anything); a change to a child
+Deployment or Service (drift is reverted, readiness copied into status).
 
-Handlers are async: Kopf mutates its indexes on the event loop, so they are read (copied) there, and only
-then is the blocking reconcile handed to a worker thread.
+Kopf's indexes hold what reconciles read (node profiles, services, the owned Deployments' status), so
+handlers start only once they are loaded and no reconcile lists anything. Handlers are async: Kopf mutates
+its indexes on the event loop, so they are read (copied) there, and only then is the blocking reconcile
+handed to a worker thread.
 """
 
 from __future__ import annotations
@@ -13,60 +15,57 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from cpullm.api.plan import Plan
 from cpullm.api.spec import GROUP, PLURAL, VERSION
+from cpullm.controller.outcomes import outcome_to_kopf
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.manifests import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
-from cpullm.core.topology import NodeProfile, parse_node
-from cpullm.errors import CpuLLMError, InvalidSpec, NodeLabelError, PlanRefusal
-from cpullm.io.hub import DEFAULT_ENDPOINT, HubClient
+from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
+from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
+from cpullm.errors import NodeLabelError
+from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
+from cpullm.settings import Settings
 
 log = logging.getLogger(__name__)
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
-MAX_BACKOFF_SECONDS = 300
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Every Kopf setting the operator relies on, in one place."""
-    # Handler progress and the last-handled spec live in our own annotations, never in status.
+    """Every Kopf setting the operator changes from Kopf's defaults, each with its reason."""
+    # Handler progress and the last-handled spec go in annotations under our own group, never in status:
+    # status is the operator's report (and has a schema), and the annotations then say whose they are.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP, key="last-handled-configuration"
     )
-    # Resources are discovered once at start-up (the CRD is installed before the operator), so the operator
-    # needs no list/watch on CustomResourceDefinitions or Namespaces.
+    # Resources are known at start-up (the CRD is installed before the operator), so the operator needs no
+    # list/watch on CustomResourceDefinitions or Namespaces.
     settings.scanning.disabled = True
-    settings.posting.level = logging.WARNING  # our own events say what happened; Kopf's only on trouble
+    # Our own events say what was decided; Kopf's per-handler events would double them. Kopf still posts
+    # its warnings and errors.
+    settings.posting.level = logging.WARNING
+    # Watches are re-opened every 5 minutes (default: never), so a stream silently dropped by a proxy or load
+    # balancer is noticed; the client waits a little longer than the server, which ends the request cleanly.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.networking.error_backoffs = [1, 2, 5, 10, 30]
     if "reconciler" not in memo:
-        hub = HubClient(endpoint=os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT))
+        config: Settings = memo.get("settings") or Settings()
+        hub = HubClient(config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds)
         memo["reconciler"] = Reconciler(Kube.from_environment(), hub)
 
 
-def outcome_to_kopf(outcome: Plan | CpuLLMError | None, retry: int) -> None:
-    """The one place errors meet Kopf. A plan, a refusal or a bad spec is already reported in status and
-    waits for a change (no retry); any other error (Hub unreachable, permission denied) is transient and
-    retried with exponential backoff."""
-    if isinstance(outcome, CpuLLMError) and not isinstance(outcome, PlanRefusal | InvalidSpec):
-        raise kopf.TemporaryError(outcome.message, delay=min(MAX_BACKOFF_SECONDS, 10 * 2**retry))
-
-
 @kopf.index("", "v1", "nodes")
-async def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeProfile | NodeLabelError]:
+async def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeProfile] | None:
+    """Usable nodes only: a node whose labels cannot be parsed is left out (node_changed reports it)."""
     try:
         return {name: parse_node(body)}
-    except NodeLabelError as err:
-        return {name: err}
+    except NodeLabelError:
+        return None
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -74,20 +73,39 @@ async def services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict
     return {(namespace, name): copy.deepcopy(dict(body))}
 
 
+@kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)
+async def owned_deployments(
+    namespace: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], dict[str, Any]] | None:
+    """The status of each owned Deployment (what the service's status reports), keyed by its owner."""
+    owner = labels.get(SERVICE_LABEL)
+    return {(namespace, owner): {"status": copy.deepcopy(dict(status))}} if owner else None
+
+
 def usable_nodes(index: kopf.Index[Any, Any]) -> list[NodeProfile]:
-    return [p for store in index.values() for p in store if isinstance(p, NodeProfile)]
+    return [profile for store in index.values() for profile in store]
+
+
+def _first(index: kopf.Index[Any, Any], key: Any) -> Any:
+    return next(iter(index.get(key, ())), None)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 async def reconcile_service(
-    body: kopf.Body, retry: int, memo: kopf.Memo, node_profiles: kopf.Index[Any, Any], **_: Any
+    body: kopf.Body,
+    retry: int,
+    memo: kopf.Memo,
+    node_profiles: kopf.Index[Any, Any],
+    owned_deployments: kopf.Index[Any, Any],
+    **_: Any,
 ) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
     service, nodes = copy.deepcopy(dict(body)), usable_nodes(node_profiles)
-    outcome = await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes)
+    deployment = _first(owned_deployments, (body.metadata.namespace, body.metadata.name))
+    outcome = await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment)
     outcome_to_kopf(outcome, retry)
 
 
@@ -105,50 +123,51 @@ async def node_changed(
     memo: kopf.Memo,
     node_profiles: kopf.Index[Any, Any],
     services: kopf.Index[Any, Any],
+    owned_deployments: kopf.Index[Any, Any],
     **_: Any,
 ) -> None:
-    """Re-plan every service when a node's profile changed (heartbeats and status noise do not count)."""
-    seen: dict[str, Any] = memo.setdefault("node_profiles_seen", {})
-    profile: NodeProfile | NodeLabelError | None
-    if type == "DELETED":
-        profile = None
-    else:
-        try:
-            profile = parse_node(body)
-        except NodeLabelError as err:
-            profile = err
-    before = seen.get(name, "unseen")
-    seen[name] = profile
-    if type is None or _same(before, profile):
-        return  # the initial listing: services are planned by their resume handlers
-    if isinstance(profile, NodeLabelError):
+    """Re-plan every service when a node's profile changed (heartbeats and status noise do not count).
+
+    Kopf updates its indexes before event handlers run, so the index already holds this event's profile;
+    what the services were last planned against is remembered per node, to tell a change from noise."""
+    planned_against: dict[str, NodeState] = memo.setdefault("node_states", {})
+    state: NodeState = None
+    if type != "DELETED":
+        state = _first(node_profiles, name)
+        if state is None:  # left out of the index: its labels cannot be parsed
+            try:
+                parse_node(body)
+            except NodeLabelError as err:
+                state = err
+    before = planned_against.pop(name, None)
+    if type != "DELETED":
+        planned_against[name] = state
+    if type is None or not node_state_changed(before, state):
+        return  # the initial listing (resume handlers plan every service) or noise
+    if isinstance(state, NodeLabelError):
         memo["reconciler"].kube.emit_event(
             {"apiVersion": "v1", "kind": "Node", "name": name, "uid": body.metadata.get("uid")},
             "Warning",
-            profile.reason,
-            f"{profile.message}; node skipped by the planner",
+            state.reason,
+            f"{state.message}; node skipped by the planner",
         )
-    nodes = usable_nodes(node_profiles)
-    if isinstance(profile, NodeProfile):
-        nodes = [n for n in nodes if n.name != name] + [profile]
-    elif profile is None or isinstance(profile, NodeLabelError):
-        nodes = [n for n in nodes if n.name != name]
-    await _reconcile_quietly(memo, [s for store in services.values() for s in store], nodes)
+    every_service = [s for store in services.values() for s in store]
+    await _reconcile_quietly(memo, every_service, usable_nodes(node_profiles), owned_deployments)
 
 
-def _same(before: Any, after: Any) -> bool:
-    if isinstance(before, NodeLabelError) and isinstance(after, NodeLabelError):
-        return before.message == after.message
-    return bool(before == after) and (not isinstance(after, NodeProfile) or before.labels == after.labels)
-
-
-async def _reconcile_quietly(memo: kopf.Memo, services: list[Mapping[str, Any]], nodes: list[NodeProfile]) -> None:
+async def _reconcile_quietly(
+    memo: kopf.Memo,
+    services: list[Mapping[str, Any]],
+    nodes: list[NodeProfile],
+    owned_deployments: kopf.Index[Any, Any],
+) -> None:
     """Event-driven reconciles report through status; errors are logged, the resource handler retries."""
     for service in [copy.deepcopy(dict(s)) for s in services if not s["metadata"].get("deletionTimestamp")]:
+        meta = service["metadata"]
+        deployment = _first(owned_deployments, (meta["namespace"], meta["name"]))
         try:
-            await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes)
+            await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment)
         except Exception:  # an event handler must not stop the watch; the error is in the log
-            meta = service["metadata"]
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
 
 
@@ -161,10 +180,12 @@ async def child_changed(
     memo: kopf.Memo,
     node_profiles: kopf.Index[Any, Any],
     services: kopf.Index[Any, Any],
+    owned_deployments: kopf.Index[Any, Any],
     **_: Any,
 ) -> None:
     """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status."""
     owner = labels.get(SERVICE_LABEL)
     if type is None or owner is None or (namespace, owner) not in services:
         return
-    await _reconcile_quietly(memo, list(services[namespace, owner]), usable_nodes(node_profiles))
+    owners = list(services[namespace, owner])
+    await _reconcile_quietly(memo, owners, usable_nodes(node_profiles), owned_deployments)

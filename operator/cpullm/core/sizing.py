@@ -16,11 +16,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.spec import DType
+from cpullm.core.constants import DTYPE_BYTES
 from cpullm.errors import UnsupportedModel
 
-DTYPE_BYTES = {DType.BFLOAT16: 2, DType.FLOAT16: 2, DType.FLOAT32: 4}
-_CHECKPOINT_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+# The families the parameter formula above is right for; it lives beside the formula it scopes.
 DENSE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a model repository says about its size: config.json, and the safetensors index's total size."""
+
+    config: dict[str, Any]
+    checkpoint_total_bytes: int | None
 
 
 @dataclass(frozen=True)
@@ -37,10 +45,11 @@ class ModelSize:
 
     @property
     def kv_bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return self.kv_bytes_per_token_per_rank(1)
 
     def kv_bytes_per_token_per_rank(self, tensor_parallel_size: int) -> int:
-        """Each rank holds K/TP KV heads; with TP > K, vLLM replicates and each rank holds one."""
+        """2 (K and V) x layers x KV heads x head dim x dtype bytes. Each rank holds K/TP KV heads; with
+        TP > K, vLLM replicates and each rank holds one."""
         heads = max(1, self.num_kv_heads // tensor_parallel_size)
         return 2 * self.num_layers * heads * self.head_dim * self.dtype_bytes
 
@@ -85,7 +94,7 @@ def size_model(
     if weights_bytes is not None:
         source = "spec.model.weightsBytes"
     elif checkpoint_total_bytes is not None:
-        stored = _CHECKPOINT_DTYPE_BYTES.get(str(config.get("torch_dtype", "bfloat16")), 2)
+        stored = DTYPE_BYTES.get(str(config.get("torch_dtype", "bfloat16")), 2)
         parameters = checkpoint_total_bytes // stored
         weights_bytes = parameters * dtype_bytes
         source = "model.safetensors.index.json"

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from cpullm.api.plan import Plan
-from cpullm.core.manifests import SERVICE_LABEL
+from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.errors import CpuLLMError
 
 PLANNED = "Planned"

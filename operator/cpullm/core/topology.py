@@ -174,3 +174,18 @@ def _parse_bool(key: str, value: str, fail: Any) -> bool:
     if value not in ("true", "false"):
         raise fail(f"label {key}={value!r} is not 'true' or 'false'")
     return value == "true"
+
+
+# What the planner can know of one node: its profile, why its labels cannot be used, or nothing (gone).
+NodeState = NodeProfile | NodeLabelError | None
+
+
+def node_state_changed(before: NodeState, after: NodeState) -> bool:
+    """Whether a node event can change a plan: a new, removed or reshaped node, other labels (selectors and
+    affinity read them), taints or cordoning, or a different label error. Heartbeats and status noise
+    (conditions, images, addresses) leave the profile as it was and do not count."""
+    if isinstance(before, NodeLabelError) and isinstance(after, NodeLabelError):
+        return before.message != after.message
+    if isinstance(before, NodeProfile) and isinstance(after, NodeProfile):
+        return before != after or before.labels != after.labels
+    return before is not after

@@ -11,25 +11,20 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
+from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ModelConfigUnavailable
-
-DEFAULT_ENDPOINT = "https://huggingface.co"
-
-
-@dataclass(frozen=True)
-class ModelFiles:
-    config: dict[str, Any]
-    checkpoint_total_bytes: int | None
 
 
 @dataclass
 class HubClient:
-    endpoint: str = DEFAULT_ENDPOINT
+    endpoint: str
     timeout_seconds: float = 10.0
     cache_seconds: float = 3600.0
     _cache: dict[tuple[str, str], tuple[float, ModelFiles]] = field(default_factory=dict)
 
     def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+        if name.startswith("/"):
+            raise ModelConfigUnavailable(f"model {name} is a path the operator cannot read: give spec.model.config")
         key = (name, revision or "main")
         cached = self._cache.get(key)
         if cached and time.monotonic() - cached[0] < self.cache_seconds:

@@ -2,6 +2,11 @@
 
 Children are written with server-side apply under one field manager, so the operator owns exactly the
 fields it sets: drift in them is reverted, fields others own (an HPA's, kubectl annotations) are left alone.
+
+API errors become typed errors in one place (`_api_errors`): 403 -> PermissionDenied (retried; status names
+the missing rule), 422 -> ChildRejected (a spec whose pass-through fields the API server refuses; waits for
+a spec change), 409, 429, 5xx and connection errors -> TransientApiError (retried soon). A 404 is "absent"
+where a call says so. Events are best effort: a failure to post one is logged, never raised.
 """
 
 from __future__ import annotations
@@ -9,26 +14,20 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
-from cpullm.errors import ChildRejected, PermissionDenied
+from cpullm.core.decision import NamespaceFacts
+from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
 
 FIELD_MANAGER = "cpullm-operator"
-
-
-@dataclass(frozen=True)
-class NamespaceInfo:
-    labels: dict[str, str]
-    terminating: bool
-
-
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 log = logging.getLogger(__name__)
@@ -53,7 +52,7 @@ class Kube:
         """Server-side apply a Deployment or Service; returns the object as stored (status included)."""
         meta = manifest["metadata"]
         call: Any = {"Deployment": self.apps.patch_namespaced_deployment, "Service": self.core.patch_namespaced_service}
-        with _permission(f"apply {manifest['kind']} {meta['namespace']}/{meta['name']}"):
+        with _api_errors(f"apply {manifest['kind']} {meta['namespace']}/{meta['name']}"):
             response = call[manifest["kind"]](
                 meta["name"],
                 meta["namespace"],
@@ -65,46 +64,29 @@ class Kube:
             )
         return _json(response)
 
-    def read_deployment(self, namespace: str, name: str) -> dict[str, Any] | None:
-        with _permission(f"read Deployment {namespace}/{name}"):
-            try:
-                response = self.apps.read_namespaced_deployment(name, namespace, _preload_content=False)
-            except ApiException as err:
-                if err.status == 404:
-                    return None
-                raise
-        return _json(response)
-
-    def read_namespace(self, namespace: str) -> NamespaceInfo:
-        with _permission(f"read Namespace {namespace}"):
+    def read_namespace(self, namespace: str) -> NamespaceFacts:
+        with _api_errors(f"read Namespace {namespace}"):
             ns = self.core.read_namespace(namespace)
         labels = dict((ns.metadata.labels if ns.metadata else None) or {})
         terminating = bool(ns.metadata and ns.metadata.deletion_timestamp) or (
             ns.status is not None and ns.status.phase == "Terminating"
         )
-        return NamespaceInfo(labels=labels, terminating=terminating)
+        return NamespaceFacts(labels=labels, terminating=terminating)
 
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch status; a service deleted meanwhile is not an error (its children go with it)."""
-        with _permission(f"patch {PLURAL}/status {namespace}/{name}"):
-            try:
-                self.custom.patch_namespaced_custom_object_status(
-                    GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}, _content_type=MERGE
-                )
-            except ApiException as err:
-                if err.status != 404:
-                    raise
+        with _api_errors(f"patch {PLURAL}/status {namespace}/{name}", absent_ok=True):
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}, _content_type=MERGE
+            )
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         """The decoded value, or None when the secret or key does not exist."""
-        try:
+        secret = None
+        with _api_errors(f"read Secret {namespace}/{name}", absent_ok=True):
             secret = self.core.read_namespaced_secret(name, namespace)
-        except ApiException as err:
-            if err.status == 404:
-                return None
-            if err.status == 403:
-                raise PermissionDenied(f"cannot read secret {namespace}/{name}: {err.reason}") from err
-            raise
+        if secret is None:
+            return None
         value = (secret.data or {}).get(key)
         return base64.b64decode(value).decode() if value is not None else None
 
@@ -125,26 +107,32 @@ class Kube:
             "count": 1,
         }
         try:
-            self.core.create_namespaced_event(namespace, cast(Any, body))
-        except ApiException as err:
-            log.warning("could not post event %s on %s/%s: %s", reason, namespace, regarding["name"], err.reason)
+            with _api_errors(f"post event {reason} on {namespace}/{regarding['name']}"):
+                self.core.create_namespaced_event(namespace, cast(Any, body))
+        except (PermissionDenied, ChildRejected, TransientApiError) as err:
+            log.warning("could not %s", err.message)
 
 
-class _permission:
-    """Turns a 403 into PermissionDenied naming the action (status then says which rule is missing), and a
-    422 into ChildRejected (a spec whose pass-through fields the API server refuses)."""
+_TRANSIENT_STATUS = frozenset({409, 429})
 
-    def __init__(self, action: str) -> None:
-        self.action = action
 
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, err: BaseException | None, tb: object) -> None:
-        if isinstance(err, ApiException) and err.status == 403:
-            raise PermissionDenied(f"forbidden to {self.action}: {_message(err)}") from err
-        if isinstance(err, ApiException) and err.status == 422:
-            raise ChildRejected(f"the API server refused to {self.action}: {_message(err)}") from err
+@contextmanager
+def _api_errors(action: str, *, absent_ok: bool = False) -> Iterator[None]:
+    """Maps what the API server (or the connection to it) answered to the operator's typed errors."""
+    try:
+        yield
+    except ApiException as err:
+        if err.status == 404 and absent_ok:
+            return
+        if err.status == 403:
+            raise PermissionDenied(f"forbidden to {action}: {_message(err)}") from err
+        if err.status == 422:
+            raise ChildRejected(f"the API server refused to {action}: {_message(err)}") from err
+        if err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500:
+            raise TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}") from err
+        raise
+    except urllib3.exceptions.HTTPError as err:
+        raise TransientApiError(f"cannot {action}: {type(err).__name__}: {err}") from err
 
 
 def _json(response: Any) -> dict[str, Any]:

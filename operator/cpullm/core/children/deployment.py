@@ -1,68 +1,18 @@
-"""Desired Deployment and Service for one CpuLLMService, built purely from its spec and plan."""
+"""The Deployment running a CpuLLMService's vLLM pods: what to run comes from the spec (model, user env,
+volumes), how much and where from the plan (ranks, KV, binding, resources, context length, nodes)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
+from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core import constants as c
+from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "cpullm-operator"
-SERVICE_LABEL = "cpullm.io/service"
 CONTAINER_NAME = "vllm"
-PORT_NAME = "http"
 VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-
-
-@dataclass(frozen=True)
-class Owner:
-    """The CpuLLMService the children belong to. uid is None when rendering offline (no owner reference)."""
-
-    name: str
-    namespace: str
-    uid: str | None = None
-
-
-def binary_quantity(n: int) -> str:
-    """A byte count in the API server's canonical form (largest binary suffix that divides it), so what is
-    rendered is what the server stores: 7168Mi is stored as 7Gi."""
-    for suffix, factor in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
-        if n and n % factor == 0:
-            return f"{n // factor}{suffix}"
-    return str(n)
-
-
-def labels(owner: Owner) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "vllm",
-        "app.kubernetes.io/instance": owner.name,
-        MANAGED_BY_LABEL: MANAGED_BY,
-        SERVICE_LABEL: owner.name,
-    }
-
-
-def selector(owner: Owner) -> dict[str, str]:
-    return {SERVICE_LABEL: owner.name}
-
-
-def _metadata(owner: Owner) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": owner.name, "namespace": owner.namespace, "labels": labels(owner)}
-    if owner.uid:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": owner.name,
-                "uid": owner.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
-    return meta
 
 
 def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
@@ -73,8 +23,8 @@ def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
     args += ["--dtype", model.dtype.value, "--tensor-parallel-size", str(plan.tensor_parallel_size)]
     if plan.tensor_parallel_size > 1:
         args += ["--distributed-executor-backend", "mp"]
-    if spec.max_model_len is not None:
-        args += ["--max-model-len", str(spec.max_model_len)]
+    if plan.max_model_len is not None:
+        args += ["--max-model-len", str(plan.max_model_len)]
     if spec.max_num_seqs is not None:
         args += ["--max-num-seqs", str(spec.max_num_seqs)]
     args += ["--host", "0.0.0.0", "--port", str(spec.service.port)]
@@ -184,25 +134,12 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(owner),
+        "metadata": metadata(owner),
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": selector(owner)},
             # A pod takes most of a node: a surge pod would sit Pending, so replace one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {"metadata": {"labels": labels(owner)}, "spec": pod_spec},
-        },
-    }
-
-
-def build_service(owner: Owner, spec: CpuLLMServiceSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(owner),
-        "spec": {
-            "type": spec.service.type,
-            "selector": selector(owner),
-            "ports": [{"name": PORT_NAME, "port": spec.service.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
         },
     }

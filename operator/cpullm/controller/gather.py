@@ -1,0 +1,90 @@
+"""Gather: read everything one reconcile needs, before anything is decided (see core/decision.py).
+
+The operator gathers from the cluster (io/kube.py) and the Hub (io/hub.py); the CLI gathers the same facts
+from files (io/files.py). Both go through `gather`, so a model is resolved by one set of rules:
+1. an inline `spec.model.config` wins (what the user wrote is the truth);
+2. else the model source is asked (the Hub for the operator; a config file or the Hub for the CLI), with the
+   token of `spec.hfTokenSecret` when the spec names one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+from cpullm.api.spec import CpuLLMServiceSpec, parse_spec
+from cpullm.core.children.common import Owner
+from cpullm.core.decision import NamespaceFacts, Observed
+from cpullm.core.sizing import ModelFiles, ModelSize, size_model
+from cpullm.core.topology import NodeProfile
+from cpullm.errors import CpuLLMError, ModelConfigUnavailable
+
+
+class ClusterFacts(Protocol):
+    """The cluster reads a reconcile makes (beyond what Kopf's indexes hold)."""
+
+    def read_namespace(self, namespace: str) -> NamespaceFacts: ...
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str | None: ...
+
+
+class ModelConfigSource(Protocol):
+    """Where a model's config.json (and safetensors index) come from when the spec has no inline config."""
+
+    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles: ...
+
+
+def resolve_model(
+    spec: CpuLLMServiceSpec, namespace: str, cluster: ClusterFacts, models: ModelConfigSource
+) -> ModelSize:
+    model = spec.model
+    if model.config is not None:
+        return size_model(model.config, model.dtype, weights_bytes=model.weights_bytes)
+    token = None
+    if spec.hf_token_secret is not None:
+        ref = spec.hf_token_secret
+        token = cluster.read_secret_key(namespace, ref.name, ref.key)
+        if token is None:
+            raise ModelConfigUnavailable(f"secret {namespace}/{ref.name} has no key {ref.key}")
+    files = models.fetch(model.name, model.revision, token)
+    total = files.checkpoint_total_bytes
+    return size_model(files.config, model.dtype, weights_bytes=model.weights_bytes, checkpoint_total_bytes=total)
+
+
+def gather(
+    service: Mapping[str, Any],
+    *,
+    nodes: Sequence[NodeProfile],
+    deployment: Mapping[str, Any] | None,
+    last_status: Mapping[str, Any] | None,
+    cluster: ClusterFacts,
+    models: ModelConfigSource,
+) -> Observed:
+    """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
+    own); errors that are about this service (bad spec, model unavailable) are observations, not raised."""
+    meta = service["metadata"]
+    raw_spec = service.get("spec") or {}
+    owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
+    namespace = cluster.read_namespace(owner.namespace)
+    spec: CpuLLMServiceSpec | CpuLLMError
+    try:
+        spec = parse_spec(raw_spec)
+    except CpuLLMError as err:
+        spec = err
+    model: ModelSize | CpuLLMError | None = None
+    if isinstance(spec, CpuLLMServiceSpec) and not namespace.terminating:
+        try:
+            model = resolve_model(spec, owner.namespace, cluster, models)
+        except CpuLLMError as err:
+            model = err
+    replicas = raw_spec.get("replicas", 0)
+    return Observed(
+        owner=owner,
+        generation=int(meta.get("generation") or 0),
+        spec=spec,
+        requested_replicas=replicas if isinstance(replicas, int) else 0,
+        namespace=namespace,
+        model=model,
+        nodes=tuple(nodes),
+        deployment=deployment,
+        status=last_status if last_status is not None else service.get("status") or {},
+    )

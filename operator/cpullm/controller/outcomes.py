@@ -1,0 +1,27 @@
+"""The one place the operator's outcomes meet Kopf: retry or not, and how soon.
+
+- a plan, a refusal (PlanRefusal) or a bad spec (InvalidSpec) is already reported in status and waits for a
+  change of the spec or the nodes: no retry;
+- a transient API failure (TransientApiError) is retried soon: the API server is usually back in seconds;
+- anything else the operator reports (Hub unreachable, permission denied) is retried with exponential
+  backoff, 10 s x 2^n capped at 5 minutes: these take a person or an outage to end.
+"""
+
+from __future__ import annotations
+
+import kopf
+
+from cpullm.api.plan import Plan
+from cpullm.errors import CpuLLMError, InvalidSpec, PlanRefusal, TransientApiError
+
+BACKOFF_BASE_SECONDS = 10
+MAX_BACKOFF_SECONDS = 300
+TRANSIENT_RETRY_SECONDS = 5
+
+
+def outcome_to_kopf(outcome: Plan | CpuLLMError | None, retry: int) -> None:
+    if not isinstance(outcome, CpuLLMError) or isinstance(outcome, PlanRefusal | InvalidSpec):
+        return
+    if isinstance(outcome, TransientApiError):
+        raise kopf.TemporaryError(outcome.message, delay=TRANSIENT_RETRY_SECONDS)
+    raise kopf.TemporaryError(outcome.message, delay=min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * 2**retry))

@@ -1,0 +1,66 @@
+"""What every owned child shares: the owner, its labels and selector, owner references, quantities."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from cpullm.api.plan import Plan
+from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "cpullm-operator"
+SERVICE_LABEL = "cpullm.io/service"
+PORT_NAME = "http"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The CpuLLMService the children belong to. uid is None when rendering offline (no owner reference)."""
+
+    name: str
+    namespace: str
+    uid: str | None = None
+
+
+# One kind of object the operator owns per service: a pure function of the owner, the spec and the plan.
+ChildBuilder = Callable[[Owner, CpuLLMServiceSpec, Plan], dict[str, Any]]
+
+
+def binary_quantity(n: int) -> str:
+    """A byte count in the API server's canonical form (largest binary suffix that divides it), so what is
+    rendered is what the server stores: 7168Mi is stored as 7Gi."""
+    for suffix, factor in (("Ei", 2**60), ("Pi", 2**50), ("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+        if n and n % factor == 0:
+            return f"{n // factor}{suffix}"
+    return str(n)
+
+
+def labels(owner: Owner) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": owner.name,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        SERVICE_LABEL: owner.name,
+    }
+
+
+def selector(owner: Owner) -> dict[str, str]:
+    return {SERVICE_LABEL: owner.name}
+
+
+def metadata(owner: Owner) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": owner.name, "namespace": owner.namespace, "labels": labels(owner)}
+    if owner.uid:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": API_VERSION,
+                "kind": KIND,
+                "name": owner.name,
+                "uid": owner.uid,
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ]
+    return meta

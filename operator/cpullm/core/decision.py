@@ -1,0 +1,131 @@
+"""Decide: from everything one reconcile observed to what should be, purely (no API calls, no clock but the
+one passed in, no randomness). The operator's reconcile and the CLI's `plan`/`render` both call `decide`, so
+what is rendered offline is what the operator applies.
+
+    Observed --decide(now)--> Decision(outcome, children, status, status patch, events)
+
+Refusals are checked in this order, the most fundamental first: the spec itself, the namespace's Pod
+Security level, the model's config, the plan (nodes and sizing), and last what the API server said when
+the children were applied.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from cpullm.api.plan import Plan
+from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
+from cpullm.core.children import build_children
+from cpullm.core.children.common import Owner
+from cpullm.core.planner import plan_service
+from cpullm.core.podsecurity import check_pod_security
+from cpullm.core.sizing import ModelSize
+from cpullm.core.status import changed_conditions, compute_status, status_changes
+from cpullm.core.topology import NodeProfile
+from cpullm.errors import CpuLLMError
+
+
+@dataclass(frozen=True)
+class NamespaceFacts:
+    """What the service's namespace says: its labels (Pod Security) and whether it is going away."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile of one CpuLLMService needs, gathered before anything is decided.
+
+    `spec` is the parsed spec or why it could not be parsed; `model` the model's size, why it could not be
+    had, or None when it was not looked up (bad spec, terminating namespace); `status` is the status as the
+    operator last wrote it (the object's own after a restart); `apply_error` is what the API server answered
+    when the children of an earlier decision were applied, if it refused them.
+    """
+
+    owner: Owner
+    generation: int
+    spec: CpuLLMServiceSpec | CpuLLMError
+    requested_replicas: int
+    namespace: NamespaceFacts = field(default_factory=NamespaceFacts)
+    model: ModelSize | CpuLLMError | None = None
+    nodes: Sequence[NodeProfile] = ()
+    deployment: Mapping[str, Any] | None = None
+    status: Mapping[str, Any] = field(default_factory=dict)
+    apply_error: CpuLLMError | None = None
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What should be. `outcome` is None when nothing may be done (the namespace is being deleted)."""
+
+    outcome: Plan | CpuLLMError | None
+    children: tuple[dict[str, Any], ...] = ()
+    status: Mapping[str, Any] = field(default_factory=dict)
+    status_patch: Mapping[str, Any] = field(default_factory=dict)
+    events: tuple[Event, ...] = ()
+
+
+def regarding(owner: Owner) -> dict[str, Any]:
+    """The object reference events about a service carry."""
+    return {"apiVersion": API_VERSION, "kind": KIND, "name": owner.name, "namespace": owner.namespace, "uid": owner.uid}
+
+
+def decide_plan(observed: Observed) -> Plan | CpuLLMError:
+    """The plan, or the most fundamental reason there is none."""
+    spec = observed.spec
+    if isinstance(spec, CpuLLMError):
+        return spec
+    try:
+        check_pod_security(observed.owner.namespace, observed.namespace.labels, spec)
+        if isinstance(observed.model, CpuLLMError):
+            return observed.model
+        if observed.model is None:
+            raise ValueError("decide_plan needs the model's size: gather resolves it for a valid spec")
+        return plan_service(spec, observed.model, observed.nodes)
+    except CpuLLMError as refusal:
+        return refusal
+
+
+def decide(observed: Observed, now: datetime) -> Decision:
+    if observed.namespace.terminating:
+        return Decision(outcome=None)
+    outcome = decide_plan(observed)
+    children: tuple[dict[str, Any], ...] = ()
+    if isinstance(outcome, Plan) and isinstance(observed.spec, CpuLLMServiceSpec):
+        children = tuple(build_children(observed.owner, observed.spec, outcome))
+        if observed.apply_error is not None:
+            outcome, children = observed.apply_error, ()
+    desired_replicas = (
+        observed.spec.replicas if isinstance(observed.spec, CpuLLMServiceSpec) else observed.requested_replicas
+    )
+    status = compute_status(
+        name=observed.owner.name,
+        generation=observed.generation,
+        desired_replicas=desired_replicas,
+        outcome=outcome,
+        deployment_status=(observed.deployment or {}).get("status"),
+        previous=observed.status,
+        now=now,
+    )
+    events = tuple(
+        Event("Normal" if cond["status"] == "True" else "Warning", cond["reason"], cond["message"])
+        for cond in changed_conditions(observed.status, status)
+    )
+    return Decision(
+        outcome=outcome,
+        children=children,
+        status=status,
+        status_patch=status_changes(observed.status, status),
+        events=events,
+    )

@@ -1,0 +1,42 @@
+"""Everything the operator and the CLI read from their environment and flags, in one object.
+
+Environment variables carry the prefix `CPULLM_` (e.g. `CPULLM_HUB_TIMEOUT_SECONDS=20`). The Hub's own
+conventions `HF_ENDPOINT` and `HF_TOKEN` are accepted too, so a mirror configured for other Hugging Face
+tools works here as well. Flags of `cpullm run` override the environment.
+"""
+
+from __future__ import annotations
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CPULLM_", populate_by_name=True, extra="ignore")
+
+    hf_endpoint: str = Field(
+        default="https://huggingface.co",
+        validation_alias=AliasChoices("CPULLM_HF_ENDPOINT", "HF_ENDPOINT"),
+        description="Hugging Face Hub (or mirror) that model configs are fetched from when a spec has no "
+        "inline config.",
+    )
+    hf_token: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("CPULLM_HF_TOKEN", "HF_TOKEN"),
+        description="Offline only (`cpullm plan/render`): the Hub token standing in for a spec's "
+        "hfTokenSecret. The operator reads the secret the spec names instead.",
+    )
+    hub_timeout_seconds: float = Field(default=10.0, gt=0, description="Timeout of one Hub request.")
+    hub_cache_seconds: float = Field(
+        default=3600.0, ge=0, description="How long a fetched model config is reused before it is fetched again."
+    )
+    namespaces: list[str] = Field(
+        default_factory=list, description="Namespaces to watch (`cpullm run -n`); empty: the whole cluster."
+    )
+    peering: str | None = Field(
+        default=None, description="Kopf peering name, for several operator replicas; unset: standalone."
+    )
+    liveness: str | None = Field(
+        default=None, description="Health endpoint to serve, e.g. http://0.0.0.0:8080/healthz (`--liveness`)."
+    )
+    verbose: bool = Field(default=False, description="Debug logging, including Kopf's per-handler lines.")
