@@ -43,6 +43,7 @@ def endpoint():
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+    server.server_close()
 
 
 def test_fetches_config_and_index_with_token_and_caches(endpoint):

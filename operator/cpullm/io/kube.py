@@ -107,10 +107,10 @@ class Kube:
             "count": 1,
         }
         try:
-            with _api_errors(f"post event {reason} on {namespace}/{regarding['name']}"):
+            with _api_errors(f"post event {reason}"):
                 self.core.create_namespaced_event(namespace, cast(Any, body))
         except (PermissionDenied, ChildRejected, TransientApiError) as err:
-            log.warning("could not %s", err.message)
+            log.warning("event %s on %s/%s not posted: %s", reason, namespace, regarding["name"], err.message)
 
 
 _TRANSIENT_STATUS = frozenset({409, 429})

@@ -1,0 +1,171 @@
+"""io/kube.py through the real Kubernetes client with a fake transport: the client builds real requests and
+parses real responses; only the network is replaced. Each API answer maps to the documented typed error."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from typing import Any
+
+import pytest
+import urllib3
+from kubernetes import client
+
+from cpullm.core.decision import NamespaceFacts
+from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
+from cpullm.io.kube import Kube
+
+DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama", "namespace": "serving"}}
+SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama", "namespace": "serving"}}
+RESET = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))
+
+
+class FakeTransport:
+    """Stands in for urllib3's pool manager: records each request, answers with a canned status and body,
+    or raises the connection error it was given."""
+
+    def __init__(self, status: int = 200, body: Any = None, error: Exception | None = None, echo: bool = False) -> None:
+        self.status, self.body, self.error, self.echo = status, body, error, echo
+        self.requests: list[dict[str, Any]] = []
+
+    def request(self, method: str, url: str, **kwargs: Any) -> urllib3.HTTPResponse:
+        self.requests.append({"method": method, "url": url, **kwargs})
+        if self.error is not None:
+            raise self.error
+        body = self.body if self.body is not None else {"kind": "Status", "message": f"said {self.status}"}
+        if self.echo:  # the API server answers a create with the object as stored
+            body = json.loads(kwargs["body"])
+        return urllib3.HTTPResponse(
+            body=io.BytesIO(json.dumps(body).encode()),
+            status=self.status,
+            reason="Fake",
+            headers={"Content-Type": "application/json"},
+            preload_content=False,
+        )
+
+
+def kube(transport: FakeTransport) -> Kube:
+    configuration = client.Configuration(host="http://api.invalid")
+    api_client = client.ApiClient(configuration)
+    api_client.rest_client.pool_manager = transport
+    return Kube(api_client)
+
+
+def test_apply_is_a_forced_server_side_apply_under_our_field_manager():
+    transport = FakeTransport(200, {**DEPLOYMENT, "status": {"readyReplicas": 1}})
+    stored = kube(transport).apply(DEPLOYMENT)
+    assert stored["status"] == {"readyReplicas": 1}
+    (request,) = transport.requests
+    assert request["method"] == "PATCH"
+    assert request["url"].startswith("http://api.invalid/apis/apps/v1/namespaces/serving/deployments/llama?")
+    assert "fieldManager=cpullm-operator" in request["url"] and "force=true" in request["url"]
+    assert request["headers"]["Content-Type"] == "application/apply-patch+yaml"
+    assert json.loads(request["body"]) == DEPLOYMENT
+
+
+@pytest.mark.parametrize(
+    ("status", "error", "expected", "message"),
+    [
+        (403, None, PermissionDenied, "forbidden to apply Service serving/llama: said 403"),
+        (422, None, ChildRejected, "the API server refused to apply Service serving/llama: said 422"),
+        (409, None, TransientApiError, "cannot apply Service serving/llama: HTTP 409 said 409"),
+        (429, None, TransientApiError, "cannot apply Service serving/llama: HTTP 429 said 429"),
+        (500, None, TransientApiError, "cannot apply Service serving/llama: HTTP 500 said 500"),
+        (503, None, TransientApiError, "cannot apply Service serving/llama: HTTP 503 said 503"),
+        (0, RESET, TransientApiError, "cannot apply Service serving/llama: ProtocolError"),
+    ],
+    ids=["403", "422", "409", "429", "500", "503", "connection-reset"],
+)
+def test_apply_errors_map_to_typed_errors(status, error, expected, message):
+    with pytest.raises(expected) as raised:
+        kube(FakeTransport(status, error=error)).apply(SERVICE)
+    assert raised.value.message.startswith(message)
+
+
+def test_an_unmapped_answer_stays_loud():
+    with pytest.raises(client.ApiException) as raised:
+        kube(FakeTransport(400)).apply(SERVICE)
+    assert raised.value.status == 400
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "expected"),
+    [
+        (200, {"metadata": {"name": "serving", "labels": {"a": "b"}}}, NamespaceFacts({"a": "b"}, False)),
+        (200, {"metadata": {"name": "serving"}, "status": {"phase": "Terminating"}}, NamespaceFacts({}, True)),
+        (
+            200,
+            {"metadata": {"name": "serving", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+            NamespaceFacts({}, True),
+        ),
+        (403, None, PermissionDenied),
+        (503, None, TransientApiError),
+    ],
+    ids=["labels", "terminating-phase", "deletion-timestamp", "403", "503"],
+)
+def test_read_namespace(status, body, expected):
+    if isinstance(expected, NamespaceFacts):
+        assert kube(FakeTransport(status, body)).read_namespace("serving") == expected
+    else:
+        with pytest.raises(expected):
+            kube(FakeTransport(status, body)).read_namespace("serving")
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [(200, None), (404, None), (403, PermissionDenied), (422, ChildRejected), (500, TransientApiError)],
+    ids=["ok", "deleted-meanwhile", "403", "422", "500"],
+)
+def test_status_patch(status, expected):
+    transport = FakeTransport(status, {"metadata": {"name": "llama"}} if status == 200 else None)
+    if expected is None:
+        kube(transport).patch_service_status("serving", "llama", {"readyReplicas": 1})
+        (request,) = transport.requests
+        assert request["method"] == "PATCH" and request["url"].endswith("/cpullmservices/llama/status")
+        assert request["headers"]["Content-Type"] == "application/merge-patch+json"
+        assert json.loads(request["body"]) == {"status": {"readyReplicas": 1}}
+    else:
+        with pytest.raises(expected):
+            kube(transport).patch_service_status("serving", "llama", {"readyReplicas": 1})
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "key", "expected"),
+    [
+        (200, {"data": {"HF_TOKEN": "aGZfc2VjcmV0"}}, "HF_TOKEN", "hf_secret"),
+        (200, {"data": {"OTHER": "eA=="}}, "HF_TOKEN", None),
+        (404, None, "HF_TOKEN", None),
+        (403, None, "HF_TOKEN", PermissionDenied),
+    ],
+    ids=["value", "no-such-key", "no-such-secret", "403"],
+)
+def test_read_secret_key(status, body, key, expected):
+    transport = FakeTransport(status, body)
+    if expected is PermissionDenied:
+        with pytest.raises(PermissionDenied, match="forbidden to read Secret serving/hf"):
+            kube(transport).read_secret_key("serving", "hf", key)
+    else:
+        assert kube(transport).read_secret_key("serving", "hf", key) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "error"), [(403, None), (500, None), (0, RESET)], ids=["403", "500", "connection-reset"]
+)
+def test_events_are_best_effort(status, error, caplog):
+    regarding = {"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "name": "llama", "namespace": "serving"}
+    with caplog.at_level(logging.WARNING, logger="cpullm.io.kube"):
+        kube(FakeTransport(status, error=error)).emit_event(regarding, "Warning", "NoEligibleNode", "no node")
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "event NoEligibleNode on serving/llama not posted"
+    ]
+
+
+def test_event_body():
+    transport = FakeTransport(201, echo=True)
+    regarding = {"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "name": "llama", "namespace": "serving"}
+    kube(transport).emit_event(regarding, "Normal", "Planned", "x" * 2000)
+    body = json.loads(transport.requests[0]["body"])
+    assert body["involvedObject"] == regarding and body["metadata"]["generateName"] == "llama."
+    assert (body["type"], body["reason"], len(body["message"])) == ("Normal", "Planned", 1024)
+    assert body["reportingComponent"] == body["source"]["component"] == "cpullm-operator"
