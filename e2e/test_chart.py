@@ -133,9 +133,9 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
         kubectl.apply(tiny_service("rbac-ok", namespace))
         ready(kubectl, namespace, "rbac-ok", 1)
 
-        # Take away one rule the code needs: applying Services.
+        # Take away one rule the code needs: applying Services and ConfigMaps.
         role = kubectl.get("clusterrole", "cpullm-cpullm-operator")
-        index = next(i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["services"])
+        index = next(i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["services", "configmaps"])
         kubectl.run(
             "patch",
             "clusterrole",
@@ -152,7 +152,7 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
             return str(planned["message"])
 
         message = eventually(permission_problem, timeout=60, what="PermissionDenied condition")
-        assert "forbidden to apply Service" in message
+        assert "forbidden to apply ConfigMap" in message
     finally:
         as_chart.stop()
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command: lint, types, unit tests, the e2e suite on a local control plane (scripts/build-tools.sh
+# The test command: lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local control plane (scripts/build-tools.sh
 # builds it on first use; CPULLM_SKIP_E2E=1 skips it), then the real-vLLM tests (scripts/setup-vllm.sh
 # installs vLLM's CPU build on first use; CPULLM_SKIP_VLLM=1 skips them).
 set -euo pipefail
@@ -8,7 +8,9 @@ scripts/setup.sh
 .venv/bin/ruff check operator tests e2e bench
 .venv/bin/ruff format --check operator tests e2e bench
 .venv/bin/mypy
-.venv/bin/python -m pytest tests -q
+.venv/bin/lint-imports  # the layer contract (pyproject.toml, [tool.importlinter])
+# Unit tests: warnings are errors (pyproject.toml); line+branch coverage must stay at 90% or more (95% now).
+.venv/bin/python -m pytest tests -q --cov --cov-report=term:skip-covered --cov-fail-under=90
 if [[ ${CPULLM_SKIP_E2E:-0} != 1 ]]; then
   .venv/bin/python -m pytest e2e -q -p no:logging
 fi

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+from cpullm import launcher
 from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ModelConfigSource, gather
@@ -66,6 +69,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         sub.add_argument("-o", "--output", choices=("json", "yaml"), default="json" if name == "plan" else "yaml")
     commands.add_parser("crd", help="print the CustomResourceDefinition")
+    launch = commands.add_parser(
+        "launch-plan", help="what the in-pod launcher would bind, from a copy of a node's /proc and /sys"
+    )
+    launch.add_argument("--root", required=True, help="directory holding proc/self/status and sys/devices/system")
+    launch.add_argument("--ranks", type=int, required=True, help="vLLM ranks in the pod (the plan's TP)")
+    launch.add_argument("--reserved-cpus-per-rank", type=int, default=0, help="cores kept off each rank")
+    launch.add_argument("--arch", default=platform.machine(), help="the node's arch (SMT rule on x86 only)")
     run = commands.add_parser("run", help="start the operator")
     scope = run.add_mutually_exclusive_group()
     scope.add_argument("-n", "--namespace", action="append", default=[], help="watch only these namespaces")
@@ -78,6 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "crd":
             sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False))
+        elif args.command == "launch-plan":
+            return _launch_plan(args)
         elif args.command == "run":
             return _run(args)
         else:
@@ -98,6 +110,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, yaml.YAMLError, json.JSONDecodeError) as err:
         print(f"cpullm: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+def _launch_plan(args: argparse.Namespace) -> int:
+    """The launcher's own decision on recorded trees, for people debugging a node's binding."""
+    try:
+        facts = launcher.read_facts(Path(args.root), args.arch)
+        plan = launcher.decide(facts, args.ranks, args.reserved_cpus_per_rank)
+    except (launcher.FactsError, launcher.LaunchRefusal) as err:
+        print(f"cpullm: cannot place {args.ranks} ranks: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(launcher.launch_plan_json(plan), indent=2) + "\n")
     return 0
 
 

@@ -332,6 +332,10 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Read, decide, report one line on stderr, then exec the command with vLLM's knobs set."""
     options, command = _parse_args(sys.argv[1:] if argv is None else argv)
+    chosen = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
+    if chosen != "auto" and not options.dry_run:  # the user set it in the pod's env: theirs wins
+        print(f"cpullm-launch: VLLM_CPU_OMP_THREADS_BIND={chosen} set in the environment, left as is", file=sys.stderr)
+        return _exec(command)
     # vLLM's own test: any value but "0" turns simulation on (vllm/utils/ompmultiprocessing.py).
     share_numa = os.environ.get("VLLM_CPU_SIM_MULTI_NUMA", "0") != "0"
     try:
@@ -352,11 +356,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(plan.reserved_cpus)
     # vLLM 0.32 asserts with it set and an explicit list, and ignores CPU_VISIBLE_MEMORY_NODES while it is set.
     os.environ.pop("VLLM_CPU_SIM_MULTI_NUMA", None)
+    return _exec(command)
+
+
+def _exec(command: Sequence[str]) -> int:
+    """Replace this process with the server; returns only when that fails."""
     try:
-        os.execvp(command[0], command)
+        os.execvp(command[0], list(command))
     except OSError as err:
         print(f"cpullm-launch: cannot exec {command[0]}: {err.strerror}", file=sys.stderr)
-        return 127
+    return 127
 
 
 if __name__ == "__main__":

@@ -4,11 +4,37 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cpullm.api.spec import parse_spec
 from cpullm.cli import main
+from cpullm.core.planner import plan_service
+from cpullm.core.sizing import size_model
+from cpullm.io.files import load_nodes
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = str(ROOT / "examples" / "nodes.yaml")
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+
+# What each example should plan on the sample nodes, written down by hand so a change in the planner that
+# moves one of them is seen in review: (TP, KV GiB per rank, CPU, memory limit bytes, eligible nodes).
+EXPECTED_PLANS = {
+    "llama-8b-amx.yaml": (2, 4, 94, 33990639616, ["xeon-amx-0", "xeon-amx-1"]),
+    "mistral-7b-context.yaml": (4, 2, 124, 35046555648, ["avx512-4numa-0"]),
+    "qwen-small.yaml": (1, 2, 47, 7201619968, ["xeon-amx-0", "xeon-amx-1"]),
+}
+
+
+def direct_plan(example: Path) -> dict:
+    """The plan computed without the CLI: the planner on the parsed spec, the sized model and parsed nodes."""
+    spec = parse_spec(yaml.safe_load(example.read_text())["spec"])
+    assert spec.model.config is not None  # every example sizes from its inline config
+    model = size_model(spec.model.config, spec.model.dtype, weights_bytes=spec.model.weights_bytes)
+    plan = plan_service(spec, model, load_nodes(NODES, pytest.fail))
+    return plan.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+def test_the_expected_table_covers_every_example():
+    """A new example must get a row in EXPECTED_PLANS, or the value checks would silently skip it."""
+    assert sorted(EXPECTED_PLANS) == [p.name for p in EXAMPLES]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
@@ -27,13 +53,45 @@ def test_every_example_plans_on_the_sample_nodes(example, capsys):
         "eligibleNodes",
     ):
         assert key in plan
+    assert plan == direct_plan(example)
+    tp, kv_gib, cpu, memory, eligible = EXPECTED_PLANS[example.name]
+    assert (plan["tensorParallelSize"], plan["kvCacheGiB"], plan["cpu"]) == (tp, kv_gib, cpu)
+    assert (plan["memoryLimitBytes"], plan["eligibleNodes"]) == (memory, eligible)
+    assert plan["cpu"] == tp * plan["cpusPerRank"]
+    assert plan["weightShardBytes"] * tp == plan["weightsBytes"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_plan_as_yaml_equals_plan_as_json(example, capsys):
+    """`-o` changes the encoding only."""
+    assert main(["plan", str(example), "--nodes", NODES]) == 0
+    as_json = json.loads(capsys.readouterr().out)
+    assert main(["plan", str(example), "--nodes", NODES, "-o", "yaml"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out) == as_json
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_render_as_json_and_as_yaml_give_the_same_objects(example, capsys):
+    """JSON is a `kind: List` and YAML a document stream, but the objects in them are the same."""
+    assert main(["render", str(example), "--nodes", NODES, "-o", "json"]) == 0
+    as_json = json.loads(capsys.readouterr().out)
+    assert main(["render", str(example), "--nodes", NODES, "-o", "yaml"]) == 0
+    as_yaml = list(yaml.safe_load_all(capsys.readouterr().out))
+    assert (as_json["apiVersion"], as_json["kind"]) == ("v1", "List")
+    assert as_json["items"] == as_yaml
+    name = yaml.safe_load(example.read_text())["metadata"]["name"]
+    by_kind = {obj["kind"]: obj["metadata"] for obj in as_yaml}
+    assert (by_kind["Deployment"]["name"], by_kind["Service"]["name"]) == (name, name)
+    assert {meta["namespace"] for meta in by_kind.values()} == {"default"}
+    assert all("ownerReferences" not in meta for meta in by_kind.values())  # no uid offline: no owner
 
 
 def test_render_prints_deployment_and_service(capsys):
     assert main(["render", str(ROOT / "manifests/examples/llama-8b-amx.yaml"), "--nodes", NODES]) == 0
-    docs = list(yaml.safe_load_all(capsys.readouterr().out))
-    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
-    required = docs[0]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
+    docs = {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}
+    assert {"Deployment", "Service"} <= set(docs)  # selected by kind: more owned kinds may come
+    assert docs["Service"]["spec"]["selector"] == {"cpullm.io/service": "llama-8b"}
+    required = docs["Deployment"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     terms = required["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     assert [t["matchFields"][0]["values"] for t in terms] == [["xeon-amx-0"], ["xeon-amx-1"]]
 
@@ -47,7 +105,10 @@ def test_model_config_file_and_multi_document_nodes(tmp_path, capsys):
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all(nodes))
     args = ["plan", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml")]
     assert main([*args, "--model-config", str(tmp_path / "config.json"), "-o", "yaml"]) == 0
-    assert yaml.safe_load(capsys.readouterr().out)["tensorParallelSize"] == 1
+    from_file = yaml.safe_load(capsys.readouterr().out)
+    assert from_file["tensorParallelSize"] == 1
+    # Sized from the file, the plan is the one the inline config gives.
+    assert from_file == direct_plan(ROOT / "manifests/examples/qwen-small.yaml")
 
 
 @pytest.mark.parametrize(

@@ -216,6 +216,11 @@ def test_read_facts_requires_status(tmp_path, status, message):
         read_facts(tmp_path, "x86_64")
 
 
+PRINT_ONE_KNOB = (
+    "import os; print(os.environ['VLLM_CPU_OMP_THREADS_BIND'], os.environ.get('CPU_VISIBLE_MEMORY_NODES', 'unset'))"
+)
+
+
 @pytest.fixture
 def clean_env(monkeypatch):
     """main sets vLLM's knobs in os.environ; monkeypatch puts the test process's environment back."""
@@ -270,7 +275,9 @@ def test_main_reports_a_command_it_cannot_exec(clean_env, capsys, tmp_path):
 
 def test_main_execs_the_command_with_the_knobs_set():
     """As in the pod: the file run as a script, the server replaced by a command that prints its environment."""
-    env = {**os.environ, "VLLM_CPU_SIM_MULTI_NUMA": "1"}
+    knobs = ("VLLM_CPU_OMP_THREADS_BIND", "CPU_VISIBLE_MEMORY_NODES", "VLLM_CPU_NUM_OF_RESERVED_CPU")
+    env = {name: value for name, value in os.environ.items() if name not in knobs}
+    env["VLLM_CPU_SIM_MULTI_NUMA"] = "1"
     root = TREES / "graviton-1n-16"  # no SMT files: the same plan on every architecture
     launch = [sys.executable, str(LAUNCHER), "--root", str(root), "--ranks", "2", "--reserved-cpus-per-rank", "1"]
     result = subprocess.run(
@@ -297,3 +304,23 @@ def test_launcher_imports_only_the_standard_library():
             modules.add(node.module or "")
     assert modules, "no import found: the check is not looking at the right file"
     assert not [name for name in modules if name.split(".")[0] not in sys.stdlib_module_names]
+
+
+@pytest.mark.parametrize("user_value", ["nobind", "0-3|4-7"])
+def test_a_bind_the_user_set_in_the_pod_env_is_left_alone(user_value):
+    """The pod's env is the user's to override (spec.env wins over the operator's): only 'auto' is replaced."""
+    env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": user_value}
+    env.pop("CPU_VISIBLE_MEMORY_NODES", None)
+    launch = [sys.executable, str(LAUNCHER), "--root", str(TREES / "graviton-1n-16"), "--ranks", "2"]
+    result = subprocess.run(
+        [*launch, "--reserved-cpus-per-rank", "1", "--", sys.executable, "-c", PRINT_ONE_KNOB],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=30,
+    )
+    assert result.stdout == f"{user_value} unset\n"
+    assert (
+        result.stderr == f"cpullm-launch: VLLM_CPU_OMP_THREADS_BIND={user_value} set in the environment, left as is\n"
+    )

@@ -1,12 +1,17 @@
+from pathlib import Path
+
 import pytest
 
+from cpullm import launcher
 from cpullm.core.children.common import Owner, binary_quantity
 from cpullm.core.children.deployment import build_deployment
+from cpullm.core.children.launcher import build_launcher_config_map
 from cpullm.core.children.service import build_service
 from cpullm.core.planner import plan_service
 
 from .builders import llama_8b, node, spec
 
+TCMALLOC_X86 = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 OWNER = Owner(name="llama", namespace="serving", uid="uid-1")
 LABELS = {
     "app.kubernetes.io/name": "vllm",
@@ -63,7 +68,19 @@ def test_deployment_whole_manifest():
                         {
                             "name": "vllm",
                             "image": "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64",
-                            "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+                            # The in-pod launcher binds the ranks inside the cpuset, then execs vLLM.
+                            "command": [
+                                "python3",
+                                "/opt/cpullm/launcher.py",
+                                "--ranks",
+                                "2",
+                                "--reserved-cpus-per-rank",
+                                "1",
+                                "--",
+                                "python3",
+                                "-m",
+                                "vllm.entrypoints.openai.api_server",
+                            ],
                             "args": [
                                 "--model",
                                 "meta-llama/Llama-3.1-8B-Instruct",
@@ -85,8 +102,9 @@ def test_deployment_whole_manifest():
                             ],
                             "env": [
                                 {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "4"},
-                                {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": "1"},
-                                {"name": "LD_PRELOAD", "value": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"},
+                                # A total over the ranks in vLLM 0.32: 1 per rank x 2 ranks.
+                                {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": "2"},
+                                {"name": "LD_PRELOAD", "value": f"{TCMALLOC_X86}:/opt/venv/lib/libiomp5.so"},
                                 {"name": "HF_HOME", "value": "/models/huggingface"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
                                 {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"},
@@ -100,6 +118,7 @@ def test_deployment_whole_manifest():
                             "volumeMounts": [
                                 {"name": "dshm", "mountPath": "/dev/shm"},
                                 {"name": "model-cache", "mountPath": "/models"},
+                                {"name": "launcher", "mountPath": "/opt/cpullm", "readOnly": True},
                             ],
                             # 600 s + 60 s per GiB of weights (14.96 GiB) = 1498 s
                             "startupProbe": {
@@ -139,6 +158,7 @@ def test_deployment_whole_manifest():
                     "volumes": [
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "768Mi"}},
                         {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights"}},
+                        {"name": "launcher", "configMap": {"name": "llama-launcher"}},
                     ],
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": 60,
@@ -194,3 +214,39 @@ def test_service_whole_manifest():
 )
 def test_quantities_are_rendered_in_the_api_servers_canonical_form(n, text):
     assert binary_quantity(n) == text
+
+
+def test_launcher_config_map_carries_the_launcher_source():
+    plan = plan_service(spec(), llama_8b(), [node(numa=2, memory="512Gi")])
+    config_map = build_launcher_config_map(OWNER, spec(), plan)
+    source = (Path(launcher.__file__)).read_text()
+    assert config_map == {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {**METADATA, "name": "llama-launcher"},
+        "data": {"launcher.py": source},
+    }
+
+
+@pytest.mark.parametrize(
+    ("cpu", "policy", "launcher_used", "bind"),
+    [
+        ({}, None, True, "auto"),
+        ({"launcher": False}, None, False, "auto"),
+        ({"threadsBind": "nobind"}, None, False, "nobind"),
+        ({"threadsBind": "0-31|32-63"}, None, False, "0-31|32-63"),
+        ({}, "none", False, "nobind"),  # no exclusive cpuset: nothing to bind to
+    ],
+    ids=["default", "opt-out", "nobind", "explicit-list", "cpu-manager-none"],
+)
+def test_launcher_only_turns_auto_into_lists(cpu, policy, launcher_used, bind):
+    service_spec = spec(cpu=cpu)
+    plan = plan_service(service_spec, llama_8b(), [node(numa=2, cpu="64", memory="512Gi", policy=policy)])
+    pod = build_deployment(OWNER, service_spec, plan)["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert plan.launcher is launcher_used
+    assert (container["command"][:2] == ["python3", "/opt/cpullm/launcher.py"]) is launcher_used
+    assert container["command"][-3:] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert ("launcher" in {v["name"] for v in pod["volumes"]}) is launcher_used
+    assert {e["name"]: e.get("value") for e in container["env"]}["VLLM_CPU_OMP_THREADS_BIND"] == bind
+    assert ("launcher binding" in plan.summary) is launcher_used

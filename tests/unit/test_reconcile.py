@@ -76,7 +76,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     rec, kube = reconciler()
     outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), NODES, READY)
     assert outcome.tensor_parallel_size == 2
-    assert [m["kind"] for m in kube.applied] == ["Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied] == ["ConfigMap", "Deployment", "Service"]
     assert rec.hub.calls == [("meta-llama/Llama-3.1-8B", None, "hf_secret")]
     (patch,) = kube.status_patches
     assert patch["readyReplicas"] == 1 and patch["observedGeneration"] == 2
@@ -84,7 +84,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
 
     rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES, READY)
     assert len(kube.status_patches) == 1 and len(kube.events) == 2  # nothing changed: no patch, no event
-    assert len(kube.applied) == 4  # apply is idempotent server-side
+    assert len(kube.applied) == 6  # apply is idempotent server-side
 
 
 def test_refusal_becomes_condition_and_warning_event_not_an_exception():

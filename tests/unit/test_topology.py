@@ -1,8 +1,9 @@
+import copy
 from decimal import Decimal
 
 import pytest
 
-from cpullm.core.topology import parse_node, parse_quantity
+from cpullm.core.topology import node_state_changed, parse_node, parse_quantity
 from cpullm.errors import NodeLabelError
 
 from .builders import NFD, node_object
@@ -86,3 +87,71 @@ def test_unparseable_labels_raise_node_label_error(labels):
 def test_unparseable_allocatable_raises():
     with pytest.raises(NodeLabelError, match="allocatable"):
         parse_node(node_object(cpu="lots"))
+
+
+def heartbeat(obj):
+    """The same node a minute later: new resourceVersion, conditions, images, addresses; labels untouched."""
+    later = copy.deepcopy(obj)
+    later["metadata"]["resourceVersion"] = "1002"
+    later["metadata"]["annotations"] = {"node.alpha.kubernetes.io/ttl": "0"}
+    later["status"]["conditions"] = [
+        {"type": "Ready", "status": "True", "lastHeartbeatTime": "2026-01-01T12:01:00Z", "reason": "KubeletReady"}
+    ]
+    later["status"]["images"] = [{"names": ["vllm"], "sizeBytes": 1}]
+    later["status"]["addresses"] = [{"type": "InternalIP", "address": "10.0.0.7"}]
+    later["status"]["capacity"] = {"cpu": "66", "memory": "260Gi", "pods": "110"}  # allocatable wins
+    return later
+
+
+BASE = node_object("n1", numa=2)
+TAINT = {"key": "dedicated", "value": "llm", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("after", "changed"),
+    [
+        pytest.param(node_object("n1", numa=2), False, id="same-object"),
+        pytest.param(heartbeat(BASE), False, id="heartbeat-only"),
+        pytest.param(node_object("n1", numa=2, labels={"team": "llm"}), True, id="new-label"),
+        pytest.param(node_object("n1", numa=2, taints=[TAINT]), True, id="new-taint"),
+        pytest.param(node_object("n1", numa=2, unschedulable=True), True, id="cordoned"),
+        pytest.param(node_object("n1", numa=2, memory="128Gi"), True, id="other-memory"),
+        pytest.param(node_object("n1", numa=2, cpu="32"), True, id="other-cpu"),
+        pytest.param(node_object("n1", numa=4), True, id="other-numa-count"),
+        pytest.param(node_object("n1", numa=2, flags=("AVX2",)), True, id="other-isa"),
+    ],
+)
+def test_node_state_changed_between_two_profiles(after, changed):
+    """Only what a plan reads (shape, memory, labels, taints, cordon) counts; status noise does not."""
+    assert node_state_changed(parse_node(BASE), parse_node(after)) is changed
+
+
+def test_node_state_changed_for_another_taint():
+    """Replacing one taint by another is a change even though there is one taint before and after."""
+    other = {"key": "dedicated", "value": "batch", "effect": "NoSchedule"}
+    before = parse_node(node_object("n1", taints=[TAINT]))
+    assert node_state_changed(before, parse_node(node_object("n1", taints=[TAINT]))) is False
+    assert node_state_changed(before, parse_node(node_object("n1", taints=[other]))) is True
+
+
+PROFILE = parse_node(BASE)
+BAD_LABEL = NodeLabelError("node n1: label cpullm.io/numa-nodes='two' is not a NUMA node count (1-64)")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "changed"),
+    [
+        pytest.param(None, PROFILE, True, id="new-node"),
+        pytest.param(PROFILE, None, True, id="removed-node"),
+        pytest.param(None, None, False, id="never-there"),
+        pytest.param(BAD_LABEL, NodeLabelError(BAD_LABEL.message), False, id="same-error-message"),
+        pytest.param(BAD_LABEL, NodeLabelError("node n1: allocatable: not a quantity: 'lots'"), True, id="other-error"),
+        pytest.param(PROFILE, BAD_LABEL, True, id="profile-to-error"),
+        pytest.param(BAD_LABEL, PROFILE, True, id="error-to-profile"),
+        pytest.param(BAD_LABEL, None, True, id="error-to-removed"),
+        pytest.param(None, BAD_LABEL, True, id="new-node-with-error"),
+    ],
+)
+def test_node_state_changed_across_appearance_and_label_errors(before, after, changed):
+    """A label error is a state of its own: it changes when its message does (the report would differ)."""
+    assert node_state_changed(before, after) is changed

@@ -11,6 +11,7 @@ from tests.vllm.harness import vllm_python as setup_vllm_python
 
 RATIOS: dict[str, tuple[int, int]] = {}
 BREAKDOWNS: dict[str, list[tuple[str, int]]] = {}
+BINDINGS: dict[str, tuple[str, list[list[int]]]] = {}
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +35,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             )
             parts = ", ".join(f"{name} {size / 2**30:.2f}" for name, size in BREAKDOWNS.get(case, []))
             terminalreporter.write_line(f"  at the peak (GiB): {parts}")
+    if BINDINGS:
+        terminalreporter.section("in-pod launcher: threadsBind chosen / CPUs the server's threads were pinned to")
+        for case, (bind, pinned) in sorted(BINDINGS.items()):
+            terminalreporter.write_line(f"{case}: threadsBind={bind}; pinned CPUs per process: {pinned}")

@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import os
+import platform
 import socket
 import subprocess
 import threading
@@ -27,7 +28,19 @@ import yaml
 from cpullm.cli import main as cpullm
 
 ROOT = Path(__file__).resolve().parents[2]
-TOTAL_MEMORY = "23Gi"  # this machine's, as its allocatable
+# lscpu names of the flags a CpuLLMService may require, published for this machine as cpullm.io/isa.<flag>.
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
+LAUNCHER_DIR = "opt-cpullm"  # where the launcher ConfigMap's files go, as the pod mounts them
 
 
 def vllm_python() -> Path:
@@ -43,23 +56,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def memory_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
 def this_machine(numa_nodes: int) -> dict[str, Any]:
-    """This 2-core, 1-NUMA, AMX machine as a Node; numa_nodes=2 describes it as vLLM sees it with
-    VLLM_CPU_SIM_MULTI_NUMA=1 (the knob vLLM's own CPU CI uses for multi-rank runs on one NUMA node)."""
+    """This machine as a Node, from its real CPU flags, CPU count and memory; numa_nodes=2 describes it as
+    vLLM sees it with VLLM_CPU_SIM_MULTI_NUMA=1 (the knob vLLM's own CPU CI uses for multi-rank runs on one
+    NUMA node)."""
+    flags = cpu_flags()
+    labels = {"kubernetes.io/arch": {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "unknown")}
+    labels["cpullm.io/numa-nodes"] = str(numa_nodes)
+    labels.update({f"cpullm.io/isa.{flag}": "true" for flag in ISA_FLAGS if flag in flags})
+    labels["feature.node.kubernetes.io/cpu-hardware_multithreading"] = str("ht" in flags).lower()
     return {
         "apiVersion": "v1",
         "kind": "Node",
-        "metadata": {
-            "name": "localhost",
-            "labels": {
-                "kubernetes.io/arch": "amd64",
-                "cpullm.io/numa-nodes": str(numa_nodes),
-                "feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true",
-                "feature.node.kubernetes.io/cpu-cpuid.AMXBF16": "true",
-                "feature.node.kubernetes.io/cpu-hardware_multithreading": "false",
-            },
-        },
-        "status": {"allocatable": {"cpu": "2", "memory": TOTAL_MEMORY}},
+        "metadata": {"name": "localhost", "labels": labels},
+        "status": {"allocatable": {"cpu": str(len(os.sched_getaffinity(0))), "memory": str(memory_bytes())}},
     }
 
 
@@ -67,7 +91,8 @@ def render_tiny_service(
     workdir: Path, model: Path, numa_nodes: int, **spec: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the tiny
-    model at /models/tiny-llama, on this machine described with `numa_nodes` NUMA nodes."""
+    model at /models/tiny-llama, on this machine described with `numa_nodes` NUMA nodes. The rendered
+    launcher ConfigMap's files are written to workdir/opt-cpullm (see pod_mounts)."""
     service = {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMService",
@@ -90,8 +115,18 @@ def render_tiny_service(
         if code != 0:
             raise RuntimeError(f"cpullm {command} exited {code}")
         outputs.append(buffer.getvalue())
-    deployment = next(yaml.safe_load_all(outputs[1]))
-    return json.loads(outputs[0]), deployment["spec"]["template"]["spec"]["containers"][0]
+    objects = {obj["kind"]: obj for obj in yaml.safe_load_all(outputs[1])}
+    launcher_dir = workdir / LAUNCHER_DIR
+    launcher_dir.mkdir(exist_ok=True)
+    for name, content in objects["ConfigMap"]["data"].items():
+        (launcher_dir / name).write_text(content)
+    return json.loads(outputs[0]), objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+
+
+def pod_mounts(workdir: Path, python: Path) -> dict[str, Path]:
+    """The pod's paths as local ones: the model cache, the launcher ConfigMap, and the image's venv (/opt/venv,
+    where LD_PRELOAD finds Intel OpenMP) as the vLLM environment made by scripts/setup-vllm.sh."""
+    return {"/models": workdir / "models", "/opt/cpullm": workdir / LAUNCHER_DIR, "/opt/venv": python.parent.parent}
 
 
 def substitute(args: Sequence[str], model: str, port: int) -> list[str]:
@@ -203,16 +238,25 @@ class LocalServer:
 
 
 def server_for_container(
-    container: dict[str, Any], *, python: Path, model: Path, port: int, log: Path, mounts: dict[str, Path]
+    container: dict[str, Any],
+    *,
+    python: Path,
+    model: Path,
+    port: int,
+    log: Path,
+    mounts: dict[str, Path],
+    taskset: Sequence[str] = (),
 ) -> LocalServer:
     """The rendered container as a local command: `python3` resolves to the vLLM environment (it is first on
-    PATH), env values are taken as rendered with the pod's mount paths mapped to local directories."""
+    PATH), the command and env values are taken as rendered with the pod's mount paths mapped to local
+    directories. `taskset` (e.g. ["taskset", "-c", "1"]) starts it inside a smaller cpuset, as a pod's."""
+
+    def local(value: str) -> str:
+        for pod_path, local_path in mounts.items():
+            value = value.replace(pod_path, str(local_path))
+        return value
+
     env = {"PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
-    for entry in container["env"]:
-        if "value" in entry:
-            value = entry["value"]
-            for pod_path, local in mounts.items():
-                value = value.replace(pod_path, str(local))
-            env[entry["name"]] = value
-    command = [*container["command"], *substitute(container["args"], str(model), port)]
-    return LocalServer(command=command, env=env, port=port, log=log)
+    env.update({entry["name"]: local(entry["value"]) for entry in container["env"] if "value" in entry})
+    command = [*map(local, container["command"]), *substitute(container["args"], str(model), port)]
+    return LocalServer(command=[*taskset, *command], env=env, port=port, log=log)

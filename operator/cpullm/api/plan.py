@@ -30,6 +30,10 @@ class Plan(_Model):
     kv_cache_source: str = Field(description="'explicit' (spec.kvCacheGiB) or 'derived' (maxModelLen x maxNumSeqs).")
     kv_tokens_per_rank: int = Field(description="Tokens the per-rank KV cache holds.")
     threads_bind: str = Field(description="VLLM_CPU_OMP_THREADS_BIND.")
+    launcher: bool = Field(
+        default=False,
+        description="The in-pod launcher turns 'auto' into explicit per-rank CPU lists from the pod's cpuset.",
+    )
     reserved_cpus_per_rank: int
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")
     cpus_per_rank: int

@@ -98,6 +98,13 @@ class CpuSettings(_Model):
         "'0-31|32-63'): use it only where the container's CPU ids are known.",
         pattern=rf"^(auto|nobind|{EXPLICIT_BIND_PATTERN[1:-1]})$",
     )
+    launcher: bool = Field(
+        default=True,
+        description="With threadsBind 'auto', start vLLM through the operator's in-pod launcher, which reads "
+        "the cpuset the pod really got (CPUs, their NUMA nodes, SMT siblings, CFS quota) and sets explicit "
+        "per-rank VLLM_CPU_OMP_THREADS_BIND lists and CPU_VISIBLE_MEMORY_NODES. false leaves 'auto' to vLLM, "
+        "which maps rank N to the N-th allowed memory node whether or not the pod has CPUs there.",
+    )
 
 
 class Toleration(_Model):

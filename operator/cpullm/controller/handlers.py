@@ -2,7 +2,7 @@
 
 Triggers: the CpuLLMService itself (create/update/resume, retried per controller/outcomes.py); a node whose
 profile changed (every service is re-planned; only changed plans touch anything); a change to a child
-Deployment or Service (drift is reverted, readiness copied into status).
+Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status).
 
 Kopf's indexes hold what reconciles read (node profiles, services, the owned Deployments' status), so
 handlers start only once they are loaded and no reconcile lists anything. Handlers are async: Kopf mutates
@@ -173,6 +173,7 @@ async def _reconcile_quietly(
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
 @kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
+@kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS)
 async def child_changed(
     labels: Mapping[str, str],
     namespace: str,

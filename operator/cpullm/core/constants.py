@@ -28,9 +28,11 @@ VLLM_VERSION = "v0.32.0"
 # vLLM publishes CPU images per arch on Docker Hub: vllm/vllm-openai-cpu:<version>-<arch suffix>.
 DEFAULT_IMAGE_REPOSITORY = "docker.io/vllm/vllm-openai-cpu"
 IMAGE_ARCH_SUFFIX = {"amd64": "x86_64", "arm64": "arm64"}
-# tcmalloc inside those images (Debian multiarch paths); vLLM's CPU docs recommend preloading it.
-TCMALLOC_PATH = {
-    "amd64": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+# LD_PRELOAD as those images set it (vLLM's docker/Dockerfile.cpu, stages base-amd64 and base-arm64): tcmalloc,
+# and on x86 Intel OpenMP from the image's venv. The pod's env replaces the image's, so render the same value;
+# vLLM also reads it to choose how it pins OpenMP threads (KMP_AFFINITY when libiomp is preloaded).
+LD_PRELOAD_BY_ARCH = {
+    "amd64": "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4:/opt/venv/lib/libiomp5.so",
     "arm64": "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
 }
 
@@ -54,6 +56,10 @@ UNSUPPORTED_TENSOR_PARALLEL_SIZES = frozenset({6})
 STARTUP_BASE_SECONDS = 600
 STARTUP_SECONDS_PER_WEIGHT_GIB = 60
 PROBE_PERIOD_SECONDS = 10
+
+# The in-pod launcher (cpullm/launcher.py), shipped in a ConfigMap and mounted read-only here.
+LAUNCHER_MOUNT = "/opt/cpullm"
+LAUNCHER_FILE = "launcher.py"
 
 MODEL_CACHE_MOUNT = "/models"
 HF_HOME = f"{MODEL_CACHE_MOUNT}/huggingface"

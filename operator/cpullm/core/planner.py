@@ -291,10 +291,12 @@ def _plan_for_shape(
         )
 
     threads_bind, reserved, omp = _threads(spec, node, cpus_per_rank)
+    launcher = spec.cpu.launcher and threads_bind == ThreadsBindMode.AUTO
     image = spec.image or f"{c.DEFAULT_IMAGE_REPOSITORY}:{c.VLLM_VERSION}-{c.IMAGE_ARCH_SUFFIX[node.arch]}"
     why_tp = "explicit" if explicit_tp is not None else f"one rank per NUMA node of {node.numa_nodes}"
     summary = (
-        f"TP {tp} ({why_tp}), KV {sizing.kv_gib} GiB/rank ({sizing.kv_source}), {threads_bind} binding, "
+        f"TP {tp} ({why_tp}), KV {sizing.kv_gib} GiB/rank ({sizing.kv_source}), "
+        f"{'launcher' if launcher else threads_bind} binding, "
         f"{cpus_per_rank * tp} CPU, {_gib(budget.limit_bytes)} GiB on {len(names)} {where}"
     )
     return Plan(
@@ -303,6 +305,7 @@ def _plan_for_shape(
         kv_cache_source=sizing.kv_source,
         kv_tokens_per_rank=sizing.kv_tokens_per_rank,
         threads_bind=threads_bind,
+        launcher=launcher,
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=cpus_per_rank,

@@ -49,9 +49,13 @@ class Kube:
         return cls(client.ApiClient())
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply a Deployment or Service; returns the object as stored (status included)."""
+        """Server-side apply an owned child (the kinds of core/children); returns the object as stored."""
         meta = manifest["metadata"]
-        call: Any = {"Deployment": self.apps.patch_namespaced_deployment, "Service": self.core.patch_namespaced_service}
+        call: Any = {
+            "Deployment": self.apps.patch_namespaced_deployment,
+            "Service": self.core.patch_namespaced_service,
+            "ConfigMap": self.core.patch_namespaced_config_map,
+        }
         with _api_errors(f"apply {manifest['kind']} {meta['namespace']}/{meta['name']}"):
             response = call[manifest["kind"]](
                 meta["name"],

@@ -12,11 +12,12 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.common import ChildBuilder, Owner
 from cpullm.core.children.deployment import build_deployment
+from cpullm.core.children.launcher import build_launcher_config_map
 from cpullm.core.children.service import build_service
 
-CHILDREN: tuple[ChildBuilder, ...] = (build_deployment, build_service)
+CHILDREN: tuple[ChildBuilder, ...] = (build_launcher_config_map, build_deployment, build_service)
 
 
 def build_children(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
-    """Every owned child, in apply order (the Deployment first: the status reads its replicas)."""
+    """Every owned child, in apply order: what the pods mount exists before the pods are asked for."""
     return [build(owner, spec, plan) for build in CHILDREN]

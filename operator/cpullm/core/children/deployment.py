@@ -10,9 +10,18 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
+from cpullm.core.children.launcher import launcher_config_map_name
 
 CONTAINER_NAME = "vllm"
 VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+
+
+def vllm_command(plan: Plan) -> list[str]:
+    """vLLM's server, started through the in-pod launcher when the plan binds there."""
+    if not plan.launcher:
+        return list(VLLM_COMMAND)
+    launcher = ["python3", f"{c.LAUNCHER_MOUNT}/{c.LAUNCHER_FILE}", "--ranks", str(plan.tensor_parallel_size)]
+    return [*launcher, "--reserved-cpus-per-rank", str(plan.reserved_cpus_per_rank), "--", *VLLM_COMMAND]
 
 
 def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
@@ -36,13 +45,14 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [
         {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(plan.kv_cache_gi_b)},
         {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": plan.threads_bind},
-        {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": str(plan.reserved_cpus_per_rank)},
+        # vLLM 0.32 reads this as the total over the pod's ranks (vllm/utils/ompmultiprocessing.py).
+        {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": str(plan.reserved_cpus_per_rank * plan.tensor_parallel_size)},
     ]
     if plan.omp_num_threads is not None:
         env.append({"name": "OMP_NUM_THREADS", "value": str(plan.omp_num_threads)})
-    tcmalloc = c.TCMALLOC_PATH.get(plan.node_profile.arch)
-    if tcmalloc:
-        env.append({"name": "LD_PRELOAD", "value": tcmalloc})
+    preload = c.LD_PRELOAD_BY_ARCH.get(plan.node_profile.arch)
+    if preload:
+        env.append({"name": "LD_PRELOAD", "value": preload})
     env.append({"name": "HF_HOME", "value": c.HF_HOME})
     if spec.hf_token_secret is not None:
         ref = spec.hf_token_secret
@@ -86,16 +96,19 @@ def _affinity(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
     return affinity
 
 
-def _volumes(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
+def _volumes(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     cache: dict[str, Any] = {"emptyDir": {}}
     if spec.model_cache and spec.model_cache.persistent_volume_claim:
         cache = {"persistentVolumeClaim": {"claimName": spec.model_cache.persistent_volume_claim.claim_name}}
     elif spec.model_cache and spec.model_cache.empty_dir and spec.model_cache.empty_dir.size_limit:
         cache = {"emptyDir": {"sizeLimit": spec.model_cache.empty_dir.size_limit}}
-    return [
+    volumes = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": binary_quantity(plan.shm_bytes)}},
         {"name": "model-cache", **cache},
     ]
+    if plan.launcher:
+        volumes.append({"name": "launcher", "configMap": {"name": launcher_config_map_name(owner)}})
+    return volumes
 
 
 def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
@@ -103,7 +116,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": plan.image,
-        "command": list(VLLM_COMMAND),
+        "command": vllm_command(plan),
         "args": vllm_args(spec, plan),
         "env": vllm_env(spec, plan),
         "ports": [{"name": PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"}],
@@ -112,6 +125,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": c.MODEL_CACHE_MOUNT},
+            *([{"name": "launcher", "mountPath": c.LAUNCHER_MOUNT, "readOnly": True}] if plan.launcher else []),
         ],
         **_probes(plan),
     }
@@ -123,7 +137,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "affinity": _affinity(spec, plan),
-        "volumes": _volumes(spec, plan),
+        "volumes": _volumes(owner, spec, plan),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
     }

@@ -1,0 +1,123 @@
+"""The promise that offline output and the operator's can never disagree: `cpullm render` and `cpullm plan`
+on an example print exactly what a Reconciler, fed the same service object and the same nodes, applies and
+writes into status.plan."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cpullm.cli import main
+from cpullm.controller.reconcile import Reconciler
+from cpullm.core.decision import NamespaceFacts
+from cpullm.core.sizing import ModelFiles
+from cpullm.io.files import load_nodes
+
+ROOT = Path(__file__).resolve().parents[2]
+NODES = str(ROOT / "examples" / "nodes.yaml")
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
+TOKEN = "hf_offline_test"
+
+
+class RecordingKube:
+    """The API as the reconciler sees it: every secret holds TOKEN; applies and status patches are recorded."""
+
+    def __init__(self) -> None:
+        self.applied: list[dict[str, Any]] = []
+        self.status_patches: list[dict[str, Any]] = []
+        self.secret_reads: list[tuple[str, str, str]] = []
+
+    def read_namespace(self, namespace: str) -> NamespaceFacts:
+        return NamespaceFacts()
+
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        self.secret_reads.append((namespace, name, key))
+        return TOKEN
+
+    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        self.applied.append(manifest)
+        return manifest
+
+    def patch_service_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        self.status_patches.append(dict(status))
+
+    def emit_event(self, regarding: Any, type_: str, reason: str, message: str) -> None:
+        pass
+
+
+class ConfigHub:
+    """A Hub that answers every model with one config.json, and records who asked with which token."""
+
+    def __init__(self, config: dict[str, Any] | None) -> None:
+        self.config = config
+        self.calls: list[tuple[str, str | None, str | None]] = []
+
+    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+        self.calls.append((name, revision, token))
+        if self.config is None:
+            raise AssertionError(f"the Hub was asked for {name} although the spec has an inline config")
+        return ModelFiles(config=self.config, checkpoint_total_bytes=None)
+
+
+def prepared(example: Path, tmp_path: Path, inline: bool) -> tuple[dict[str, Any], list[str]]:
+    """The example with a uid (so owner references appear), written to a file, and the CLI's extra flags.
+    With inline=False its config moves to a config.json given by --model-config (and to the stub Hub)."""
+    service = yaml.safe_load(example.read_text())
+    service["metadata"]["uid"] = f"uid-{example.stem}"
+    flags: list[str] = []
+    if not inline:
+        config = service["spec"]["model"].pop("config")
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        flags = ["--model-config", str(tmp_path / "config.json")]
+    (tmp_path / "service.yaml").write_text(yaml.safe_dump(service, sort_keys=False))
+    return service, flags
+
+
+def cli(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
+    assert main(list(args)) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+CASES = [pytest.param(e, True, id=f"{e.stem}-inline") for e in EXAMPLES] + [
+    pytest.param(e, False, id=f"{e.stem}-model-config") for e in EXAMPLES
+]
+
+
+@pytest.mark.parametrize(("example", "inline"), CASES)
+def test_render_and_plan_equal_what_the_reconciler_applies_and_reports(example, inline, tmp_path, capsys, monkeypatch):
+    """Both sides go through gather and decide; any divergence (defaults, uid, sizing source) shows here."""
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("CPULLM_HF_TOKEN", raising=False)
+    service, flags = prepared(example, tmp_path, inline)
+    path = str(tmp_path / "service.yaml")
+    rendered = cli(capsys, "render", path, "--nodes", NODES, "-o", "json", *flags)
+    printed_plan = cli(capsys, "plan", path, "--nodes", NODES, "-o", "json", *flags)
+
+    kube = RecordingKube()
+    hub = ConfigHub(None if inline else json.loads((tmp_path / "config.json").read_text()))
+    reconciler = Reconciler(kube, hub, clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+    nodes = load_nodes(NODES, pytest.fail)
+    outcome = reconciler.reconcile(service, nodes)
+
+    assert outcome is not None and not isinstance(outcome, Exception), outcome
+    assert kube.applied == rendered["items"]
+    (patch,) = kube.status_patches
+    assert patch["plan"] == printed_plan
+    assert outcome.model_dump(by_alias=True, mode="json", exclude_none=True) == printed_plan
+
+    uid = service["metadata"]["uid"]
+    owners = {ref["uid"] for obj in kube.applied for ref in obj["metadata"]["ownerReferences"]}
+    assert owners == {uid}
+    assert {"Deployment", "Service"} <= {obj["kind"] for obj in kube.applied}
+
+    secret = service["spec"].get("hfTokenSecret")
+    if inline:
+        assert (hub.calls, kube.secret_reads) == ([], [])  # an inline config needs neither Hub nor secret
+    else:
+        name, revision = service["spec"]["model"]["name"], service["spec"]["model"].get("revision")
+        assert hub.calls == [(name, revision, TOKEN if secret else None)]
