@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pydantic
 import pytest
 
@@ -119,3 +121,10 @@ def test_invalid_keyword_values_raise(kwargs):
     with pytest.raises(pydantic.ValidationError) as raised:
         Settings(**kwargs)
     assert [error["loc"] for error in raised.value.errors()] == [tuple(kwargs)]
+
+
+def test_every_setting_is_documented_in_the_readme():
+    """The README's settings table names each field's environment variable: docs that match the code."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"`CPULLM_{name.upper()}`" in readme, name
