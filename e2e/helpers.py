@@ -92,14 +92,14 @@ class Operator:
 
     def start(self) -> None:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "cpullm", "run", "--liveness", self.health_url, *self.extra_args],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=ROOT,
-        )
+        with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "cpullm", "run", "--liveness", self.health_url, *self.extra_args],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+            )
         eventually(self._healthy, timeout=60, what="operator health endpoint")
 
     def _healthy(self) -> bool:

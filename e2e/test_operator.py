@@ -96,9 +96,13 @@ def test_examples_run_as_planned(
     (tmp_path / "svc.yaml").write_text(yaml.safe_dump(service))
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all(private))
     expected_plan = json.loads(cli("plan", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml")))
-    expected_deploy, expected_svc = yaml.safe_load_all(
-        cli("render", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml"))
-    )
+    rendered = {
+        obj["kind"]: obj
+        for obj in yaml.safe_load_all(
+            cli("render", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml"))
+        )
+    }
+    expected_deploy, expected_svc = rendered["Deployment"], rendered["Service"]
 
     kubectl.apply(service)
     replicas = service["spec"].get("replicas", 1)
@@ -112,6 +116,9 @@ def test_examples_run_as_planned(
     assert pod_spec["affinity"] == expected_deploy["spec"]["template"]["spec"]["affinity"]
     assert deploy["metadata"]["ownerReferences"][0]["kind"] == "CpuLLMService"
     assert kubectl.get("service", name, namespace)["spec"]["ports"] == expected_svc["spec"]["ports"]
+    launcher = kubectl.get("configmap", f"{name}-launcher", namespace)
+    assert launcher["data"] == rendered["ConfigMap"]["data"]
+    assert launcher["metadata"]["ownerReferences"][0]["kind"] == "CpuLLMService"
 
     pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": name})
     assert len(pods) == replicas
@@ -218,6 +225,8 @@ def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator | In
     eventually(lambda: kubectl.get("service", "steady", namespace), timeout=60, what="Service recreated")
     kubectl.run("delete", "deployment", "steady", "-n", namespace)
     eventually(lambda: kubectl.get("deployment", "steady", namespace), timeout=60, what="Deployment recreated")
+    kubectl.run("delete", "configmap", "steady-launcher", "-n", namespace)
+    eventually(lambda: kubectl.get("configmap", "steady-launcher", namespace), timeout=60, what="ConfigMap recreated")
     ready(kubectl, namespace, "steady", 2)
 
 
