@@ -287,10 +287,12 @@ def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator | In
     kubectl.apply(tiny_service("shown", namespace, replicas=2))
     plan = ready(kubectl, namespace, "shown", 2)["status"]["plan"]
     table = kubectl.run("get", "cpullm", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert table[0].split() == ["NAME", "MODEL", "TP", "KV", "GIB", "BIND", "REPLICAS", "READY", "STATUS", "AGE"]
+    header = ["NAME", "MODEL", "PLACEMENT", "TP", "KV", "GIB", "BIND", "REPLICAS", "READY", "STATUS", "AGE", "PLAN"]
+    assert table[0].split() == header
     expected = [
         "shown",
         "Qwen/Qwen2.5-0.5B-Instruct",
+        plan["placement"],
         str(plan["tensorParallelSize"]),
         str(plan["kvCacheGiB"]),
         plan["threadsBind"],
@@ -298,7 +300,8 @@ def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator | In
         "2",
         "Available",
     ]
-    assert table[1].split()[:8] == expected
+    assert table[1].split()[:9] == expected
+    assert table[1].endswith(plan["summary"])
 
 
 def test_pod_security_baseline_namespace_gets_a_clear_condition(

@@ -93,7 +93,16 @@ def test_render_prints_deployment_and_service(capsys):
     assert docs["Service"]["spec"]["selector"] == {"cpullm.io/service": "llama-8b"}
     required = docs["Deployment"]["spec"]["template"]["spec"]["affinity"]["nodeAffinity"]
     terms = required["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    assert [t["matchFields"][0]["values"] for t in terms] == [["xeon-amx-0"], ["xeon-amx-1"]]
+    # Both chosen nodes are labelled alike: one term of their shape's labels selects them, no node names.
+    (term,) = terms
+    selected = {(e["key"], e["operator"], *e.get("values", [])) for e in term["matchExpressions"]}
+    assert {
+        ("kubernetes.io/arch", "In", "amd64"),
+        ("cpullm.io/numa-nodes", "In", "2"),
+        ("feature.node.kubernetes.io/cpu-cpuid.AMXBF16", "In", "true"),
+        ("cpullm.io/isa.amx_bf16", "NotIn", "false"),
+    } <= selected
+    assert "matchFields" not in term
 
 
 def test_model_config_file_and_multi_document_nodes(tmp_path, capsys):

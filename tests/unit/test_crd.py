@@ -32,7 +32,7 @@ def test_schema_is_structural_and_explained():
     assert spec["x-kubernetes-validations"][0]["rule"].startswith("has(self.kvCacheGiB)")
     assert "NUMA node" in spec["properties"]["tensorParallelSize"]["description"]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
-    assert [c["name"] for c in version["additionalPrinterColumns"]][:2] == ["Model", "TP"]
+    assert [c["name"] for c in version["additionalPrinterColumns"]][:3] == ["Model", "Placement", "TP"]
 
 
 def test_chart_crd_is_identical():

@@ -9,7 +9,7 @@ from cpullm.core.children.launcher import build_launcher_config_map
 from cpullm.core.children.service import build_service
 from cpullm.core.planner import plan_service
 
-from .builders import llama_8b, node, spec
+from .builders import NFD, llama_8b, node, spec
 
 TCMALLOC_X86 = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 OWNER = Owner(name="llama", namespace="serving", uid="uid-1")
@@ -148,9 +148,17 @@ def test_deployment_whole_manifest():
                     "affinity": {
                         "nodeAffinity": {
                             "requiredDuringSchedulingIgnoredDuringExecution": {
+                                # n1 and n2 are labelled alike: one term of their shape's labels, no names.
                                 "nodeSelectorTerms": [
-                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]},
-                                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n2"]}]},
+                                    {
+                                        "matchExpressions": [
+                                            {"key": "cpullm.io/cpu-manager-policy", "operator": "DoesNotExist"},
+                                            {"key": "cpullm.io/numa-nodes", "operator": "In", "values": ["2"]},
+                                            {"key": "cpullm.io/topology-manager-policy", "operator": "DoesNotExist"},
+                                            {"key": f"{NFD}cpu-hardware_multithreading", "operator": "DoesNotExist"},
+                                            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+                                        ]
+                                    }
                                 ]
                             }
                         }

@@ -105,13 +105,29 @@ def test_kv_derived_from_context_and_concurrency_rounds_up_to_whole_gib():
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
-        ({"maxModelLen": None}, "less than one sequence of 131072.*kvCacheGiB >= 8"),
+        ({"kvCacheGiB": 4, "maxModelLen": 131072}, "less than one sequence of 131072.*kvCacheGiB >= 8"),
         ({"kvCacheGiB": 1, "maxModelLen": 32768}, "holds 16384 tokens per rank"),
     ],
 )
-def test_kv_cache_that_cannot_hold_one_sequence_is_refused(fields, message):
+def test_kv_cache_that_cannot_hold_the_users_context_length_is_refused(fields, message):
     with pytest.raises(KVCacheTooSmall, match=message):
         plan_service(spec(**fields), llama_8b(), [node(numa=2, memory="1Ti")])
+
+
+@pytest.mark.parametrize(
+    ("kv_gib", "tp", "max_model_len", "source"),
+    [
+        # Llama-3.1-8B: 131072 positions; 65536 B/token per rank at TP 2 (8 KV heads / 2), 131072 B at TP 1.
+        (4, 2, 65536, "kv-cache"),  # 4 GiB / 65536 B = 65536 tokens, a whole number of 128-token blocks
+        (3, 1, 24576, "kv-cache"),  # 3 GiB / 131072 B = 24576 tokens
+        (8, 2, None, "model"),  # holds all 131072 positions: vLLM takes the model's own length
+    ],
+)
+def test_context_left_open_is_capped_to_what_the_kv_cache_holds(kv_gib, tp, max_model_len, source):
+    fields = {"kvCacheGiB": kv_gib, "maxModelLen": None, "tensorParallelSize": tp}
+    plan = plan_service(spec(**fields), llama_8b(), [node(numa=2, memory="1Ti")])
+    assert (plan.max_model_len, plan.max_model_len_source) == (max_model_len, source)
+    assert (f"context {max_model_len} (what the KV cache holds)" in plan.summary) is (source == "kv-cache")
 
 
 @pytest.mark.parametrize(
@@ -221,6 +237,14 @@ def test_arm64_gets_the_arm_image_and_explicit_image_wins():
     assert plan_service(spec(image="me/vllm:1"), llama_8b(), [node(arch="s390x")]).image == "me/vllm:1"
 
 
+def test_every_shape_refused_for_one_reason_reports_that_reason():
+    """A model too large for every node is ModelTooLarge (for the shape that came closest), not NoEligibleNode."""
+    nodes = [node("a", memory="8Gi"), node("b", arch="arm64", memory="12Gi", flags=())]
+    with pytest.raises(ModelTooLarge, match=r"weights alone need .* arm64/1-NUMA/64-CPU nodes \(b\) have 12\.0 GiB"):
+        plan_service(spec(), llama_8b(), nodes)
+
+
 def test_mixed_refusals_across_shapes_become_no_eligible_node():
-    with pytest.raises(NoEligibleNode, match=r"needs .* GiB per pod"):
-        plan_service(spec(), llama_8b(), [node("a", memory="8Gi"), node("b", arch="arm64", memory="8Gi")])
+    nodes = [node("a", memory="8Gi", policy="none"), node("b", numa=4, memory="1Ti")]
+    with pytest.raises(NoEligibleNode, match=r"exceeds the 4 NUMA nodes .*\(1: b\); the weights alone need .*\(1: a\)"):
+        plan_service(spec(tensorParallelSize=8), llama_8b(), nodes)

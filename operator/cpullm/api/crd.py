@@ -91,6 +91,7 @@ def build_crd() -> dict[str, Any]:
     spec["description"] = "A model served by vLLM's CPU backend, planned for the cluster's CPU topology."
     columns = [
         ("Model", "string", ".spec.model.name", 0),
+        ("Placement", "string", ".status.plan.placement", 0),
         ("TP", "integer", ".status.plan.tensorParallelSize", 0),
         ("KV GiB", "integer", ".status.plan.kvCacheGiB", 1),
         ("Bind", "string", ".status.plan.threadsBind", 1),
@@ -98,6 +99,8 @@ def build_crd() -> dict[str, Any]:
         ("Ready", "integer", ".status.readyReplicas", 0),
         ("Status", "string", '.status.conditions[?(@.type=="Ready")].reason', 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
+        # The plan's one-line summary: the strategy, and why TP, KV, binding and memory are what they are.
+        ("Plan", "string", '.status.conditions[?(@.type=="Planned")].message', 1),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
@@ -21,10 +23,17 @@ class NodeProfileSummary(_Model):
     memory_bytes: int = Field(description="Smallest allocatable memory among the profile's nodes.")
     smt: bool | None = None
     cpu_manager_policy: str | None = None
+    topology_manager_policy: str | None = None
     isa: list[str] = Field(default_factory=list)
 
 
 class Plan(_Model):
+    placement: str = Field(default="tensorParallel", description="The placement strategy that made this plan.")
+    replicas: int = Field(default=1, description="vLLM pods planned (spec.replicas, capped by throughput placement).")
+    capacity: int = Field(default=1, description="vLLM pods the chosen nodes can hold.")
+    placement_note: str | None = Field(
+        default=None, description="What the placement needs or could not do (a cap, best-effort NUMA alignment)."
+    )
     tensor_parallel_size: int
     kv_cache_gi_b: int = Field(alias="kvCacheGiB", description="VLLM_CPU_KVCACHE_SPACE, per rank.")
     kv_cache_source: str = Field(description="'explicit' (spec.kvCacheGiB) or 'derived' (maxModelLen x maxNumSeqs).")
@@ -44,7 +53,16 @@ class Plan(_Model):
     rank_overhead_bytes: int
     shm_bytes: int
     memory_limit_bytes: int = Field(description="Container memory request and limit.")
-    max_model_len: int | None = None
+    max_model_len: int | None = Field(default=None, description="--max-model-len, when rendered.")
+    max_model_len_source: str = Field(
+        default="model",
+        description="'spec' (maxModelLen), 'model' (the model's own, not rendered) or 'kv-cache' (capped to what "
+        "the KV cache holds).",
+    )
+    node_selector_terms: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Required node affinity the pods get: the labels that made the chosen nodes eligible.",
+    )
     image: str
     node_profile: NodeProfileSummary
     eligible_nodes: list[str]

@@ -41,6 +41,12 @@ class DType(StrEnum):
     FLOAT32 = "float32"
 
 
+class Placement(StrEnum):
+    TENSOR_PARALLEL = "tensorParallel"
+    THROUGHPUT = "throughput"
+    AUTO = "auto"
+
+
 class ThreadsBindMode(StrEnum):
     AUTO = "auto"
     NOBIND = "nobind"
@@ -168,7 +174,21 @@ class CpuLLMServiceSpec(_Model):
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_KV_SOURCE]})
 
     model: ModelSource
-    replicas: int = Field(default=1, ge=0, le=1000, description="Number of vLLM pods (scale subresource).")
+    replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Number of vLLM pods (scale subresource). With throughput placement, capped to the NUMA "
+        "nodes of the chosen nodes (status.plan.replicas says how many were planned).",
+    )
+    placement: Placement = Field(
+        default=Placement.TENSOR_PARALLEL,
+        description="tensorParallel: one pod per node, one rank per NUMA node (large models). throughput: one "
+        "TP=1 server per NUMA node, each pod sized to one NUMA node (models that fit one; more requests "
+        "served); exact where nodes are labelled cpullm.io/topology-manager-policy=single-numa-node or "
+        "restricted, best-effort elsewhere. auto: throughput when one TP=1 server fits one NUMA node's memory, "
+        "else tensorParallel.",
+    )
     image: str | None = Field(
         default=None,
         description="vLLM CPU image. Default: the pinned vllm/vllm-openai-cpu image for the chosen nodes' arch.",
@@ -187,7 +207,12 @@ class CpuLLMServiceSpec(_Model):
         description="KV cache per rank in whole GiB (VLLM_CPU_KVCACHE_SPACE). Default: derived from "
         "maxModelLen x maxNumSeqs.",
     )
-    max_model_len: int | None = Field(default=None, ge=1, description="Context length (--max-model-len).")
+    max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="Context length (--max-model-len). Unset with an explicit kvCacheGiB: the model's own, or "
+        "the longest the KV cache holds (in vLLM's 128-token blocks) when that is shorter.",
+    )
     max_num_seqs: int | None = Field(default=None, ge=1, description="Concurrent sequences (--max-num-seqs).")
     cpu: CpuSettings = Field(default_factory=CpuSettings)
     node_selector: dict[str, str] = Field(default_factory=dict)

@@ -49,6 +49,10 @@ RANK_OVERHEAD_SHARD_FRACTION = 0.25
 SHM_BASE_BYTES = 256 * MiB
 SHM_PER_RANK_BYTES = 256 * MiB
 
+# KV cache block size of vLLM's CPU backend for dense models (vllm/platforms/cpu.py, check_and_update_config):
+# a context length capped to the KV cache is a whole number of blocks.
+KV_BLOCK_TOKENS = 128
+
 # vLLM's CPU backend documents TP=6 as unsupported.
 UNSUPPORTED_TENSOR_PARALLEL_SIZES = frozenset({6})
 

@@ -106,9 +106,12 @@ def decide(observed: Observed, now: datetime) -> Decision:
         children = tuple(build_children(observed.owner, observed.spec, outcome))
         if observed.apply_error is not None:
             outcome, children = observed.apply_error, ()
-    desired_replicas = (
-        observed.spec.replicas if isinstance(observed.spec, CpuLLMServiceSpec) else observed.requested_replicas
-    )
+    if isinstance(outcome, Plan):
+        desired_replicas = outcome.replicas  # what the plan could place (throughput placement caps it)
+    elif isinstance(observed.spec, CpuLLMServiceSpec):
+        desired_replicas = observed.spec.replicas
+    else:
+        desired_replicas = observed.requested_replicas
     status = compute_status(
         name=observed.owner.name,
         generation=observed.generation,

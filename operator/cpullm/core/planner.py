@@ -1,45 +1,48 @@
 """The planner: (spec, model size, node profiles) -> Plan, or a typed PlanRefusal. Pure.
 
-1. Eligible nodes: schedulable, arch with an image, required ISA present, nodeSelector and required node
-   affinity match, every NoSchedule/NoExecute taint tolerated.
-2. Eligible nodes are grouped by shape (arch, NUMA count, CPUs, ISA, SMT, CPU manager policy); each shape is
-   planned on its own, with the least memory among its nodes.
-3. TP: explicit, or one rank per NUMA node stepped down to the largest size vLLM supports (divides the
-   attention heads, divides or is a multiple of the KV heads, never 6).
-4. KV per rank: explicit, or ceil(maxModelLen x maxNumSeqs x KV bytes per token per rank / GiB); either way
-   it must hold one sequence of the context length (vLLM refuses to start otherwise).
-5. Memory: see MemoryBudget; every NUMA node must hold its ranks, the node the whole pod.
-6. Among the shapes that fit, prefer one with enough nodes for every replica, then more ranks, then more
-   nodes; ties broken by shape for determinism.
+1. Eligible nodes: the named chain of checks in core/eligibility.py.
+2. Eligible nodes are grouped by shape (arch, NUMA count, CPUs, ISA, SMT, CPU and topology manager policies);
+   each shape is planned on its own, with the least memory among its nodes.
+3. The placement strategy (core/placement/) lays one pod out on the shape: TP, CPUs per rank, the memory the
+   pod may use. tensorParallel: TP explicit, or one rank per NUMA node stepped down to the largest size vLLM
+   supports (divides the attention heads, divides or is a multiple of the KV heads, never 6). throughput:
+   TP=1 per NUMA node.
+4. Memory, the most fundamental check first: the weights with the runtime must fit (else ModelTooLarge,
+   whatever the KV cache); then the KV cache per rank, explicit or ceil(maxModelLen x maxNumSeqs x KV bytes
+   per token per rank / GiB), must hold one sequence of the context length (else KVCacheTooSmall), unless
+   the context length was left open with an explicit KV cache: then it is capped to what the KV cache holds;
+   then the whole MemoryBudget must fit each NUMA node's share and the pod's memory.
+5. Among the shapes that fit, prefer one with room for every replica, then more ranks, then more room; ties
+   broken by shape for determinism. When no shape fits and every shape was refused for the same reason, that
+   reason is reported (a model too large for every node is ModelTooLarge, not NoEligibleNode).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from cpullm.api.plan import NodeProfileSummary, Plan
-from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, ThreadsBindMode, Toleration
+from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, Placement, ThreadsBindMode
 from cpullm.core import constants as c
+from cpullm.core.eligibility import node_rejection, required_node_terms
+from cpullm.core.node_selection import shape_node_terms
+from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
+from cpullm.core.placement.base import shapes_of, tensor_parallel_problem
 from cpullm.core.sizing import ModelSize
-from cpullm.core.topology import NodeProfile, Taint
-from cpullm.errors import (
-    InvalidTensorParallelSize,
-    KVCacheTooSmall,
-    ModelTooLarge,
-    NoEligibleNode,
-    PlanRefusal,
-    name_list,
-)
+from cpullm.core.topology import NUMA_ALIGNING_POLICIES, NodeProfile
+from cpullm.errors import InvalidTensorParallelSize, KVCacheTooSmall, ModelTooLarge, NoEligibleNode, PlanRefusal
 
 
 def plan_service(spec: CpuLLMServiceSpec, model: ModelSize, nodes: Sequence[NodeProfile]) -> Plan:
     explicit_tp = _explicit_tensor_parallel_size(spec)
     if explicit_tp is not None:
-        _check_tensor_parallel_size(explicit_tp, model)
+        problem = tensor_parallel_problem(explicit_tp, model)
+        if problem:
+            raise InvalidTensorParallelSize(problem)
+    required_node_terms(spec.affinity)  # a malformed affinity is an InvalidSpec before any node is judged
 
     eligible: list[NodeProfile] = []
     rejections: dict[str, str] = {}
@@ -52,99 +55,32 @@ def plan_service(spec: CpuLLMServiceSpec, model: ModelSize, nodes: Sequence[Node
     if not eligible:
         raise NoEligibleNode(rejections)
 
-    shapes: dict[tuple[object, ...], list[NodeProfile]] = {}
-    for node in eligible:
-        shapes.setdefault(node.shape, []).append(node)
-
     plans: list[Plan] = []
-    refusals: list[PlanRefusal] = []
-    for members in shapes.values():
+    refusals: list[tuple[Shape, PlanRefusal]] = []
+    for shape in shapes_of(eligible):
         try:
-            plans.append(_plan_for_shape(spec, model, members, explicit_tp))
+            plans.append(_plan_for_shape(spec, model, shape, explicit_tp))
         except PlanRefusal as refusal:
-            refusals.append(refusal)
-            for node in members:
-                rejections[node.name] = refusal.message
-    if not plans:
-        if len(refusals) == 1:
-            raise refusals[0]
-        raise NoEligibleNode(rejections)
-    return max(plans, key=lambda p: _preference(p, spec.replicas))
+            refusals.append((shape, refusal))
+            rejections.update(dict.fromkeys(shape.names, refusal.message))
+    if plans:
+        return max(plans, key=lambda p: _preference(p, spec.replicas))
+    if len({type(refusal) for _, refusal in refusals}) == 1:
+        # Every shape refused for the same reason: say that, for the shape that came closest (most memory).
+        raise max(refusals, key=lambda item: (item[0].memory_bytes, item[0].node.cpus))[1]
+    raise NoEligibleNode(rejections)
 
 
 def _preference(plan: Plan, replicas: int) -> tuple[object, ...]:
     profile = plan.node_profile
     return (
-        len(plan.eligible_nodes) >= replicas,
+        plan.capacity >= replicas,
         plan.tensor_parallel_size,
-        len(plan.eligible_nodes),
+        plan.capacity,
         profile.cpus,
         profile.memory_bytes,
         sorted(plan.eligible_nodes),
     )
-
-
-def node_rejection(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
-    """Why a node cannot run this service at all (before sizing), or None."""
-    if node.unschedulable:
-        return "unschedulable (cordoned)"
-    if spec.image is None and node.arch not in c.IMAGE_ARCH_SUFFIX:
-        return f"arch {node.arch} has no default vLLM CPU image (set spec.image)"
-    missing = sorted(set(spec.cpu.required_isa) - node.isa)
-    if missing:
-        return "lacks ISA " + ",".join(missing)
-    for key, value in spec.node_selector.items():
-        if node.labels.get(key) != value:
-            return f"nodeSelector {key}={value} does not match"
-    if not _matches_required_node_affinity(spec.affinity, node):
-        return "required node affinity does not match"
-    for taint in node.taints:
-        if taint.effect in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in spec.tolerations):
-            return f"taint {taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect} not tolerated"
-    return None
-
-
-def _tolerates(toleration: Toleration, taint: Taint) -> bool:
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    if toleration.operator == "Exists":
-        return toleration.key in (None, "", taint.key)
-    return toleration.key == taint.key and (toleration.value or "") == (taint.value or "")
-
-
-def _matches_required_node_affinity(affinity: Mapping[str, Any] | None, node: NodeProfile) -> bool:
-    required = ((affinity or {}).get("nodeAffinity") or {}).get("requiredDuringSchedulingIgnoredDuringExecution")
-    terms = (required or {}).get("nodeSelectorTerms") or []
-    if not terms:
-        return True
-    return any(_matches_term(term, node) for term in terms)
-
-
-def _matches_term(term: Mapping[str, Any], node: NodeProfile) -> bool:
-    expressions = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
-    if not expressions and not fields:
-        return False  # an empty term matches no node (Kubernetes semantics)
-    labels_ok = all(_matches_expression(e, node.labels.get(e.get("key", ""))) for e in expressions)
-    fields_ok = all(e.get("key") == "metadata.name" and _matches_expression(e, node.name) for e in fields)
-    return labels_ok and fields_ok
-
-
-def _matches_expression(expression: Mapping[str, Any], value: str | None) -> bool:
-    operator = expression.get("operator")
-    values = [str(v) for v in expression.get("values") or []]
-    if operator == "In":
-        return value is not None and value in values
-    if operator == "NotIn":
-        return value is None or value not in values
-    if operator == "Exists":
-        return value is not None
-    if operator == "DoesNotExist":
-        return value is None
-    if operator in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit() and values:
-        bound = int(values[0])
-        return int(value) > bound if operator == "Gt" else int(value) < bound
-    return False
 
 
 def _explicit_tensor_parallel_size(spec: CpuLLMServiceSpec) -> int | None:
@@ -161,28 +97,6 @@ def _is_explicit_bind(bind: str) -> bool:
     return (
         bind not in (ThreadsBindMode.AUTO, ThreadsBindMode.NOBIND) and re.match(EXPLICIT_BIND_PATTERN, bind) is not None
     )
-
-
-def tensor_parallel_problem(tp: int, model: ModelSize) -> str | None:
-    """Why vLLM cannot run this TP for this model, or None."""
-    if tp in c.UNSUPPORTED_TENSOR_PARALLEL_SIZES:
-        return f"tensor parallel size {tp} is not supported by vLLM's CPU backend"
-    if model.num_attention_heads % tp:
-        return f"tensor parallel size {tp} does not divide the {model.num_attention_heads} attention heads"
-    kv = model.num_kv_heads
-    if kv % tp and tp % kv:
-        return f"tensor parallel size {tp} neither divides nor is a multiple of the {kv} KV heads"
-    return None
-
-
-def _check_tensor_parallel_size(tp: int, model: ModelSize) -> None:
-    problem = tensor_parallel_problem(tp, model)
-    if problem:
-        raise InvalidTensorParallelSize(problem)
-
-
-def _auto_tensor_parallel_size(numa_nodes: int, model: ModelSize) -> int:
-    return next(t for t in range(numa_nodes, 0, -1) if tensor_parallel_problem(t, model) is None)
 
 
 @dataclass(frozen=True)
@@ -217,15 +131,27 @@ def memory_budget(tp: int, shard_bytes: int, kv_gib: int) -> MemoryBudget:
     )
 
 
+def _check_fits(budget: MemoryBudget, layout: PodLayout, where: str, what: str) -> None:
+    per_numa_need = layout.ranks_per_numa * budget.per_rank_bytes
+    if per_numa_need > layout.numa_memory_bytes or budget.limit_bytes > layout.pod_memory_bytes:
+        ranks = f"{layout.ranks_per_numa} rank(s) of {_gib(budget.shard_bytes)} GiB weights"
+        kv = f" + {_gib(budget.kv_bytes)} GiB KV" if budget.kv_bytes else ""
+        raise ModelTooLarge(
+            f"{what} {_gib(budget.limit_bytes)} GiB per pod ({_gib(per_numa_need)} GiB per NUMA node for {ranks}{kv}); "
+            f"{where} have {_gib(layout.pod_memory_bytes)} GiB ({_gib(layout.numa_memory_bytes)} GiB per NUMA node)"
+        )
+
+
 @dataclass(frozen=True)
-class _Sizing:
-    kv_gib: int
-    kv_source: str
-    kv_tokens_per_rank: int
-    memory: MemoryBudget
+class _KVCache:
+    gib: int
+    source: str  # explicit | derived
+    tokens_per_rank: int
+    max_model_len: int | None
+    max_model_len_source: str  # spec | model | kv-cache
 
 
-def _size(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _Sizing:
+def _kv_cache(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _KVCache:
     per_token = model.kv_bytes_per_token_per_rank(tp)
     if spec.kv_cache_gi_b is not None:
         kv_gib, source = spec.kv_cache_gi_b, "explicit"
@@ -234,14 +160,22 @@ def _size(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _Sizing:
         kv_gib = max(1, math.ceil(spec.max_model_len * spec.max_num_seqs * per_token / c.GiB))
         source = "derived"
     tokens = kv_gib * c.GiB // per_token
-    context = spec.max_model_len or model.max_position_embeddings
-    if context is not None and tokens < context:
-        need = math.ceil(context * per_token / c.GiB)
-        raise KVCacheTooSmall(
-            f"kvCacheGiB {kv_gib} holds {tokens} tokens per rank, less than one sequence of {context} "
-            f"(max model length); set kvCacheGiB >= {need} or maxModelLen <= {tokens}"
-        )
-    return _Sizing(kv_gib, source, tokens, memory_budget(tp, math.ceil(model.weights_bytes / tp), kv_gib))
+    context: int | None
+    if spec.max_model_len is not None:
+        context, context_source = spec.max_model_len, "spec"
+    else:
+        context, context_source = model.max_position_embeddings, "model"
+    if context is None or tokens >= context:
+        return _KVCache(kv_gib, source, tokens, spec.max_model_len, context_source)
+    capped = tokens // c.KV_BLOCK_TOKENS * c.KV_BLOCK_TOKENS
+    if context_source == "model" and capped > 0:
+        # The user left the context length open: serve the longest context the KV cache holds.
+        return _KVCache(kv_gib, source, tokens, capped, "kv-cache")
+    need = math.ceil(context * per_token / c.GiB)
+    raise KVCacheTooSmall(
+        f"kvCacheGiB {kv_gib} holds {tokens} tokens per rank, less than one sequence of {context} "
+        f"(max model length); set kvCacheGiB >= {need} or maxModelLen <= {tokens}"
+    )
 
 
 def _threads(spec: CpuLLMServiceSpec, node: NodeProfile, cpus_per_rank: int) -> tuple[str, int, int | None]:
@@ -259,76 +193,89 @@ def _threads(spec: CpuLLMServiceSpec, node: NodeProfile, cpus_per_rank: int) -> 
     return mode, reserved, omp
 
 
-def _plan_for_shape(
-    spec: CpuLLMServiceSpec, model: ModelSize, members: Sequence[NodeProfile], explicit_tp: int | None
-) -> Plan:
-    node = members[0]
-    memory = min(n.memory_bytes for n in members)
-    names = sorted(n.name for n in members)
-    where = f"{node.arch}/{node.numa_nodes}-NUMA/{node.cpus}-CPU nodes ({name_list(names)})"
+def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape) -> bool:
+    """The `auto` placement rule: does one TP=1 server (weights, KV cache, runtime, server processes and
+    /dev/shm) fit one NUMA node's memory?"""
+    try:
+        kv = _kv_cache(spec, model, 1)
+    except KVCacheTooSmall:
+        return False
+    budget = memory_budget(1, model.weights_bytes, kv.gib)
+    return budget.limit_bytes <= shape.memory_bytes // shape.node.numa_nodes
 
-    tp = explicit_tp if explicit_tp is not None else _auto_tensor_parallel_size(node.numa_nodes, model)
-    bind = spec.cpu.threads_bind
-    if tp > node.numa_nodes and bind == ThreadsBindMode.AUTO and node.cpu_manager_policy != "none":
-        raise InvalidTensorParallelSize(
-            f"tensor parallel size {tp} exceeds the {node.numa_nodes} NUMA nodes of {where}; vLLM's 'auto' "
-            "binding needs one NUMA node per rank (set cpu.threadsBind to nobind or an explicit list)"
-        )
-    cpus_per_rank = spec.cpu.cpus_per_rank or node.cpus // max(node.numa_nodes, tp)
-    if cpus_per_rank < 1 or cpus_per_rank * tp > node.cpus:
-        raise ModelTooLarge(f"{tp} ranks of {max(cpus_per_rank, 1)} CPUs do not fit the {node.cpus} CPUs of {where}")
 
-    sizing = _size(spec, model, tp)
-    budget = sizing.memory
-    ranks_per_numa = math.ceil(tp / node.numa_nodes)
-    per_numa_need = ranks_per_numa * budget.per_rank_bytes
-    per_numa_have = memory // node.numa_nodes
-    if per_numa_need > per_numa_have or budget.limit_bytes > memory:
-        raise ModelTooLarge(
-            f"needs {_gib(budget.limit_bytes)} GiB per pod ({_gib(per_numa_need)} GiB per NUMA node for "
-            f"{ranks_per_numa} rank(s) of {_gib(budget.shard_bytes)} GiB weights + {sizing.kv_gib} GiB KV); "
-            f"{where} have {_gib(memory)} GiB ({_gib(per_numa_have)} GiB per NUMA node)"
-        )
+def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, capacity: int) -> str | None:
+    notes = []
+    if strategy.name == Placement.THROUGHPUT:
+        if replicas > capacity:
+            notes.append(f"replicas capped: {replicas} requested, {capacity} NUMA nodes on the chosen nodes")
+        if shape.node.numa_nodes > 1 and shape.node.topology_manager_policy not in NUMA_ALIGNING_POLICIES:
+            notes.append(
+                "NUMA alignment best-effort: the nodes are not labelled cpullm.io/topology-manager-policy="
+                "single-numa-node or restricted, so a pod's CPUs may span NUMA nodes (the launcher binds within them)"
+            )
+    return "; ".join(notes) or None
 
-    threads_bind, reserved, omp = _threads(spec, node, cpus_per_rank)
+
+def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> Plan:
+    node, where = shape.node, shape.describe()
+    strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape))
+    layout = strategy.layout(spec, model, shape, explicit_tp)
+    tp = layout.tensor_parallel_size
+    shard = math.ceil(model.weights_bytes / tp)
+    _check_fits(memory_budget(tp, shard, 0), layout, where, "the weights alone need")
+    kv = _kv_cache(spec, model, tp)
+    budget = memory_budget(tp, shard, kv.gib)
+    _check_fits(budget, layout, where, "needs")
+
+    capacity = layout.pods_per_node * len(shape.members)
+    replicas = min(spec.replicas, capacity) if strategy.name == Placement.THROUGHPUT else spec.replicas
+    threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
     launcher = spec.cpu.launcher and threads_bind == ThreadsBindMode.AUTO
     image = spec.image or f"{c.DEFAULT_IMAGE_REPOSITORY}:{c.VLLM_VERSION}-{c.IMAGE_ARCH_SUFFIX[node.arch]}"
-    why_tp = "explicit" if explicit_tp is not None else f"one rank per NUMA node of {node.numa_nodes}"
+    context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     summary = (
-        f"TP {tp} ({why_tp}), KV {sizing.kv_gib} GiB/rank ({sizing.kv_source}), "
-        f"{'launcher' if launcher else threads_bind} binding, "
-        f"{cpus_per_rank * tp} CPU, {_gib(budget.limit_bytes)} GiB on {len(names)} {where}"
+        f"{strategy.name}: TP {tp} ({layout.why}), KV {kv.gib} GiB/rank ({kv.source}){context}, "
+        f"{'launcher' if launcher else threads_bind} binding, {layout.cpus_per_rank * tp} CPU, "
+        f"{_gib(budget.limit_bytes)} GiB on {len(shape.members)} {where}"
     )
     return Plan(
+        placement=strategy.name,
+        replicas=replicas,
+        capacity=capacity,
+        placement_note=_placement_note(strategy, shape, spec.replicas, capacity),
         tensor_parallel_size=tp,
-        kv_cache_gi_b=sizing.kv_gib,
-        kv_cache_source=sizing.kv_source,
-        kv_tokens_per_rank=sizing.kv_tokens_per_rank,
+        kv_cache_gi_b=kv.gib,
+        kv_cache_source=kv.source,
+        kv_tokens_per_rank=kv.tokens_per_rank,
         threads_bind=threads_bind,
         launcher=launcher,
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
-        cpus_per_rank=cpus_per_rank,
-        cpu=cpus_per_rank * tp,
+        cpus_per_rank=layout.cpus_per_rank,
+        cpu=layout.cpus_per_rank * tp,
         weights_bytes=model.weights_bytes,
-        weight_shard_bytes=budget.shard_bytes,
+        weight_shard_bytes=shard,
         kv_bytes_per_token=model.kv_bytes_per_token,
         rank_overhead_bytes=budget.rank_overhead_bytes,
         shm_bytes=budget.shm_bytes,
         memory_limit_bytes=budget.limit_bytes,
-        max_model_len=spec.max_model_len,
+        max_model_len=kv.max_model_len,
+        max_model_len_source=kv.max_model_len_source,
         image=image,
         node_profile=NodeProfileSummary(
             arch=node.arch,
             numa_nodes=node.numa_nodes,
             numa_source=node.numa_source,
             cpus=node.cpus,
-            memory_bytes=memory,
+            memory_bytes=shape.memory_bytes,
             smt=node.smt,
             cpu_manager_policy=node.cpu_manager_policy,
+            topology_manager_policy=node.topology_manager_policy,
             isa=sorted(node.isa),
         ),
-        eligible_nodes=names,
+        eligible_nodes=shape.names,
+        node_selector_terms=shape_node_terms(shape.members, spec.cpu.required_isa),
         summary=summary,
     )
 

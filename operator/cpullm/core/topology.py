@@ -6,6 +6,9 @@ The label contract (README, "Node labels"):
 - ISA: `feature.node.kubernetes.io/cpu-cpuid.<FLAG>=true` (NFD), overridden by `cpullm.io/isa.<flag>=true|false`.
 - SMT: `feature.node.kubernetes.io/cpu-hardware_multithreading=true|false`.
 - CPU manager policy: `cpullm.io/cpu-manager-policy=static|none` (the kubelet does not publish it).
+- Topology manager policy: `cpullm.io/topology-manager-policy=none|best-effort|restricted|single-numa-node`
+  (the kubelet does not publish it either); throughput placement is exact only with `restricted` or
+  `single-numa-node`, which keep a pod's CPUs on one NUMA node.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ NFD_SMT = NFD_PREFIX + "cpu-hardware_multithreading"
 NUMA_NODES_LABEL = "cpullm.io/numa-nodes"
 ISA_LABEL_PREFIX = "cpullm.io/isa."
 CPU_MANAGER_POLICY_LABEL = "cpullm.io/cpu-manager-policy"
+TOPOLOGY_MANAGER_POLICY_LABEL = "cpullm.io/topology-manager-policy"
+TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-node")
+# Topology manager policies that keep a pod's CPUs on one NUMA node when it fits one.
+NUMA_ALIGNING_POLICIES = frozenset({"restricted", "single-numa-node"})
 ARCH_LABEL = "kubernetes.io/arch"
 MAX_NUMA_NODES = 64
 
@@ -66,6 +73,7 @@ class NodeProfile:
     isa: frozenset[str]
     smt: bool | None
     cpu_manager_policy: str | None
+    topology_manager_policy: str | None = None
     unschedulable: bool = False
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     taints: tuple[Taint, ...] = ()
@@ -73,7 +81,15 @@ class NodeProfile:
     @property
     def shape(self) -> tuple[object, ...]:
         """Nodes with the same shape get the same plan; memory may differ (the profile takes the least)."""
-        return (self.arch, self.numa_nodes, self.cpus, tuple(sorted(self.isa)), self.smt, self.cpu_manager_policy)
+        return (
+            self.arch,
+            self.numa_nodes,
+            self.cpus,
+            tuple(sorted(self.isa)),
+            self.smt,
+            self.cpu_manager_policy,
+            self.topology_manager_policy,
+        )
 
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
@@ -137,9 +153,8 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
     overrides: dict[str, bool] = {}
     for key, value in labels.items():
         if key.startswith(NFD_CPUID_PREFIX):
-            flag = key[len(NFD_CPUID_PREFIX) :]
             if _parse_bool(key, value, fail):
-                isa.add(_NFD_TO_LSCPU.get(flag, flag.lower()))
+                isa.add(lscpu_flag(key))
         elif key.startswith(ISA_LABEL_PREFIX):
             overrides[key[len(ISA_LABEL_PREFIX) :]] = _parse_bool(key, value, fail)
     for flag, present in overrides.items():
@@ -149,6 +164,10 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
     policy = labels.get(CPU_MANAGER_POLICY_LABEL)
     if policy is not None and policy not in ("static", "none"):
         raise fail(f"label {CPU_MANAGER_POLICY_LABEL}={policy!r} is not 'static' or 'none'")
+    topology_policy = labels.get(TOPOLOGY_MANAGER_POLICY_LABEL)
+    if topology_policy is not None and topology_policy not in TOPOLOGY_MANAGER_POLICIES:
+        allowed = ", ".join(TOPOLOGY_MANAGER_POLICIES)
+        raise fail(f"label {TOPOLOGY_MANAGER_POLICY_LABEL}={topology_policy!r} is not one of {allowed}")
 
     arch = labels.get(ARCH_LABEL) or (status.get("nodeInfo") or {}).get("architecture") or "unknown"
     taints = tuple(
@@ -164,10 +183,17 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
         isa=frozenset(isa),
         smt=smt,
         cpu_manager_policy=policy,
+        topology_manager_policy=topology_policy,
         unschedulable=bool(spec.get("unschedulable", False)),
         labels=dict(labels),
         taints=taints,
     )
+
+
+def lscpu_flag(nfd_label: str) -> str:
+    """The lscpu name of an NFD cpuid label: feature.node.kubernetes.io/cpu-cpuid.AMXBF16 -> amx_bf16."""
+    flag = nfd_label[len(NFD_CPUID_PREFIX) :]
+    return _NFD_TO_LSCPU.get(flag, flag.lower())
 
 
 def _parse_bool(key: str, value: str, fail: Any) -> bool:

@@ -11,6 +11,8 @@ from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.launcher import launcher_config_map_name
+from cpullm.core.eligibility import required_node_terms
+from cpullm.core.node_selection import combine_terms
 
 CONTAINER_NAME = "vllm"
 VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
@@ -81,17 +83,12 @@ def _probes(plan: Plan) -> dict[str, Any]:
 
 
 def _affinity(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
-    """The user's affinity with the required node affinity replaced by the plan's nodes (the user's own
-    required terms were already applied when the planner chose them)."""
+    """The user's affinity, its required node affinity joined with the labels of the plan's node shape
+    (core/node_selection.py): never node names, so nodes of the shape coming and going leave it as it is."""
     affinity = {k: v for k, v in (spec.affinity or {}).items()}
     node_affinity = dict(affinity.get("nodeAffinity") or {})
-    # A metadata.name field selector takes one value per requirement: one term per node (terms are ORed).
-    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {
-        "nodeSelectorTerms": [
-            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]}
-            for name in plan.eligible_nodes
-        ]
-    }
+    terms = combine_terms(required_node_terms(spec.affinity), plan.node_selector_terms)
+    node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
     affinity["nodeAffinity"] = node_affinity
     return affinity
 
@@ -150,7 +147,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "kind": "Deployment",
         "metadata": metadata(owner),
         "spec": {
-            "replicas": spec.replicas,
+            "replicas": plan.replicas,
             "selector": {"matchLabels": selector(owner)},
             # A pod takes most of a node: a surge pod would sit Pending, so replace one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},

@@ -1,0 +1,142 @@
+"""Which nodes can run a service at all, before any sizing: a named, ordered chain of checks.
+
+Each check answers None (the node passes) or why it cannot run the service; the first failing check is the
+node's rejection, so the order is the order a person would ask in: can anything be scheduled there, is there
+an image for it, does its CPU have what the model needs, and only then do the user's placement rules match.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cpullm.api.spec import CpuLLMServiceSpec, Toleration
+from cpullm.core import constants as c
+from cpullm.core.topology import NodeProfile, Taint
+from cpullm.errors import InvalidSpec
+
+
+@dataclass(frozen=True)
+class EligibilityCheck:
+    name: str
+    reject: Callable[[CpuLLMServiceSpec, NodeProfile], str | None]
+
+
+def _schedulable(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    return "unschedulable (cordoned)" if node.unschedulable else None
+
+
+def _has_image(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    if spec.image is None and node.arch not in c.IMAGE_ARCH_SUFFIX:
+        return f"arch {node.arch} has no default vLLM CPU image (set spec.image)"
+    return None
+
+
+def _has_isa(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    missing = sorted(set(spec.cpu.required_isa) - node.isa)
+    return "lacks ISA " + ",".join(missing) if missing else None
+
+
+def _matches_node_selector(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    for key, value in spec.node_selector.items():
+        if node.labels.get(key) != value:
+            return f"nodeSelector {key}={value} does not match"
+    return None
+
+
+def _matches_required_affinity(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    terms = required_node_terms(spec.affinity)
+    if terms and not any(_matches_term(term, node) for term in terms):
+        return "required node affinity does not match"
+    return None
+
+
+def _taints_tolerated(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    for taint in node.taints:
+        if taint.effect in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in spec.tolerations):
+            return f"taint {taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect} not tolerated"
+    return None
+
+
+ELIGIBILITY_CHECKS: tuple[EligibilityCheck, ...] = (
+    EligibilityCheck("schedulable", _schedulable),
+    EligibilityCheck("image", _has_image),
+    EligibilityCheck("isa", _has_isa),
+    EligibilityCheck("nodeSelector", _matches_node_selector),
+    EligibilityCheck("nodeAffinity", _matches_required_affinity),
+    EligibilityCheck("taints", _taints_tolerated),
+)
+
+
+def node_rejection(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    """Why a node cannot run this service at all (the first check that fails), or None."""
+    for check in ELIGIBILITY_CHECKS:
+        why = check.reject(spec, node)
+        if why is not None:
+            return why
+    return None
+
+
+def required_node_terms(affinity: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The user's required node affinity terms (ORed), as given in the spec. spec.affinity is passed through
+    to the pod as the user wrote it, so its shape is checked here: a wrong one is an InvalidSpec naming the
+    field, not a crash."""
+    path = "spec.affinity"
+    node_affinity = _object((affinity or {}).get("nodeAffinity"), f"{path}.nodeAffinity")
+    required_path = f"{path}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+    required = _object(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"), required_path)
+    terms = required.get("nodeSelectorTerms") or []
+    if not isinstance(terms, list):
+        raise InvalidSpec(f"{required_path}.nodeSelectorTerms must be a list")
+    for index, term in enumerate(terms):
+        term_path = f"{required_path}.nodeSelectorTerms[{index}]"
+        _object(term, term_path)
+        for key in ("matchExpressions", "matchFields"):
+            expressions = term.get(key) or []
+            if not isinstance(expressions, list) or not all(isinstance(e, Mapping) for e in expressions):
+                raise InvalidSpec(f"{term_path}.{key} must be a list of objects")
+    return terms
+
+
+def _object(value: Any, path: str) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise InvalidSpec(f"{path} must be an object, not {type(value).__name__}")
+    return value
+
+
+def _tolerates(toleration: Toleration, taint: Taint) -> bool:
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.operator == "Exists":
+        return toleration.key in (None, "", taint.key)
+    return toleration.key == taint.key and (toleration.value or "") == (taint.value or "")
+
+
+def _matches_term(term: Mapping[str, Any], node: NodeProfile) -> bool:
+    expressions = term.get("matchExpressions") or []
+    fields = term.get("matchFields") or []
+    if not expressions and not fields:
+        return False  # an empty term matches no node (Kubernetes semantics)
+    labels_ok = all(_matches_expression(e, node.labels.get(e.get("key", ""))) for e in expressions)
+    fields_ok = all(e.get("key") == "metadata.name" and _matches_expression(e, node.name) for e in fields)
+    return labels_ok and fields_ok
+
+
+def _matches_expression(expression: Mapping[str, Any], value: str | None) -> bool:
+    operator = expression.get("operator")
+    values = [str(v) for v in expression.get("values") or []]
+    if operator == "In":
+        return value is not None and value in values
+    if operator == "NotIn":
+        return value is None or value not in values
+    if operator == "Exists":
+        return value is not None
+    if operator == "DoesNotExist":
+        return value is None
+    if operator in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit() and values:
+        bound = int(values[0])
+        return int(value) > bound if operator == "Gt" else int(value) < bound
+    return False

@@ -1,0 +1,83 @@
+"""What every placement strategy shares: a shape of nodes, the layout a strategy gives one pod on it, and
+what vLLM's CPU backend allows for tensor parallelism."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core import constants as c
+from cpullm.core.sizing import ModelSize
+from cpullm.core.topology import NodeProfile
+from cpullm.errors import name_list
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Eligible nodes that get the same plan (NodeProfile.shape); planned with the least memory among them."""
+
+    members: tuple[NodeProfile, ...]
+
+    @property
+    def node(self) -> NodeProfile:
+        return self.members[0]
+
+    @property
+    def memory_bytes(self) -> int:
+        return min(n.memory_bytes for n in self.members)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(n.name for n in self.members)
+
+    def describe(self) -> str:
+        node = self.node
+        return f"{node.arch}/{node.numa_nodes}-NUMA/{node.cpus}-CPU nodes ({name_list(self.names)})"
+
+
+@dataclass(frozen=True)
+class PodLayout:
+    """How one pod sits on a node of the shape, as a strategy decided it."""
+
+    tensor_parallel_size: int
+    cpus_per_rank: int
+    pod_memory_bytes: int  # what one pod may use: a whole node's memory, or one NUMA node's
+    numa_memory_bytes: int  # one NUMA node's memory: each rank's part must fit in it
+    ranks_per_numa: int
+    pods_per_node: int
+    why: str  # the TP and placement choice in words, for the plan's summary
+
+
+class PlacementStrategy(Protocol):
+    """Lays one pod out on a shape of nodes (TP, CPUs, the memory it may use); sizing, binding and the
+    children are the same for every strategy. Raises a PlanRefusal when the shape cannot hold the pod."""
+
+    @property
+    def name(self) -> str: ...
+
+    def layout(self, spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> PodLayout: ...
+
+
+def tensor_parallel_problem(tp: int, model: ModelSize) -> str | None:
+    """Why vLLM cannot run this TP for this model, or None."""
+    if tp in c.UNSUPPORTED_TENSOR_PARALLEL_SIZES:
+        return f"tensor parallel size {tp} is not supported by vLLM's CPU backend"
+    if model.num_attention_heads % tp:
+        return f"tensor parallel size {tp} does not divide the {model.num_attention_heads} attention heads"
+    kv = model.num_kv_heads
+    if kv % tp and tp % kv:
+        return f"tensor parallel size {tp} neither divides nor is a multiple of the {kv} KV heads"
+    return None
+
+
+def largest_valid_tensor_parallel_size(at_most: int, model: ModelSize) -> int:
+    return next(t for t in range(at_most, 0, -1) if tensor_parallel_problem(t, model) is None)
+
+
+def shapes_of(nodes: Sequence[NodeProfile]) -> list[Shape]:
+    groups: dict[tuple[object, ...], list[NodeProfile]] = {}
+    for node in nodes:
+        groups.setdefault(node.shape, []).append(node)
+    return [Shape(tuple(members)) for members in groups.values()]

@@ -1,0 +1,38 @@
+"""Throughput placement: one TP=1 server per NUMA node, each pod sized to one NUMA node's CPUs and memory,
+all behind the one Service. For a model that fits one NUMA node this serves more requests than TP across
+nodes (no cross-NUMA traffic, no rank synchronisation); vLLM's own data parallelism binds every engine to
+the same cores (vLLM issue 47328), so the operator places separate servers instead."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core.placement.base import PodLayout, Shape
+from cpullm.core.sizing import ModelSize
+from cpullm.errors import InvalidTensorParallelSize, ModelTooLarge
+
+
+@dataclass(frozen=True)
+class Throughput:
+    name: str = "throughput"
+
+    def layout(self, spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> PodLayout:
+        if explicit_tp not in (None, 1):
+            raise InvalidTensorParallelSize(
+                f"throughput placement runs one TP=1 server per NUMA node, but tensor parallel size is {explicit_tp}"
+            )
+        node = shape.node
+        cpus_per_rank = spec.cpu.cpus_per_rank or node.cpus // node.numa_nodes
+        if cpus_per_rank < 1 or cpus_per_rank > node.cpus:
+            raise ModelTooLarge(f"a server of {max(cpus_per_rank, 1)} CPUs does not fit {shape.describe()}")
+        numa_memory = shape.memory_bytes // node.numa_nodes
+        return PodLayout(
+            tensor_parallel_size=1,
+            cpus_per_rank=cpus_per_rank,
+            pod_memory_bytes=numa_memory,
+            numa_memory_bytes=numa_memory,
+            ranks_per_numa=1,
+            pods_per_node=min(node.numa_nodes, node.cpus // cpus_per_rank),
+            why=f"one TP=1 server per NUMA node, {node.numa_nodes} per node",
+        )
