@@ -324,3 +324,79 @@ def test_pass_through_fields_the_api_server_refuses_become_a_condition(
     kubectl.apply(tiny_service("refused", namespace, env=bad_env))
     refused = not_planned(kubectl, namespace, "refused", "ChildRejected")
     assert "fieldPath" in conditions(refused)["Planned"]["message"]
+
+
+def test_throughput_placement_fills_the_numa_nodes_behind_one_service(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    """One TP=1 server per NUMA node: two 4-NUMA nodes hold 8, so 10 requested replicas are capped to 8 (and
+    said so); every pod sits on a chosen node, four per node, and the one Service selects all of them."""
+    aligned = {"pool": namespace, "cpullm.io/topology-manager-policy": "single-numa-node"}
+    names = [f"tput-{i}-{namespace[-5:]}" for i in range(2)]
+    for name in names:
+        nodes.add(fake_node(name, numa=4, cpu="32", memory="128Gi", **aligned))
+    service = tiny_service("tput", namespace, nodeSelector={"pool": namespace}, placement="throughput", replicas=10)
+    service["spec"]["cpu"] = {}  # a NUMA node's CPUs per server (8 here), not the suite's 2
+    kubectl.apply(service)
+    status = ready(kubectl, namespace, "tput", 8)["status"]
+    plan = status["plan"]
+    assert (plan["placement"], plan["tensorParallelSize"], plan["cpu"]) == ("throughput", 1, 8)
+    assert (plan["replicas"], plan["capacity"], plan["eligibleNodes"]) == (8, 8, sorted(names))
+    assert plan["placementNote"] == "replicas capped: 10 requested, 8 NUMA nodes on the chosen nodes"
+    assert "capped" not in str(conditions(kubectl.get("cpullm", "tput", namespace))["Ready"])
+    assert kubectl.get("deployment", "tput", namespace)["spec"]["replicas"] == 8
+
+    pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "tput"})
+    per_node = {name: sum(p["spec"]["nodeName"] == name for p in pods) for name in names}
+    assert per_node == dict.fromkeys(names, 4)
+
+    def endpoints() -> int:
+        slices = kubectl.get("endpointslices", namespace=namespace, **{"kubernetes.io/service-name": "tput"})
+        count = sum(len(s.get("endpoints") or []) for s in slices)
+        assert count == 8, count
+        return count
+
+    eventually(endpoints, timeout=60, what="the Service's endpoints cover all 8 servers")
+
+
+def test_node_churn_of_the_same_shape_leaves_running_servers_alone(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    """Pods select nodes by the labels of their shape, so a node of the same shape joining or leaving the pool,
+    or a node of another shape that changes no plan, re-plans the service but never touches the Deployment."""
+    first = fake_node(f"churn-a-{namespace[-5:]}", numa=2, pool=namespace)
+    nodes.add(first)
+    kubectl.apply(tiny_service("churn", namespace, nodeSelector={"pool": namespace}, tensorParallelSize=None))
+    ready(kubectl, namespace, "churn", 1)
+    before = kubectl.get("deployment", "churn", namespace)
+    pods_before = sorted(
+        p["metadata"]["uid"] for p in kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "churn"})
+    )
+
+    def eligible(expected: list[str]) -> None:
+        def probe() -> bool:
+            plan = ready(kubectl, namespace, "churn", 1)["status"]["plan"]
+            assert plan["eligibleNodes"] == sorted(expected), plan["eligibleNodes"]
+            return True
+
+        eventually(probe, timeout=60, what=f"re-planned on {expected}")
+
+    def untouched() -> None:
+        deploy = kubectl.get("deployment", "churn", namespace)
+        assert deploy["metadata"]["generation"] == before["metadata"]["generation"]
+        assert deploy["spec"]["template"] == before["spec"]["template"]
+        pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "churn"})
+        assert sorted(p["metadata"]["uid"] for p in pods) == pods_before
+
+    same_shape = fake_node(f"churn-b-{namespace[-5:]}", numa=2, pool=namespace)
+    nodes.add(same_shape)
+    eligible([first["metadata"]["name"], same_shape["metadata"]["name"]])
+    untouched()
+    kubectl.run("delete", "node", same_shape["metadata"]["name"])
+    eligible([first["metadata"]["name"]])
+    untouched()
+    # Another shape (1 NUMA node): the 2-NUMA plan is still preferred, so nothing changes at all.
+    nodes.add(fake_node(f"churn-c-{namespace[-5:]}", numa=1, pool=namespace))
+    kubectl.run("label", "node", first["metadata"]["name"], f"churn-seen={namespace[-5:]}")  # a label nothing selects on
+    eligible([first["metadata"]["name"]])
+    untouched()
