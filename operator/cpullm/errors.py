@@ -43,6 +43,12 @@ class InvalidTensorParallelSize(PlanRefusal):
     reason = "InvalidTensorParallelSize"
 
 
+class InvalidPlacement(PlanRefusal):
+    """The spec asks a placement for something it cannot do (e.g. a throughput server bigger than a NUMA node)."""
+
+    reason = "InvalidPlacement"
+
+
 class KVCacheTooSmall(PlanRefusal):
     reason = "KVCacheTooSmall"
 

@@ -20,6 +20,7 @@ EXPECTED_PLANS = {
     "llama-8b-amx.yaml": (2, 4, 94, 33990639616, ["xeon-amx-0", "xeon-amx-1"]),
     "mistral-7b-context.yaml": (4, 2, 124, 35046555648, ["avx512-4numa-0"]),
     "qwen-small.yaml": (1, 2, 47, 7201619968, ["xeon-amx-0", "xeon-amx-1"]),
+    "qwen-throughput.yaml": (1, 1, 31, 6127878144, ["avx512-4numa-0"]),
 }
 
 

@@ -86,17 +86,34 @@ def required_node_terms(affinity: Mapping[str, Any] | None) -> list[Mapping[str,
     node_affinity = _object((affinity or {}).get("nodeAffinity"), f"{path}.nodeAffinity")
     required_path = f"{path}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
     required = _object(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"), required_path)
-    terms = required.get("nodeSelectorTerms") or []
+    terms = required.get("nodeSelectorTerms", [])
     if not isinstance(terms, list):
         raise InvalidSpec(f"{required_path}.nodeSelectorTerms must be a list")
     for index, term in enumerate(terms):
         term_path = f"{required_path}.nodeSelectorTerms[{index}]"
         _object(term, term_path)
         for key in ("matchExpressions", "matchFields"):
-            expressions = term.get(key) or []
-            if not isinstance(expressions, list) or not all(isinstance(e, Mapping) for e in expressions):
-                raise InvalidSpec(f"{term_path}.{key} must be a list of objects")
+            expressions = term.get(key, [])
+            if not isinstance(expressions, list):
+                raise InvalidSpec(f"{term_path}.{key} must be a list")
+            for position, expression in enumerate(expressions):
+                _check_expression(expression, f"{term_path}.{key}[{position}]")
     return terms
+
+
+def _check_expression(expression: Any, path: str) -> None:
+    """As the API server validates a node selector requirement: a key, a known operator, string values."""
+    _object(expression, path)
+    if not isinstance(expression.get("key"), str) or not expression["key"]:
+        raise InvalidSpec(f"{path}.key must be a non-empty string")
+    if expression.get("operator") not in _OPERATORS:
+        raise InvalidSpec(f"{path}.operator must be one of {', '.join(_OPERATORS)}")
+    values = expression.get("values", [])
+    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+        raise InvalidSpec(f"{path}.values must be a list of strings")
+
+
+_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 
 
 def _object(value: Any, path: str) -> Mapping[str, Any]:

@@ -219,7 +219,7 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
 
 def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> Plan:
     node, where = shape.node, shape.describe()
-    strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape))
+    strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape), explicit_tp)
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)

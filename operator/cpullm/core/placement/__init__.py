@@ -2,7 +2,8 @@
 PlacementStrategy (base.py); a new one is a new module and an entry in STRATEGIES.
 
 `spec.placement: auto` picks per shape by model size: throughput when one TP=1 server (its weights, KV cache
-and runtime, with the server processes and /dev/shm) fits one NUMA node's memory, else tensorParallel.
+and runtime, with the server processes and /dev/shm) fits one NUMA node's memory, else tensorParallel; an
+explicit TP above 1 (tensorParallelSize or a multi-rank bind list) is tensorParallel.
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ STRATEGIES: dict[Placement, PlacementStrategy] = {
 __all__ = ["STRATEGIES", "PlacementStrategy", "PodLayout", "Shape", "strategy_for"]
 
 
-def strategy_for(spec: CpuLLMServiceSpec, one_server_fits_a_numa_node: bool) -> PlacementStrategy:
+def strategy_for(
+    spec: CpuLLMServiceSpec, one_server_fits_a_numa_node: bool, explicit_tp: int | None
+) -> PlacementStrategy:
     if spec.placement == Placement.AUTO:
-        return STRATEGIES[Placement.THROUGHPUT if one_server_fits_a_numa_node else Placement.TENSOR_PARALLEL]
+        throughput = one_server_fits_a_numa_node and explicit_tp in (None, 1)
+        return STRATEGIES[Placement.THROUGHPUT if throughput else Placement.TENSOR_PARALLEL]
     return STRATEGIES[spec.placement]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.placement.base import PodLayout, Shape
 from cpullm.core.sizing import ModelSize
-from cpullm.errors import InvalidTensorParallelSize, ModelTooLarge
+from cpullm.errors import InvalidPlacement, InvalidTensorParallelSize, ModelTooLarge
 
 
 @dataclass(frozen=True)
@@ -23,9 +23,15 @@ class Throughput:
                 f"throughput placement runs one TP=1 server per NUMA node, but tensor parallel size is {explicit_tp}"
             )
         node = shape.node
-        cpus_per_rank = spec.cpu.cpus_per_rank or node.cpus // node.numa_nodes
-        if cpus_per_rank < 1 or cpus_per_rank > node.cpus:
-            raise ModelTooLarge(f"a server of {max(cpus_per_rank, 1)} CPUs does not fit {shape.describe()}")
+        numa_cpus = node.cpus // node.numa_nodes
+        if numa_cpus < 1:
+            raise ModelTooLarge(f"{shape.describe()} have fewer CPUs than NUMA nodes: no NUMA node holds a server")
+        cpus_per_rank = spec.cpu.cpus_per_rank or numa_cpus
+        if cpus_per_rank > numa_cpus:
+            raise InvalidPlacement(
+                f"throughput placement sizes each server to one NUMA node ({numa_cpus} CPUs on {shape.describe()}), "
+                f"but cpu.cpusPerRank is {cpus_per_rank}: lower it, or use placement tensorParallel"
+            )
         numa_memory = shape.memory_bytes // node.numa_nodes
         return PodLayout(
             tensor_parallel_size=1,
@@ -33,6 +39,6 @@ class Throughput:
             pod_memory_bytes=numa_memory,
             numa_memory_bytes=numa_memory,
             ranks_per_numa=1,
-            pods_per_node=min(node.numa_nodes, node.cpus // cpus_per_rank),
+            pods_per_node=node.numa_nodes,
             why=f"one TP=1 server per NUMA node, {node.numa_nodes} per node",
         )

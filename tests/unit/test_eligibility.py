@@ -1,0 +1,206 @@
+"""The eligibility chain (core/eligibility.py): its order, the shape of spec.affinity, and the topology manager
+label it relies on."""
+
+from itertools import combinations
+
+import pytest
+
+from cpullm.core.eligibility import ELIGIBILITY_CHECKS, node_rejection, required_node_terms
+from cpullm.core.planner import plan_service
+from cpullm.core.topology import parse_node
+from cpullm.errors import InvalidSpec, NodeLabelError, NoEligibleNode
+
+from .builders import llama_8b, node, node_object, spec
+
+ORDER = ["schedulable", "image", "isa", "nodeSelector", "nodeAffinity", "taints"]
+REQUIRED = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
+
+ZONE_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}]
+        }
+    }
+}
+# For each check: what makes a node fail it (node builder arguments, spec fields) and the rejection it gives.
+FAILURES = {
+    "schedulable": ({"unschedulable": True}, {}, "unschedulable (cordoned)"),
+    "image": ({"arch": "s390x"}, {}, "arch s390x has no default vLLM CPU image (set spec.image)"),
+    "isa": ({}, {"cpu": {"requiredISA": ["sve"]}}, "lacks ISA sve"),
+    "nodeSelector": ({}, {"nodeSelector": {"pool": "llm"}}, "nodeSelector pool=llm does not match"),
+    "nodeAffinity": ({}, {"affinity": ZONE_AFFINITY}, "required node affinity does not match"),
+    "taints": (
+        {"taints": [{"key": "dedicated", "value": "gpu", "effect": "NoSchedule"}]},
+        {},
+        "taint dedicated=gpu:NoSchedule not tolerated",
+    ),
+}
+
+
+def test_the_chain_is_in_the_documented_order():
+    assert [check.name for check in ELIGIBILITY_CHECKS] == ORDER
+
+
+@pytest.mark.parametrize("name", ORDER)
+def test_each_check_alone_gives_its_rejection(name):
+    node_kwargs, fields, why = FAILURES[name]
+    assert node_rejection(spec(**fields), node("n", **node_kwargs)) == why
+
+
+@pytest.mark.parametrize(
+    ("first", "later"),
+    [pytest.param(a, b, id=f"{a}-before-{b}") for a, b in combinations(ORDER, 2)],
+)
+def test_a_node_failing_several_checks_is_rejected_by_the_first(first, later):
+    node_kwargs = {**FAILURES[first][0], **FAILURES[later][0]}
+    fields = {**FAILURES[first][1], **FAILURES[later][1]}
+    service, candidate = spec(**fields), node("n", **node_kwargs)
+    assert node_rejection(service, candidate) == FAILURES[first][2]
+    with pytest.raises(NoEligibleNode) as refused:
+        plan_service(service, llama_8b(), [candidate])
+    assert refused.value.rejections == {"n": FAILURES[first][2]}
+
+
+@pytest.mark.parametrize(
+    ("affinity", "message"),
+    [
+        pytest.param({"nodeAffinity": "zone=z1"}, "spec.affinity.nodeAffinity must be an object, not str", id="str"),
+        pytest.param(
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"nodeSelectorTerms": []}]}},
+            f"{REQUIRED} must be an object, not list",
+            id="required-list",
+        ),
+        pytest.param(
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {"a": 1}}}},
+            f"{REQUIRED}.nodeSelectorTerms must be a list",
+            id="terms-dict",
+        ),
+        pytest.param(
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ["zone"]}}},
+            f"{REQUIRED}.nodeSelectorTerms[0] must be an object, not str",
+            id="term-str",
+        ),
+        pytest.param(
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
+                            {"matchExpressions": [{"key": "zone", "operator": "Exists"}, "zone=z1"]},
+                        ]
+                    }
+                }
+            },
+            f"{REQUIRED}.nodeSelectorTerms[1].matchExpressions[1] must be an object, not str",
+            id="expression-str",
+        ),
+        pytest.param(
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchFields": {"key": "metadata.name"}}]
+                    }
+                }
+            },
+            f"{REQUIRED}.nodeSelectorTerms[0].matchFields must be a list",
+            id="match-fields-dict",
+        ),
+        pytest.param(
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {}}}},
+            f"{REQUIRED}.nodeSelectorTerms must be a list",
+            id="terms-empty-dict",
+        ),
+        pytest.param(
+            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ""}}},
+            f"{REQUIRED}.nodeSelectorTerms must be a list",
+            id="terms-empty-string",
+        ),
+        pytest.param(
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": "z1"}]}]
+                    }
+                }
+            },
+            f"{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].values must be a list of strings",
+            id="values-string",
+        ),
+        pytest.param(
+            {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Near"}]}]
+                    }
+                }
+            },
+            f"{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].operator must be one of In, NotIn, Exists, "
+            "DoesNotExist, Gt, Lt",
+            id="unknown-operator",
+        ),
+    ],
+)
+def test_malformed_affinity_is_an_invalid_spec_naming_the_path(affinity, message):
+    with pytest.raises(InvalidSpec) as direct:
+        required_node_terms(affinity)
+    assert direct.value.message == message
+    # plan_service says the same before judging any node, even when no node would be eligible anyway.
+    for nodes in ([node("n")], [node("n", unschedulable=True)], []):
+        with pytest.raises(InvalidSpec) as planned:
+            plan_service(spec(affinity=affinity), llama_8b(), nodes)
+        assert planned.value.message == message
+
+
+@pytest.mark.parametrize(
+    ("affinity", "terms"),
+    [
+        pytest.param(None, [], id="none"),
+        pytest.param({}, [], id="empty"),
+        pytest.param({"podAntiAffinity": {"x": 1}}, [], id="no-node-affinity"),
+        pytest.param(
+            {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}}, [], id="preferred-only"
+        ),
+        pytest.param(
+            ZONE_AFFINITY,
+            ZONE_AFFINITY["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"],
+            id="required",
+        ),
+    ],
+)
+def test_well_formed_affinity_gives_its_required_terms(affinity, terms):
+    assert required_node_terms(affinity) == terms
+
+
+TOPOLOGY = "cpullm.io/topology-manager-policy"
+
+
+@pytest.mark.parametrize(
+    ("labels", "policy"),
+    [
+        pytest.param({}, None, id="absent"),
+        pytest.param({TOPOLOGY: "none"}, "none", id="none"),
+        pytest.param({TOPOLOGY: "best-effort"}, "best-effort", id="best-effort"),
+        pytest.param({TOPOLOGY: "restricted"}, "restricted", id="restricted"),
+        pytest.param({TOPOLOGY: "single-numa-node"}, "single-numa-node", id="single-numa-node"),
+    ],
+)
+def test_topology_manager_label_is_parsed(labels, policy):
+    profile = parse_node(node_object("n", labels=labels))
+    assert profile.topology_manager_policy == policy
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("Single-NUMA-Node", id="wrong-case"),
+        pytest.param("single_numa_node", id="underscores"),
+        pytest.param("static", id="cpu-manager-value"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_a_garbage_topology_manager_label_is_a_node_label_error(value):
+    with pytest.raises(NodeLabelError) as refused:
+        parse_node(node_object("n", labels={TOPOLOGY: value}))
+    assert refused.value.message == (
+        f"node n: label {TOPOLOGY}={value!r} is not one of none, best-effort, restricted, single-numa-node"
+    )
