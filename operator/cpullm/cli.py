@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from cpullm import launcher
+from cpullm import launcher, metrics
 from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ModelConfigSource, gather
@@ -82,6 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace (default)")
     run.add_argument("--peering", help="Kopf peering name (several replicas); default: standalone")
     run.add_argument("--liveness", default=None, help="health endpoint, e.g. http://0.0.0.0:8080/healthz")
+    run.add_argument("--metrics-port", type=int, default=None, help="serve the operator's Prometheus metrics here")
     run.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
 
@@ -132,7 +133,13 @@ def _run(args: argparse.Namespace) -> int:
 
     import cpullm.controller.handlers  # noqa: F401  (registers the handlers)
 
-    flags = {"namespaces": args.namespace, "peering": args.peering, "liveness": args.liveness, "verbose": args.verbose}
+    flags = {
+        "namespaces": args.namespace,
+        "peering": args.peering,
+        "liveness": args.liveness,
+        "verbose": args.verbose,
+        "metrics_port": args.metrics_port,
+    }
     settings = Settings(**{key: value for key, value in flags.items() if value not in (None, [], False)})
     logging.basicConfig(
         level=logging.DEBUG if settings.verbose else logging.INFO,
@@ -140,6 +147,8 @@ def _run(args: argparse.Namespace) -> int:
     )
     if not settings.verbose:  # Kopf logs every handler run at INFO; our own lines say what changed
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port)
     kopf.run(
         clusterwide=not settings.namespaces,
         namespaces=settings.namespaces,

@@ -40,3 +40,9 @@ class Settings(BaseSettings):
         default=None, description="Health endpoint to serve, e.g. http://0.0.0.0:8080/healthz (`--liveness`)."
     )
     verbose: bool = Field(default=False, description="Debug logging, including Kopf's per-handler lines.")
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Serve the operator's Prometheus metrics on this port (`--metrics-port`).",
+    )

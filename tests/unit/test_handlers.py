@@ -16,7 +16,7 @@ class RecordingReconciler:
         self.kube = self
         self.events: list[tuple[str, str, str]] = []
 
-    def reconcile(self, service: dict[str, Any], nodes: list[Any], deployment: Any = None) -> None:
+    def reconcile(self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
 
     def emit_event(self, regarding, type_, reason, message):
@@ -45,6 +45,7 @@ def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], i
         node_profiles=index,
         services=SERVICES,
         owned_deployments={},
+        installed_crds={},
     )
     asyncio.run(run)
 
@@ -92,6 +93,7 @@ def test_child_events_reconcile_their_owner_only():
             node_profiles=index,
             services=SERVICES,
             owned_deployments={},
+            installed_crds={},
         )
         asyncio.run(call)
     assert memo["reconciler"].calls == [("a", ["n1"])]

@@ -62,7 +62,15 @@ def test_deployment_whole_manifest():
             "selector": {"matchLabels": {"cpullm.io/service": "llama"}},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
-                "metadata": {"labels": LABELS},
+                "metadata": {
+                    "labels": LABELS,
+                    # Annotation-based Prometheus scraping finds vLLM's /metrics on its API port.
+                    "annotations": {
+                        "prometheus.io/scrape": "true",
+                        "prometheus.io/port": "8000",
+                        "prometheus.io/path": "/metrics",
+                    },
+                },
                 "spec": {
                     "containers": [
                         {

@@ -160,6 +160,86 @@ class ServiceSettings(_Model):
     type: str = Field(default="ClusterIP", json_schema_extra={"enum": ["ClusterIP", "NodePort", "LoadBalancer"]})
 
 
+class Monitoring(_Model):
+    pod_monitor: bool = Field(
+        default=False,
+        description="Create a PodMonitor (Prometheus Operator, monitoring.coreos.com/v1) scraping the vLLM pods' "
+        "/metrics. Without the PodMonitor CRD the service gets the condition Monitoring=False, and the "
+        "PodMonitor is applied as soon as the CRD is installed.",
+    )
+    interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
+
+
+class AutoscalerKind(StrEnum):
+    HPA = "hpa"
+    KEDA = "keda"
+
+
+class Autoscaling(_Model):
+    """Scales the CpuLLMService's own scale subresource on vLLM's queue, so the operator stays the one writer of
+    the Deployment and the plan caps what can be placed."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must not exceed maxReplicas"},
+                {
+                    "rule": "self.minReplicas > 0 || self.kind == 'keda'",
+                    "message": "scaling to zero (minReplicas 0) needs kind keda",
+                },
+                {
+                    "rule": "self.kind != 'keda' || has(self.prometheusAddress)",
+                    "message": "kind keda needs prometheusAddress (KEDA's Prometheus trigger queries it)",
+                },
+            ]
+        }
+    )
+
+    kind: AutoscalerKind = Field(
+        default=AutoscalerKind.HPA,
+        description="hpa: a HorizontalPodAutoscaler (autoscaling/v2) on the Pods metric vllm_num_requests_waiting "
+        "(served by a custom metrics adapter, e.g. prometheus-adapter). keda: a KEDA ScaledObject with a "
+        "Prometheus trigger on vllm:num_requests_waiting.",
+    )
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="0 (kind keda only) scales to zero when idle: the next request then waits for a cold start "
+        "(minutes on CPU: image, model load, compilation).",
+    )
+    max_replicas: int = Field(ge=1, le=1000, description="Upper bound; the plan may place fewer (status.plan).")
+    target_waiting_requests: int = Field(
+        default=2, ge=1, description="Requests waiting in vLLM's queue per replica that the autoscaler aims for."
+    )
+    max_kv_cache_usage: float | None = Field(
+        default=None,
+        ge=0.01,
+        le=1,
+        description="Optional guard: also scale up when vLLM's KV cache usage (0-1) averages above this.",
+    )
+    scale_down_stabilization_seconds: int = Field(
+        default=900,
+        ge=0,
+        description="How long the wanted replica count must stay lower before scaling down: CPU servers take "
+        "minutes to start, so scale down slowly.",
+    )
+    prometheus_address: str | None = Field(
+        default=None, description="Prometheus URL for KEDA's trigger, e.g. http://prometheus.monitoring:9090."
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Autoscaling:
+        """The CEL rules above, again for the CLI (the API server runs them at admission)."""
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must not exceed maxReplicas")
+        if self.min_replicas == 0 and self.kind != AutoscalerKind.KEDA:
+            raise ValueError("scaling to zero (minReplicas 0) needs kind keda")
+        if self.kind == AutoscalerKind.KEDA and self.prometheus_address is None:
+            raise ValueError("kind keda needs prometheusAddress (KEDA's Prometheus trigger queries it)")
+        return self
+
+
 _CEL_KV_SOURCE: dict[str, JsonValue] = {
     "rule": "has(self.kvCacheGiB) || (has(self.maxModelLen) && has(self.maxNumSeqs))",
     "message": "set kvCacheGiB, or maxModelLen and maxNumSeqs to derive it",
@@ -233,6 +313,10 @@ class CpuLLMServiceSpec(_Model):
         json_schema_extra={"x-kubernetes-validations": [_CEL_CACHE_ONE_OF]},
     )
     service: ServiceSettings = Field(default_factory=ServiceSettings)
+    monitoring: Monitoring = Field(default_factory=Monitoring)
+    autoscaling: Autoscaling | None = Field(
+        default=None, description="Scale on vLLM's queue with an HPA or a KEDA ScaledObject. Unset: no autoscaler."
+    )
     numa_privileges: bool = Field(
         default=True,
         description="Give the vLLM container seccomp Unconfined and SYS_NICE, which vLLM needs for "

@@ -58,6 +58,7 @@ def gather(
     last_status: Mapping[str, Any] | None,
     cluster: ClusterFacts,
     models: ModelConfigSource,
+    installed_crds: frozenset[str] | None = None,
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised."""
@@ -87,4 +88,5 @@ def gather(
         nodes=tuple(nodes),
         deployment=deployment,
         status=last_status if last_status is not None else service.get("status") or {},
+        installed_crds=installed_crds,
     )

@@ -2,7 +2,8 @@
 
 Triggers: the CpuLLMService itself (create/update/resume, retried per controller/outcomes.py); a node whose
 profile changed (every service is re-planned; only changed plans touch anything); a change to a child
-Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status).
+Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status); an optional
+API's CRD (PodMonitor, ScaledObject) installed or removed (the services asking for it are reconciled).
 
 Kopf's indexes hold what reconciles read (node profiles, services, the owned Deployments' status), so
 handlers start only once they are loaded and no reconcile lists anything. Handlers are async: Kopf mutates
@@ -23,11 +24,14 @@ import kopf
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.controller.outcomes import outcome_to_kopf
 from cpullm.controller.reconcile import Reconciler
+from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
+from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
 from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
 from cpullm.errors import NodeLabelError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
+from cpullm.metrics import NODE_PROFILES, track_services
 from cpullm.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -57,6 +61,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         config: Settings = memo.get("settings") or Settings()
         hub = HubClient(config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds)
         memo["reconciler"] = Reconciler(Kube.from_environment(), hub)
+        track_services(memo["reconciler"].services_by_readiness)
 
 
 @kopf.index("", "v1", "nodes")
@@ -66,6 +71,20 @@ async def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeP
         return {name: parse_node(body)}
     except NodeLabelError:
         return None
+
+
+def _optional_api(name: str, **_: Any) -> bool:
+    return name in OPTIONAL_APIS.values()
+
+
+@kopf.index("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
+async def installed_crds(name: str, **_: Any) -> dict[str, bool]:
+    """The optional APIs' CRDs that are installed (a PodMonitor or ScaledObject is applied only where they are)."""
+    return {name: True}
+
+
+def installed(index: kopf.Index[Any, Any]) -> frozenset[str]:
+    return frozenset(index.keys())
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -99,13 +118,15 @@ async def reconcile_service(
     memo: kopf.Memo,
     node_profiles: kopf.Index[Any, Any],
     owned_deployments: kopf.Index[Any, Any],
+    installed_crds: kopf.Index[Any, Any],
     **_: Any,
 ) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
     service, nodes = copy.deepcopy(dict(body)), usable_nodes(node_profiles)
     deployment = _first(owned_deployments, (body.metadata.namespace, body.metadata.name))
-    outcome = await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment)
+    crds = installed(installed_crds)
+    outcome = await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment, crds)
     outcome_to_kopf(outcome, retry)
 
 
@@ -124,6 +145,7 @@ async def node_changed(
     node_profiles: kopf.Index[Any, Any],
     services: kopf.Index[Any, Any],
     owned_deployments: kopf.Index[Any, Any],
+    installed_crds: kopf.Index[Any, Any],
     **_: Any,
 ) -> None:
     """Re-plan every service when a node's profile changed (heartbeats and status noise do not count).
@@ -142,6 +164,7 @@ async def node_changed(
     before = planned_against.pop(name, None)
     if type != "DELETED":
         planned_against[name] = state
+    NODE_PROFILES.set(sum(len(store) for store in node_profiles.values()))
     if type is None or not node_state_changed(before, state):
         return  # the initial listing (resume handlers plan every service) or noise
     if isinstance(state, NodeLabelError):
@@ -152,21 +175,24 @@ async def node_changed(
             f"{state.message}; node skipped by the planner",
         )
     every_service = [s for store in services.values() for s in store]
-    await _reconcile_quietly(memo, every_service, usable_nodes(node_profiles), owned_deployments)
+    indexes = (node_profiles, owned_deployments, installed_crds)
+    await _reconcile_quietly(memo, every_service, *indexes)
 
 
 async def _reconcile_quietly(
     memo: kopf.Memo,
     services: list[Mapping[str, Any]],
-    nodes: list[NodeProfile],
+    node_profiles: kopf.Index[Any, Any],
     owned_deployments: kopf.Index[Any, Any],
+    installed_crds: kopf.Index[Any, Any],
 ) -> None:
     """Event-driven reconciles report through status; errors are logged, the resource handler retries."""
+    nodes, crds = usable_nodes(node_profiles), installed(installed_crds)
     for service in [copy.deepcopy(dict(s)) for s in services if not s["metadata"].get("deletionTimestamp")]:
         meta = service["metadata"]
         deployment = _first(owned_deployments, (meta["namespace"], meta["name"]))
         try:
-            await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment)
+            await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment, crds)
         except Exception:  # an event handler must not stop the watch; the error is in the log
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
 
@@ -182,6 +208,7 @@ async def child_changed(
     node_profiles: kopf.Index[Any, Any],
     services: kopf.Index[Any, Any],
     owned_deployments: kopf.Index[Any, Any],
+    installed_crds: kopf.Index[Any, Any],
     **_: Any,
 ) -> None:
     """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status."""
@@ -189,4 +216,30 @@ async def child_changed(
     if type is None or owner is None or (namespace, owner) not in services:
         return
     owners = list(services[namespace, owner])
-    await _reconcile_quietly(memo, owners, usable_nodes(node_profiles), owned_deployments)
+    await _reconcile_quietly(memo, owners, node_profiles, owned_deployments, installed_crds)
+
+
+@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
+async def optional_api_changed(
+    name: str,
+    type: str | None,
+    memo: kopf.Memo,
+    node_profiles: kopf.Index[Any, Any],
+    services: kopf.Index[Any, Any],
+    owned_deployments: kopf.Index[Any, Any],
+    installed_crds: kopf.Index[Any, Any],
+    **_: Any,
+) -> None:
+    """An optional API was installed or removed: reconcile the services that ask for it (a PodMonitor or a
+    ScaledObject is applied as soon as its CRD exists)."""
+    if type not in ("ADDED", "DELETED"):
+        return  # the initial listing is the resume handlers' part; CRD updates change nothing here
+    wanting = [s for store in services.values() for s in store if _asks_for(s, name)]
+    await _reconcile_quietly(memo, wanting, node_profiles, owned_deployments, installed_crds)
+
+
+def _asks_for(service: Mapping[str, Any], crd: str) -> bool:
+    spec = service.get("spec") or {}
+    if crd == OPTIONAL_APIS[(PODMONITOR_API_VERSION, "PodMonitor")]:
+        return bool((spec.get("monitoring") or {}).get("podMonitor"))
+    return (spec.get("autoscaling") or {}).get("kind") == "keda"

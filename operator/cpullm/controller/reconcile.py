@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -17,8 +18,17 @@ from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.core.children.common import Owner
 from cpullm.core.decision import Decision, decide, regarding
+from cpullm.core.status import READY
 from cpullm.core.topology import NodeProfile
-from cpullm.errors import ChildRejected, CpuLLMError, PermissionDenied, TransientApiError
+from cpullm.errors import (
+    ChildRejected,
+    CpuLLMError,
+    InvalidSpec,
+    PermissionDenied,
+    PlanRefusal,
+    TransientApiError,
+)
+from cpullm.metrics import PLAN_REFUSALS, RECONCILE_SECONDS, RECONCILES
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +37,7 @@ class KubeGateway(ClusterFacts, Protocol):
     """The API calls a reconcile makes: the reads of gather, then the writes of apply."""
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
@@ -60,10 +71,39 @@ class Reconciler:
         service: Mapping[str, Any],
         nodes: Sequence[NodeProfile],
         deployment: Mapping[str, Any] | None = None,
+        installed_crds: frozenset[str] | None = None,
     ) -> Plan | CpuLLMError | None:
         """Bring children and status in line with the spec; returns the plan or the error reported, or None
         when the namespace is being deleted (nothing may be created there; everything goes with it).
-        `deployment` is the owned Deployment as last seen (Kopf's index), for the replica counts."""
+        `deployment` is the owned Deployment as last seen (Kopf's index), for the replica counts;
+        `installed_crds` the optional APIs' CRDs installed (Kopf's index; None: unknown)."""
+        meta = service["metadata"]
+        started = time.monotonic()
+        outcome = self._reconcile(service, nodes, deployment, installed_crds)
+        label = _outcome_label(outcome)
+        RECONCILES.labels(outcome=label).inc()
+        RECONCILE_SECONDS.labels(outcome=label).observe(time.monotonic() - started)
+        if isinstance(outcome, PlanRefusal | InvalidSpec):
+            PLAN_REFUSALS.labels(reason=outcome.reason).inc()
+        log.debug("%s/%s reconciled: %s", meta["namespace"], meta["name"], label)
+        return outcome
+
+    def services_by_readiness(self) -> dict[str, int]:
+        """How many services the operator last reported Ready=True and Ready=False (cpullm_services)."""
+        counts = {"True": 0, "False": 0}
+        for status in list(self._written.values()):
+            ready = next((c for c in status.get("conditions") or [] if c.get("type") == READY), None)
+            if ready is not None:
+                counts[ready["status"]] = counts.get(ready["status"], 0) + 1
+        return counts
+
+    def _reconcile(
+        self,
+        service: Mapping[str, Any],
+        nodes: Sequence[NodeProfile],
+        deployment: Mapping[str, Any] | None,
+        installed_crds: frozenset[str] | None,
+    ) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
         uid = str(meta.get("uid"))
         with self._lock((meta["namespace"], meta["name"])):
@@ -75,11 +115,14 @@ class Reconciler:
                     last_status=self._written.get(uid),
                     cluster=self.kube,
                     models=self.hub,
+                    installed_crds=installed_crds,
                 )
                 decision = decide(observed, self.clock())
                 try:
                     for child in decision.children:
                         self.kube.apply(child)
+                    for gone in decision.obsolete:
+                        self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"])
                 except (ChildRejected, PermissionDenied) as err:
                     decision = decide(replace(observed, apply_error=err), self.clock())
                 self._report(decision, observed.owner, uid)
@@ -96,3 +139,11 @@ class Reconciler:
         for event in decision.events:
             log.info("%s/%s %s %s: %s", owner.namespace, owner.name, event.type, event.reason, event.message)
             self.kube.emit_event(regarding(owner), event.type, event.reason, event.message)
+
+
+def _outcome_label(outcome: Plan | CpuLLMError | None) -> str:
+    if outcome is None:
+        return "skipped"
+    if isinstance(outcome, Plan):
+        return "planned"
+    return "refused" if isinstance(outcome, PlanRefusal | InvalidSpec) else "retried"

@@ -18,12 +18,18 @@ from typing import Any
 
 from cpullm.api.plan import Plan
 from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
-from cpullm.core.children import build_children
+from cpullm.core.children import OPTIONAL_APIS, REMOVABLE_KINDS, build_children
 from cpullm.core.children.common import Owner
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import check_pod_security
 from cpullm.core.sizing import ModelSize
-from cpullm.core.status import changed_conditions, compute_status, status_changes
+from cpullm.core.status import (
+    OPTIONAL_CHILDREN,
+    FeatureCondition,
+    changed_conditions,
+    compute_status,
+    status_changes,
+)
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
 
@@ -56,6 +62,9 @@ class Observed:
     deployment: Mapping[str, Any] | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
     apply_error: CpuLLMError | None = None
+    # The optional APIs' CRDs installed in the cluster (children/OPTIONAL_APIS); None: unknown, assume all
+    # (offline rendering prints every child the spec asks for).
+    installed_crds: frozenset[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +83,8 @@ class Decision:
     status: Mapping[str, Any] = field(default_factory=dict)
     status_patch: Mapping[str, Any] = field(default_factory=dict)
     events: tuple[Event, ...] = ()
+    # Optional children applied before that the spec no longer asks for: {apiVersion, kind, name, namespace}.
+    obsolete: tuple[dict[str, str], ...] = ()
 
 
 def regarding(owner: Owner) -> dict[str, Any]:
@@ -97,15 +108,66 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
         return refusal
 
 
+# The condition each optional child reports under, and what installs its API.
+_FEATURES = {
+    "PodMonitor": ("Monitoring", "the Prometheus Operator's CRDs"),
+    "HorizontalPodAutoscaler": ("Autoscaling", ""),
+    "ScaledObject": ("Autoscaling", "KEDA"),
+}
+
+
+def _optional_parts(
+    observed: Observed, children: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[FeatureCondition], list[str]]:
+    """(children to apply, a condition per optional part the spec asked for, the optional kinds applied): an
+    optional child whose CRD is not installed is left out and its condition says what to install."""
+    applied, features, kinds = [], [], []
+    for child in children:
+        kind = child["kind"]
+        crd = OPTIONAL_APIS.get((child["apiVersion"], kind))
+        if kind not in _FEATURES:
+            applied.append(child)
+            continue
+        condition_type, installer = _FEATURES[kind]
+        if crd is not None and observed.installed_crds is not None and crd not in observed.installed_crds:
+            message = (
+                f"the {kind} API ({child['apiVersion']}) is not installed: install {installer} (CRD {crd}); "
+                f"the {kind} is applied as soon as it is"
+            )
+            features.append(FeatureCondition(condition_type, False, f"{kind}CRDMissing", message))
+            continue
+        applied.append(child)
+        kinds.append(kind)
+        features.append(FeatureCondition(condition_type, True, f"{kind}Applied", f"{kind} {child['metadata']['name']}"))
+    return applied, features, kinds
+
+
 def decide(observed: Observed, now: datetime) -> Decision:
     if observed.namespace.terminating:
         return Decision(outcome=None)
     outcome = decide_plan(observed)
     children: tuple[dict[str, Any], ...] = ()
+    features: list[FeatureCondition] = []
+    optional_kinds: list[str] | None = None
+    obsolete: tuple[dict[str, str], ...] = ()
     if isinstance(outcome, Plan) and isinstance(observed.spec, CpuLLMServiceSpec):
-        children = tuple(build_children(observed.owner, observed.spec, outcome))
+        wanted, features, optional_kinds = _optional_parts(
+            observed, build_children(observed.owner, observed.spec, outcome)
+        )
+        children = tuple(wanted)
+        before = observed.status.get(OPTIONAL_CHILDREN) or []
+        obsolete = tuple(
+            {
+                "apiVersion": REMOVABLE_KINDS[kind],
+                "kind": kind,
+                "name": observed.owner.name,
+                "namespace": observed.owner.namespace,
+            }
+            for kind in before
+            if kind in REMOVABLE_KINDS and kind not in optional_kinds
+        )
         if observed.apply_error is not None:
-            outcome, children = observed.apply_error, ()
+            outcome, children, features, optional_kinds, obsolete = observed.apply_error, (), [], None, ()
     if isinstance(outcome, Plan):
         desired_replicas = outcome.replicas  # what the plan could place (throughput placement caps it)
     elif isinstance(observed.spec, CpuLLMServiceSpec):
@@ -120,6 +182,8 @@ def decide(observed: Observed, now: datetime) -> Decision:
         deployment_status=(observed.deployment or {}).get("status"),
         previous=observed.status,
         now=now,
+        features=features,
+        optional_children=optional_kinds,
     )
     events = tuple(
         Event("Normal" if cond["status"] == "True" else "Warning", cond["reason"], cond["message"])
@@ -131,4 +195,5 @@ def decide(observed: Observed, now: datetime) -> Decision:
         status=status,
         status_patch=status_changes(observed.status, status),
         events=events,
+        obsolete=obsolete,
     )

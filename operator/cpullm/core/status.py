@@ -11,6 +11,7 @@ On a failed plan the last good plan stays in status.plan: it is what the Deploym
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -20,6 +21,9 @@ from cpullm.errors import CpuLLMError
 
 PLANNED = "Planned"
 READY = "Ready"
+# The kinds of optional children (PodMonitor, HPA, ScaledObject) last applied: what to delete when the spec
+# stops asking for one.
+OPTIONAL_CHILDREN = "optionalChildren"
 
 
 def condition(
@@ -45,6 +49,16 @@ def condition(
     }
 
 
+@dataclass(frozen=True)
+class FeatureCondition:
+    """A condition for an optional part the spec asked for (Monitoring, Autoscaling): applied, or why not."""
+
+    type: str
+    ok: bool
+    reason: str
+    message: str
+
+
 def compute_status(
     *,
     name: str,
@@ -54,7 +68,10 @@ def compute_status(
     deployment_status: Mapping[str, Any] | None,
     previous: Mapping[str, Any],
     now: datetime,
+    features: Sequence[FeatureCondition] = (),
+    optional_children: Sequence[str] | None = None,
 ) -> dict[str, Any]:
+    """`optional_children`: the kinds of optional children applied (None: as before, the plan failed)."""
     conditions = previous.get("conditions") or []
     deployment_status = deployment_status or {}
     replicas = int(deployment_status.get("replicas") or 0)
@@ -80,10 +97,17 @@ def compute_status(
         "replicas": replicas,
         "readyReplicas": ready,
         "selector": f"{SERVICE_LABEL}={name}",
-        "conditions": [planned, condition(READY, ready_ok, reason, message, generation, now, conditions)],
+        "conditions": [
+            planned,
+            condition(READY, ready_ok, reason, message, generation, now, conditions),
+            *(condition(f.type, f.ok, f.reason, f.message, generation, now, conditions) for f in features),
+        ],
     }
     if plan is not None:
         status["plan"] = plan
+    kinds = optional_children if optional_children is not None else previous.get(OPTIONAL_CHILDREN)
+    if kinds is not None:
+        status[OPTIONAL_CHILDREN] = list(kinds)
     return status
 
 

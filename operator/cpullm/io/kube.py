@@ -25,7 +25,8 @@ from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.core.decision import NamespaceFacts
-from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
+from cpullm.errors import ChildRejected, CpuLLMError, PermissionDenied, TransientApiError
+from cpullm.metrics import API_ERRORS
 
 FIELD_MANAGER = "cpullm-operator"
 APPLY = "application/apply-patch+yaml"
@@ -51,22 +52,33 @@ class Kube:
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply an owned child (the kinds of core/children); returns the object as stored."""
         meta = manifest["metadata"]
-        call: Any = {
+        kind, name, namespace = manifest["kind"], meta["name"], meta["namespace"]
+        typed: Any = {
             "Deployment": self.apps.patch_namespaced_deployment,
             "Service": self.core.patch_namespaced_service,
             "ConfigMap": self.core.patch_namespaced_config_map,
         }
-        with _api_errors(f"apply {manifest['kind']} {meta['namespace']}/{meta['name']}"):
-            response = call[manifest["kind"]](
-                meta["name"],
-                meta["namespace"],
-                dict(manifest),
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY,
-                _preload_content=False,
-            )
+        options: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "force": True,
+            "_content_type": APPLY,
+            "_preload_content": False,
+        }
+        with _api_errors(f"apply {kind} {namespace}/{name}"):
+            if kind in typed:
+                response = typed[kind](name, namespace, dict(manifest), **options)
+            else:
+                group, version, plural = _resource(manifest["apiVersion"], kind)
+                response = self.custom.patch_namespaced_custom_object(
+                    group, version, namespace, plural, name, dict(manifest), **options
+                )
         return _json(response)
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        """Delete an optional child the spec no longer asks for; one already gone is not an error."""
+        group, version, plural = _resource(api_version, kind)
+        with _api_errors(f"delete {kind} {namespace}/{name}", absent_ok=True):
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
         with _api_errors(f"read Namespace {namespace}"):
@@ -118,6 +130,17 @@ class Kube:
 
 
 _TRANSIENT_STATUS = frozenset({409, 429})
+# Owned kinds written through the generic API (group, version, plural), beside the typed core/apps ones.
+_PLURALS = {
+    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
+    "PodMonitor": "podmonitors",
+    "ScaledObject": "scaledobjects",
+}
+
+
+def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
+    group, _, version = api_version.rpartition("/")
+    return group, version, _PLURALS[kind]
 
 
 @contextmanager
@@ -128,14 +151,19 @@ def _api_errors(action: str, *, absent_ok: bool = False) -> Iterator[None]:
     except ApiException as err:
         if err.status == 404 and absent_ok:
             return
+        typed: CpuLLMError | None = None
         if err.status == 403:
-            raise PermissionDenied(f"forbidden to {action}: {_message(err)}") from err
-        if err.status == 422:
-            raise ChildRejected(f"the API server refused to {action}: {_message(err)}") from err
-        if err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500:
-            raise TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}") from err
-        raise
+            typed = PermissionDenied(f"forbidden to {action}: {_message(err)}")
+        elif err.status == 422:
+            typed = ChildRejected(f"the API server refused to {action}: {_message(err)}")
+        elif err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500:
+            typed = TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}")
+        API_ERRORS.labels(error=typed.reason if typed else f"HTTP{err.status}").inc()
+        if typed is None:
+            raise
+        raise typed from err
     except urllib3.exceptions.HTTPError as err:
+        API_ERRORS.labels(error=TransientApiError.reason).inc()
         raise TransientApiError(f"cannot {action}: {type(err).__name__}: {err}") from err
 
 

@@ -24,8 +24,9 @@ class Owner:
     uid: str | None = None
 
 
-# One kind of object the operator owns per service: a pure function of the owner, the spec and the plan.
-ChildBuilder = Callable[[Owner, CpuLLMServiceSpec, Plan], dict[str, Any]]
+# One kind of object the operator owns per service: a pure function of the owner, the spec and the plan; None
+# when the spec does not ask for it.
+ChildBuilder = Callable[[Owner, CpuLLMServiceSpec, Plan], dict[str, Any] | None]
 
 
 def binary_quantity(n: int) -> str:

@@ -93,6 +93,15 @@ def _affinity(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
     return affinity
 
 
+def _scrape(spec: CpuLLMServiceSpec) -> dict[str, str]:
+    """What annotation-based Prometheus scraping reads: vLLM serves its metrics at /metrics on its API port."""
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(spec.service.port),
+        "prometheus.io/path": "/metrics",
+    }
+
+
 def _volumes(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     cache: dict[str, Any] = {"emptyDir": {}}
     if spec.model_cache and spec.model_cache.persistent_volume_claim:
@@ -151,6 +160,6 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
             "selector": {"matchLabels": selector(owner)},
             # A pod takes most of a node: a surge pod would sit Pending, so replace one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": {"metadata": {"labels": labels(owner)}, "spec": pod_spec},
+            "template": {"metadata": {"labels": labels(owner), "annotations": _scrape(spec)}, "spec": pod_spec},
         },
     }

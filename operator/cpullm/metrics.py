@@ -1,0 +1,62 @@
+"""The operator's own Prometheus metrics (prometheus_client), served by `cpullm run --metrics-port PORT`.
+
+Every metric is listed in the chart's README with what it is for. The controller records reconciles and the
+services' readiness; io/kube.py records the API errors it maps; the node index records the node profiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+RECONCILES = Counter(
+    "cpullm_reconciles_total",
+    "Reconciles of CpuLLMServices, by outcome: planned, refused (a condition says why), retried (the API "
+    "server or the Hub could not be reached, or permission was denied) or skipped (namespace being deleted).",
+    ["outcome"],
+)
+RECONCILE_SECONDS = Histogram(
+    "cpullm_reconcile_duration_seconds",
+    "Wall time of one reconcile (gather, decide, apply), by outcome.",
+    ["outcome"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+PLAN_REFUSALS = Counter(
+    "cpullm_plan_refusals_total",
+    "Reconciles that ended without a plan, by the Planned condition's reason (NoEligibleNode, ModelTooLarge, ...).",
+    ["reason"],
+)
+API_ERRORS = Counter(
+    "cpullm_api_errors_total",
+    "Kubernetes API calls that failed, by the typed error they became (PermissionDenied, ChildRejected, "
+    "ApiUnavailable) or by HTTP status when left unmapped.",
+    ["error"],
+)
+NODE_PROFILES = Gauge("cpullm_node_profiles", "Nodes the planner can use (their labels parse into a node profile).")
+
+
+class _ServicesByReadiness(Collector):
+    """cpullm_services{ready}: counted at scrape time from the statuses the operator last wrote."""
+
+    def __init__(self, count: Callable[[], Mapping[str, int]]) -> None:
+        self.count = count
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "cpullm_services", "CpuLLMServices by their Ready condition (True, False).", labels=["ready"]
+        )
+        for ready, number in sorted(self.count().items()):
+            family.add_metric([ready], number)
+        yield family
+
+
+def track_services(count: Callable[[], Mapping[str, int]]) -> None:
+    REGISTRY.register(_ServicesByReadiness(count))
+
+
+def serve(port: int) -> None:
+    """Serve /metrics on all addresses (a background thread)."""
+    start_http_server(port)
