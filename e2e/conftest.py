@@ -115,7 +115,11 @@ def operator(cluster_ready: Kubectl, workdir: Path) -> Iterator[Operator | InClu
         in_cluster.start()
         yield in_cluster
         return
-    process = Operator(cluster_ready.kubeconfig, workdir / "operator.log", free_port())
+    metrics_port = free_port()
+    process = Operator(
+        cluster_ready.kubeconfig, workdir / "operator.log", free_port(), ["--metrics-port", str(metrics_port)]
+    )
+    process.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     process.start()
     yield process
     process.stop()

@@ -88,6 +88,7 @@ class Operator:
         self.extra_args = extra_args or []
         self.log_path = log_path
         self.health_url = f"http://127.0.0.1:{health_port}/healthz"
+        self.metrics_url: str | None = None  # set when started with --metrics-port
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:

@@ -397,6 +397,8 @@ def test_node_churn_of_the_same_shape_leaves_running_servers_alone(
     untouched()
     # Another shape (1 NUMA node): the 2-NUMA plan is still preferred, so nothing changes at all.
     nodes.add(fake_node(f"churn-c-{namespace[-5:]}", numa=1, pool=namespace))
-    kubectl.run("label", "node", first["metadata"]["name"], f"churn-seen={namespace[-5:]}")  # a label nothing selects on
+    kubectl.run(
+        "label", "node", first["metadata"]["name"], f"churn-seen={namespace[-5:]}"
+    )  # a label nothing selects on
     eligible([first["metadata"]["name"]])
     untouched()

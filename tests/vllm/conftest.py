@@ -12,6 +12,7 @@ from tests.vllm.harness import vllm_python as setup_vllm_python
 RATIOS: dict[str, tuple[int, int]] = {}
 BREAKDOWNS: dict[str, list[tuple[str, int]]] = {}
 BINDINGS: dict[str, tuple[str, list[list[int]]]] = {}
+WAITING_PEAKS: dict[str, float] = {}
 
 
 @pytest.fixture(scope="session")
@@ -39,3 +40,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("in-pod launcher: threadsBind chosen / CPUs the server's threads were pinned to")
         for case, (bind, pinned) in sorted(BINDINGS.items()):
             terminalreporter.write_line(f"{case}: threadsBind={bind}; pinned CPUs per process: {pinned}")
+    if WAITING_PEAKS:
+        terminalreporter.section("vllm:num_requests_waiting, peak during a burst of 12 requests (maxNumSeqs 4)")
+        for case, peak in sorted(WAITING_PEAKS.items()):
+            terminalreporter.write_line(f"{case}: {peak:g}")

@@ -217,6 +217,17 @@ class LocalServer:
             result: dict[str, Any] = json.loads(response.read())
         return result
 
+    def metrics(self) -> dict[str, float]:
+        """The server's Prometheus metrics: one value per series (name and labels as printed)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        samples = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                series, _, value = line.rpartition(" ")
+                samples[series] = float(value)
+        return samples
+
     def served_model(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=10) as response:
             return str(json.loads(response.read())["data"][0]["id"])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import psutil
 import pytest
 
 from cpullm import launcher
-from tests.vllm.conftest import BINDINGS, BREAKDOWNS, RATIOS
+from tests.vllm.conftest import BINDINGS, BREAKDOWNS, RATIOS, WAITING_PEAKS
 from tests.vllm.harness import LocalServer, free_port, pod_mounts, render_tiny_service, server_for_container
 
 pytestmark = pytest.mark.vllm
@@ -36,6 +38,44 @@ def pinned_cpus_by_process(server: LocalServer) -> dict[int, set[int]]:
             if len(affinity) == 1:
                 pinned.setdefault(proc.pid, set()).update(affinity)
     return pinned
+
+
+# What the PodMonitor, the HPA/KEDA triggers and the documented PromQL read (charts/cpullm-operator/monitoring.md).
+METRICS_RELIED_ON = (
+    "vllm:num_requests_waiting",
+    "vllm:num_requests_running",
+    "vllm:kv_cache_usage_perc",
+    "vllm:generation_tokens_total",
+    "vllm:prompt_tokens_total",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:num_preemptions_total",
+)
+
+
+def series_named(samples: dict[str, float], name: str) -> list[float]:
+    return [value for series, value in samples.items() if series.split("{")[0] == name]
+
+
+def check_the_metrics_autoscaling_reads(server: LocalServer, plan: dict[str, object]) -> None:
+    """Every metric name the autoscaler, the PodMonitor and the docs rely on is served, and the queue gauge
+    moves: with more requests in flight than maxNumSeqs (4), some wait."""
+    samples = server.metrics()
+    missing = [name for name in METRICS_RELIED_ON if not series_named(samples, name)]
+    assert not missing, f"vLLM does not serve {missing}"
+    queued = [f"Request {i} of a burst" for i in range(12)]
+    with ThreadPoolExecutor(len(queued)) as pool:
+        requests = [pool.submit(server.complete, prompt, 48) for prompt in queued]
+        peak = 0.0
+        while not all(r.done() for r in requests):
+            peak = max(peak, *series_named(server.metrics(), "vllm:num_requests_waiting"))
+            time.sleep(0.2)
+        assert all(r.result()["usage"]["completion_tokens"] == 48 for r in requests)
+    WAITING_PEAKS["tp1"] = peak
+    assert peak > 0, "vllm:num_requests_waiting stayed 0 with 12 requests and maxNumSeqs 4"
+    after = server.metrics()
+    assert max(series_named(after, "vllm:generation_tokens_total")) >= 12 * 48
+    assert max(series_named(after, "vllm:num_requests_waiting")) == 0
 
 
 def launcher_choice(log: Path) -> str:
@@ -77,6 +117,8 @@ def test_rendered_pod_serves_within_its_memory_limit_on_the_launchers_cpus(
         batch = server.complete(["The quick brown fox", "Kubernetes schedules pods"], max_tokens=8)
         assert [c["index"] for c in batch["choices"]] == [0, 1]
         pinned = pinned_cpus_by_process(server)
+        if case == "tp1":
+            check_the_metrics_autoscaling_reads(server, plan)
     finally:
         server.stop()
 

@@ -42,4 +42,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
+- apiGroups: [autoscaling]
+  resources: [horizontalpodautoscalers]
+  verbs: [create, patch, delete]
+- apiGroups: [monitoring.coreos.com]
+  resources: [podmonitors]
+  verbs: [create, patch, delete]
+- apiGroups: [keda.sh]
+  resources: [scaledobjects]
+  verbs: [create, patch, delete]
 {{- end -}}

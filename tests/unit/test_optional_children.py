@@ -1,0 +1,684 @@
+"""The optional children (PodMonitor, HorizontalPodAutoscaler, KEDA ScaledObject): their whole manifests, the
+spec rules that guard them (pydantic and the CRD's CEL), how `decide` leaves out a child whose CRD is missing
+and lists the ones to delete, and the reconciler deleting those once."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from cpullm.api.crd import build_crd
+from cpullm.api.spec import parse_spec
+from cpullm.controller.reconcile import Reconciler
+from cpullm.core.children import build_children
+from cpullm.core.children.autoscaler import build_autoscaler
+from cpullm.core.children.common import Owner
+from cpullm.core.children.podmonitor import build_pod_monitor
+from cpullm.core.decision import Decision, NamespaceFacts, Observed, decide
+from cpullm.core.planner import plan_service
+from cpullm.core.sizing import ModelFiles
+from cpullm.errors import ChildRejected, InvalidSpec, NoEligibleNode
+
+from .builders import LLAMA_8B, llama_8b, node, spec
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+T0_TEXT = "2026-01-01T12:00:00Z"
+OWNER = Owner(name="llama", namespace="serving", uid="uid-1")
+NODES = (node("n1", numa=2, memory="512Gi"),)
+PROMETHEUS = "http://prometheus.monitoring:9090"
+PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
+SCALEDOBJECT_CRD = "scaledobjects.keda.sh"
+ALL_CRDS = frozenset({PODMONITOR_CRD, SCALEDOBJECT_CRD})
+LABELS = {
+    "app.kubernetes.io/name": "vllm",
+    "app.kubernetes.io/instance": "llama",
+    "app.kubernetes.io/managed-by": "cpullm-operator",
+    "cpullm.io/service": "llama",
+}
+OWNER_REFERENCE = {
+    "apiVersion": "cpullm.io/v1alpha1",
+    "kind": "CpuLLMService",
+    "name": "llama",
+    "uid": "uid-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+METADATA = {"name": "llama", "namespace": "serving", "labels": LABELS, "ownerReferences": [OWNER_REFERENCE]}
+TARGET = {"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "name": "llama"}
+WAITING_QUERY = 'sum(vllm:num_requests_waiting{namespace="serving",cpullm_service="llama"})'
+KV_QUERY = 'avg(vllm:kv_cache_usage_perc{namespace="serving",cpullm_service="llama"})'
+
+HPA = {"kind": "hpa", "maxReplicas": 4}
+KEDA = {"kind": "keda", "maxReplicas": 4, "prometheusAddress": PROMETHEUS}
+MONITORED = {"podMonitor": True}
+
+
+def plan_for(service_spec: Any) -> Any:
+    return plan_service(service_spec, llama_8b(), NODES)
+
+
+def both(service_spec: Any, owner: Owner = OWNER) -> tuple[Any, Any]:
+    plan = plan_for(service_spec)
+    return build_pod_monitor(owner, service_spec, plan), build_autoscaler(owner, service_spec, plan)
+
+
+# --- manifests -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("monitoring", "interval"),
+    [({"podMonitor": True}, "30s"), ({"podMonitor": True, "interval": "15s"}, "15s")],
+    ids=["default-interval", "15s"],
+)
+def test_pod_monitor_whole_manifest(monitoring, interval):
+    pod_monitor, autoscaler = both(spec(monitoring=monitoring))
+    assert autoscaler is None
+    assert pod_monitor == {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": METADATA,
+        "spec": {
+            "selector": {"matchLabels": {"cpullm.io/service": "llama"}},
+            "podMetricsEndpoints": [
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "interval": interval,
+                    "relabelings": [
+                        {
+                            "sourceLabels": ["__meta_kubernetes_pod_label_cpullm_io_service"],
+                            "targetLabel": "cpullm_service",
+                        }
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def _hpa_metric(name: str, average: str) -> dict[str, Any]:
+    return {
+        "type": "Pods",
+        "pods": {"metric": {"name": name}, "target": {"type": "AverageValue", "averageValue": average}},
+    }
+
+
+WAITING_2 = _hpa_metric("vllm_num_requests_waiting", "2")
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "min_max", "metrics", "stabilization"),
+    [
+        pytest.param(HPA, (1, 4), [WAITING_2], 900, id="defaults"),
+        pytest.param(
+            {**HPA, "minReplicas": 2, "maxReplicas": 8, "targetWaitingRequests": 5, "scaleDownStabilizationSeconds": 0},
+            (2, 8),
+            [_hpa_metric("vllm_num_requests_waiting", "5")],
+            0,
+            id="explicit",
+        ),
+        pytest.param(
+            {**HPA, "maxKvCacheUsage": 0.8},
+            (1, 4),
+            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "800m")],
+            900,
+            id="kv-guard-0.8",
+        ),
+        pytest.param(
+            {**HPA, "maxKvCacheUsage": 0.57},
+            (1, 4),
+            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "570m")],
+            900,
+            id="kv-guard-0.57-no-float-truncation",
+        ),
+        pytest.param(
+            {**HPA, "maxKvCacheUsage": 0.01},
+            (1, 4),
+            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "10m")],
+            900,
+            id="kv-guard-minimum",
+        ),
+        pytest.param(
+            {**HPA, "maxKvCacheUsage": 1},
+            (1, 4),
+            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "1000m")],
+            900,
+            id="kv-guard-maximum",
+        ),
+    ],
+)
+def test_horizontal_pod_autoscaler_whole_manifest(autoscaling, min_max, metrics, stabilization):
+    pod_monitor, hpa = both(spec(autoscaling=autoscaling))
+    assert pod_monitor is None
+    assert hpa == {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": METADATA,
+        "spec": {
+            "scaleTargetRef": TARGET,
+            "minReplicas": min_max[0],
+            "maxReplicas": min_max[1],
+            "metrics": metrics,
+            "behavior": {"scaleDown": {"stabilizationWindowSeconds": stabilization}},
+        },
+    }
+
+
+def _trigger(metric_type: str, query: str, threshold: str) -> dict[str, Any]:
+    return {
+        "type": "prometheus",
+        "metricType": metric_type,
+        "metadata": {"serverAddress": PROMETHEUS, "query": query, "threshold": threshold},
+    }
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "min_max", "triggers", "stabilization"),
+    [
+        pytest.param(KEDA, (1, 4), [_trigger("AverageValue", WAITING_QUERY, "2")], 900, id="defaults"),
+        pytest.param(
+            {**KEDA, "minReplicas": 0, "maxReplicas": 3, "targetWaitingRequests": 4, "scaleDownStabilizationSeconds": 60},
+            (0, 3),
+            [_trigger("AverageValue", WAITING_QUERY, "4")],
+            60,
+            id="scale-to-zero",
+        ),
+        pytest.param(
+            {**KEDA, "maxKvCacheUsage": 0.75},
+            (1, 4),
+            [_trigger("AverageValue", WAITING_QUERY, "2"), _trigger("Value", KV_QUERY, "0.75")],
+            900,
+            id="kv-guard",
+        ),
+    ],
+)
+def test_scaled_object_whole_manifest(autoscaling, min_max, triggers, stabilization):
+    pod_monitor, scaled_object = both(spec(autoscaling=autoscaling))
+    assert pod_monitor is None
+    assert scaled_object == {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": METADATA,
+        "spec": {
+            "scaleTargetRef": TARGET,
+            "minReplicaCount": min_max[0],
+            "maxReplicaCount": min_max[1],
+            "advanced": {
+                "horizontalPodAutoscalerConfig": {
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": stabilization}}
+                }
+            },
+            "triggers": triggers,
+        },
+    }
+
+
+def test_the_query_names_the_owners_namespace_and_name():
+    pod_monitor, scaled_object = both(spec(autoscaling=KEDA), Owner(name="qwen", namespace="team-a", uid="u9"))
+    assert pod_monitor is None
+    assert scaled_object["spec"]["triggers"][0]["metadata"]["query"] == (
+        'sum(vllm:num_requests_waiting{namespace="team-a",cpullm_service="qwen"})'
+    )
+    assert scaled_object["spec"]["scaleTargetRef"] == {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "name": "qwen",
+    }
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [{}, {"monitoring": {"podMonitor": False, "interval": "10s"}}],
+    ids=["unset", "podMonitor-false"],
+)
+def test_nothing_optional_when_not_asked_for(fields):
+    service_spec = spec(**fields)
+    assert both(service_spec) == (None, None)
+    assert [c["kind"] for c in build_children(OWNER, service_spec, plan_for(service_spec))] == [
+        "ConfigMap",
+        "Deployment",
+        "Service",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("owner", "references"),
+    [(OWNER, [OWNER_REFERENCE]), (Owner(name="llama", namespace="serving"), None)],
+    ids=["operator", "offline"],
+)
+def test_owner_references_on_every_optional_child(owner, references):
+    for autoscaling in (HPA, KEDA):
+        service_spec = spec(monitoring=MONITORED, autoscaling=autoscaling)
+        for child in both(service_spec, owner):
+            assert child["metadata"].get("ownerReferences") == references
+
+
+def test_children_in_apply_order():
+    service_spec = spec(monitoring=MONITORED, autoscaling=HPA)
+    assert [(c["apiVersion"], c["kind"]) for c in build_children(OWNER, service_spec, plan_for(service_spec))] == [
+        ("v1", "ConfigMap"),
+        ("apps/v1", "Deployment"),
+        ("v1", "Service"),
+        ("monitoring.coreos.com/v1", "PodMonitor"),
+        ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ]
+
+
+# --- spec validation -----------------------------------------------------------------------------------------
+
+BASE_SPEC = {"model": {"name": "meta-llama/Llama-3.1-8B"}, "kvCacheGiB": 4}
+MIN_OVER_MAX = "minReplicas must not exceed maxReplicas"
+ZERO_NEEDS_KEDA = "scaling to zero (minReplicas 0) needs kind keda"
+KEDA_NEEDS_PROMETHEUS = "kind keda needs prometheusAddress (KEDA's Prometheus trigger queries it)"
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "message"),
+    [
+        ({"minReplicas": 5, "maxReplicas": 4}, MIN_OVER_MAX),
+        ({"kind": "keda", "minReplicas": 5, "maxReplicas": 4, "prometheusAddress": PROMETHEUS}, MIN_OVER_MAX),
+        ({"minReplicas": 0, "maxReplicas": 4}, ZERO_NEEDS_KEDA),
+        ({"kind": "hpa", "minReplicas": 0, "maxReplicas": 4}, ZERO_NEEDS_KEDA),
+        ({"kind": "keda", "maxReplicas": 4}, KEDA_NEEDS_PROMETHEUS),
+    ],
+    ids=["hpa-min-over-max", "keda-min-over-max", "zero-default-kind", "zero-hpa", "keda-no-prometheus"],
+)
+def test_inconsistent_autoscaling_is_an_invalid_spec(autoscaling, message):
+    with pytest.raises(InvalidSpec) as raised:
+        parse_spec({**BASE_SPEC, "autoscaling": autoscaling})
+    assert raised.value.message == f"spec.autoscaling: Value error, {message}"
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "expected"),
+    [
+        ({"kind": "keda", "minReplicas": 0, "maxReplicas": 2, "prometheusAddress": PROMETHEUS}, ("keda", 0, 2)),
+        ({"minReplicas": 4, "maxReplicas": 4}, ("hpa", 4, 4)),
+        ({"maxReplicas": 1}, ("hpa", 1, 1)),
+    ],
+    ids=["keda-scale-to-zero", "min-equals-max", "defaults"],
+)
+def test_consistent_autoscaling_parses(autoscaling, expected):
+    scaling = parse_spec({**BASE_SPEC, "autoscaling": autoscaling}).autoscaling
+    assert scaling is not None
+    assert (scaling.kind.value, scaling.min_replicas, scaling.max_replicas) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("maxKvCacheUsage", 0), ("maxKvCacheUsage", 1.5), ("targetWaitingRequests", 0), ("maxReplicas", 0)],
+)
+def test_out_of_range_autoscaling_fields_are_refused(field, value):
+    with pytest.raises(InvalidSpec) as raised:
+        parse_spec({**BASE_SPEC, "autoscaling": {"maxReplicas": 4, field: value}})
+    assert raised.value.message.startswith(f"spec.autoscaling.{field}: ")
+
+
+def test_monitoring_interval_pattern():
+    assert parse_spec({**BASE_SPEC, "monitoring": {"interval": "500ms"}}).monitoring.interval == "500ms"
+    with pytest.raises(InvalidSpec) as raised:
+        parse_spec({**BASE_SPEC, "monitoring": {"interval": "30"}})
+    assert raised.value.message.startswith("spec.monitoring.interval: String should match pattern")
+
+
+def test_crd_carries_the_same_rules_as_cel():
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    autoscaling = schema["properties"]["spec"]["properties"]["autoscaling"]
+    assert autoscaling["x-kubernetes-validations"] == [
+        {"rule": "self.minReplicas <= self.maxReplicas", "message": MIN_OVER_MAX},
+        {"rule": "self.minReplicas > 0 || self.kind == 'keda'", "message": ZERO_NEEDS_KEDA},
+        {"rule": "self.kind != 'keda' || has(self.prometheusAddress)", "message": KEDA_NEEDS_PROMETHEUS},
+    ]
+    # The CEL rules read these fields with no has(): the API server must default them before validating.
+    assert autoscaling["properties"]["kind"]["default"] == "hpa"
+    assert autoscaling["properties"]["minReplicas"]["default"] == 1
+    assert autoscaling["required"] == ["maxReplicas"]
+
+
+# --- decide --------------------------------------------------------------------------------------------------
+
+
+def observed(
+    installed_crds: frozenset[str] | None = ALL_CRDS, status: dict[str, Any] | None = None, **fields: Any
+) -> Observed:
+    base: dict[str, Any] = {
+        "owner": OWNER,
+        "generation": 3,
+        "spec": spec(),
+        "requested_replicas": 1,
+        "model": llama_8b(),
+        "nodes": NODES,
+        "installed_crds": installed_crds,
+        "status": status or {},
+    }
+    return Observed(**{**base, **fields})
+
+
+def kinds(decision: Decision) -> list[str]:
+    return [child["kind"] for child in decision.children]
+
+
+def conditions(decision: Decision) -> dict[str, tuple[str, str, str]]:
+    return {c["type"]: (c["status"], c["reason"], c["message"]) for c in decision.status["conditions"]}
+
+
+BASE_KINDS = ["ConfigMap", "Deployment", "Service"]
+POD_MONITOR_MISSING = (
+    "False",
+    "PodMonitorCRDMissing",
+    "the PodMonitor API (monitoring.coreos.com/v1) is not installed: install the Prometheus Operator's CRDs "
+    "(CRD podmonitors.monitoring.coreos.com); the PodMonitor is applied as soon as it is",
+)
+SCALED_OBJECT_MISSING = (
+    "False",
+    "ScaledObjectCRDMissing",
+    "the ScaledObject API (keda.sh/v1alpha1) is not installed: install KEDA (CRD scaledobjects.keda.sh); "
+    "the ScaledObject is applied as soon as it is",
+)
+POD_MONITOR_APPLIED = ("True", "PodMonitorApplied", "PodMonitor llama")
+HPA_APPLIED = ("True", "HorizontalPodAutoscalerApplied", "HorizontalPodAutoscaler llama")
+SCALED_OBJECT_APPLIED = ("True", "ScaledObjectApplied", "ScaledObject llama")
+
+
+@pytest.mark.parametrize(
+    ("fields", "crds", "applied", "features", "optional"),
+    [
+        pytest.param(
+            {"monitoring": MONITORED, "autoscaling": KEDA},
+            None,
+            [*BASE_KINDS, "PodMonitor", "ScaledObject"],
+            {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_APPLIED},
+            ["PodMonitor", "ScaledObject"],
+            id="offline-unknown-crds-every-child",
+        ),
+        pytest.param(
+            {"monitoring": MONITORED, "autoscaling": KEDA},
+            ALL_CRDS,
+            [*BASE_KINDS, "PodMonitor", "ScaledObject"],
+            {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_APPLIED},
+            ["PodMonitor", "ScaledObject"],
+            id="crds-installed",
+        ),
+        pytest.param(
+            {"monitoring": MONITORED, "autoscaling": HPA},
+            frozenset(),
+            [*BASE_KINDS, "HorizontalPodAutoscaler"],
+            {"Monitoring": POD_MONITOR_MISSING, "Autoscaling": HPA_APPLIED},
+            ["HorizontalPodAutoscaler"],
+            id="podmonitor-crd-missing-hpa-needs-none",
+        ),
+        pytest.param(
+            {"monitoring": MONITORED, "autoscaling": KEDA},
+            frozenset({PODMONITOR_CRD}),
+            [*BASE_KINDS, "PodMonitor"],
+            {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_MISSING},
+            ["PodMonitor"],
+            id="keda-crd-missing",
+        ),
+        pytest.param(
+            {"monitoring": MONITORED, "autoscaling": KEDA},
+            frozenset(),
+            BASE_KINDS,
+            {"Monitoring": POD_MONITOR_MISSING, "Autoscaling": SCALED_OBJECT_MISSING},
+            [],
+            id="both-crds-missing",
+        ),
+        pytest.param({}, frozenset(), BASE_KINDS, {}, [], id="nothing-asked-no-condition"),
+    ],
+)
+def test_optional_children_follow_installed_crds(fields, crds, applied, features, optional):
+    decision = decide(observed(crds, spec=spec(**fields)), T0)
+    assert kinds(decision) == applied
+    found = conditions(decision)
+    assert list(found) == ["Planned", "Ready", *features]
+    assert found["Planned"][:2] == ("True", "Planned")
+    assert found["Ready"] == ("False", "Progressing", "0/1 replicas ready")
+    assert {k: v for k, v in found.items() if k not in ("Planned", "Ready")} == features
+    assert decision.status["optionalChildren"] == optional
+    assert decision.obsolete == ()
+    for cond in decision.status["conditions"]:
+        assert (cond["observedGeneration"], cond["lastTransitionTime"]) == (3, T0_TEXT)
+
+
+def test_missing_crd_leaves_planned_and_ready_as_without_the_feature():
+    ready = {"status": {"replicas": 1, "readyReplicas": 1}}
+    plain = decide(observed(frozenset(), deployment=ready), T0)
+    missing = decide(observed(frozenset(), deployment=ready, spec=spec(monitoring=MONITORED, autoscaling=KEDA)), T0)
+    assert missing.status["conditions"][:2] == plain.status["conditions"]
+    assert conditions(missing)["Ready"] == ("True", "Available", "1/1 replicas ready")
+    assert [(e.type, e.reason) for e in missing.events] == [
+        ("Normal", "Planned"),
+        ("Normal", "Available"),
+        ("Warning", "PodMonitorCRDMissing"),
+        ("Warning", "ScaledObjectCRDMissing"),
+    ]
+
+
+def _gone(kind: str, api_version: str) -> dict[str, str]:
+    return {"apiVersion": api_version, "kind": kind, "name": "llama", "namespace": "serving"}
+
+
+HPA_GONE = _gone("HorizontalPodAutoscaler", "autoscaling/v2")
+PODMONITOR_GONE = _gone("PodMonitor", "monitoring.coreos.com/v1")
+SCALEDOBJECT_GONE = _gone("ScaledObject", "keda.sh/v1alpha1")
+
+
+@pytest.mark.parametrize(
+    ("before", "fields", "crds", "obsolete", "after"),
+    [
+        pytest.param(
+            ["HorizontalPodAutoscaler"],
+            {"autoscaling": KEDA},
+            ALL_CRDS,
+            (HPA_GONE,),
+            ["ScaledObject"],
+            id="hpa-to-keda",
+        ),
+        pytest.param(
+            ["ScaledObject"], {"autoscaling": HPA}, ALL_CRDS, (SCALEDOBJECT_GONE,), ["HorizontalPodAutoscaler"],
+            id="keda-to-hpa",
+        ),
+        pytest.param(
+            ["PodMonitor", "HorizontalPodAutoscaler"],
+            {"autoscaling": HPA},
+            ALL_CRDS,
+            (PODMONITOR_GONE,),
+            ["HorizontalPodAutoscaler"],
+            id="monitoring-removed",
+        ),
+        pytest.param(
+            ["PodMonitor", "ScaledObject"], {}, ALL_CRDS, (PODMONITOR_GONE, SCALEDOBJECT_GONE), [],
+            id="everything-removed",
+        ),
+        pytest.param(
+            ["PodMonitor"], {"monitoring": MONITORED}, frozenset(), (PODMONITOR_GONE,), [],
+            id="crd-uninstalled",
+        ),
+        pytest.param(
+            ["PodMonitor", "HorizontalPodAutoscaler"],
+            {"monitoring": MONITORED, "autoscaling": HPA},
+            ALL_CRDS,
+            (),
+            ["PodMonitor", "HorizontalPodAutoscaler"],
+            id="unchanged",
+        ),
+        pytest.param(["Deployment", "Unknown"], {}, ALL_CRDS, (), [], id="non-removable-kinds-ignored"),
+        pytest.param(None, {"monitoring": MONITORED}, ALL_CRDS, (), ["PodMonitor"], id="no-record-before"),
+    ],
+)
+def test_obsolete_lists_kinds_applied_before_and_no_longer_asked_for(before, fields, crds, obsolete, after):
+    status = {"optionalChildren": before} if before is not None else {}
+    decision = decide(observed(crds, status=status, spec=spec(**fields)), T0)
+    assert decision.obsolete == obsolete
+    assert decision.status["optionalChildren"] == after
+    assert ("optionalChildren" in decision.status_patch) == (before != after)
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param({"nodes": ()}, id="no-node"),
+        pytest.param({"spec": InvalidSpec("spec.replicas: bad"), "model": None}, id="invalid-spec"),
+        pytest.param({"apply_error": ChildRejected("refused")}, id="apply-error"),
+    ],
+)
+def test_nothing_obsolete_and_record_kept_when_the_plan_fails(fields):
+    status = {"optionalChildren": ["PodMonitor", "HorizontalPodAutoscaler"]}
+    decision = decide(observed(ALL_CRDS, status=status, **fields), T0)
+    assert decision.obsolete == ()
+    assert decision.children == ()
+    assert decision.status["optionalChildren"] == ["PodMonitor", "HorizontalPodAutoscaler"]
+    assert "optionalChildren" not in decision.status_patch
+    assert [c["type"] for c in decision.status["conditions"]] == ["Planned", "Ready"]
+
+
+def test_terminating_namespace_deletes_nothing():
+    status = {"optionalChildren": ["PodMonitor"]}
+    decision = decide(observed(ALL_CRDS, status=status, namespace=NamespaceFacts(terminating=True)), T0)
+    assert decision == Decision(outcome=None)
+
+
+# --- reconcile -----------------------------------------------------------------------------------------------
+
+
+class RecordingKube:
+    """The reconciler's API gateway, recording the writes: apply, delete, status patches and events."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, ...]] = []
+        self.status_patches: list[dict[str, Any]] = []
+
+    def apply(self, manifest):
+        self.calls.append(("apply", manifest["apiVersion"], manifest["kind"]))
+        return manifest
+
+    def delete(self, api_version, kind, namespace, name):
+        self.calls.append(("delete", api_version, kind, namespace, name))
+
+    def read_namespace(self, namespace):
+        return NamespaceFacts()
+
+    def patch_service_status(self, namespace, name, status):
+        self.status_patches.append(dict(status))
+
+    def read_secret_key(self, namespace, name, key):
+        return None
+
+    def emit_event(self, regarding, type_, reason, message):
+        self.calls.append(("event", type_, reason))
+
+
+class Hub:
+    def fetch(self, name, revision, token):
+        return ModelFiles(config=LLAMA_8B, checkpoint_total_bytes=None)
+
+
+def service(fields: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "llama", "namespace": "serving", "uid": "u1", "generation": 2},
+        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B"}, "kvCacheGiB": 4, "maxModelLen": 8192, **fields},
+        "status": status or {},
+    }
+
+
+def reconciler() -> tuple[Reconciler, RecordingKube]:
+    kube = RecordingKube()
+    return Reconciler(kube, Hub(), clock=lambda: T0), kube
+
+
+def writes(kube: RecordingKube, verb: str) -> list[tuple[str, ...]]:
+    return [call for call in kube.calls if call[0] == verb]
+
+
+BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment"), ("apply", "v1", "Service")]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "applied", "deleted", "optional"),
+    [
+        pytest.param(
+            {"autoscaling": HPA},
+            {"autoscaling": KEDA},
+            [("apply", "keda.sh/v1alpha1", "ScaledObject")],
+            [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")],
+            ["ScaledObject"],
+            id="hpa-to-keda",
+        ),
+        pytest.param(
+            {"monitoring": MONITORED, "autoscaling": HPA},
+            {"autoscaling": HPA},
+            [("apply", "autoscaling/v2", "HorizontalPodAutoscaler")],
+            [("delete", "monitoring.coreos.com/v1", "PodMonitor", "serving", "llama")],
+            ["HorizontalPodAutoscaler"],
+            id="monitoring-removed",
+        ),
+        pytest.param(
+            {"monitoring": MONITORED, "autoscaling": KEDA},
+            {},
+            [],
+            [
+                ("delete", "monitoring.coreos.com/v1", "PodMonitor", "serving", "llama"),
+                ("delete", "keda.sh/v1alpha1", "ScaledObject", "serving", "llama"),
+            ],
+            [],
+            id="everything-removed",
+        ),
+    ],
+)
+def test_reconcile_deletes_obsolete_children_once(first, second, applied, deleted, optional):
+    rec, kube = reconciler()
+    rec.reconcile(service(first), NODES, installed_crds=ALL_CRDS)
+    assert writes(kube, "delete") == []
+    first_status = kube.status_patches[-1]
+
+    kube.calls.clear()
+    rec.reconcile(service(second, status=first_status), NODES, installed_crds=ALL_CRDS)
+    assert writes(kube, "apply") == [*BASE_APPLIES, *applied]
+    assert writes(kube, "delete") == deleted
+    # Applies come first, deletions after: a new autoscaler exists before the old one goes.
+    assert [call[0] for call in kube.calls if call[0] != "event"] == ["apply"] * len(writes(kube, "apply")) + [
+        "delete"
+    ] * len(deleted)
+    assert kube.status_patches[-1]["optionalChildren"] == optional
+
+    # The watch delivers the status just written (or still the old one): nothing is deleted again.
+    kube.calls.clear()
+    rec.reconcile(service(second, status=kube.status_patches[-1]), NODES, installed_crds=ALL_CRDS)
+    rec.reconcile(service(second, status=first_status), NODES, installed_crds=ALL_CRDS)
+    assert writes(kube, "delete") == []
+
+
+def test_a_restarted_operator_deletes_from_the_objects_own_status():
+    """After a restart nothing was written by this process: the object's status.optionalChildren is the record."""
+    rec, kube = reconciler()
+    rec.reconcile(service({}, status={"optionalChildren": ["HorizontalPodAutoscaler"]}), NODES, installed_crds=ALL_CRDS)
+    assert writes(kube, "delete") == [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")]
+    assert kube.status_patches[-1]["optionalChildren"] == []
+
+
+def test_a_refused_plan_deletes_nothing():
+    rec, kube = reconciler()
+    status = {"optionalChildren": ["PodMonitor"]}
+    outcome = rec.reconcile(service({"cpu": {"requiredISA": ["sve"]}}, status=status), NODES, installed_crds=ALL_CRDS)
+    assert isinstance(outcome, NoEligibleNode)
+    assert writes(kube, "apply") == writes(kube, "delete") == []
+    assert "optionalChildren" not in kube.status_patches[-1]
+
+
+def test_missing_crd_is_reported_once_and_not_applied():
+    rec, kube = reconciler()
+    fields = {"monitoring": MONITORED}
+    rec.reconcile(service(fields), NODES, installed_crds=frozenset())
+    assert writes(kube, "apply") == BASE_APPLIES
+    assert ("event", "Warning", "PodMonitorCRDMissing") in kube.calls
+    (patch,) = kube.status_patches
+    assert patch["optionalChildren"] == []
+
+    # The CRD gets installed (optional_api_changed reconciles again): the PodMonitor is applied, the condition flips.
+    kube.calls.clear()
+    rec.reconcile(service(fields, status=patch), NODES, installed_crds=ALL_CRDS)
+    assert writes(kube, "apply") == [*BASE_APPLIES, ("apply", "monitoring.coreos.com/v1", "PodMonitor")]
+    assert writes(kube, "event") == [("event", "Normal", "PodMonitorApplied")]
+    assert kube.status_patches[-1]["optionalChildren"] == ["PodMonitor"]
