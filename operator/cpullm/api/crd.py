@@ -82,6 +82,12 @@ def status_schema() -> dict[str, Any]:
                 "x-kubernetes-list-map-keys": ["type"],
             },
             "plan": {**model_schema(Plan), "description": "What the planner decided (see `cpullm plan`)."},
+            "optionalChildren": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "Kinds of the optional children last applied (PodMonitor, HorizontalPodAutoscaler, "
+                "ScaledObject): deleted when the spec stops asking for them.",
+            },
         },
     }
 

@@ -119,10 +119,12 @@ class Reconciler:
                 )
                 decision = decide(observed, self.clock())
                 try:
-                    for child in decision.children:
-                        self.kube.apply(child)
+                    # Obsolete children go first: a new autoscaler may be refused while the old one still
+                    # targets the service (KEDA's admission webhook refuses a ScaledObject beside an HPA).
                     for gone in decision.obsolete:
                         self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"])
+                    for child in decision.children:
+                        self.kube.apply(child)
                 except (ChildRejected, PermissionDenied) as err:
                     decision = decide(replace(observed, apply_error=err), self.clock())
                 self._report(decision, observed.owner, uid)
