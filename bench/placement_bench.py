@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,24 +25,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.vllm.harness import (
+    PROMPTS,
     LocalServer,
     free_port,
+    make_tiny_model,
     pod_mounts,
     render_tiny_service,
     server_for_container,
     vllm_python,
 )
 
-PROMPTS = [
-    "The quick brown fox",
-    "Kubernetes schedules pods",
-    "Each tensor parallel rank",
-    "Once upon a time",
-    "Large language models",
-    "Memory placement",
-    "Thread binding",
-    "The lazy dog",
-]
 SIM_MULTI_NUMA = [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]
 
 
@@ -112,11 +103,7 @@ def main() -> None:
         raise SystemExit("needs two CPUs")
     python = vllm_python()
     workdir = Path(tempfile.mkdtemp(prefix="cpullm-placement-bench-"))
-    model = workdir / "tiny-llama"
-    subprocess.run(
-        [str(python), str(Path(__file__).resolve().parents[1] / "tests/vllm/make_tiny_model.py"), str(model)],
-        check=True,
-    )
+    model = make_tiny_model(python, workdir / "tiny-llama")
     rows = []
     for placement in ("tensorParallel", "throughput"):
         plan, group = servers(workdir, python, model, placement)

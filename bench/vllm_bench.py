@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,24 +24,16 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.vllm.harness import (
+    PROMPTS,
     LocalServer,
     free_port,
+    make_tiny_model,
     pod_mounts,
     render_tiny_service,
     server_for_container,
     vllm_python,
 )
 
-PROMPTS = [
-    "The quick brown fox",
-    "Kubernetes schedules pods",
-    "Each tensor parallel rank",
-    "Once upon a time",
-    "Large language models",
-    "Memory placement",
-    "Thread binding",
-    "The lazy dog",
-]
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 SIM_MULTI_NUMA = [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]
 
@@ -141,11 +132,7 @@ def main() -> None:
     args = parser.parse_args()
     python = vllm_python()
     workdir = Path(tempfile.mkdtemp(prefix="cpullm-bench-"))
-    model = workdir / "tiny-llama"
-    subprocess.run(
-        [str(python), str(Path(__file__).resolve().parents[1] / "tests/vllm/make_tiny_model.py"), str(model)],
-        check=True,
-    )
+    model = make_tiny_model(python, workdir / "tiny-llama")
     rows: list[Row] = []
     for tp in args.tp:
         server, limit = rendered(workdir, python, model, tp, f"launcher-tp{tp}")

@@ -3,53 +3,19 @@ parses real responses; only the network is replaced. Each API answer maps to the
 
 from __future__ import annotations
 
-import io
 import json
 import logging
-from typing import Any
 
 import pytest
-import urllib3
 from kubernetes import client
 
 from cpullm.core.decision import NamespaceFacts
 from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
-from cpullm.io.kube import Kube
+
+from .fake_api import RESET, FakeTransport, kube
 
 DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "llama", "namespace": "serving"}}
 SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama", "namespace": "serving"}}
-RESET = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))
-
-
-class FakeTransport:
-    """Stands in for urllib3's pool manager: records each request, answers with a canned status and body,
-    or raises the connection error it was given."""
-
-    def __init__(self, status: int = 200, body: Any = None, error: Exception | None = None, echo: bool = False) -> None:
-        self.status, self.body, self.error, self.echo = status, body, error, echo
-        self.requests: list[dict[str, Any]] = []
-
-    def request(self, method: str, url: str, **kwargs: Any) -> urllib3.HTTPResponse:
-        self.requests.append({"method": method, "url": url, **kwargs})
-        if self.error is not None:
-            raise self.error
-        body = self.body if self.body is not None else {"kind": "Status", "message": f"said {self.status}"}
-        if self.echo:  # the API server answers a create with the object as stored
-            body = json.loads(kwargs["body"])
-        return urllib3.HTTPResponse(
-            body=io.BytesIO(json.dumps(body).encode()),
-            status=self.status,
-            reason="Fake",
-            headers={"Content-Type": "application/json"},
-            preload_content=False,
-        )
-
-
-def kube(transport: FakeTransport) -> Kube:
-    configuration = client.Configuration(host="http://api.invalid")
-    api_client = client.ApiClient(configuration)
-    api_client.rest_client.pool_manager = transport
-    return Kube(api_client)
 
 
 def test_apply_is_a_forced_server_side_apply_under_our_field_manager():

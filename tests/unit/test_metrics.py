@@ -3,14 +3,11 @@ global (other tests count into it too), so every check reads the value before an
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-import urllib3
 from kubernetes import client
 from prometheus_client import REGISTRY, CollectorRegistry
 
@@ -22,11 +19,11 @@ from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
 from cpullm.io.kube import Kube
 
 from .builders import LLAMA_8B, node
+from .fake_api import RESET, FakeTransport, kube
 
 NODES = [node("n1", numa=2, memory="512Gi")]
 READY = {"status": {"replicas": 1, "readyReplicas": 1}}
 SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama", "namespace": "serving"}}
-RESET = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))
 
 
 def sample(name: str, **labels: str) -> float:
@@ -196,33 +193,6 @@ def test_services_gauge_is_collected_at_scrape_time(monkeypatch):
 # --- API errors ----------------------------------------------------------------------------------------------
 
 
-class FakeTransport:
-    """Stands in for urllib3's pool manager: answers with a canned status, or raises the given error."""
-
-    def __init__(self, status: int = 200, error: Exception | None = None) -> None:
-        self.status, self.error = status, error
-        self.requests: list[tuple[str, str]] = []
-
-    def request(self, method: str, url: str, **kwargs: Any) -> urllib3.HTTPResponse:
-        self.requests.append((method, url))
-        if self.error is not None:
-            raise self.error
-        body = {"kind": "Status", "message": f"said {self.status}"} if self.status >= 300 else {}
-        return urllib3.HTTPResponse(
-            body=io.BytesIO(json.dumps(body).encode()),
-            status=self.status,
-            reason="Fake",
-            headers={"Content-Type": "application/json"},
-            preload_content=False,
-        )
-
-
-def kube(transport: FakeTransport) -> Kube:
-    api_client = client.ApiClient(client.Configuration(host="http://api.invalid"))
-    api_client.rest_client.pool_manager = transport
-    return Kube(api_client)
-
-
 API_ERRORS = tuple(
     ("cpullm_api_errors_total", {"error": e})
     for e in ("PermissionDenied", "ChildRejected", "ApiUnavailable", "HTTP400", "HTTP404")
@@ -267,7 +237,7 @@ def _read_secret(k: Kube) -> None:
     ],
 )
 def test_api_errors_are_counted_by_the_typed_error(call, status, error, raised, counted):
-    transport = FakeTransport(status, error)
+    transport = FakeTransport(status, error=error)
     before = counts(*API_ERRORS)
     if raised is None:
         call(kube(transport))
@@ -283,7 +253,7 @@ def test_delete_goes_to_the_childs_own_api():
     kube(transport).delete("keda.sh/v1alpha1", "ScaledObject", "serving", "llama")
     kube(transport).delete("monitoring.coreos.com/v1", "PodMonitor", "serving", "llama")
     kube(transport).delete("autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")
-    assert transport.requests == [
+    assert [(r["method"], r["url"]) for r in transport.requests] == [
         ("DELETE", "http://api.invalid/apis/keda.sh/v1alpha1/namespaces/serving/scaledobjects/llama"),
         ("DELETE", "http://api.invalid/apis/monitoring.coreos.com/v1/namespaces/serving/podmonitors/llama"),
         ("DELETE", "http://api.invalid/apis/autoscaling/v2/namespaces/serving/horizontalpodautoscalers/llama"),

@@ -43,6 +43,25 @@ ISA_FLAGS = (
 LAUNCHER_DIR = "opt-cpullm"  # where the launcher ConfigMap's files go, as the pod mounts them
 
 
+# Prompts for the benchmarks' single-stream and batch measurements.
+PROMPTS = [
+    "The quick brown fox",
+    "Kubernetes schedules pods",
+    "Each tensor parallel rank",
+    "Once upon a time",
+    "Large language models",
+    "Memory placement",
+    "Thread binding",
+    "The lazy dog",
+]
+
+
+def make_tiny_model(python: Path, dest: Path) -> Path:
+    """The tests' tiny random-weight Llama (tests/vllm/make_tiny_model.py), built with the vLLM environment."""
+    subprocess.run([str(python), str(ROOT / "tests" / "vllm" / "make_tiny_model.py"), str(dest)], check=True)
+    return dest
+
+
 def vllm_python() -> Path:
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "setup-vllm.sh")], check=True, stdout=subprocess.PIPE, text=True

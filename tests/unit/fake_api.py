@@ -1,0 +1,45 @@
+"""The Kubernetes client with its network replaced: the real client builds the requests and parses the
+responses; a FakeTransport stands in for urllib3's pool manager (shared by test_kube and test_metrics)."""
+
+from __future__ import annotations
+
+import io
+import json
+from typing import Any
+
+import urllib3
+from kubernetes import client
+
+from cpullm.io.kube import Kube
+
+RESET = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))
+
+
+class FakeTransport:
+    """Records each request and answers with a canned status and body (a Status naming the code when none is
+    given), echoes the request body (as the API server answers a create), or raises the connection error."""
+
+    def __init__(self, status: int = 200, body: Any = None, error: Exception | None = None, echo: bool = False) -> None:
+        self.status, self.body, self.error, self.echo = status, body, error, echo
+        self.requests: list[dict[str, Any]] = []
+
+    def request(self, method: str, url: str, **kwargs: Any) -> urllib3.HTTPResponse:
+        self.requests.append({"method": method, "url": url, **kwargs})
+        if self.error is not None:
+            raise self.error
+        body = self.body if self.body is not None else {"kind": "Status", "message": f"said {self.status}"}
+        if self.echo:
+            body = json.loads(kwargs["body"])
+        return urllib3.HTTPResponse(
+            body=io.BytesIO(json.dumps(body).encode()),
+            status=self.status,
+            reason="Fake",
+            headers={"Content-Type": "application/json"},
+            preload_content=False,
+        )
+
+
+def kube(transport: FakeTransport) -> Kube:
+    api_client = client.ApiClient(client.Configuration(host="http://api.invalid"))
+    api_client.rest_client.pool_manager = transport
+    return Kube(api_client)
