@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from cpullm.errors import InvalidSpec
@@ -31,8 +31,36 @@ EXPLICIT_BIND_PATTERN = rf"^{_CPU_LIST}(\|{_CPU_LIST})*$"
 ISA_FLAG_PATTERN = r"^[a-z0-9_]+$"
 
 
+# The API server stores integers as int64; a larger one can only come from a file the CLI reads, and would
+# overflow the planner's float arithmetic (GiB in messages) or the YAML and JSON it writes.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _int64(cls, value: Any) -> Any:
+        """Every integer of the spec, pass-through objects included, fits an int64 (as the API server's do)."""
+        if _beyond_int64(value):
+            raise ValueError(
+                f"holds an integer beyond int64 ({INT64_MIN} to {INT64_MAX}), which Kubernetes cannot store"
+            )
+        return value
+
+
+def _beyond_int64(value: Any) -> bool:
+    stack = [value]
+    while stack:  # iterative: a pass-through object may nest deeper than Python's recursion limit
+        item = stack.pop()
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, int) and not INT64_MIN <= item <= INT64_MAX:
+            return True
+    return False
 
 
 class DType(StrEnum):

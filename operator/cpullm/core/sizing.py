@@ -22,6 +22,22 @@ from cpullm.errors import UnsupportedModel
 # The families the parameter formula above is right for; it lives beside the formula it scopes.
 DENSE_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
 
+# Upper bounds on config fields, each far above any real dense model (Llama 3.1 405B: hidden 16384,
+# intermediate 53248, 126 layers, 128 heads; vocabularies up to 262144; contexts up to 10M tokens). A value
+# beyond is a typo or garbage: refused with the field's name rather than planned into absurd sizes.
+MAX_CONFIG_VALUES = {
+    "hidden_size": 2**20,
+    "intermediate_size": 2**22,
+    "num_hidden_layers": 2**14,
+    "num_attention_heads": 2**14,
+    "num_key_value_heads": 2**14,
+    "head_dim": 2**14,
+    "vocab_size": 2**24,
+    "max_position_embeddings": 2**40,
+}
+# A safetensors index's total_size beyond this (4 EiB) is no checkpoint.
+MAX_CHECKPOINT_BYTES = 2**62
+
 
 @dataclass(frozen=True)
 class ModelFiles:
@@ -56,23 +72,22 @@ class ModelSize:
 
 def count_parameters(config: Mapping[str, Any]) -> int:
     """Parameter count of a dense decoder config; raises UnsupportedModel for other families."""
-    family = str(config.get("model_type", ""))
-    if family not in DENSE_FAMILIES:
+    family = config.get("model_type")
+    if not isinstance(family, str) or family not in DENSE_FAMILIES:
         raise UnsupportedModel(
-            f"model_type {family or '(missing)'!r} is not a supported dense family "
+            f"model_type {'(missing)' if family in (None, '') else _show(family)} is not a supported dense family "
             f"({', '.join(sorted(DENSE_FAMILIES))}); set spec.model.weightsBytes to size it"
         )
     h = _int(config, "hidden_size")
     i = _int(config, "intermediate_size")
     layers = _int(config, "num_hidden_layers")
-    heads = _int(config, "num_attention_heads")
-    kv_heads = _int(config, "num_key_value_heads", heads)
+    heads, kv_heads = _heads(config)
     d = _head_dim(config)
     vocab = _int(config, "vocab_size")
-    tied = bool(config.get("tie_word_embeddings", False))
+    tied = _bool(config, "tie_word_embeddings", False)
 
     attention = h * heads * d + 2 * h * kv_heads * d + heads * d * h
-    if config.get("attention_bias", family == "qwen2"):
+    if _bool(config, "attention_bias", family == "qwen2"):
         attention += heads * d + 2 * kv_heads * d
     if family == "qwen3":
         attention += 2 * d  # per-head RMSNorm on q and k
@@ -94,7 +109,17 @@ def size_model(
     if weights_bytes is not None:
         source = "spec.model.weightsBytes"
     elif checkpoint_total_bytes is not None:
-        stored = DTYPE_BYTES.get(str(config.get("torch_dtype", "bfloat16")), 2)
+        torch_dtype = config.get("torch_dtype")
+        stored = DTYPE_BYTES.get(torch_dtype, 2) if isinstance(torch_dtype, str) else 2
+        if (
+            isinstance(checkpoint_total_bytes, bool)
+            or not isinstance(checkpoint_total_bytes, int)
+            or not stored <= checkpoint_total_bytes <= MAX_CHECKPOINT_BYTES
+        ):
+            raise UnsupportedModel(
+                f"model.safetensors.index.json total_size={_show(checkpoint_total_bytes)} is not a checkpoint size "
+                f"({stored} to {MAX_CHECKPOINT_BYTES} bytes); set spec.model.weightsBytes to size the model"
+            )
         parameters = checkpoint_total_bytes // stored
         weights_bytes = parameters * dtype_bytes
         source = "model.safetensors.index.json"
@@ -102,26 +127,44 @@ def size_model(
         parameters = count_parameters(config)
         weights_bytes = parameters * dtype_bytes
         source = "config.json"
-    heads = _int(config, "num_attention_heads")
-    max_positions = config.get("max_position_embeddings")
+    heads, kv_heads = _heads(config)
     return ModelSize(
         parameters=parameters,
         weights_bytes=weights_bytes,
         weights_source=source,
         num_layers=_int(config, "num_hidden_layers"),
         num_attention_heads=heads,
-        num_kv_heads=_int(config, "num_key_value_heads", heads),
+        num_kv_heads=kv_heads,
         head_dim=_head_dim(config),
         dtype_bytes=dtype_bytes,
-        max_position_embeddings=int(max_positions) if isinstance(max_positions, int) else None,
+        max_position_embeddings=(
+            _int(config, "max_position_embeddings") if config.get("max_position_embeddings") is not None else None
+        ),
     )
 
 
+def _heads(config: Mapping[str, Any]) -> tuple[int, int]:
+    """(attention heads, KV heads): each KV head serves a whole group of attention heads (GQA), so the KV heads
+    divide the attention heads; without num_key_value_heads there are as many as attention heads (MHA)."""
+    heads = _int(config, "num_attention_heads")
+    kv_heads = _int(config, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise UnsupportedModel(
+            f"model config num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
+        )
+    return heads, kv_heads
+
+
 def _head_dim(config: Mapping[str, Any]) -> int:
-    explicit = config.get("head_dim")
-    if explicit is not None:
+    if config.get("head_dim") is not None:
         return _int(config, "head_dim")
-    return _int(config, "hidden_size") // _int(config, "num_attention_heads")
+    hidden, heads = _int(config, "hidden_size"), _int(config, "num_attention_heads")
+    if hidden < heads:
+        raise UnsupportedModel(
+            f"model config hidden_size={hidden} is smaller than num_attention_heads={heads}: head_dim "
+            "(hidden_size // num_attention_heads) would be 0; set head_dim in spec.model.config"
+        )
+    return hidden // heads
 
 
 def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
@@ -129,5 +172,28 @@ def _int(config: Mapping[str, Any], key: str, default: int | None = None) -> int
     if value is None:
         raise UnsupportedModel(f"model config lacks {key!r}")
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UnsupportedModel(f"model config {key}={value!r} is not a positive integer")
+        raise UnsupportedModel(f"model config {key}={_show(value)} is not a positive integer")
+    if value > MAX_CONFIG_VALUES.get(key, value):
+        raise UnsupportedModel(
+            f"model config {key}={_show(value)} is beyond any real model (at most {MAX_CONFIG_VALUES[key]}); "
+            "check the config"
+        )
     return value
+
+
+def _bool(config: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = config.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise UnsupportedModel(f"model config {key}={_show(value)} is not true or false")
+    return value
+
+
+def _show(value: object) -> str:
+    """A config value for a message, cut short: a garbage value can be arbitrarily long (and repr() refuses
+    integers of more than 4300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"(a {value.bit_length()}-bit integer)"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

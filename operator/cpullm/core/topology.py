@@ -17,7 +17,7 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Any
 
 from cpullm.errors import NodeLabelError
@@ -111,15 +111,28 @@ _SUFFIX = {
 }
 
 
+# Kubernetes keeps a quantity in an int64: anything larger is no quantity the API server would store.
+MAX_QUANTITY = Decimal(2**63 - 1)
+
+
 def parse_quantity(text: str | int | float) -> Decimal:
-    """A Kubernetes resource quantity ('15900m', '64Gi', '1e9') as a Decimal."""
+    """A Kubernetes resource quantity ('15900m', '64Gi', '1e9') as a Decimal; ValueError when it is none, or
+    is beyond what Kubernetes stores (int64)."""
+    if isinstance(text, bool) or not isinstance(text, str | int | float):
+        raise ValueError(f"not a quantity: {type(text).__name__}")
+    if isinstance(text, int) and abs(text) > MAX_QUANTITY:
+        raise ValueError(f"quantity out of range (larger than {MAX_QUANTITY})")
+    shown = repr(text) if len(str(text)) <= 40 else repr(str(text)[:37] + "...")
     match = _QUANTITY.match(str(text).strip())
     if not match or match.group(2) not in _SUFFIX:
-        raise ValueError(f"not a quantity: {text!r}")
+        raise ValueError(f"not a quantity: {shown}")
     try:
-        return Decimal(match.group(1)) * _SUFFIX[match.group(2)]
-    except InvalidOperation as err:
-        raise ValueError(f"not a quantity: {text!r}") from err
+        value = Decimal(match.group(1)) * _SUFFIX[match.group(2)]
+    except ArithmeticError as err:  # InvalidOperation ('1..2'), Overflow ('1e999999999')
+        raise ValueError(f"not a quantity: {shown}") from err
+    if abs(value) > MAX_QUANTITY:
+        raise ValueError(f"quantity out of range: {shown} is larger than {MAX_QUANTITY}")
+    return value
 
 
 def parse_node(node: Mapping[str, Any]) -> NodeProfile:
@@ -134,11 +147,14 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
     def fail(why: str) -> NodeLabelError:
         return NodeLabelError(f"node {name}: {why}")
 
-    try:
-        cpus = math.floor(parse_quantity(allocatable.get("cpu", 0)))
-        memory_bytes = math.floor(parse_quantity(allocatable.get("memory", 0)))
-    except ValueError as err:
-        raise fail(f"allocatable: {err}") from err
+    if not isinstance(labels, Mapping):
+        raise fail(f"labels must be a map of strings, not {type(labels).__name__}")
+    for key, value in labels.items():
+        if not isinstance(key, str) or not isinstance(value, str):
+            # The API server stores only strings; a node file can hold unquoted YAML numbers or booleans.
+            raise fail(f"label {key}={value!r} is not a string (quote it in YAML)")
+    cpus = _allocatable(allocatable, "cpu", fail)
+    memory_bytes = _allocatable(allocatable, "memory", fail)
 
     numa_nodes, numa_source = 1, "default"
     for label in (NUMA_NODES_LABEL, NFD_NUMA_COUNT):
@@ -188,6 +204,18 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
         labels=dict(labels),
         taints=taints,
     )
+
+
+def _allocatable(allocatable: Mapping[str, Any], resource: str, fail: Any) -> int:
+    """A node's allocatable cpu or memory in whole units (0 when not given)."""
+    value = allocatable.get(resource, 0)
+    try:
+        amount = math.floor(parse_quantity(value))
+    except ValueError as err:
+        raise fail(f"allocatable {resource}: {err}") from err
+    if amount < 0:
+        raise fail(f"allocatable {resource}={value!r} is negative")
+    return amount
 
 
 def lscpu_flag(nfd_label: str) -> str:
