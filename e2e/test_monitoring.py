@@ -125,7 +125,7 @@ def test_operator_metrics_count_reconciles_refusals_and_services(
         pytest.skip("the in-cluster operator's metrics are behind its Service")
     kubectl.apply(tiny_service("counted", namespace))
     ready(kubectl, namespace, "counted", 1)
-    kubectl.apply(tiny_service("refused-m", namespace, cpu={"requiredISA": ["sve2"]}))
+    kubectl.apply(tiny_service("refused-m", namespace, cpu={"requiredISA": ["avx10_2"]}))  # no node has it
 
     def scraped() -> dict[str, float]:
         with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:

@@ -25,6 +25,7 @@ from typing import Any
 import psutil
 import yaml
 
+from cpullm import launcher
 from cpullm.cli import main as cpullm
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,6 +83,13 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def smt_siblings() -> bool:
+    """Whether any CPU shares its core (as NFD's cpu-hardware_multithreading says): the `ht` flag only says the
+    CPU model could, and is set in VMs with one thread per core too."""
+    lists = Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list")
+    return any(len(launcher.parse_cpu_list(f.read_text())) > 1 for f in lists)
+
+
 def memory_bytes() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
@@ -97,7 +105,7 @@ def this_machine(numa_nodes: int) -> dict[str, Any]:
     labels = {"kubernetes.io/arch": {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "unknown")}
     labels["cpullm.io/numa-nodes"] = str(numa_nodes)
     labels.update({f"cpullm.io/isa.{flag}": "true" for flag in ISA_FLAGS if flag in flags})
-    labels["feature.node.kubernetes.io/cpu-hardware_multithreading"] = str("ht" in flags).lower()
+    labels["feature.node.kubernetes.io/cpu-hardware_multithreading"] = str(smt_siblings()).lower()
     return {
         "apiVersion": "v1",
         "kind": "Node",
