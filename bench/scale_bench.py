@@ -1,0 +1,551 @@
+"""Benchmark, not a test: the operator at scale against the API-write floor, side by side in one run (issue 14).
+
+    .venv/bin/python bench/scale_bench.py --services N [--seed S] [--steady-seconds 300] [--latency-samples 20]
+
+Starts its own kwokctl cluster (the e2e suite's binaries, a /16 service CIDR, an audit log), N KWOK nodes of 36
+mixed shapes and N tiny CpuLLMServices over up to 10 namespaces, then measures:
+
+1. converge: from the first of N creates (8 threads) to every Deployment, Service and launcher ConfigMap
+   existing and every status written for its generation with a Planned condition, timed by watches;
+2. the floor: the same children (the operator's own gather and decide, run here) and one status patch per
+   service, written by a bare client with the same 8 threads into fresh namespaces, operator stopped;
+3. API requests per service by verb, from the API server's audit log, by user agent;
+4. operator writes per minute over --steady-seconds with nothing changing, after its backlog drained;
+5. p50/p99 from one kvCacheGiB change to that Deployment's new generation, one service at a time;
+6. the operator's peak RSS and CPU seconds;
+7. the pure planner for one service against 5,000 node profiles, best of 3.
+
+Prints one table and ends with `converge ratio to floor at N=<N>: <x.xx>`. Everything it starts is stopped on
+exit, Ctrl-C or failure; the logs are kept and their place printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import signal
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.conftest import free_port
+from e2e.helpers import ROOT, Kubectl, Operator, eventually
+from kubernetes import client
+from scale_support import (
+    AGENT_DRIVER,
+    AGENT_FLOOR,
+    AGENT_WATCH,
+    AUDIT_DROPPED,
+    SERVICE_CIDR,
+    AuditLog,
+    BenchCluster,
+    ResourceMonitor,
+    Tracker,
+    Watches,
+    bench_node,
+    bench_service,
+    reconciles,
+    service_keys,
+    with_owner_uid,
+    writes,
+)
+
+from cpullm.api.plan import Plan
+from cpullm.api.spec import GROUP, PLURAL, VERSION, parse_spec
+from cpullm.controller.gather import gather, resolve_model
+from cpullm.core.decision import decide
+from cpullm.core.planner import plan_service
+from cpullm.core.sizing import ModelFiles
+from cpullm.core.topology import NodeProfile, parse_node
+from cpullm.io.files import OfflineCluster
+from cpullm.io.kube import Kube
+
+PARALLELISM = 8
+NAMESPACES = 10
+PLANNER_PROFILES = 5000
+PLANNER_RUNS = 3
+QUIET_SECONDS = 10  # the operator's backlog has drained once it wrote nothing for this long
+BACKLOG_LIMIT = 300
+PLACEHOLDER_UID = "00000000-0000-4000-8000-00000000beef"
+
+
+class NoHub:
+    """The bench's services carry their model config inline: nothing may reach the Hub."""
+
+    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+        raise RuntimeError(f"the benchmark would fetch {name} from the Hub")
+
+
+@dataclass
+class Results:
+    n: int
+    seed: int
+    steady_seconds: int
+    workdir: Path
+    planner_ms: float = math.nan
+    planner_shapes: int = 0
+    cluster_setup_s: float = math.nan
+    converge_s: float = math.nan
+    floor_s: float = math.nan
+    floor_writes_done_s: float = math.nan
+    backlog_writes: int = 0
+    backlog_s: float = 0.0
+    backlog_note: str = ""
+    operator_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    floor_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    converge_writes: int = 0
+    steady: Counter[tuple[str, str]] = field(default_factory=Counter)
+    latencies: list[float] = field(default_factory=list)
+    peak_rss: int = 0
+    cpu: dict[str, float] = field(default_factory=dict)
+    reconciles: dict[str, dict[str, float]] = field(default_factory=dict)
+    started: float = field(default_factory=time.monotonic)
+    total_s: float = math.nan
+
+
+def say(message: str, log: Path | None = None) -> None:
+    """Progress on stderr (stdout holds only the table), with the UTC time, also kept in the run's log."""
+    line = f"[{datetime.now(UTC):%H:%M:%S}] {message}"
+    print(line, file=sys.stderr, flush=True)
+    if log is not None:
+        with log.open("a") as out:
+            out.write(line + "\n")
+
+
+def planner_benchmark(results: Results) -> None:
+    """plan_service alone (no I/O) for one tiny service against 5,000 parsed node profiles, best of 3."""
+    profiles = [parse_node(bench_node(i)) for i in range(PLANNER_PROFILES)]
+    service = bench_service("planner", "bench")
+    spec = parse_spec(service["spec"])
+    model = resolve_model(spec, "bench", OfflineCluster(), NoHub())
+    best = math.inf
+    for _ in range(PLANNER_RUNS):
+        started = time.perf_counter()
+        plan = plan_service(spec, model, profiles)
+        best = min(best, time.perf_counter() - started)
+    results.planner_ms = best * 1000
+    results.planner_shapes = len({p.shape for p in profiles})
+    assert plan.tensor_parallel_size == 1, plan
+
+
+def precompute_floor(keys: list[tuple[str, str]], profiles: list[NodeProfile]) -> dict[tuple[str, str], Any]:
+    """The operator's own decision for each floor service (owner uid a placeholder, set once created):
+    exactly the children and status patch the operator would write, so the floor writes the same bytes."""
+    decisions = {}
+    for namespace, name in keys:
+        service = bench_service(name, namespace)
+        service["metadata"].update(uid=PLACEHOLDER_UID, generation=1)
+        observed = gather(
+            service,
+            nodes=profiles,
+            deployment=None,
+            last_status={},
+            cluster=OfflineCluster(),
+            models=NoHub(),
+            installed_crds=frozenset(),
+        )
+        decision = decide(observed, datetime.now(UTC))
+        if not isinstance(decision.outcome, Plan):
+            raise RuntimeError(f"{namespace}/{name} would not be planned: {decision.outcome}")
+        decisions[namespace, name] = (list(decision.children), dict(decision.status_patch))
+    return decisions
+
+
+def create_nodes(api: client.ApiClient, kubectl: Kubectl, n: int, log: Path) -> None:
+    """kubectl, not the typed client: its Node model insists on status fields a KWOK node leaves to KWOK."""
+    core = client.CoreV1Api(api)
+    nodes = [bench_node(i) for i in range(n)]
+    batches = [nodes[i : i + 25] for i in range(0, n, 25)]
+    with ThreadPoolExecutor(PARALLELISM) as pool:
+        create = ("create", "--validate=false", "-f", "-")  # KWOK nodes carry only part of nodeInfo
+        list(pool.map(lambda batch: kubectl.run(*create, input=json.dumps(_list(batch))), batches))
+
+    def all_ready() -> bool:
+        listing = json.loads(core.list_node(_preload_content=False, _request_timeout=60).data)
+        ready = sum(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in item.get("status", {}).get("conditions", []))
+            for item in listing["items"]
+        )
+        assert ready >= n, f"{ready}/{n} nodes Ready"
+        return True
+
+    eventually(all_ready, timeout=120 + n * 0.3, interval=2, what=f"{n} KWOK nodes Ready")
+    say(f"{n} KWOK nodes Ready", log)
+
+
+def _list(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "List", "items": items}
+
+
+def create_namespaces(api: client.ApiClient, names: set[str]) -> None:
+    core = client.CoreV1Api(api)
+    for name in sorted(names):
+        core.create_namespace({"metadata": {"name": name}}, _preload_content=False)
+
+
+def converge_timeout(n: int) -> float:
+    return 120 + n * 0.6
+
+
+def operator_phase(
+    cluster: BenchCluster,
+    results: Results,
+    keys: list[tuple[str, str]],
+    tracker: Tracker,
+    audit: AuditLog,
+    stack: ExitStack,
+    latency_samples: int,
+    rng: random.Random,
+    log: Path,
+) -> None:
+    driver = cluster.api_client(AGENT_DRIVER)
+    custom = client.CustomObjectsApi(driver)
+    create_namespaces(driver, {ns for ns, _ in keys})
+    metrics_port = free_port()
+    operator = Operator(
+        str(cluster.kubeconfig),
+        results.workdir / "operator.log",
+        free_port(),
+        ["--metrics-port", str(metrics_port)],
+    )
+    operator.start()
+    stack.callback(operator.stop)
+    assert operator.process is not None
+    monitor = ResourceMonitor(operator.process.pid)
+    stack.callback(monitor.close)
+    metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+
+    def checkpoint(name: str) -> None:
+        results.cpu[name] = monitor.cpu_seconds()
+        with urllib.request.urlopen(metrics_url, timeout=10) as response:
+            results.reconciles[name] = reconciles(response.read().decode())
+
+    eventually(lambda: operator_idle(audit), timeout=120, interval=1, what="operator start-up requests done")
+    checkpoint("idle")
+    say("operator started and idle; creating services", log)
+
+    tracker.set_target(keys)
+    order = list(keys)
+    rng.shuffle(order)
+    start_wall, start = time.time(), time.monotonic()
+    with ThreadPoolExecutor(PARALLELISM) as pool:
+        list(
+            pool.map(
+                lambda key: custom.create_namespaced_custom_object(
+                    GROUP, VERSION, key[0], PLURAL, bench_service(key[1], key[0]), _preload_content=False
+                ),
+                order,
+            )
+        )
+    timeout = converge_timeout(results.n)
+    try:
+        tracker.wait(lambda: tracker.done_at is not None, timeout, "operator convergence")
+    except TimeoutError as err:
+        raise TimeoutError(f"{err}: {tracker.missing()}") from err
+    assert tracker.done_at is not None
+    results.converge_s = tracker.done_at - start
+    converged_wall = start_wall + results.converge_s
+    say(f"operator converged in {results.converge_s:.1f} s; waiting for its writes to stop", log)
+
+    def drained() -> bool:
+        audit.read_new()
+        last = audit.last_write("operator") or start_wall
+        assert time.time() - last >= QUIET_SECONDS, f"operator wrote {time.time() - last:.1f} s ago"
+        return True
+
+    try:
+        eventually(drained, timeout=BACKLOG_LIMIT, interval=1, what="operator writes to stop")
+    except AssertionError as err:  # a figure in itself: go on and count the steady window anyway
+        results.backlog_note = f" (still writing after {BACKLOG_LIMIT} s)"
+        say(str(err), log)
+    quiet_wall = time.time()
+    last = audit.last_write("operator") or converged_wall
+    results.converge_writes = writes(audit.count("operator", start_wall, converged_wall + 0.001))
+    results.backlog_writes = writes(audit.count("operator", converged_wall + 0.001, quiet_wall))
+    results.backlog_s = max(0.0, last - converged_wall)
+    results.operator_requests = audit.count("operator", start_wall, quiet_wall)
+    checkpoint("converged")
+    say(f"backlog drained; steady state for {results.steady_seconds} s", log)
+
+    steady_start = time.time()
+    time.sleep(results.steady_seconds)  # one wait, nothing to poll: the audit log is counted afterwards
+    steady_end = time.time()
+    time.sleep(2)  # the last requests reach the log
+    audit.read_new()
+    results.steady = audit.count("operator", steady_start, steady_end)
+    checkpoint("steady")
+    say(f"steady: {writes(results.steady)} operator writes; {latency_samples} latency samples", log)
+
+    for key in rng.sample(keys, min(latency_samples, len(keys))):
+        results.latencies.append(spec_change_latency(custom, tracker, key))
+    checkpoint("latency")
+    results.peak_rss = monitor.peak_rss_bytes()
+    operator.stop()
+    monitor.close()
+    say(f"operator stopped; p50 latency {percentile(results.latencies, 0.5):.3f} s", log)
+
+
+def operator_idle(audit: AuditLog) -> bool:
+    """The operator's start-up lists and watches are in: nothing from it for 3 s."""
+    audit.read_new()
+    last = max((r.at for r in audit.requests if r.who == "operator" and r.verb != "watch"), default=None)
+    assert last is not None, "no operator request yet"
+    assert time.time() - last >= 3, "operator still starting"
+    return True
+
+
+def spec_change_latency(custom: client.CustomObjectsApi, tracker: Tracker, key: tuple[str, str]) -> float:
+    """kvCacheGiB 1 -> 2 on one service: seconds until the watch sees its Deployment's next generation; then
+    waits for that service's status, so the next sample starts with the operator idle."""
+    namespace, name = key
+    before = tracker.deployment_generation[key][0]
+    started = time.monotonic()
+    response = custom.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        namespace,
+        PLURAL,
+        name,
+        {"spec": {"kvCacheGiB": 2}},
+        _content_type="application/merge-patch+json",
+        _preload_content=False,
+    )
+    generation = json.loads(response.data)["metadata"]["generation"]
+    tracker.wait(lambda: tracker.deployment_generation[key][0] > before, 60, f"{namespace}/{name} Deployment")
+    latency = tracker.deployment_generation[key][1] - started
+    tracker.wait(lambda: tracker.planned_generation.get(key, 0) >= generation, 60, f"{namespace}/{name} status")
+    return latency
+
+
+def floor_phase(
+    cluster: BenchCluster,
+    results: Results,
+    keys: list[tuple[str, str]],
+    decisions: dict[tuple[str, str], Any],
+    tracker: Tracker,
+    audit: AuditLog,
+    rng: random.Random,
+    log: Path,
+) -> None:
+    say("floor: writing", log)
+    api = cluster.api_client(AGENT_FLOOR)
+    custom, kube = client.CustomObjectsApi(api), Kube(api)
+    create_namespaces(cluster.api_client(AGENT_DRIVER), {ns for ns, _ in keys})
+
+    def write(key: tuple[str, str]) -> None:
+        namespace, name = key
+        response = custom.create_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, bench_service(name, namespace), _preload_content=False
+        )
+        uid = json.loads(response.data)["metadata"]["uid"]
+        children, status_patch = decisions[key]
+        for child in with_owner_uid(children, PLACEHOLDER_UID, uid):
+            kube.apply(child)
+        kube.patch_service_status(namespace, name, status_patch)
+
+    tracker.set_target(keys)
+    order = list(keys)
+    rng.shuffle(order)
+    start_wall, start = time.time(), time.monotonic()
+    with ThreadPoolExecutor(PARALLELISM) as pool:
+        list(pool.map(write, order))
+    results.floor_writes_done_s = time.monotonic() - start
+    try:
+        tracker.wait(lambda: tracker.done_at is not None, converge_timeout(results.n), "floor convergence")
+    except TimeoutError as err:
+        raise TimeoutError(f"{err}: {tracker.missing()}") from err
+    assert tracker.done_at is not None
+    results.floor_s = tracker.done_at - start
+    time.sleep(2)  # the last requests reach the log
+    audit.read_new()
+    results.floor_requests = audit.count("floor", start_wall, time.time())
+    say(f"floor converged in {results.floor_s:.1f} s", log)
+
+
+def percentile(values: list[float], p: float) -> float:
+    """Nearest rank (with 20 samples p99 is the slowest)."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p * len(ordered)) - 1)]
+
+
+def run(args: argparse.Namespace, results: Results, log: Path) -> None:
+    rng = random.Random(args.seed)
+    say("planner: one service against 5,000 node profiles", log)
+    planner_benchmark(results)
+    namespaces = min(NAMESPACES, args.services)
+    op_keys = service_keys(args.services, "op", namespaces)
+    floor_keys = service_keys(args.services, "floor", namespaces)
+    started = time.monotonic()
+    profiles = [parse_node(bench_node(i)) for i in range(args.services)]
+    decisions = precompute_floor(floor_keys, profiles)  # before the cluster: the phases measured run alone
+    say(f"floor: {len(floor_keys)} decisions precomputed in {time.monotonic() - started:.1f} s", log)
+    stack = ExitStack()
+    try:
+        say(f"starting the kwokctl cluster in {results.workdir}", log)
+        started = time.monotonic()
+        cluster = BenchCluster.prepare(results.workdir)
+        stack.callback(cluster.delete, results.workdir / "cluster-logs")
+        cluster.create()
+        kubectl = Kubectl(str(cluster.kubectl), str(cluster.kubeconfig))
+        kubectl.run("apply", "--server-side", "-f", str(ROOT / "crds"))
+        kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
+        create_nodes(cluster.api_client(AGENT_DRIVER), kubectl, args.services, log)
+        results.cluster_setup_s = time.monotonic() - started
+        tracker = Tracker()
+        watches = Watches(cluster.api_client(AGENT_WATCH, pool=8), tracker)
+        watches.start()
+        stack.callback(watches.close)
+        audit = AuditLog(cluster.audit_log)
+        operator_phase(cluster, results, op_keys, tracker, audit, stack, args.latency_samples, rng, log)
+        floor_phase(cluster, results, floor_keys, decisions, tracker, audit, rng, log)
+    finally:
+        say("stopping the operator and the cluster", log)
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave them running
+        try:
+            stack.close()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+    results.total_s = time.monotonic() - results.started
+
+
+def table(results: Results) -> str:
+    n = results.n
+    rows: list[tuple[str, str, str, str]] = []
+
+    def row(metric: str, operator: str = "", floor: str = "", ratio: str = "") -> None:
+        rows.append((metric, operator, floor, ratio))
+
+    def per_service(count: float) -> str:
+        return f"{count / n:.2f}"
+
+    ratio = results.converge_s / results.floor_s
+    converge, floor = f"{results.converge_s:.2f}", f"{results.floor_s:.2f}"
+    row("converge: create N -> all children + status (s)", converge, floor, f"{ratio:.2f}x")
+    row("  floor: its own writes returned (s)", "", f"{results.floor_writes_done_s:.2f}")
+    backlog = f"{results.backlog_writes} in {results.backlog_s:.1f} s{results.backlog_note}"
+    row("  operator writes after converge (backlog)", backlog)
+    row("API requests per service, converge + backlog (by verb)")
+    verbs = Counter[str]()
+    floor_verbs = Counter[str]()
+    for (verb, _), count in results.operator_requests.items():
+        verbs[verb] += count
+    for (verb, _), count in results.floor_requests.items():
+        floor_verbs[verb] += count
+    for verb in sorted(set(verbs) | set(floor_verbs)):
+        row(f"  {verb}", per_service(verbs[verb]), per_service(floor_verbs[verb]))
+    op_writes, floor_writes = writes(results.operator_requests), writes(results.floor_requests)
+    ratio_writes = f"{op_writes / floor_writes:.2f}x" if floor_writes else ""
+    row("  writes (create/update/patch/delete)", per_service(op_writes), per_service(floor_writes), ratio_writes)
+    row("    of which before converge was reached", per_service(results.converge_writes))
+    row("API requests per service by verb and resource")
+    pairs = set(results.operator_requests) | set(results.floor_requests)
+    for verb, resource in sorted(pairs, key=lambda p: (p[1], p[0])):
+        row(
+            f"  {verb} {resource}",
+            per_service(results.operator_requests[verb, resource]),
+            per_service(results.floor_requests[verb, resource]),
+        )
+    minutes = results.steady_seconds / 60
+    row(f"steady state, nothing changing, {results.steady_seconds} s")
+    row("  operator writes per minute (goal 0)", f"{writes(results.steady) / minutes:.2f}")
+    row("  operator requests per minute, all verbs", f"{sum(results.steady.values()) / minutes:.2f}")
+    for (verb, resource), count in sorted(results.steady.items()):
+        row(f"    {verb} {resource}", f"{count}")
+    samples = len(results.latencies)
+    row(f"spec change -> Deployment updated, {samples} samples, N-1 idle")
+    row("  p50 (s)", f"{percentile(results.latencies, 0.5):.3f}")
+    row("  p99 (s)", f"{percentile(results.latencies, 0.99):.3f}")
+    row("operator peak RSS (MB)", f"{results.peak_rss / 1e6:.0f}")
+    cpu = results.cpu
+    row("operator CPU seconds, total", f"{cpu.get('latency', math.nan):.1f}")
+    row("  start-up (0 services)", f"{cpu.get('idle', math.nan):.1f}")
+    row("  converge + backlog", f"{cpu.get('converged', math.nan) - cpu.get('idle', math.nan):.1f}")
+    row(f"  steady state ({results.steady_seconds} s)", f"{cpu.get('steady', math.nan) - cpu.get('converged', 0):.1f}")
+    row(f"  {samples} spec changes", f"{cpu.get('latency', math.nan) - cpu.get('steady', math.nan):.1f}")
+    reconciled = results.reconciles
+    for phase, label in (("converged", "converge + backlog"), ("steady", "steady state")):
+        before = reconciled.get({"converged": "idle", "steady": "converged"}[phase], {})
+        after = reconciled.get(phase, {})
+        total = sum(after.values()) - sum(before.values())
+        row(f"operator reconciles per service, {label}", per_service(total))
+    row(
+        f"planner: plan_service vs {PLANNER_PROFILES} profiles, best of {PLANNER_RUNS} (ms)",
+        f"{results.planner_ms:.1f}",
+    )
+    widths = [max(len(r[i]) for r in [*rows, ("metric", "operator", "floor", "ratio")]) for i in range(4)]
+    header = ("metric", "operator", "floor", "ratio")
+    lines = [
+        "  ".join([header[0].ljust(widths[0]), *(h.rjust(w) for h, w in zip(header[1:], widths[1:], strict=True))])
+    ]
+    lines.append("-" * len(lines[0]))
+    for r in rows:
+        lines.append("  ".join([r[0].ljust(widths[0]), *(v.rjust(w) for v, w in zip(r[1:], widths[1:], strict=True))]))
+    return "\n".join(lines)
+
+
+def header(results: Results) -> str:
+    return "\n".join(
+        [
+            f"cpullm-operator scale benchmark, N={results.n}: {results.n} CpuLLMServices (Qwen2.5-0.5B, TP 1, "
+            f"2 CPUs/rank, KV 1 GiB) in {min(NAMESPACES, results.n)} namespaces",
+            f"over {results.n} KWOK nodes (1/2/4 NUMA x 32-128 CPUs x AMX/AVX-512/AVX2; the planner bench: "
+            f"{results.planner_shapes} shapes), seed {results.seed}, {PARALLELISM} writer threads",
+            f"machine: {os.cpu_count()} CPUs, {platform.platform()}, Python {platform.python_version()}; "
+            f"kwokctl binary runtime, service CIDR {SERVICE_CIDR}",
+            "API requests: kube-apiserver audit log (one line per request at ResponseComplete), by user agent:",
+            f"operator = kopf/* + OpenAPI-Generator/* (its kubernetes client), floor = {AGENT_FLOOR};",
+            f"the policy drops {AUDIT_DROPPED}, which neither touches; watches count once they end",
+            f"run time {results.total_s:.0f} s (cluster + {results.n} nodes {results.cluster_setup_s:.0f} s)",
+        ]
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--services", type=int, required=True, help="N: services and KWOK nodes")
+    parser.add_argument("--seed", type=int, default=0, help="order of creates and latency samples")
+    parser.add_argument("--steady-seconds", type=int, default=300, help="idle window counted for writes")
+    parser.add_argument("--latency-samples", type=int, default=20, help="spec changes, one service at a time")
+    args = parser.parse_args()
+    workdir = Path(tempfile.mkdtemp(prefix=f"cpullm-scale-{args.services}-"))
+    log = workdir / "bench.log"
+    results = Results(n=args.services, seed=args.seed, steady_seconds=args.steady_seconds, workdir=workdir)
+
+    def terminate(signum: int, _: Any) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        run(args, results, log)
+    except (Exception, KeyboardInterrupt) as err:
+        say(f"failed: {type(err).__name__}: {err}", log)
+        print(f"benchmark failed: {type(err).__name__}: {err}")
+        print(f"logs: {workdir} (operator.log, cluster-logs/ with audit.log, bench.log)")
+        return 1
+    print(header(results))
+    print()
+    print(table(results))
+    print()
+    print(f"logs: {workdir} (operator.log, cluster-logs/ with audit.log and the components' logs, bench.log)")
+    print(f"converge ratio to floor at N={results.n}: {results.converge_s / results.floor_s:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
