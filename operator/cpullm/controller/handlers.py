@@ -109,24 +109,28 @@ def _first(index: kopf.Index[Any, Any], key: Any) -> Any:
     return next(iter(index.get(key, ())), None)
 
 
+class _Facts:
+    """What a reconcile reads from Kopf's indexes, which Kopf passes every handler by name among its keyword
+    arguments; read here, on the event loop, before the reconcile goes to a worker thread."""
+
+    def __init__(self, kwargs: Mapping[str, Any]) -> None:
+        self.nodes = usable_nodes(kwargs["node_profiles"])
+        self.crds = installed(kwargs["installed_crds"])
+        self._deployments: kopf.Index[Any, Any] = kwargs["owned_deployments"]
+
+    async def reconcile(self, memo: kopf.Memo, service: Mapping[str, Any]) -> Any:
+        meta = service["metadata"]
+        deployment = _first(self._deployments, (meta["namespace"], meta["name"]))
+        return await asyncio.to_thread(memo["reconciler"].reconcile, service, self.nodes, deployment, self.crds)
+
+
 @kopf.on.resume(GROUP, VERSION, PLURAL)
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
-async def reconcile_service(
-    body: kopf.Body,
-    retry: int,
-    memo: kopf.Memo,
-    node_profiles: kopf.Index[Any, Any],
-    owned_deployments: kopf.Index[Any, Any],
-    installed_crds: kopf.Index[Any, Any],
-    **_: Any,
-) -> None:
+async def reconcile_service(body: kopf.Body, retry: int, memo: kopf.Memo, **kwargs: Any) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
-    service, nodes = copy.deepcopy(dict(body)), usable_nodes(node_profiles)
-    deployment = _first(owned_deployments, (body.metadata.namespace, body.metadata.name))
-    crds = installed(installed_crds)
-    outcome = await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment, crds)
+    outcome = await _Facts(kwargs).reconcile(memo, copy.deepcopy(dict(body)))
     outcome_to_kopf(outcome, retry)
 
 
@@ -144,9 +148,7 @@ async def node_changed(
     memo: kopf.Memo,
     node_profiles: kopf.Index[Any, Any],
     services: kopf.Index[Any, Any],
-    owned_deployments: kopf.Index[Any, Any],
-    installed_crds: kopf.Index[Any, Any],
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """Re-plan every service when a node's profile changed (heartbeats and status noise do not count).
 
@@ -175,24 +177,16 @@ async def node_changed(
             f"{state.message}; node skipped by the planner",
         )
     every_service = [s for store in services.values() for s in store]
-    indexes = (node_profiles, owned_deployments, installed_crds)
-    await _reconcile_quietly(memo, every_service, *indexes)
+    await _reconcile_quietly(memo, every_service, {"node_profiles": node_profiles, **kwargs})
 
 
-async def _reconcile_quietly(
-    memo: kopf.Memo,
-    services: list[Mapping[str, Any]],
-    node_profiles: kopf.Index[Any, Any],
-    owned_deployments: kopf.Index[Any, Any],
-    installed_crds: kopf.Index[Any, Any],
-) -> None:
+async def _reconcile_quietly(memo: kopf.Memo, services: list[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> None:
     """Event-driven reconciles report through status; errors are logged, the resource handler retries."""
-    nodes, crds = usable_nodes(node_profiles), installed(installed_crds)
+    facts = _Facts(kwargs)
     for service in [copy.deepcopy(dict(s)) for s in services if not s["metadata"].get("deletionTimestamp")]:
         meta = service["metadata"]
-        deployment = _first(owned_deployments, (meta["namespace"], meta["name"]))
         try:
-            await asyncio.to_thread(memo["reconciler"].reconcile, service, nodes, deployment, crds)
+            await facts.reconcile(memo, service)
         except Exception:  # an event handler must not stop the watch; the error is in the log
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
 
@@ -205,37 +199,26 @@ async def child_changed(
     namespace: str,
     type: str | None,
     memo: kopf.Memo,
-    node_profiles: kopf.Index[Any, Any],
     services: kopf.Index[Any, Any],
-    owned_deployments: kopf.Index[Any, Any],
-    installed_crds: kopf.Index[Any, Any],
-    **_: Any,
+    **kwargs: Any,
 ) -> None:
     """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status."""
     owner = labels.get(SERVICE_LABEL)
     if type is None or owner is None or (namespace, owner) not in services:
         return
-    owners = list(services[namespace, owner])
-    await _reconcile_quietly(memo, owners, node_profiles, owned_deployments, installed_crds)
+    await _reconcile_quietly(memo, list(services[namespace, owner]), kwargs)
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
 async def optional_api_changed(
-    name: str,
-    type: str | None,
-    memo: kopf.Memo,
-    node_profiles: kopf.Index[Any, Any],
-    services: kopf.Index[Any, Any],
-    owned_deployments: kopf.Index[Any, Any],
-    installed_crds: kopf.Index[Any, Any],
-    **_: Any,
+    name: str, type: str | None, memo: kopf.Memo, services: kopf.Index[Any, Any], **kwargs: Any
 ) -> None:
     """An optional API was installed or removed: reconcile the services that ask for it (a PodMonitor or a
     ScaledObject is applied as soon as its CRD exists)."""
     if type not in ("ADDED", "DELETED"):
         return  # the initial listing is the resume handlers' part; CRD updates change nothing here
     wanting = [s for store in services.values() for s in store if _asks_for(s, name)]
-    await _reconcile_quietly(memo, wanting, node_profiles, owned_deployments, installed_crds)
+    await _reconcile_quietly(memo, wanting, kwargs)
 
 
 def _asks_for(service: Mapping[str, Any], crd: str) -> bool:
