@@ -6,6 +6,7 @@ from typing import Any
 import kopf
 
 from cpullm.controller import handlers
+from cpullm.errors import TransientApiError
 
 from .builders import node, node_object
 
@@ -105,3 +106,67 @@ def test_node_index_keeps_label_errors_out_of_planning():
     assert asyncio.run(handlers.node_profiles(name="n2", body=kopf.Body(bad_labels))) is None
     index = {name: [profile] for name, profile in good.items()}
     assert [p.name for p in handlers.usable_nodes(index)] == ["n1"]
+
+
+class FlakyReconciler(RecordingReconciler):
+    """Answers the first `failures` reconciles with a transient API error, then plans."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def reconcile(self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None) -> Any:
+        super().reconcile(service, nodes, deployment, crds)
+        if len(self.calls) <= self.failures:
+            return TransientApiError("cannot apply Deployment ns/a: HTTP 503")
+        return None
+
+
+def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monkeypatch):
+    """A child event's reconcile that could not reach the API server is tried again (with the latest service),
+    so a status cannot stay stale after a fault; retries stop once it succeeds."""
+    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt: 0.01 if outcome is not None else None)
+    memo = kopf.Memo(reconciler=FlakyReconciler(failures=2))
+
+    async def scenario() -> None:
+        await handlers.child_changed(
+            labels={"cpullm.io/service": "a"},
+            namespace="ns",
+            type="MODIFIED",
+            memo=memo,
+            node_profiles={"n1": [node("n1")]},
+            services=SERVICES,
+            owned_deployments={},
+            installed_crds={},
+        )
+        while memo.get("event_retries"):
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert memo["reconciler"].calls == [("a", ["n1"])] * 3  # failed, failed, then planned: no more
+
+
+def crd_event(type_: str | None, established: bool) -> dict[str, Any]:
+    conditions = [{"type": "Established", "status": "True" if established else "False"}]
+    return {"name": "podmonitors.monitoring.coreos.com", "type": type_, "status": {"conditions": conditions}}
+
+
+def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_served():
+    """A CRD is ADDED before it is Established (an apply would get 404 then): act on the change of what is
+    served, once, and not on every edit of the CRD."""
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    wants = {
+        ("ns", "m"): [{"metadata": {"name": "m", "namespace": "ns"}, "spec": {"monitoring": {"podMonitor": True}}}]
+    }
+    indexes = {"node_profiles": {"n1": [node("n1")]}, "owned_deployments": {}, "installed_crds": {}}
+    for type_, established in [
+        (None, False),
+        ("ADDED", False),
+        ("MODIFIED", True),
+        ("MODIFIED", True),
+        ("DELETED", True),
+    ]:
+        asyncio.run(
+            handlers.optional_api_changed(**crd_event(type_, established), memo=memo, services=wants, **indexes)
+        )
+    assert memo["reconciler"].calls == [("m", ["n1"]), ("m", ["n1"])]  # once served, once gone

@@ -22,7 +22,7 @@ from typing import Any
 import kopf
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
-from cpullm.controller.outcomes import outcome_to_kopf
+from cpullm.controller.outcomes import outcome_to_kopf, retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
@@ -77,10 +77,15 @@ def _optional_api(name: str, **_: Any) -> bool:
     return name in OPTIONAL_APIS.values()
 
 
+def _established(status: Mapping[str, Any]) -> bool:
+    """Whether the API server serves the CRD's kind: before that an apply answers 404."""
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
 @kopf.index("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
-async def installed_crds(name: str, **_: Any) -> dict[str, bool]:
-    """The optional APIs' CRDs that are installed (a PodMonitor or ScaledObject is applied only where they are)."""
-    return {name: True}
+async def installed_crds(name: str, status: Mapping[str, Any], **_: Any) -> dict[str, bool] | None:
+    """The optional APIs' CRDs that are served (a PodMonitor or ScaledObject is applied only where they are)."""
+    return {name: True} if _established(status) else None
 
 
 def installed(index: kopf.Index[Any, Any]) -> frozenset[str]:
@@ -177,18 +182,43 @@ async def node_changed(
             f"{state.message}; node skipped by the planner",
         )
     every_service = [s for store in services.values() for s in store]
-    await _reconcile_quietly(memo, every_service, {"node_profiles": node_profiles, **kwargs})
+    await _reconcile_quietly(memo, every_service, {"node_profiles": node_profiles, "services": services, **kwargs})
 
 
-async def _reconcile_quietly(memo: kopf.Memo, services: list[Mapping[str, Any]], kwargs: Mapping[str, Any]) -> None:
-    """Event-driven reconciles report through status; errors are logged, the resource handler retries."""
+async def _reconcile_quietly(
+    memo: kopf.Memo, services: list[Mapping[str, Any]], kwargs: Mapping[str, Any], attempt: int = 0
+) -> None:
+    """Event-driven reconciles report through status. One that could not finish (API server unreachable, Hub
+    down, permission denied) is tried again later with the latest service and indexes, on the resource
+    handler's delays; a handler bug is logged with its traceback and not retried."""
     facts = _Facts(kwargs)
     for service in [copy.deepcopy(dict(s)) for s in services if not s["metadata"].get("deletionTimestamp")]:
         meta = service["metadata"]
         try:
-            await facts.reconcile(memo, service)
+            outcome = await facts.reconcile(memo, service)
         except Exception:  # an event handler must not stop the watch; the error is in the log
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
+            continue
+        delay = retry_delay(outcome, attempt)
+        if delay is not None and attempt < MAX_EVENT_RETRIES:
+            _later(memo, (meta["namespace"], meta["name"]), kwargs, attempt + 1, delay)
+
+
+MAX_EVENT_RETRIES = 8  # with the backoff of controller/outcomes.py: about 10 minutes in all
+
+
+def _later(memo: kopf.Memo, key: tuple[str, str], kwargs: Mapping[str, Any], attempt: int, delay: float) -> None:
+    """Reconcile the service `key` again after `delay`, from Kopf's indexes as they are then."""
+    pending: set[asyncio.Task[None]] = memo.setdefault("event_retries", set())
+
+    async def again() -> None:
+        await asyncio.sleep(delay)
+        latest = list(kwargs["services"].get(key, ())) if "services" in kwargs else []
+        await _reconcile_quietly(memo, latest, kwargs, attempt)
+
+    task = asyncio.get_running_loop().create_task(again())
+    pending.add(task)  # kept referenced until done
+    task.add_done_callback(pending.discard)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
@@ -206,19 +236,29 @@ async def child_changed(
     owner = labels.get(SERVICE_LABEL)
     if type is None or owner is None or (namespace, owner) not in services:
         return
-    await _reconcile_quietly(memo, list(services[namespace, owner]), kwargs)
+    await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
 async def optional_api_changed(
-    name: str, type: str | None, memo: kopf.Memo, services: kopf.Index[Any, Any], **kwargs: Any
+    name: str,
+    type: str | None,
+    status: Mapping[str, Any],
+    memo: kopf.Memo,
+    services: kopf.Index[Any, Any],
+    **kwargs: Any,
 ) -> None:
-    """An optional API was installed or removed: reconcile the services that ask for it (a PodMonitor or a
-    ScaledObject is applied as soon as its CRD exists)."""
-    if type not in ("ADDED", "DELETED"):
-        return  # the initial listing is the resume handlers' part; CRD updates change nothing here
+    """An optional API began or stopped being served: reconcile the services that ask for it (a PodMonitor or
+    a ScaledObject is applied as soon as its CRD is established)."""
+    served: set[str] = memo.setdefault("served_optional_apis", set())
+    now = type != "DELETED" and _established(status)
+    if (name in served) == now:
+        return  # no change in what is served (CRD edits, resyncs)
+    (served.add if now else served.discard)(name)
+    if type is None:
+        return  # the initial listing: the resume handlers plan every service
     wanting = [s for store in services.values() for s in store if _asks_for(s, name)]
-    await _reconcile_quietly(memo, wanting, kwargs)
+    await _reconcile_quietly(memo, wanting, {"services": services, **kwargs})
 
 
 def _asks_for(service: Mapping[str, Any], crd: str) -> bool:

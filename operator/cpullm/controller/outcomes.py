@@ -1,4 +1,6 @@
-"""The one place the operator's outcomes meet Kopf: retry or not, and how soon.
+"""The one place the operator's outcomes meet Kopf: retry or not, and how soon. Reconciles triggered by a
+resource's own changes are retried by Kopf; those triggered by a node, a child or a CRD event are retried by
+the handlers on the same delays (controller/handlers.py), so none is left behind after a transient fault.
 
 - a plan, a refusal (PlanRefusal) or a bad spec (InvalidSpec) is already reported in status and waits for a
   change of the spec or the nodes: no retry;
@@ -19,9 +21,17 @@ MAX_BACKOFF_SECONDS = 300
 TRANSIENT_RETRY_SECONDS = 5
 
 
-def outcome_to_kopf(outcome: Plan | CpuLLMError | None, retry: int) -> None:
+def retry_delay(outcome: Plan | CpuLLMError | None, retry: int) -> float | None:
+    """Seconds until the next attempt of a reconcile with this outcome, or None when it waits for a change."""
     if not isinstance(outcome, CpuLLMError) or isinstance(outcome, PlanRefusal | InvalidSpec):
-        return
+        return None
     if isinstance(outcome, TransientApiError):
-        raise kopf.TemporaryError(outcome.message, delay=TRANSIENT_RETRY_SECONDS)
-    raise kopf.TemporaryError(outcome.message, delay=min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * 2**retry))
+        return TRANSIENT_RETRY_SECONDS
+    return float(min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * 2**retry))
+
+
+def outcome_to_kopf(outcome: Plan | CpuLLMError | None, retry: int) -> None:
+    delay = retry_delay(outcome, retry)
+    if delay is not None:
+        assert isinstance(outcome, CpuLLMError)
+        raise kopf.TemporaryError(outcome.message, delay=delay)

@@ -6,7 +6,8 @@ fields it sets: drift in them is reverted, fields others own (an HPA's, kubectl 
 API errors become typed errors in one place (`_api_errors`): 403 -> PermissionDenied (retried; status names
 the missing rule), 422 -> ChildRejected (a spec whose pass-through fields the API server refuses; waits for
 a spec change), 409, 429, 5xx and connection errors -> TransientApiError (retried soon). A 404 is "absent"
-where a call says so. Events are best effort: a failure to post one is logged, never raised.
+where a call says so, and transient for an apply (the kind is not served yet). Events are best effort: a
+failure to post one is logged, never raised.
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ class Kube:
             "_content_type": APPLY,
             "_preload_content": False,
         }
-        with _api_errors(f"apply {kind} {namespace}/{name}"):
+        # A server-side apply creates what is absent: a 404 means the kind itself is not served (yet), e.g. a
+        # CRD installed a moment ago; that passes.
+        with _api_errors(f"apply {kind} {namespace}/{name}", absent_is_transient=True):
             if kind in typed:
                 response = typed[kind](name, namespace, dict(manifest), **options)
             else:
@@ -144,7 +147,7 @@ def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
 
 
 @contextmanager
-def _api_errors(action: str, *, absent_ok: bool = False) -> Iterator[None]:
+def _api_errors(action: str, *, absent_ok: bool = False, absent_is_transient: bool = False) -> Iterator[None]:
     """Maps what the API server (or the connection to it) answered to the operator's typed errors."""
     try:
         yield
@@ -156,7 +159,7 @@ def _api_errors(action: str, *, absent_ok: bool = False) -> Iterator[None]:
             typed = PermissionDenied(f"forbidden to {action}: {_message(err)}")
         elif err.status == 422:
             typed = ChildRejected(f"the API server refused to {action}: {_message(err)}")
-        elif err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500:
+        elif err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500 or (err.status == 404 and absent_is_transient):
             typed = TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}")
         API_ERRORS.labels(error=typed.reason if typed else f"HTTP{err.status}").inc()
         if typed is None:
