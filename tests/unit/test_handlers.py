@@ -170,3 +170,17 @@ def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_serv
             handlers.optional_api_changed(**crd_event(type_, established), memo=memo, services=wants, **indexes)
         )
     assert memo["reconciler"].calls == [("m", ["n1"]), ("m", ["n1"])]  # once served, once gone
+
+
+def test_children_are_watched_with_a_server_side_label_selector():
+    """Only what the operator owns comes down the child watches (not every Deployment of the cluster)."""
+    settings = kopf.OperatorSettings()
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    handlers.configure(settings=settings, memo=memo)
+    selectors = {(s.group, s.version, s.any_name): v for s, v in settings.watching.label_selectors.items()}
+    owned = "app.kubernetes.io/managed-by=cpullm-operator"
+    assert selectors == {
+        ("apps", "v1", "deployments"): owned,
+        ("", "v1", "services"): owned,
+        ("", "v1", "configmaps"): owned,
+    }

@@ -36,6 +36,8 @@ from cpullm.settings import Settings
 
 log = logging.getLogger(__name__)
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
+# The owned children that are watched (drift reverted, readiness copied), as (group, version, plural).
+CHILD_RESOURCES = (("apps", "v1", "deployments"), ("", "v1", "services"), ("", "v1", "configmaps"))
 
 
 @kopf.on.startup()
@@ -57,6 +59,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # balancer is noticed; the client waits a little longer than the server, which ends the request cleanly.
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # Children are watched with a server-side label selector: the API server sends only objects the operator
+    # owns, not every Deployment, Service and ConfigMap of the cluster (the handlers' `labels=` filter alone
+    # is applied client-side, after the whole stream arrived).
+    for resource in CHILD_RESOURCES:
+        settings.watching.label_selectors[resource] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     if "reconciler" not in memo:
         config: Settings = memo.get("settings") or Settings()
         hub = HubClient(config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds)
