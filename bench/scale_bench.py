@@ -174,17 +174,20 @@ def create_nodes(api: client.ApiClient, kubectl: Kubectl, n: int, log: Path) -> 
         create = ("create", "--validate=false", "-f", "-")  # KWOK nodes carry only part of nodeInfo
         list(pool.map(lambda batch: kubectl.run(*create, input=json.dumps(_list(batch))), batches))
 
-    def all_ready() -> bool:
+    def settled() -> bool:
+        """Ready and untainted: the node lifecycle controller removes the not-ready taint a few seconds after
+        KWOK marks a node Ready, and each removal is a node event the operator re-plans every service on."""
         listing = json.loads(core.list_node(_preload_content=False, _request_timeout=60).data)
         ready = sum(
             any(c["type"] == "Ready" and c["status"] == "True" for c in item.get("status", {}).get("conditions", []))
+            and not item.get("spec", {}).get("taints")
             for item in listing["items"]
         )
-        assert ready >= n, f"{ready}/{n} nodes Ready"
+        assert ready >= n, f"{ready}/{n} nodes Ready and untainted"
         return True
 
-    eventually(all_ready, timeout=120 + n * 0.3, interval=2, what=f"{n} KWOK nodes Ready")
-    say(f"{n} KWOK nodes Ready", log)
+    eventually(settled, timeout=120 + n * 0.3, interval=2, what=f"{n} KWOK nodes Ready and untainted")
+    say(f"{n} KWOK nodes Ready and untainted", log)
 
 
 def _list(items: list[dict[str, Any]]) -> dict[str, Any]:
