@@ -30,6 +30,12 @@ class Settings(BaseSettings):
     hub_cache_seconds: float = Field(
         default=3600.0, ge=0, description="How long a fetched model config is reused before it is fetched again."
     )
+    namespace_cache_seconds: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long a namespace's Pod Security labels and termination are reused before being read "
+        "again (0: read on every reconcile).",
+    )
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces to watch (`cpullm run -n`); empty: the whole cluster."
     )

@@ -8,7 +8,7 @@ import kopf
 from cpullm.controller import handlers
 from cpullm.errors import TransientApiError
 
-from .builders import node, node_object
+from .builders import LLAMA_8B, node, node_object
 
 
 class RecordingReconciler:
@@ -16,6 +16,7 @@ class RecordingReconciler:
         self.calls: list[tuple[str, list[str]]] = []
         self.kube = self
         self.events: list[tuple[str, str, str]] = []
+        self.seen: list[tuple[str, str, str | None]] = []
 
     def reconcile(self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
@@ -23,7 +24,11 @@ class RecordingReconciler:
     def emit_event(self, regarding, type_, reason, message):
         self.events.append((regarding["kind"], type_, reason))
 
+    def child_seen(self, kind, namespace, name, event, body):
+        self.seen.append((kind, name, event))
 
+
+DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
 SERVICES = {
     ("ns", "a"): [{"metadata": {"name": "a", "namespace": "ns"}}],
     ("ns", "gone"): [{"metadata": {"name": "gone", "namespace": "ns", "deletionTimestamp": "now"}}],
@@ -95,9 +100,12 @@ def test_child_events_reconcile_their_owner_only():
             services=SERVICES,
             owned_deployments={},
             installed_crds={},
+            body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
+            resource=DEPLOYMENTS,
         )
         asyncio.run(call)
     assert memo["reconciler"].calls == [("a", ["n1"])]
+    assert memo["reconciler"].seen == [("Deployment", "a", "MODIFIED")]  # told before it reconciles
 
 
 def test_node_index_keeps_label_errors_out_of_planning():
@@ -138,6 +146,8 @@ def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monk
             services=SERVICES,
             owned_deployments={},
             installed_crds={},
+            body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
+            resource=DEPLOYMENTS,
         )
         while memo.get("event_retries"):
             await asyncio.sleep(0.01)
@@ -184,3 +194,51 @@ def test_children_are_watched_with_a_server_side_label_selector():
         ("", "v1", "services"): owned,
         ("", "v1", "configmaps"): owned,
     }
+
+
+def test_a_node_event_replans_only_the_services_it_can_affect():
+    """A node that neither runs a service's plan nor could run it (another pool, missing ISA) does not touch it."""
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    base = {"model": {"name": "m", "config": LLAMA_8B}, "kvCacheGiB": 4, "maxModelLen": 8192}
+    services = {
+        ("ns", "pool-a"): [
+            {"metadata": {"name": "pool-a", "namespace": "ns"}, "spec": {**base, "nodeSelector": {"pool": "a"}}}
+        ],
+        ("ns", "planned-on-n1"): [
+            {
+                "metadata": {"name": "planned-on-n1", "namespace": "ns"},
+                "spec": {**base, "nodeSelector": {"pool": "b"}},
+                "status": {"plan": {"eligibleNodes": ["n1"]}},
+            }
+        ],
+        ("ns", "needs-sve"): [
+            {"metadata": {"name": "needs-sve", "namespace": "ns"}, "spec": {**base, "cpu": {"requiredISA": ["sve"]}}}
+        ],
+    }
+    index = {"n1": [node("n1", labels={"pool": "a"})]}
+    call = handlers.node_changed(
+        name="n1",
+        type=None,
+        body=kopf.Body(node_object("n1", labels={"pool": "a"})),
+        memo=memo,
+        node_profiles=index,
+        services=services,
+        owned_deployments={},
+        installed_crds={},
+    )
+    asyncio.run(call)  # the initial listing: remembered
+    changed = node_object("n1", numa=2, labels={"pool": "a"})
+    index["n1"] = [node("n1", numa=2, labels={"pool": "a"})]
+    call = handlers.node_changed(
+        name="n1",
+        type="MODIFIED",
+        body=kopf.Body(changed),
+        memo=memo,
+        node_profiles=index,
+        services=services,
+        owned_deployments={},
+        installed_crds={},
+    )
+    asyncio.run(call)
+    # pool-a: n1 can run it; planned-on-n1: its plan runs there; needs-sve: n1 lacks the ISA, so it is left alone.
+    assert sorted(name for name, _ in memo["reconciler"].calls) == ["planned-on-n1", "pool-a"]

@@ -248,3 +248,17 @@ def test_mixed_refusals_across_shapes_become_no_eligible_node():
     nodes = [node("a", memory="8Gi", policy="none"), node("b", numa=4, memory="1Ti")]
     with pytest.raises(NoEligibleNode, match=r"exceeds the 4 NUMA nodes .*\(1: b\); the weights alone need .*\(1: a\)"):
         plan_service(spec(tensorParallelSize=8), llama_8b(), nodes)
+
+
+def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
+    """Nodes of another, equally good shape joining the pool must not move running servers (each move restarts
+    them): the current plan's shape wins over more nodes elsewhere, but not over room for every replica."""
+    running_pool = [node(f"a{i}", numa=2, cpu="64", memory="512Gi") for i in range(2)]
+    bigger_pool = [node(f"b{i}", numa=2, cpu="96", memory="512Gi") for i in range(3)]
+    fresh = plan_service(spec(replicas=2), llama_8b(), running_pool + bigger_pool)
+    assert fresh.eligible_nodes == ["b0", "b1", "b2"]  # nothing runs yet: the most room wins
+    current = plan_service(spec(replicas=2), llama_8b(), running_pool).model_dump(by_alias=True, mode="json")
+    kept = plan_service(spec(replicas=2), llama_8b(), running_pool + bigger_pool, current)
+    assert kept.eligible_nodes == ["a0", "a1"]
+    moved = plan_service(spec(replicas=3), llama_8b(), running_pool + bigger_pool, current)
+    assert moved.eligible_nodes == ["b0", "b1", "b2"]  # only the other shape has room for 3 replicas

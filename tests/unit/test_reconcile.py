@@ -84,7 +84,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
 
     rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES, READY)
     assert len(kube.status_patches) == 1 and len(kube.events) == 2  # nothing changed: no patch, no event
-    assert len(kube.applied) == 6  # apply is idempotent server-side
+    assert len(kube.applied) == 3  # the children did not change and nobody touched them: no second write
 
 
 def test_refusal_becomes_condition_and_warning_event_not_an_exception():
@@ -188,3 +188,45 @@ def test_forgetting_a_deleted_service_releases_its_memory():
     rec.forget("serving", "llama", "u1")
     rec.reconcile(service({}), NODES)  # forgotten: the object's own (empty) status is the reference again
     assert len(kube.status_patches) == 2
+
+
+def test_children_are_applied_again_only_when_they_or_someone_elses_edits_changed():
+    """A no-op server-side apply is still a write: a child is re-applied when its desired manifest changed or
+    its watch shows someone else's change (a Deployment's generation, another kind's resourceVersion), never
+    for a Deployment's status updates."""
+    rec, kube = reconciler()
+    kube.apply = lambda manifest: (
+        kube.applied.append(manifest)
+        or {
+            **manifest,
+            "metadata": {**manifest["metadata"], "generation": 1, "resourceVersion": "10"},
+        }
+    )
+    rec.reconcile(service({}), NODES, READY)
+    assert [m["kind"] for m in kube.applied] == ["ConfigMap", "Deployment", "Service"]
+    status_only = {"metadata": {"name": "llama", "generation": 1, "resourceVersion": "11"}}
+    rec.child_seen("Deployment", "serving", "llama", "MODIFIED", status_only)
+    rec.reconcile(service({}), NODES, READY)
+    assert len(kube.applied) == 3
+    rec.child_seen("Deployment", "serving", "llama", "MODIFIED", {"metadata": {"generation": 2}})  # drift
+    rec.child_seen("ConfigMap", "serving", "llama-launcher", "DELETED", {"metadata": {}})
+    rec.child_seen("Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}})  # drift
+    rec.reconcile(service({}), NODES, READY)
+    assert [m["kind"] for m in kube.applied[3:]] == ["ConfigMap", "Deployment", "Service"]
+    rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY)  # the desired Deployment changed
+    assert [m["kind"] for m in kube.applied[6:]] == ["Deployment"]
+
+
+def test_namespace_facts_are_read_once_per_ttl():
+    now = [100.0]
+    kube = StubKube()
+    reads: list[str] = []
+    read = kube.read_namespace
+    kube.read_namespace = lambda ns: reads.append(ns) or read(ns)
+    rec = Reconciler(kube, StubHub(), namespace_cache_seconds=10, monotonic=lambda: now[0])
+    for _ in range(3):
+        rec.reconcile(service({}), NODES, READY)
+    assert reads == ["serving"]
+    now[0] += 10.5
+    rec.reconcile(service({}), NODES, READY)
+    assert reads == ["serving", "serving"]

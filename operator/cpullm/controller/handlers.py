@@ -21,14 +21,15 @@ from typing import Any
 
 import kopf
 
-from cpullm.api.spec import GROUP, PLURAL, VERSION
+from cpullm.api.spec import GROUP, PLURAL, VERSION, parse_spec
 from cpullm.controller.outcomes import outcome_to_kopf, retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
+from cpullm.core.eligibility import node_rejection
 from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
-from cpullm.errors import NodeLabelError
+from cpullm.errors import CpuLLMError, NodeLabelError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
 from cpullm.metrics import NODE_PROFILES, track_services
@@ -67,7 +68,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if "reconciler" not in memo:
         config: Settings = memo.get("settings") or Settings()
         hub = HubClient(config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds)
-        memo["reconciler"] = Reconciler(Kube.from_environment(), hub)
+        memo["reconciler"] = Reconciler(
+            Kube.from_environment(), hub, namespace_cache_seconds=config.namespace_cache_seconds
+        )
         track_services(memo["reconciler"].services_by_readiness)
 
 
@@ -188,8 +191,22 @@ async def node_changed(
             state.reason,
             f"{state.message}; node skipped by the planner",
         )
-    every_service = [s for store in services.values() for s in store]
-    await _reconcile_quietly(memo, every_service, {"node_profiles": node_profiles, "services": services, **kwargs})
+    affected = [s for store in services.values() for s in store if _affected(s, name, before, state)]
+    await _reconcile_quietly(memo, affected, {"node_profiles": node_profiles, "services": services, **kwargs})
+
+
+def _affected(service: Mapping[str, Any], node: str, before: NodeState, after: NodeState) -> bool:
+    """Whether a change of `node` can change this service's plan: the node is among the nodes it is planned on,
+    or could run it before or after the change. Any other node is irrelevant to it, so the other services are
+    not even re-planned (with thousands of services, one node's label change must not touch them all)."""
+    plan = (service.get("status") or {}).get("plan") or {}
+    if node in (plan.get("eligibleNodes") or []):
+        return True
+    try:
+        spec = parse_spec(service.get("spec"))
+    except CpuLLMError:
+        return True  # its reconcile reports the spec; nothing to save here
+    return any(isinstance(p, NodeProfile) and node_rejection(spec, p) is None for p in (before, after))
 
 
 async def _reconcile_quietly(
@@ -239,10 +256,14 @@ async def child_changed(
     services: kopf.Index[Any, Any],
     **kwargs: Any,
 ) -> None:
-    """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status."""
+    """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status. The
+    reconciler re-applies the child only if someone else changed it (child_seen); its own writes and a
+    Deployment's status updates change nothing."""
     owner = labels.get(SERVICE_LABEL)
     if type is None or owner is None or (namespace, owner) not in services:
         return
+    body = kwargs.get("body") or {}
+    memo["reconciler"].child_seen(kwargs["resource"].kind, namespace, body["metadata"]["name"], type, body)
     await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
 
 

@@ -6,18 +6,21 @@ a status patch only when the status changed, an event for each condition that ch
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.core.children.common import Owner
-from cpullm.core.decision import Decision, decide, regarding
+from cpullm.core.children.launcher import launcher_config_map_name
+from cpullm.core.decision import Decision, NamespaceFacts, decide, regarding
 from cpullm.core.status import READY
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
@@ -42,13 +45,65 @@ class KubeGateway(ClusterFacts, Protocol):
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
 
+ChildKey = tuple[str, str, str]  # kind, namespace, name
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """What the operator last applied to a child, and how to tell a later change by someone else from noise:
+    a Deployment's generation (its status changes all the time, its generation only with its spec), the
+    resourceVersion of the others (nothing but a change of them bumps it)."""
+
+    digest: str
+    marker: str
+
+
+def _digest(manifest: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def _marker(kind: str, stored: Mapping[str, Any]) -> str:
+    meta = stored.get("metadata") or {}
+    return str(meta.get("generation") if kind == "Deployment" else meta.get("resourceVersion"))
+
+
+class _NamespaceCache:
+    """Namespace facts, read at most once per `ttl` seconds per namespace: Pod Security labels and termination
+    change rarely, and reading them on every reconcile was one API call per reconcile."""
+
+    def __init__(self, cluster: ClusterFacts, ttl: float, monotonic: Callable[[], float]) -> None:
+        self.cluster, self.ttl, self.monotonic = cluster, ttl, monotonic
+        self._facts: dict[str, tuple[float, NamespaceFacts]] = {}
+
+    def read_namespace(self, namespace: str) -> NamespaceFacts:
+        now = self.monotonic()
+        cached = self._facts.get(namespace)
+        if cached is not None and now < cached[0]:
+            return cached[1]
+        facts = self.cluster.read_namespace(namespace)
+        self._facts[namespace] = (now + self.ttl, facts)
+        return facts
+
+    def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
+        return self.cluster.read_secret_key(namespace, name, key)
+
+
 class Reconciler:
     def __init__(
-        self, kube: KubeGateway, hub: ModelConfigSource, clock: Callable[[], datetime] = lambda: datetime.now(UTC)
+        self,
+        kube: KubeGateway,
+        hub: ModelConfigSource,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        namespace_cache_seconds: float = 0.0,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
         self.hub = hub
         self.clock = clock
+        self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
+        # What was last applied to each child: a child whose desired manifest did not change and that nobody
+        # changed since (child_seen) is not applied again; a no-op server-side apply is still an API write.
+        self._applied: dict[ChildKey, _Applied] = {}
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
         # The operator is the only writer of status; what it last wrote (per object uid) is newer than a
@@ -65,6 +120,27 @@ class Reconciler:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
         self._written.pop(uid, None)
+        children = {name, launcher_config_map_name(Owner(name, namespace))}
+        for key in [k for k in self._applied if k[1] == namespace and k[2] in children]:
+            self._applied.pop(key, None)
+
+    def child_seen(self, kind: str, namespace: str, name: str, event: str | None, body: Mapping[str, Any]) -> None:
+        """A watch event of an owned child: when someone else changed or deleted it, apply it again next time."""
+        key = (kind, namespace, name)
+        applied = self._applied.get(key)
+        if applied is not None and (event == "DELETED" or _marker(kind, body) != applied.marker):
+            self._applied.pop(key, None)
+
+    def _apply(self, child: Mapping[str, Any]) -> None:
+        meta = child["metadata"]
+        key = (child["kind"], meta["namespace"], meta["name"])
+        digest = _digest(child)
+        applied = self._applied.get(key)
+        if applied is not None and applied.digest == digest:
+            return
+        self._applied.pop(key, None)  # until the server confirms it, the child is not known to match
+        stored = self.kube.apply(child)
+        self._applied[key] = _Applied(digest, _marker(child["kind"], stored))
 
     def reconcile(
         self,
@@ -113,7 +189,7 @@ class Reconciler:
                     nodes=nodes,
                     deployment=deployment,
                     last_status=self._written.get(uid),
-                    cluster=self.kube,
+                    cluster=self._cluster,
                     models=self.hub,
                     installed_crds=installed_crds,
                 )
@@ -124,7 +200,7 @@ class Reconciler:
                     for gone in decision.obsolete:
                         self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"])
                     for child in decision.children:
-                        self.kube.apply(child)
+                        self._apply(child)
                 except (ChildRejected, PermissionDenied) as err:
                     decision = decide(replace(observed, apply_error=err), self.clock())
                 self._report(decision, observed.owner, uid)

@@ -103,7 +103,7 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
             return observed.model
         if observed.model is None:
             raise ValueError("decide_plan needs the model's size: gather resolves it for a valid spec")
-        return plan_service(spec, observed.model, observed.nodes)
+        return plan_service(spec, observed.model, observed.nodes, observed.status.get("plan"))
     except CpuLLMError as refusal:
         return refusal
 

@@ -12,8 +12,9 @@
    per token per rank / GiB), must hold one sequence of the context length (else KVCacheTooSmall), unless
    the context length was left open with an explicit KV cache: then it is capped to what the KV cache holds;
    then the whole MemoryBudget must fit each NUMA node's share and the pod's memory.
-5. Among the shapes that fit, prefer one with room for every replica, then more ranks, then more room; ties
-   broken by shape for determinism. When no shape fits and every shape was refused for the same reason, that
+5. Among the shapes that fit, prefer one with room for every replica, then the shape the service already runs
+   on (status.plan: an equally good shape must not move running servers), then more ranks, then more room;
+   ties broken by shape for determinism. When no shape fits and every shape was refused for the same reason, that
    reason is reported (a model too large for every node is ModelTooLarge, not NoEligibleNode).
 """
 
@@ -21,8 +22,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from cpullm.api.plan import NodeProfileSummary, Plan
 from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, Placement, ThreadsBindMode
@@ -36,7 +38,13 @@ from cpullm.core.topology import NUMA_ALIGNING_POLICIES, NodeProfile
 from cpullm.errors import InvalidTensorParallelSize, KVCacheTooSmall, ModelTooLarge, NoEligibleNode, PlanRefusal
 
 
-def plan_service(spec: CpuLLMServiceSpec, model: ModelSize, nodes: Sequence[NodeProfile]) -> Plan:
+def plan_service(
+    spec: CpuLLMServiceSpec,
+    model: ModelSize,
+    nodes: Sequence[NodeProfile],
+    current: Mapping[str, Any] | None = None,
+) -> Plan:
+    """`current`: the plan the service runs (status.plan), so an equally good shape does not replace it."""
     explicit_tp = _explicit_tensor_parallel_size(spec)
     if explicit_tp is not None:
         problem = tensor_parallel_problem(explicit_tp, model)
@@ -64,17 +72,28 @@ def plan_service(spec: CpuLLMServiceSpec, model: ModelSize, nodes: Sequence[Node
             refusals.append((shape, refusal))
             rejections.update(dict.fromkeys(shape.names, refusal.message))
     if plans:
-        return max(plans, key=lambda p: _preference(p, spec.replicas))
+        running = _shape_key((current or {}).get("nodeProfile") or {})
+        return max(plans, key=lambda p: _preference(p, spec.replicas, running))
     if len({type(refusal) for _, refusal in refusals}) == 1:
         # Every shape refused for the same reason: say that, for the shape that came closest (most memory).
         raise max(refusals, key=lambda item: (item[0].memory_bytes, item[0].node.cpus))[1]
     raise NoEligibleNode(rejections)
 
 
-def _preference(plan: Plan, replicas: int) -> tuple[object, ...]:
+def _shape_key(profile: Mapping[str, Any]) -> tuple[object, ...]:
+    """What makes two node profile summaries the same shape for the running pods (memory aside)."""
+    keys = ("arch", "numaNodes", "cpus", "isa", "smt", "cpuManagerPolicy", "topologyManagerPolicy")
+    return tuple(str(profile.get(key)) for key in keys)
+
+
+def _preference(plan: Plan, replicas: int, running: tuple[object, ...]) -> tuple[object, ...]:
     profile = plan.node_profile
+    summary = profile.model_dump(by_alias=True, mode="json")
     return (
         plan.capacity >= replicas,
+        # The shape the service runs on stays while it is good enough: nodes joining the pool must not move
+        # running servers to an equally good shape (each move restarts them, minutes on CPU).
+        _shape_key(summary) == running,
         plan.tensor_parallel_size,
         plan.capacity,
         profile.cpus,
