@@ -25,7 +25,7 @@ from typing import Any
 
 import psutil
 import yaml
-from e2e.cluster import kubernetes_version, tool_dirs
+from e2e.cluster import create_args, kubernetes_version, tool_dirs
 from e2e.conftest import fake_node, tiny_service
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
@@ -84,27 +84,11 @@ class BenchCluster:
 
     def create(self) -> None:
         tools, workdir = self.tools, self.workdir
-        k8s, kwok = tools["kubernetes"], tools["kwok"]
         policy = workdir / "audit-policy.yaml"
         policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
         self.delete()  # one left over by an interrupted run in this workdir
         self._kwokctl(
-            "create",
-            "cluster",
-            "--runtime",
-            "binary",
-            "--kubeconfig",
-            str(self.kubeconfig),
-            "--kube-apiserver-binary",
-            str(k8s / "kube-apiserver"),
-            "--kube-controller-manager-binary",
-            str(k8s / "kube-controller-manager"),
-            "--kube-scheduler-binary",
-            str(k8s / "kube-scheduler"),
-            "--kwok-controller-binary",
-            str(kwok / "kwok"),
-            "--etcd-binary",
-            str(tools["etcd"] / "etcd"),
+            *create_args(tools, self.kubeconfig),
             "--extra-args",
             f"kube-apiserver=service-cluster-ip-range={SERVICE_CIDR}",
             "--kube-audit-policy",

@@ -24,6 +24,29 @@ def tool_dirs(tools: list[str] | None = None) -> dict[str, Path]:
     return {key.removesuffix("_BIN_DIR").lower(): Path(value) for key, value in dirs.items()}
 
 
+def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
+    """`kwokctl create cluster` with the binary runtime and the locally built binaries (nothing downloaded)."""
+    k8s, kwok = tools["kubernetes"], tools["kwok"]
+    return [
+        "create",
+        "cluster",
+        "--runtime",
+        "binary",
+        "--kubeconfig",
+        str(kubeconfig),
+        "--kube-apiserver-binary",
+        str(k8s / "kube-apiserver"),
+        "--kube-controller-manager-binary",
+        str(k8s / "kube-controller-manager"),
+        "--kube-scheduler-binary",
+        str(k8s / "kube-scheduler"),
+        "--kwok-controller-binary",
+        str(kwok / "kwok"),
+        "--etcd-binary",
+        str(tools["etcd"] / "etcd"),
+    ]
+
+
 def kubernetes_version() -> str:
     for line in (ROOT / "scripts" / "tool-versions.env").read_text().splitlines():
         if line.startswith("KUBERNETES_VERSION="):
@@ -45,26 +68,7 @@ class LocalCluster:
         kubeconfig = workdir / "kubeconfig"
         cluster = cls(workdir=workdir, kubeconfig=kubeconfig, kubectl=k8s / "kubectl", kwokctl=kwok / "kwokctl")
         cluster.delete()  # a cluster left over by an interrupted run
-        cluster._kwokctl(
-            "create",
-            "cluster",
-            "--runtime",
-            "binary",
-            "--kubeconfig",
-            str(kubeconfig),
-            "--kube-apiserver-binary",
-            str(k8s / "kube-apiserver"),
-            "--kube-controller-manager-binary",
-            str(k8s / "kube-controller-manager"),
-            "--kube-scheduler-binary",
-            str(k8s / "kube-scheduler"),
-            "--kwok-controller-binary",
-            str(kwok / "kwok"),
-            "--etcd-binary",
-            str(tools["etcd"] / "etcd"),
-            "--wait",
-            "2m",
-        )
+        cluster._kwokctl(*create_args(tools, kubeconfig), "--wait", "2m")
         return cluster
 
     def _kwokctl(self, *args: str) -> None:
