@@ -17,15 +17,23 @@ class RecordingReconciler:
         self.kube = self
         self.events: list[tuple[str, str, str]] = []
         self.seen: list[tuple[str, str, str | None]] = []
+        self.unschedulable: list[str | None] = []
+        self.changed_while_away: set[str] = set()
 
-    def reconcile(self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None) -> None:
+    def reconcile(
+        self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None, pending: Any = None
+    ) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
+        self.unschedulable.append(pending)
 
     def emit_event(self, regarding, type_, reason, message):
         self.events.append((regarding["kind"], type_, reason))
 
     def child_seen(self, kind, namespace, name, event, body):
         self.seen.append((kind, name, event))
+
+    def child_listed(self, kind, namespace, name, body, owner_uid):
+        return name in self.changed_while_away
 
 
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
@@ -52,6 +60,7 @@ def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], i
         services=SERVICES,
         owned_deployments={},
         installed_crds={},
+        unschedulable_pods={},
     )
     asyncio.run(run)
 
@@ -100,6 +109,7 @@ def test_child_events_reconcile_their_owner_only():
             services=SERVICES,
             owned_deployments={},
             installed_crds={},
+            unschedulable_pods={},
             body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
             resource=DEPLOYMENTS,
         )
@@ -123,8 +133,8 @@ class FlakyReconciler(RecordingReconciler):
         super().__init__()
         self.failures = failures
 
-    def reconcile(self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None) -> Any:
-        super().reconcile(service, nodes, deployment, crds)
+    def reconcile(self, service: dict[str, Any], nodes: list[Any], *facts: Any) -> Any:
+        super().reconcile(service, nodes, *facts)
         if len(self.calls) <= self.failures:
             return TransientApiError("cannot apply Deployment ns/a: HTTP 503")
         return None
@@ -146,6 +156,7 @@ def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monk
             services=SERVICES,
             owned_deployments={},
             installed_crds={},
+            unschedulable_pods={},
             body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
             resource=DEPLOYMENTS,
         )
@@ -168,7 +179,12 @@ def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_serv
     wants = {
         ("ns", "m"): [{"metadata": {"name": "m", "namespace": "ns"}, "spec": {"monitoring": {"podMonitor": True}}}]
     }
-    indexes = {"node_profiles": {"n1": [node("n1")]}, "owned_deployments": {}, "installed_crds": {}}
+    indexes = {
+        "node_profiles": {"n1": [node("n1")]},
+        "owned_deployments": {},
+        "installed_crds": {},
+        "unschedulable_pods": {},
+    }
     for type_, established in [
         (None, False),
         ("ADDED", False),
@@ -193,6 +209,7 @@ def test_children_are_watched_with_a_server_side_label_selector():
         ("apps", "v1", "deployments"): owned,
         ("", "v1", "services"): owned,
         ("", "v1", "configmaps"): owned,
+        ("", "v1", "pods"): owned,
     }
 
 
@@ -225,6 +242,7 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
         services=services,
         owned_deployments={},
         installed_crds={},
+        unschedulable_pods={},
     )
     asyncio.run(call)  # the initial listing: remembered
     changed = node_object("n1", numa=2, labels={"pool": "a"})
@@ -238,7 +256,102 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
         services=services,
         owned_deployments={},
         installed_crds={},
+        unschedulable_pods={},
     )
     asyncio.run(call)
     # pool-a: n1 can run it; planned-on-n1: its plan runs there; needs-sve: n1 lacks the ISA, so it is left alone.
     assert sorted(name for name, _ in memo["reconciler"].calls) == ["planned-on-n1", "pool-a"]
+
+
+def pod(name: str, scheduled: dict[str, str] | None) -> dict[str, Any]:
+    conditions = [{"type": "PodScheduled", **scheduled}] if scheduled else []
+    return {"name": name, "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "status": {"conditions": conditions}}
+
+
+INSUFFICIENT = {"status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu."}
+
+
+def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedulers_message():
+    """Only a change in whether (and why) a pod cannot be scheduled reconciles; its message reaches the reconcile
+    through the index, and the many other pod events (phase, IPs, probes) do nothing."""
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    index: dict[tuple[str, str], list[str]] = {}
+    for type_, scheduled in [
+        (None, None),  # the initial listing
+        ("ADDED", None),
+        ("MODIFIED", INSUFFICIENT),
+        ("MODIFIED", INSUFFICIENT),  # the same failure again (a scheduler retry): nothing new
+        ("MODIFIED", {"status": "True"}),
+        ("MODIFIED", {"status": "True"}),
+        ("MODIFIED", INSUFFICIENT),
+        ("DELETED", INSUFFICIENT),
+    ]:
+        event = pod("a-1", scheduled)
+        entry = asyncio.run(handlers.unschedulable_pods(**event)) if type_ != "DELETED" else None
+        index = {key: [message] for key, message in (entry or {}).items()}  # as Kopf keeps it
+        call = handlers.pod_changed(
+            **event,
+            type=type_,
+            memo=memo,
+            services=SERVICES,
+            node_profiles={},
+            owned_deployments={},
+            installed_crds={},
+            unschedulable_pods=index,
+        )
+        asyncio.run(call)
+    rec = memo["reconciler"]
+    message = INSUFFICIENT["message"]
+    assert rec.unschedulable == [message, None, message, None]
+
+
+def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting():
+    """Kopf lists again (type None) after a watch failed; the first listing and unchanged children do nothing."""
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    listing = {
+        "labels": {"cpullm.io/service": "a"},
+        "namespace": "ns",
+        "type": None,
+        "memo": memo,
+        "node_profiles": {},
+        "services": SERVICES,
+        "owned_deployments": {},
+        "installed_crds": {},
+        "unschedulable_pods": {},
+        "body": kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
+        "resource": DEPLOYMENTS,
+    }
+    asyncio.run(handlers.child_changed(**listing))
+    assert memo["reconciler"].calls == []
+    memo["reconciler"].changed_while_away.add("a")
+    asyncio.run(handlers.child_changed(**listing))
+    assert memo["reconciler"].calls == [("a", [])]
+
+
+def test_a_node_changed_while_the_watch_was_down_is_replanned_from_the_relisting():
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    index = {"n1": [node("n1")]}
+    call_node_changed(memo, None, node_object("n1"), index)  # the first listing
+    call_node_changed(memo, None, node_object("n1"), index)  # re-listed, unchanged
+    assert memo["reconciler"].calls == []
+    call_node_changed(memo, None, node_object("n1", numa=2), index)  # re-listed, changed meanwhile
+    assert memo["reconciler"].calls == [("a", ["n1"])]
+
+
+def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
+    memo = kopf.Memo(reconciler=RecordingReconciler())
+    for type_, scheduled in [(None, {"status": "True"}), (None, INSUFFICIENT), (None, INSUFFICIENT)]:
+        event = pod("a-1", scheduled)
+        entry = asyncio.run(handlers.unschedulable_pods(**event)) or {}
+        call = handlers.pod_changed(
+            **event,
+            type=type_,
+            memo=memo,
+            services=SERVICES,
+            node_profiles={},
+            owned_deployments={},
+            installed_crds={},
+            unschedulable_pods={key: [message] for key, message in entry.items()},
+        )
+        asyncio.run(call)
+    assert memo["reconciler"].unschedulable == [INSUFFICIENT["message"]]  # once: when it changed

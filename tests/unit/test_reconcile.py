@@ -230,3 +230,17 @@ def test_namespace_facts_are_read_once_per_ttl():
     now[0] += 10.5
     rec.reconcile(service({}), NODES, READY)
     assert reads == ["serving", "serving"]
+
+
+def test_a_relisting_asks_for_a_reconcile_only_for_children_that_changed_while_the_watch_was_down():
+    rec, kube = reconciler()
+    kube.apply = lambda manifest: {**manifest, "metadata": {**manifest["metadata"], "generation": 1}}
+    deployment = {"metadata": {"name": "llama", "generation": 1}, "status": {"replicas": 1, "readyReplicas": 0}}
+    assert not rec.child_listed("Deployment", "serving", "llama", deployment, "u1")  # nothing known yet
+    rec.reconcile(service({}), NODES, deployment)  # reports 0/1 ready
+    assert not rec.child_listed("Deployment", "serving", "llama", deployment, "u1")
+    became_ready = {**deployment, "status": {"replicas": 1, "readyReplicas": 1}}
+    assert rec.child_listed("Deployment", "serving", "llama", became_ready, "u1")
+    edited = {**deployment, "metadata": {"name": "llama", "generation": 2}}
+    assert rec.child_listed("Deployment", "serving", "llama", edited, "u1")  # someone else's edit
+    assert not rec.child_listed("Service", "serving", "llama", {"metadata": {}}, "u1")

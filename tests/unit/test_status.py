@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import pytest
 
 from cpullm.core.planner import plan_service
-from cpullm.core.status import changed_conditions, compute_status, status_changes
+from cpullm.core.status import changed_conditions, compute_status, scheduling_failure, status_changes
 from cpullm.errors import ModelTooLarge, NoEligibleNode
 
 from .builders import llama_8b, node, spec
@@ -68,6 +68,45 @@ def test_conditions(outcome, desired, deployment, expected):
         c["observedGeneration"] == 3 and c["lastTransitionTime"] == "2026-01-01T12:00:00Z" for c in result["conditions"]
     )
     assert result["selector"] == "cpullm.io/service=svc"
+
+
+@pytest.mark.parametrize(
+    ("conditions", "expected"),
+    [
+        ([], None),
+        ([{"type": "PodScheduled", "status": "True"}], None),
+        ([{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "gated"}], None),
+        (
+            [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes: cpu"}],
+            "0/2 nodes: cpu",
+        ),
+        (
+            [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
+            "the scheduler found no node for it",
+        ),
+    ],
+)
+def test_scheduling_failure_is_the_schedulers_message(conditions, expected):
+    assert scheduling_failure({"conditions": conditions}) == expected
+
+
+def test_an_unschedulable_pod_names_the_schedulers_reason_in_ready():
+    message = "0/3 nodes are available: 3 Insufficient cpu."
+    result = compute_status(
+        name="svc",
+        generation=3,
+        desired_replicas=2,
+        outcome=PLAN,
+        deployment_status={"replicas": 2, "readyReplicas": 1},
+        previous={},
+        now=T0,
+        unschedulable=message,
+    )
+    ready = result["conditions"][1]
+    assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
+    assert ready["message"] == f"1/2 replicas ready; a pod cannot be scheduled: {message}"
+    everything_ready = status(PLAN, 1, {"replicas": 1, "readyReplicas": 1})  # a surge pod pending: still Available
+    assert conditions(everything_ready)["Ready"] == ("True", "Available")
 
 
 def test_plan_is_reported_and_kept_when_a_later_plan_fails():

@@ -36,6 +36,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [list, watch, create, patch]
+# The server pods, read only: a pod the scheduler cannot place puts its message in the Ready condition.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch]
 - apiGroups: [""]
   resources: [events]
   verbs: [create]

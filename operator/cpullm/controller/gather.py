@@ -59,6 +59,7 @@ def gather(
     cluster: ClusterFacts,
     models: ModelConfigSource,
     installed_crds: frozenset[str] | None = None,
+    unschedulable: str | None = None,
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised."""
@@ -87,6 +88,7 @@ def gather(
         model=model,
         nodes=tuple(nodes),
         deployment=deployment,
+        unschedulable=unschedulable,
         status=last_status if last_status is not None else service.get("status") or {},
         installed_crds=installed_crds,
     )

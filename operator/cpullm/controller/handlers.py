@@ -1,11 +1,14 @@
 """Kopf handlers: thin. They turn watch events into Reconciler.reconcile calls and map its outcome to Kopf.
 
 Triggers: the CpuLLMService itself (create/update/resume, retried per controller/outcomes.py); a node whose
-profile changed (every service is re-planned; only changed plans touch anything); a change to a child
-Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status); an optional
-API's CRD (PodMonitor, ScaledObject) installed or removed (the services asking for it are reconciled).
+profile changed (the services it can affect are re-planned; only changed plans touch anything); a change
+to a child Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status); a
+server pod the scheduler cannot place, or can again (its message goes into the Ready condition); an
+optional API's CRD (PodMonitor, ScaledObject) installed or removed (the services asking for it are
+reconciled).
 
-Kopf's indexes hold what reconciles read (node profiles, services, the owned Deployments' status), so
+Kopf's indexes hold what reconciles read (node profiles, services, the owned Deployments' status, the
+scheduler's messages for unschedulable pods), so
 handlers start only once they are loaded and no reconcile lists anything. Handlers are async: Kopf mutates
 its indexes on the event loop, so they are read (copied) there, and only then is the blocking reconcile
 handed to a worker thread.
@@ -28,6 +31,7 @@ from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
 from cpullm.core.eligibility import node_rejection
+from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
 from cpullm.errors import CpuLLMError, NodeLabelError
 from cpullm.io.hub import HubClient
@@ -39,6 +43,7 @@ log = logging.getLogger(__name__)
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 # The owned children that are watched (drift reverted, readiness copied), as (group, version, plural).
 CHILD_RESOURCES = (("apps", "v1", "deployments"), ("", "v1", "services"), ("", "v1", "configmaps"))
+POD_RESOURCE = ("", "v1", "pods")  # the server pods: only whether the scheduler can place them is read
 
 
 @kopf.on.startup()
@@ -56,6 +61,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Our own events say what was decided; Kopf's per-handler events would double them. Kopf still posts
     # its warnings and errors.
     settings.posting.level = logging.WARNING
+    # Kopf retries a failed API request, a watch included, on these delays and then gives up (a watch that
+    # gives up stops the operator). Its default sums to 54 s, about what an API server restart takes; these
+    # ride out about 4 minutes of outage, then the operator's liveness probe gets it restarted.
+    settings.networking.error_backoffs = [1, 1, 2, 3, 5, 8, 13, 21, 30, 30, 30, 30, 30, 30, 30]
     # Watches are re-opened every 5 minutes (default: never), so a stream silently dropped by a proxy or load
     # balancer is noticed; the client waits a little longer than the server, which ends the request cleanly.
     settings.watching.server_timeout = 300
@@ -63,7 +72,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # Children are watched with a server-side label selector: the API server sends only objects the operator
     # owns, not every Deployment, Service and ConfigMap of the cluster (the handlers' `labels=` filter alone
     # is applied client-side, after the whole stream arrived).
-    for resource in CHILD_RESOURCES:
+    for resource in (*CHILD_RESOURCES, POD_RESOURCE):
         settings.watching.label_selectors[resource] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     if "reconciler" not in memo:
         config: Settings = memo.get("settings") or Settings()
@@ -116,6 +125,15 @@ async def owned_deployments(
     return {(namespace, owner): {"status": copy.deepcopy(dict(status))}} if owner else None
 
 
+@kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
+async def unschedulable_pods(
+    namespace: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], str] | None:
+    """The scheduler's message for each server pod it cannot place, keyed by the pod's service."""
+    owner, message = labels.get(SERVICE_LABEL), scheduling_failure(status)
+    return {(namespace, owner): message} if owner and message else None
+
+
 def usable_nodes(index: kopf.Index[Any, Any]) -> list[NodeProfile]:
     return [profile for store in index.values() for profile in store]
 
@@ -132,11 +150,13 @@ class _Facts:
         self.nodes = usable_nodes(kwargs["node_profiles"])
         self.crds = installed(kwargs["installed_crds"])
         self._deployments: kopf.Index[Any, Any] = kwargs["owned_deployments"]
+        self._unschedulable: kopf.Index[Any, Any] = kwargs["unschedulable_pods"]
 
     async def reconcile(self, memo: kopf.Memo, service: Mapping[str, Any]) -> Any:
-        meta = service["metadata"]
-        deployment = _first(self._deployments, (meta["namespace"], meta["name"]))
-        return await asyncio.to_thread(memo["reconciler"].reconcile, service, self.nodes, deployment, self.crds)
+        key = (service["metadata"]["namespace"], service["metadata"]["name"])
+        deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
+        reconcile = memo["reconciler"].reconcile
+        return await asyncio.to_thread(reconcile, service, self.nodes, deployment, self.crds, unschedulable)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -168,8 +188,10 @@ async def node_changed(
     """Re-plan every service when a node's profile changed (heartbeats and status noise do not count).
 
     Kopf updates its indexes before event handlers run, so the index already holds this event's profile;
-    what the services were last planned against is remembered per node, to tell a change from noise."""
+    what the services were last planned against is remembered per node, to tell a change from noise. A node
+    already known that comes in a re-listing (after a watch failed) is compared like any other event."""
     planned_against: dict[str, NodeState] = memo.setdefault("node_states", {})
+    first_sight = name not in planned_against
     state: NodeState = None
     if type != "DELETED":
         state = _first(node_profiles, name)
@@ -182,8 +204,8 @@ async def node_changed(
     if type != "DELETED":
         planned_against[name] = state
     NODE_PROFILES.set(sum(len(store) for store in node_profiles.values()))
-    if type is None or not node_state_changed(before, state):
-        return  # the initial listing (resume handlers plan every service) or noise
+    if (type is None and first_sight) or not node_state_changed(before, state):
+        return  # the operator's first listing (resume handlers plan every service) or noise
     if isinstance(state, NodeLabelError):
         memo["reconciler"].kube.emit_event(
             {"apiVersion": "v1", "kind": "Node", "name": name, "uid": body.metadata.get("uid")},
@@ -258,13 +280,51 @@ async def child_changed(
 ) -> None:
     """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status. The
     reconciler re-applies the child only if someone else changed it (child_seen); its own writes and a
-    Deployment's status updates change nothing."""
+    Deployment's status updates change nothing. Kopf lists again (events of type None) when a watch failed
+    and the API server no longer has its resource version: what changed meanwhile is found there."""
     owner = labels.get(SERVICE_LABEL)
-    if type is None or owner is None or (namespace, owner) not in services:
+    if owner is None or (namespace, owner) not in services:
         return
     body = kwargs.get("body") or {}
-    memo["reconciler"].child_seen(kwargs["resource"].kind, namespace, body["metadata"]["name"], type, body)
+    kind, name = kwargs["resource"].kind, body["metadata"]["name"]
+    if type is None:  # a listing: the first (resume handlers cover it), or one after a watch failed
+        owner_uid = str(next(iter(services[namespace, owner]))["metadata"].get("uid"))
+        if not memo["reconciler"].child_listed(kind, namespace, name, body, owner_uid):
+            return
+    else:
+        memo["reconciler"].child_seen(kind, namespace, name, type, body)
     await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
+
+
+@kopf.on.event(*POD_RESOURCE, labels=CHILD_LABELS)
+async def pod_changed(
+    labels: Mapping[str, str],
+    namespace: str,
+    name: str,
+    type: str | None,
+    status: Mapping[str, Any],
+    memo: kopf.Memo,
+    services: kopf.Index[Any, Any],
+    **kwargs: Any,
+) -> None:
+    """A server pod became unschedulable, or schedulable again (or went): reconcile its service, so its Ready
+    condition carries the scheduler's reason. Every other pod change (most of them) does nothing."""
+    failing: dict[tuple[str, str], str] = memo.setdefault("unschedulable", {})
+    known: set[tuple[str, str]] = memo.setdefault("known_pods", set())
+    first_sight = (namespace, name) not in known
+    (known.discard if type == "DELETED" else known.add)((namespace, name))
+    message = scheduling_failure(status) if type != "DELETED" else None
+    if failing.get((namespace, name)) == message:
+        return
+    if message:
+        failing[namespace, name] = message
+    else:
+        failing.pop((namespace, name), None)
+    owner = labels.get(SERVICE_LABEL)
+    # The operator's first listing (type None, never seen) is read by the resume handlers; a pod already
+    # known that comes in a re-listing (after a watch failed) is news like any other event.
+    if not (type is None and first_sight) and (namespace, owner) in services:
+        await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
@@ -279,12 +339,15 @@ async def optional_api_changed(
     """An optional API began or stopped being served: reconcile the services that ask for it (a PodMonitor or
     a ScaledObject is applied as soon as its CRD is established)."""
     served: set[str] = memo.setdefault("served_optional_apis", set())
+    known: set[str] = memo.setdefault("known_optional_apis", set())
+    first_sight = name not in known
+    known.add(name)
     now = type != "DELETED" and _established(status)
     if (name in served) == now:
         return  # no change in what is served (CRD edits, resyncs)
     (served.add if now else served.discard)(name)
-    if type is None:
-        return  # the initial listing: the resume handlers plan every service
+    if type is None and first_sight:
+        return  # the operator's first listing: the resume handlers plan every service
     wanting = [s for store in services.values() for s in store if _asks_for(s, name)]
     await _reconcile_quietly(memo, wanting, {"services": services, **kwargs})
 

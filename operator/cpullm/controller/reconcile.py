@@ -131,6 +131,23 @@ class Reconciler:
         if applied is not None and (event == "DELETED" or _marker(kind, body) != applied.marker):
             self._applied.pop(key, None)
 
+    def child_listed(self, kind: str, namespace: str, name: str, body: Mapping[str, Any], owner_uid: str) -> bool:
+        """A child seen in a re-listing (Kopf lists again after a watch failed, e.g. an API server restart):
+        whether it changed while the watch was down, so its owner needs a reconcile. Someone else changed it
+        since it was applied, or, for a Deployment, its replica counts are not the ones last reported. Known to
+        nothing yet (the operator's first listing): no, the resume handlers reconcile every service anyway."""
+        key = (kind, namespace, name)
+        applied = self._applied.get(key)
+        if applied is not None and _marker(kind, body) != applied.marker:
+            self._applied.pop(key, None)
+            return True
+        written = self._written.get(owner_uid)
+        if kind != "Deployment" or written is None:
+            return False
+        status = body.get("status") or {}
+        counts = (int(status.get("replicas") or 0), int(status.get("readyReplicas") or 0))
+        return counts != (written.get("replicas"), written.get("readyReplicas"))
+
     def _apply(self, child: Mapping[str, Any]) -> None:
         meta = child["metadata"]
         key = (child["kind"], meta["namespace"], meta["name"])
@@ -148,14 +165,16 @@ class Reconciler:
         nodes: Sequence[NodeProfile],
         deployment: Mapping[str, Any] | None = None,
         installed_crds: frozenset[str] | None = None,
+        unschedulable: str | None = None,
     ) -> Plan | CpuLLMError | None:
         """Bring children and status in line with the spec; returns the plan or the error reported, or None
         when the namespace is being deleted (nothing may be created there; everything goes with it).
         `deployment` is the owned Deployment as last seen (Kopf's index), for the replica counts;
-        `installed_crds` the optional APIs' CRDs installed (Kopf's index; None: unknown)."""
+        `installed_crds` the optional APIs' CRDs installed (Kopf's index; None: unknown); `unschedulable`
+        the scheduler's message for one of its pods it cannot place (Kopf's index)."""
         meta = service["metadata"]
         started = time.monotonic()
-        outcome = self._reconcile(service, nodes, deployment, installed_crds)
+        outcome = self._reconcile(service, nodes, deployment, installed_crds, unschedulable)
         label = _outcome_label(outcome)
         RECONCILES.labels(outcome=label).inc()
         RECONCILE_SECONDS.labels(outcome=label).observe(time.monotonic() - started)
@@ -179,6 +198,7 @@ class Reconciler:
         nodes: Sequence[NodeProfile],
         deployment: Mapping[str, Any] | None,
         installed_crds: frozenset[str] | None,
+        unschedulable: str | None,
     ) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
         uid = str(meta.get("uid"))
@@ -192,6 +212,7 @@ class Reconciler:
                     cluster=self._cluster,
                     models=self.hub,
                     installed_crds=installed_crds,
+                    unschedulable=unschedulable,
                 )
                 decision = decide(observed, self.clock())
                 try:

@@ -49,7 +49,8 @@ class Observed:
     `spec` is the parsed spec or why it could not be parsed; `model` the model's size, why it could not be
     had, or None when it was not looked up (bad spec, terminating namespace); `status` is the status as the
     operator last wrote it (the object's own after a restart); `apply_error` is what the API server answered
-    when the children of an earlier decision were applied, if it refused them.
+    when the children of an earlier decision were applied, if it refused them; `unschedulable` the
+    scheduler's message for one of its pods that it cannot place.
     """
 
     owner: Owner
@@ -60,6 +61,7 @@ class Observed:
     model: ModelSize | CpuLLMError | None = None
     nodes: Sequence[NodeProfile] = ()
     deployment: Mapping[str, Any] | None = None
+    unschedulable: str | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
     apply_error: CpuLLMError | None = None
     # The optional APIs' CRDs installed in the cluster (children/OPTIONAL_APIS); None: unknown, assume all
@@ -184,6 +186,7 @@ def decide(observed: Observed, now: datetime) -> Decision:
         now=now,
         features=features,
         optional_children=optional_kinds,
+        unschedulable=observed.unschedulable,
     )
     events = tuple(
         Event("Normal" if cond["status"] == "True" else "Warning", cond["reason"], cond["message"])

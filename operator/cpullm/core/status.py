@@ -4,7 +4,7 @@ Conditions:
 - Planned: True when the spec was planned on the current nodes; False names the refusal (NoEligibleNode,
   ModelTooLarge, InvalidTensorParallelSize, KVCacheTooSmall, ModelConfigUnavailable, InvalidSpec, ...).
 - Ready: True when every desired replica is ready (or none is desired); False says why (the plan failed,
-  or pods are still starting).
+  a pod cannot be scheduled, with the scheduler's own message, or pods are still starting).
 On a failed plan the last good plan stays in status.plan: it is what the Deployment still runs.
 """
 
@@ -59,6 +59,15 @@ class FeatureCondition:
     message: str
 
 
+def scheduling_failure(pod_status: Mapping[str, Any]) -> str | None:
+    """The scheduler's message for a pod it could not place ("0/3 nodes are available: 3 Insufficient cpu."),
+    None for a pod that is scheduled or not yet tried."""
+    for cond in pod_status.get("conditions") or []:
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
+            return str(cond.get("message") or "the scheduler found no node for it")
+    return None
+
+
 def compute_status(
     *,
     name: str,
@@ -70,8 +79,10 @@ def compute_status(
     now: datetime,
     features: Sequence[FeatureCondition] = (),
     optional_children: Sequence[str] | None = None,
+    unschedulable: str | None = None,
 ) -> dict[str, Any]:
-    """`optional_children`: the kinds of optional children applied (None: as before, the plan failed)."""
+    """`optional_children`: the kinds of optional children applied (None: as before, the plan failed);
+    `unschedulable`: the scheduler's message for one of the service's pods it cannot place."""
     conditions = previous.get("conditions") or []
     deployment_status = deployment_status or {}
     replicas = int(deployment_status.get("replicas") or 0)
@@ -84,6 +95,9 @@ def compute_status(
             ready_ok, reason, message = True, "ScaledToZero", "no replicas requested"
         elif ready >= desired_replicas:
             ready_ok, reason, message = True, "Available", f"{ready}/{desired_replicas} replicas ready"
+        elif unschedulable:
+            ready_ok, reason = False, "Unschedulable"
+            message = f"{ready}/{desired_replicas} replicas ready; a pod cannot be scheduled: {unschedulable}"
         else:
             ready_ok, reason, message = False, "Progressing", f"{ready}/{desired_replicas} replicas ready"
     else:

@@ -44,11 +44,15 @@ class Kube:
     @classmethod
     def from_environment(cls) -> Kube:
         """In-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+        configuration = client.Configuration()
         try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
+            config.load_incluster_config(configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-        return cls(client.ApiClient())
+            config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        # No silent retries inside urllib3 (its default: 3, each a warning line): a failed request is one
+        # TransientApiError, and the caller's jittered retry (controller/outcomes.py) is the only retry policy.
+        configuration.retries = False
+        return cls(client.ApiClient(configuration))
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply an owned child (the kinds of core/children); returns the object as stored."""
