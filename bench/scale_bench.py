@@ -42,6 +42,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from e2e.cluster import SERVICE_CIDR
 from e2e.conftest import free_port
 from e2e.helpers import ROOT, Kubectl, Operator, eventually
 from kubernetes import client
@@ -50,7 +51,6 @@ from scale_support import (
     AGENT_FLOOR,
     AGENT_WATCH,
     AUDIT_DROPPED,
-    SERVICE_CIDR,
     AuditLog,
     BenchCluster,
     ResourceMonitor,

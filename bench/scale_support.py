@@ -34,8 +34,6 @@ from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 
 CLUSTER_NAME = "cpullm-scale"
-# 10.96.0.0/16: 65k Service IPs instead of the default /24's ~251, which 300 services would exhaust.
-SERVICE_CIDR = "10.96.0.0/16"
 # Who made a request, by user agent: the operator's two clients (Kopf's watches and its handlers' kubernetes
 # client), and the benchmark's own clients, each named so they never count as the operator.
 OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")
@@ -89,8 +87,6 @@ class BenchCluster:
         self.delete()  # one left over by an interrupted run in this workdir
         self._kwokctl(
             *create_args(tools, self.kubeconfig),
-            "--extra-args",
-            f"kube-apiserver=service-cluster-ip-range={SERVICE_CIDR}",
             "--kube-audit-policy",
             str(policy),
             "--wait",

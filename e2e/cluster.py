@@ -4,12 +4,18 @@ controller, built by scripts/build-tools.sh and started by `kwokctl --runtime bi
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from e2e.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_NAME = "cpullm-e2e"
+# kube-apiserver's default (/24) runs out at ~251 Services; the scale tests and benchmark need more.
+SERVICE_CIDR = "10.96.0.0/16"
 
 
 def tool_dirs(tools: list[str] | None = None) -> dict[str, Path]:
@@ -25,7 +31,8 @@ def tool_dirs(tools: list[str] | None = None) -> dict[str, Path]:
 
 
 def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
-    """`kwokctl create cluster` with the binary runtime and the locally built binaries (nothing downloaded)."""
+    """`kwokctl create cluster` with the binary runtime and the locally built binaries (nothing downloaded) and
+    room for many Services."""
     k8s, kwok = tools["kubernetes"], tools["kwok"]
     return [
         "create",
@@ -44,6 +51,14 @@ def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
         str(kwok / "kwok"),
         "--etcd-binary",
         str(tools["etcd"] / "etcd"),
+        "--extra-args",
+        f"kube-apiserver=service-cluster-ip-range={SERVICE_CIDR}",
+        # One instance of each, nothing to elect: without this they exit when the API server or etcd is away
+        # longer than the lease's renew deadline, and nothing here restarts them (a kubelet would).
+        "--extra-args",
+        "kube-controller-manager=leader-elect=false",
+        "--extra-args",
+        "kube-scheduler=leader-elect=false",
     ]
 
 
@@ -60,6 +75,7 @@ class LocalCluster:
     kubeconfig: Path
     kubectl: Path
     kwokctl: Path
+    _restarted: list[subprocess.Popen[bytes]] = field(default_factory=list)  # components outage() restarted
 
     @classmethod
     def start(cls, workdir: Path) -> LocalCluster:
@@ -82,3 +98,33 @@ class LocalCluster:
 
     def delete(self) -> None:
         self._kwokctl("delete", "cluster")
+        for process in self._restarted:  # stopped by the delete (their pid files); reaped here
+            process.wait(timeout=60)
+
+    @property
+    def _cluster_dir(self) -> Path:
+        return self.workdir / "kwok" / "clusters" / CLUSTER_NAME
+
+    def outage(self, component: str, seconds: float) -> None:
+        """Stops one control-plane process (kube-apiserver, etcd, ...) for `seconds`, then starts it again with
+        the same command line, working directory and log, as a crash and restart of that component would.
+        kwokctl has no per-component stop, so this goes through the pid file its binary runtime keeps."""
+        pid_file = self._cluster_dir / "pids" / f"{component}.pid"
+        pid = int(pid_file.read_text())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+        os.kill(pid, signal.SIGKILL)
+        eventually(lambda: _process_state(pid) in ("gone", "z (zombie)"), timeout=10, what=f"{component} stopped")
+        time.sleep(seconds)  # the outage itself
+        with (self._cluster_dir / "logs" / f"{component}.log").open("ab") as log:
+            process = subprocess.Popen(
+                command, cwd=self._cluster_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        pid_file.write_text(str(process.pid))  # so `kwokctl delete cluster` stops the new process
+        self._restarted.append(process)
+
+
+def _process_state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].splitlines()[0].lower()
+    except (OSError, IndexError):
+        return "gone"

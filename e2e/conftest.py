@@ -77,16 +77,23 @@ def workdir() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def kubectl(workdir: Path) -> Iterator[Kubectl]:
-    given = os.environ.get("CPULLM_E2E_KUBECONFIG")
-    if given:
-        yield Kubectl(os.environ.get("CPULLM_E2E_KUBECTL", "kubectl"), given)
+def local_cluster(workdir: Path) -> Iterator[LocalCluster | None]:
+    """The local control plane this suite started; None on a cluster given by CPULLM_E2E_KUBECONFIG."""
+    if os.environ.get("CPULLM_E2E_KUBECONFIG"):
+        yield None
         return
     cluster = LocalCluster.start(workdir)
     try:
-        yield Kubectl(str(cluster.kubectl), str(cluster.kubeconfig))
+        yield cluster
     finally:
         cluster.delete()
+
+
+@pytest.fixture(scope="session")
+def kubectl(local_cluster: LocalCluster | None) -> Kubectl:
+    if local_cluster is None:
+        return Kubectl(os.environ.get("CPULLM_E2E_KUBECTL", "kubectl"), os.environ["CPULLM_E2E_KUBECONFIG"])
+    return Kubectl(str(local_cluster.kubectl), str(local_cluster.kubeconfig))
 
 
 @pytest.fixture(scope="session")

@@ -266,23 +266,6 @@ def test_unplannable_spec_is_a_condition_and_an_event(
     ready(kubectl, namespace, "three", 1)
 
 
-def test_sigkill_mid_reconcile_converges_without_duplicates(
-    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
-):
-    names = [f"burst-{i}" for i in range(6)]
-    kubectl.apply(*(tiny_service(n, namespace) for n in names))
-    eventually(lambda: kubectl.get("deployment", names[0], namespace), timeout=30, what="first Deployment")
-    operator.kill()  # the others are mid-flight
-    operator.start()
-    for name in names:
-        ready(kubectl, namespace, name, 1)
-    deployments = kubectl.get("deployments", namespace=namespace)
-    assert sorted(d["metadata"]["name"] for d in deployments) == names
-    assert sorted(s["metadata"]["name"] for s in kubectl.get("services", namespace=namespace)) == names
-    assert len(kubectl.get("rs", namespace=namespace)) == len(names)
-    assert len(kubectl.get("pods", namespace=namespace)) == len(names)
-
-
 def test_printer_columns_show_the_plan(kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str):
     kubectl.apply(tiny_service("shown", namespace, replicas=2))
     plan = ready(kubectl, namespace, "shown", 2)["status"]["plan"]
@@ -402,3 +385,23 @@ def test_node_churn_of_the_same_shape_leaves_running_servers_alone(
     )  # a label nothing selects on
     eligible([first["metadata"]["name"]])
     untouched()
+
+
+def test_a_pod_the_scheduler_cannot_place_says_why_in_ready(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    """The plan fits a node, but two replicas do not fit the one node there is: the second pod stays Pending and
+    the scheduler's reason reaches the service's Ready condition, not just "1/2 replicas ready"."""
+    nodes.add(fake_node(f"tight-{namespace[-5:]}", numa=1, cpu="8", memory="64Gi", pool=namespace))
+    service = tiny_service("tight", namespace, nodeSelector={"pool": namespace}, cpu={"cpusPerRank": 5}, replicas=2)
+    kubectl.apply(service)
+
+    def unschedulable() -> dict[str, Any]:
+        found = conditions(kubectl.get("cpullm", "tight", namespace))["Ready"]
+        assert (found["status"], found["reason"]) == ("False", "Unschedulable"), found
+        return found
+
+    message = eventually(unschedulable, timeout=90, what="Ready=False Unschedulable")["message"]
+    assert message.startswith("1/2 replicas ready; a pod cannot be scheduled: 0/") and "Insufficient cpu" in message
+    kubectl.run("scale", "cpullm", "tight", "-n", namespace, "--replicas=1")
+    ready(kubectl, namespace, "tight", 1)

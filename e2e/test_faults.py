@@ -1,0 +1,228 @@
+"""Faults (issue 14): the API server and etcd going away mid-reconcile, the operator SIGKILLed while 100
+services are created, children deleted en masse, the operator's connections cut. After each, every service's
+status must agree with its children within a short retry, with no duplicate children, no operator restart and
+no traceback in its log (a transient API error is one warning line and a short jittered retry)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from e2e.cluster import LocalCluster
+from e2e.conftest import NodePool, fake_node, free_port, tiny_service
+from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.proxy import CuttableProxy
+
+# After a fault ends, the time every service gets to agree with its children again: the operator's transient
+# retry is a few seconds (settings.transient_retry_seconds, jittered) and a watch resumes at once.
+SETTLE_SECONDS = 90
+
+
+def pool(nodes: NodePool, namespace: str, count: int = 2) -> dict[str, str]:
+    """Big one-NUMA nodes only this test's services select (TP=1, 3 CPUs each: ~85 services per node)."""
+    for i in range(count):
+        nodes.add(fake_node(f"pool-{i}-{namespace[-5:]}", numa=1, cpu="256", memory="2Ti", pool=namespace))
+    return {"pool": namespace}
+
+
+def create(kubectl: Kubectl, namespace: str, prefix: str, count: int, selector: dict[str, str]) -> list[str]:
+    names = [f"{prefix}-{i}" for i in range(count)]
+    kubectl.apply(*(tiny_service(n, namespace, nodeSelector=selector) for n in names))
+    return names
+
+
+def settled(service: dict[str, Any]) -> bool:
+    status = service.get("status", {})
+    ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+    return (
+        ready.get("status") == "True"
+        and status.get("observedGeneration") == service["metadata"]["generation"]
+        and status.get("readyReplicas") == service["spec"].get("replicas", 1)
+    )
+
+
+class LogMark:
+    """What the operator logged since the mark."""
+
+    def __init__(self, operator: Operator) -> None:
+        self.operator, self.offset = operator, operator.log_path.stat().st_size
+
+    def text(self) -> str:
+        with self.operator.log_path.open("rb") as log:
+            log.seek(self.offset)
+            return log.read().decode(errors="replace")
+
+    def assert_quiet(self) -> None:
+        text = self.text()
+        assert "Traceback" not in text, text[text.index("Traceback") - 2000 :][:6000]
+
+
+def converged(
+    kubectl: Kubectl, namespace: str, names: list[str], timeout: float = SETTLE_SECONDS, log: LogMark | None = None
+) -> float:
+    """Waits until every service is Ready for its generation with its replicas ready, then checks each has
+    exactly one Deployment, Service and ReplicaSet. Returns the seconds it took."""
+    start = time.monotonic()
+
+    def probe() -> bool:
+        services = {s["metadata"]["name"]: s for s in kubectl.get("cpullm", namespace=namespace)}
+        assert sorted(services) == sorted(names), sorted(services)
+        stale = sorted(name for name, service in services.items() if not settled(service))
+        assert not stale, f"{len(stale)} not settled, e.g. {stale[0]}: {services[stale[0]].get('status')}"
+        return True
+
+    try:
+        eventually(probe, timeout=timeout, interval=1, what=f"{len(names)} services settled")
+    except AssertionError as err:
+        stale = str(err).split(", e.g. ", 1)[-1].split(":", 1)[0]
+        if log is not None:  # what the operator did about the first one left behind
+            lines = [line for line in log.text().splitlines() if f"/{stale} " in line or f"/{stale}:" in line]
+            raise AssertionError(f"{err}\noperator log about {stale}:\n" + "\n".join(lines[-40:])) from err
+        raise
+    took = time.monotonic() - start
+    for kind in ("deployments", "services"):
+        assert sorted(o["metadata"]["name"] for o in kubectl.get(kind, namespace=namespace)) == sorted(names), kind
+    deployments = {d["metadata"]["name"]: d for d in kubectl.get("deployments", namespace=namespace)}
+    for service in kubectl.get("cpullm", namespace=namespace):  # the status agrees with the child it describes
+        child = deployments[service["metadata"]["name"]]["status"]
+        assert child.get("readyReplicas") == service["status"]["readyReplicas"], (child, service["status"])
+    assert len(kubectl.get("replicasets", namespace=namespace)) == len(names)
+    return took
+
+
+@pytest.fixture
+def local(local_cluster: LocalCluster | None, operator: Operator | InClusterOperator) -> tuple[LocalCluster, Operator]:
+    if local_cluster is None or not isinstance(operator, Operator):
+        pytest.skip("stops control-plane processes of the local cluster, watched from a local operator process")
+    return local_cluster, operator
+
+
+@pytest.mark.parametrize(("component", "down_seconds", "services"), [("kube-apiserver", 30, 50), ("etcd", 15, 30)])
+def test_control_plane_outage_mid_reconcile(
+    kubectl: Kubectl,
+    local: tuple[LocalCluster, Operator],
+    namespace: str,
+    nodes: NodePool,
+    component: str,
+    down_seconds: int,
+    services: int,
+):
+    cluster, operator = local
+    selector = pool(nodes, namespace)
+    log = LogMark(operator)
+    assert operator.process is not None
+    pid = operator.process.pid
+    names = create(kubectl, namespace, "outage", services, selector)
+    eventually(lambda: kubectl.get("deployment", names[0], namespace), timeout=30, what="first Deployment")
+    cluster.outage(component, down_seconds)  # the others are mid-flight
+    eventually(lambda: kubectl.run("get", "--raw", "/readyz", check=False).returncode == 0, what="API back")
+    took = converged(kubectl, namespace, names, log=log)
+    print(f"{component} down {down_seconds}s: {services} services settled {took:.1f}s after it was back")
+    assert operator.process.pid == pid and operator.process.poll() is None, "the operator restarted"
+    log.assert_quiet()
+
+
+def test_sigkill_while_100_services_are_created(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    names = create(kubectl, namespace, "burst", 100, pool(nodes, namespace))
+    eventually(lambda: kubectl.get("deployment", names[0], namespace), timeout=30, what="first Deployment")
+    operator.kill()  # most are mid-flight
+    operator.start()
+    converged(kubectl, namespace, names, timeout=180)
+    assert len(kubectl.get("pods", namespace=namespace)) == len(names)
+
+
+def test_children_deleted_for_many_services_at_once_come_back(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    names = create(kubectl, namespace, "mass", 40, pool(nodes, namespace))
+    converged(kubectl, namespace, names, timeout=120)
+    before = {d["metadata"]["uid"] for d in kubectl.get("deployments", namespace=namespace)}
+    kubectl.run("delete", "deployments,services", "--all", "-n", namespace, "--wait=false")
+    eventually(
+        lambda: not before & {d["metadata"]["uid"] for d in kubectl.get("deployments", namespace=namespace)},
+        timeout=60,
+        what="every Deployment replaced",
+    )
+    converged(kubectl, namespace, names)
+
+
+@pytest.fixture
+def proxied_operator(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, workdir: Path
+) -> Iterator[tuple[Operator, CuttableProxy]]:
+    """The suite's operator stopped and one started in its place that reaches the API server through a relay."""
+    if not isinstance(operator, Operator):
+        pytest.skip("cuts the connections of a local operator process")
+    operator.stop()
+    proxy = CuttableProxy.for_kubeconfig(Path(kubectl.kubeconfig), workdir / "kubeconfig-proxied")
+    relayed = Operator(str(workdir / "kubeconfig-proxied"), workdir / "operator-proxied.log", free_port())
+    try:
+        relayed.start()
+        yield relayed, proxy
+    finally:
+        relayed.stop()
+        proxy.close()
+        operator.start()
+
+
+def test_cut_connections_resume_watching(
+    kubectl: Kubectl, proxied_operator: tuple[Operator, CuttableProxy], namespace: str, nodes: NodePool
+):
+    relayed, proxy = proxied_operator
+    selector = pool(nodes, namespace, count=1)
+    log = LogMark(relayed)
+    names = create(kubectl, namespace, "cut", 5, selector)
+    converged(kubectl, namespace, names)
+    for attempt in range(3):
+        assert proxy.cut() > 0, "the operator held no connection to cut"
+        # Only a resumed watch sees these: a spec change, a new service, a deleted child.
+        kubectl.run("scale", "cpullm", names[0], "-n", namespace, f"--replicas={2 - attempt % 2}")
+        names += create(kubectl, namespace, f"cut-{len(names)}", 1, selector)
+        kubectl.run("delete", "service", names[1], "-n", namespace)
+        converged(kubectl, namespace, names)
+    log.assert_quiet()
+
+
+def test_node_churn_while_300_services_run_bumps_no_deployment(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    """Same-shape nodes join and leave, and one node gets garbage labels and then its own back: every service is
+    re-planned (its eligible nodes change) but no Deployment's generation moves, so no server restarts."""
+    selector = pool(nodes, namespace, count=4)
+    names = create(kubectl, namespace, "churn", 300, selector)
+    converged(kubectl, namespace, names, timeout=300)
+    generations = {
+        d["metadata"]["name"]: d["metadata"]["generation"] for d in kubectl.get("deployments", namespace=namespace)
+    }
+    members = sorted(f"pool-{i}-{namespace[-5:]}" for i in range(4))
+
+    def everyone_planned_on(expected: list[str]) -> None:
+        def probe() -> bool:
+            services = kubectl.get("cpullm", namespace=namespace)
+            behind = [s["metadata"]["name"] for s in services if s["status"]["plan"]["eligibleNodes"] != expected]
+            assert not behind, f"{len(behind)} not yet re-planned on {expected}, e.g. {behind[0]}"
+            return True
+
+        eventually(probe, timeout=120, interval=2, what=f"300 services re-planned on {expected}")
+        now = {
+            d["metadata"]["name"]: d["metadata"]["generation"] for d in kubectl.get("deployments", namespace=namespace)
+        }
+        assert now == generations, {n: (generations[n], g) for n, g in now.items() if generations.get(n) != g}
+
+    joining = f"pool-9-{namespace[-5:]}"
+    nodes.add(fake_node(joining, numa=1, cpu="256", memory="2Ti", **selector))
+    everyone_planned_on(sorted([*members, joining]))
+    kubectl.run("delete", "node", joining)
+    everyone_planned_on(members)
+    garbage = {"cpullm.io/numa-nodes": "lots", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "maybe"}
+    original = kubectl.get("node", members[0])["metadata"]["labels"]
+    kubectl.run("label", "node", members[0], "--overwrite", *(f"{k}={v}" for k, v in garbage.items()))
+    everyone_planned_on(members[1:])  # skipped by the planner, with a warning event on the node
+    kubectl.run("label", "node", members[0], "--overwrite", *(f"{k}={original[k]}" for k in garbage))
+    everyone_planned_on(members)
