@@ -15,7 +15,10 @@ loads into containerd, cached under ~/.cache/cpullm-operator/images/ keyed by th
     * the venv is one uncompressed layer of its own (~5.5 GB), so rebuilding the small layers does not repack it.
   It exists for tests on machines without registry access; production pulls the published image.
 
-Usage (root, for mmdebstrap and the chroot check): scripts/build-images.sh [pause] [vllm]; prints KEY=value lines.
+- debian: the vLLM image's base layer alone (~180 MB), for tests that need a shell but not vLLM.
+
+Usage (root, for mmdebstrap and the chroot check): scripts/build-images.sh [pause] [debian] [vllm]; prints KEY=value
+lines.
 """
 
 from __future__ import annotations
@@ -255,6 +258,11 @@ class Image:
     ref: str
     tar: Path
 
+    @property
+    def manifest(self) -> str:
+        """The manifest digest write_image recorded (what an import of this tar provides)."""
+        return str(json.loads(self.tar.with_suffix(".json").read_text())["manifest"])
+
 
 def build_pause() -> Image:
     go = subprocess.run(["go", "version"], check=True, capture_output=True, text=True).stdout.strip()
@@ -387,12 +395,27 @@ def build_vllm() -> Image:
     return Image(ref, out)
 
 
-BUILDERS = {"pause": build_pause, "vllm": build_vllm}
+def build_debian() -> Image:
+    """The vLLM image's base layer alone (Debian minbase, python3.11, procps; ~180 MB): a quick test image."""
+    rootfs = build_rootfs()
+    ref = f"localhost/cpullm-debian:{rootfs_key()[:12]}"
+    out = CACHE / f"debian-{rootfs_key()[:12]}.tar"
+    config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/bin/sh"]}
+    layers = [
+        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./opt/venv", "./.complete")), f"debian {SUITE} minbase")
+    ]
+    if not up_to_date(out, layers, config):
+        log(f"debian: writing {out}")
+        write_image(out, ref, layers, config)
+    return Image(ref, out)
+
+
+BUILDERS = {"pause": build_pause, "debian": build_debian, "vllm": build_vllm}
 
 
 def main(argv: list[str]) -> int:
     CACHE.mkdir(parents=True, exist_ok=True)
-    for name in argv or ["pause", "vllm"]:
+    for name in argv or list(BUILDERS):
         if name not in BUILDERS:
             log(f"unknown image {name!r} ({' '.join(BUILDERS)})")
             return 2

@@ -7,7 +7,8 @@ The cluster must be started with LocalCluster.start(..., fake_nodes_only=True): 
 manages this node and marks its pods Running with fake IPs while the kubelet is still failing.
 
     node = RealNode(kubeconfig=cluster.kubeconfig, workdir=workdir / "node", kubectl=cluster.kubectl)
-    node.start()          # containerd, images, kubelet; returns once the Node is Ready (~1 min with the vLLM image)
+    node.start()          # containerd, images, kubelet; returns once the Node is Ready (seconds; the vLLM image's
+                          # import into an empty store takes ~160 s, see image_store)
     ...                   # pods with nodeName/nodeSelector kubernetes.io/hostname=node.name run for real
     node.stop()           # idempotent: pods, kubelet, containerd, mounts, network namespaces, bridge, cgroups, dirs
 
@@ -32,8 +33,9 @@ from typing import IO, Any
 
 import yaml
 
-from e2e import images, machine
+from e2e import machine
 from e2e.helpers import ROOT, Kubectl, eventually
+from e2e.images import BUILDERS, Image, build_pause
 
 CAP_SYS_RESOURCE = 24
 RUNC_WRAPPER = ROOT / "e2e" / "node" / "runc-wrapper"
@@ -79,7 +81,13 @@ class RealNode:
     name: the Node's name; by default this machine's hostname, so the API server can reach the kubelet for logs
       and exec when the name resolves (it dials the node's Hostname address first). Otherwise read logs with
       container_log().
-    vllm_image: also build (cached) and import the stand-in vLLM CPU image (e2e/images.py); ~1 min to import.
+    images: which of e2e/images.py's images to build (cached) and import besides the pause image: "debian"
+      (~180 MB, a shell and procps; seconds) and "vllm" (the stand-in vLLM CPU image, ~6 GB; ~160 s to import
+      into an empty store).
+    image_store: containerd's root directory (content store, snapshots, metadata). By default under workdir, so
+      every start imports its images again; a persistent directory (e.g. e2e.images.CACHE / "containerd-root") keeps
+      them, and an image is imported again only when its tar's manifest changes. stop() removes the node's
+      containers from it but keeps the images.
     subnet: the pods' CNI bridge subnet (host-local IPAM); away from KWOK's fake pod IPs (10.0.0.x).
     labels: extra node labels on top of this machine's (e2e/machine.py).
     """
@@ -88,7 +96,8 @@ class RealNode:
     workdir: Path
     kubectl: Path | None = None
     name: str = field(default_factory=lambda: socket.gethostname().lower())
-    vllm_image: bool = True
+    images: tuple[str, ...] = ("debian", "vllm")
+    image_store: Path | None = None
     subnet: str = "10.88.0.0/24"
     bridge: str = "cpullm0"
     labels: dict[str, str] = field(default_factory=dict)
@@ -133,7 +142,7 @@ class RealNode:
 
             self.kubectl = tool_dirs(["kubernetes"])["kubernetes"] / "kubectl"
         mark = time.monotonic()
-        wanted = [images.build_pause()] + ([images.build_vllm()] if self.vllm_image else [])
+        wanted = [build_pause()] + [BUILDERS[name]() for name in self.images if name != "pause"]
         self.timings["images"] = time.monotonic() - mark
         for directory in (self.containerd_dir, self.kubelet_dir, self.pod_logs_dir, self.cni_dir / "net.d"):
             directory.mkdir(parents=True, exist_ok=True)
@@ -170,7 +179,7 @@ class RealNode:
             runc_options["BinaryName"] = str(RUNC_WRAPPER)
         config = {
             "version": 2,
-            "root": str(self.containerd_dir / "root"),
+            "root": str(self.image_store or self.containerd_dir / "root"),
             "state": str(self.containerd_dir / "state"),
             "grpc": {"address": str(self.socket)},
             "ttrpc": {"address": str(self.socket) + ".ttrpc"},
@@ -227,8 +236,10 @@ class RealNode:
             timeout=timeout,
         )
 
-    def _import(self, ctr: str, image: images.Image) -> None:
-        if image.ref in self._ctr("images", "ls", "-q").stdout.split():
+    def _import(self, ctr: str, image: Image) -> None:
+        """ctr images import, unless this store already holds this build of the image (marker file)."""
+        marker = Path(self.image_store or self.containerd_dir / "root") / "cpullm-imported" / image.manifest
+        if marker.exists() and image.ref in self._ctr("images", "ls", "-q").stdout.split():
             return
         address = ["--address", str(self.socket), "-n", "k8s.io"]
         subprocess.run(
@@ -237,6 +248,8 @@ class RealNode:
             capture_output=True,
             timeout=1800,
         )
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
 
     # kubelet
     def kubelet_config(self) -> dict[str, Any]:
