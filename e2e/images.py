@@ -224,7 +224,9 @@ def write_image(out_path: Path, ref: str, layers: list[Layer], config: dict[str,
         "manifest": f"sha256:{manifest_digest}",
         "layers": {blob["key"]: blob for blob in written},
     }
-    sidecar_path.write_text(json.dumps(sidecar, indent=1))
+    tmp_sidecar = sidecar_path.with_suffix(".json.tmp")
+    tmp_sidecar.write_text(json.dumps(sidecar, indent=1))
+    tmp_sidecar.replace(sidecar_path)  # replaced, not rewritten in place: a hard link to it stays as it was
     return sidecar
 
 

@@ -367,7 +367,8 @@ class RealNode:
             if api.get("node", self.name) is None:
                 return
             api.run("cordon", self.name, check=False)
-            api.run("delete", "pods", "-A", f"--field-selector=spec.nodeName={self.name}", "--wait=false", check=False)
+            on_node = f"--field-selector=spec.nodeName={self.name}"
+            api.run("delete", "pods", "-A", on_node, "--grace-period=1", "--wait=false", check=False)
             if "kubelet" in self._processes and self._processes["kubelet"].poll() is None:
                 eventually(self._no_running_tasks, timeout=90, interval=1, what="the node's containers stopped")
         with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
