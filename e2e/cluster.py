@@ -10,12 +10,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from e2e.helpers import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_NAME = "cpullm-e2e"
 # kube-apiserver's default (/24) runs out at ~251 Services; the scale tests and benchmark need more.
 SERVICE_CIDR = "10.96.0.0/16"
+# With fake_nodes_only, KWOK's controller manages only nodes with this annotation (examples/nodes.yaml has it), so
+# a real kubelet's node (e2e/realnode.py) and its pods are left to the kubelet.
+FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 
 def tool_dirs(tools: list[str] | None = None) -> dict[str, Path]:
@@ -62,6 +67,28 @@ def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
     ]
 
 
+def fake_nodes_only_config() -> dict[str, object]:
+    """A kwokctl --config document: KWOK's controller manages only nodes annotated kwok.x-k8s.io/node=fake.
+
+    kwokctl's binary runtime starts the controller with --manage-all-nodes=true on its command line, which wins
+    over a KwokConfiguration's options (and a KwokConfiguration given without all of kwokctl's defaults leaves
+    e.g. nodeLeaseParallelism at 0, and the controller exits), so the flags themselves are patched."""
+    key, value = FAKE_NODE_ANNOTATION
+    return {
+        "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+        "kind": "KwokctlConfiguration",
+        "componentsPatches": [
+            {
+                "name": "kwok-controller",
+                "extraArgs": [
+                    {"key": "manage-all-nodes", "value": "false", "override": True},
+                    {"key": "manage-nodes-with-annotation-selector", "value": f"{key}={value}"},
+                ],
+            }
+        ],
+    }
+
+
 def kubernetes_version() -> str:
     for line in (ROOT / "scripts" / "tool-versions.env").read_text().splitlines():
         if line.startswith("KUBERNETES_VERSION="):
@@ -75,16 +102,26 @@ class LocalCluster:
     kubeconfig: Path
     kubectl: Path
     kwokctl: Path
+    name: str = CLUSTER_NAME
     _restarted: list[subprocess.Popen[bytes]] = field(default_factory=list)  # components outage() restarted
 
     @classmethod
-    def start(cls, workdir: Path) -> LocalCluster:
+    def start(cls, workdir: Path, *, name: str = CLUSTER_NAME, fake_nodes_only: bool = False) -> LocalCluster:
+        """fake_nodes_only: KWOK manages only nodes annotated kwok.x-k8s.io/node=fake (FAKE_NODE_ANNOTATION), as a
+        cluster with a real node (e2e/realnode.py) needs; every KWOK node must then carry the annotation."""
         tools = tool_dirs()
         k8s, kwok = tools["kubernetes"], tools["kwok"]
         kubeconfig = workdir / "kubeconfig"
-        cluster = cls(workdir=workdir, kubeconfig=kubeconfig, kubectl=k8s / "kubectl", kwokctl=kwok / "kwokctl")
+        cluster = cls(
+            workdir=workdir, kubeconfig=kubeconfig, kubectl=k8s / "kubectl", kwokctl=kwok / "kwokctl", name=name
+        )
         cluster.delete()  # a cluster left over by an interrupted run
-        cluster._kwokctl(*create_args(tools, kubeconfig), "--wait", "2m")
+        args = create_args(tools, kubeconfig)
+        if fake_nodes_only:
+            config = workdir / "kwokctl-fake-nodes-only.yaml"
+            config.write_text(yaml.safe_dump(fake_nodes_only_config()))
+            args += ["--config", str(config)]
+        cluster._kwokctl(*args, "--wait", "2m")
         return cluster
 
     def _kwokctl(self, *args: str) -> None:
@@ -94,7 +131,7 @@ class LocalCluster:
             "KWOK_KUBE_VERSION": kubernetes_version(),
             "KWOK_WORKDIR": str(self.workdir / "kwok"),
         }
-        subprocess.run([str(self.kwokctl), "--name", CLUSTER_NAME, *args], check=True, env=env, timeout=600)
+        subprocess.run([str(self.kwokctl), "--name", self.name, *args], check=True, env=env, timeout=600)
 
     def delete(self) -> None:
         self._kwokctl("delete", "cluster")
@@ -103,7 +140,7 @@ class LocalCluster:
 
     @property
     def _cluster_dir(self) -> Path:
-        return self.workdir / "kwok" / "clusters" / CLUSTER_NAME
+        return self.workdir / "kwok" / "clusters" / self.name
 
     def outage(self, component: str, seconds: float) -> None:
         """Stops one control-plane process (kube-apiserver, etcd, ...) for `seconds`, then starts it again with

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.cluster import LocalCluster
+from e2e.cluster import FAKE_NODE_ANNOTATION, LocalCluster
 from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
 
 E2E_LABEL = "cpullm.io/e2e"
@@ -27,15 +27,19 @@ QWEN_SMALL = yaml.safe_load((ROOT / "manifests" / "examples" / "qwen-small.yaml"
 
 
 def sample_nodes() -> list[dict[str, Any]]:
-    """The sample nodes, labelled so the suite's services select only them (on kind, real workers exist)."""
+    """The sample nodes, labelled so the suite's services select only them (on kind, real workers exist), and
+    annotated as KWOK's fake nodes (a cluster with a real node has KWOK manage only those)."""
     nodes = yaml.safe_load(SAMPLE_NODES.read_text())["items"]
+    key, value = FAKE_NODE_ANNOTATION
     for node in nodes:
         node["metadata"]["labels"][E2E_LABEL] = "true"
+        node["metadata"].setdefault("annotations", {})[key] = value
     return nodes
 
 
 def fake_node(name: str, *, numa: int = 2, cpu: str = "32", memory: str = "128Gi", **labels: str) -> dict[str, Any]:
-    """A KWOK node shaped for one test (AMX Xeon by default)."""
+    """A KWOK node shaped for one test (AMX Xeon by default), annotated kwok.x-k8s.io/node=fake (from
+    sample_nodes())."""
     node = copy.deepcopy(sample_nodes()[0])
     node["metadata"]["name"] = name
     node["metadata"]["labels"].update({"kubernetes.io/hostname": name, "cpullm.io/numa-nodes": str(numa), **labels})

@@ -3,7 +3,12 @@
 # under ${CPULLM_TOOLS_CACHE:-$HOME/.cache/cpullm-operator/tools}. Idempotent: a tool whose binaries are
 # already in the cache is skipped, so a warm run takes seconds. Nothing is written inside the repo.
 #
-#   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind (default: all)
+#   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet
+#                                       (default: all but kubelet)
+#
+# The kubelet (for a real node, scripts/setup-node.sh) is built only when asked for:
+# `scripts/build-tools.sh kubelet`. It is kept out of the default list so e2e runs, which need only the
+# control plane, never build it. It shares the kubernetes tool's wrapper module and Go build cache.
 #
 # Prints, last, the directory of each tool (one `NAME_BIN_DIR=path` line per tool built or found).
 set -euo pipefail
@@ -24,19 +29,20 @@ have() { local dir=$1; shift; for b in "$@"; do [[ -x $dir/$b ]] || return 1; do
 # a half-filled cache entry behind.
 publish() { local tmp=$1 dir=$2; rm -rf "$dir"; mv "$tmp" "$dir"; }
 
-build_kubernetes() {
-  local v=$KUBERNETES_VERSION dir=$cache/kubernetes-$KUBERNETES_VERSION
-  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
-  if have "$dir" "${bins[@]}"; then echo "KUBERNETES_BIN_DIR=$dir"; return; fi
-  log "kubernetes $v: building ${bins[*]} (cold: tens of minutes)"
-  local work=$cache/src/kubernetes-$v tmp=$dir.tmp
-  rm -rf "$tmp"; mkdir -p "$work" "$tmp"
+# k8s_module V CMD... : prepares the wrapper module in $cache/src/kubernetes-V that has CMD (k8s.io/kubernetes/cmd/CMD)
+# as tools, shared by the kubernetes and kubelet tools so they share one Go build cache, and sets k8s_ld to the
+# ldflags that stamp the version.
+k8s_module() {
+  local v=$1; shift
+  local work=$cache/src/kubernetes-$v
+  mkdir -p "$work"
   # k8s.io/kubernetes requires its staging modules at v0.0.0 and replaces them with ./staging paths,
   # so it cannot be built as a dependency as is. A wrapper module replaces each staging module with its
   # published release (v1.X.Y -> v0.X.Y), the list taken from the real go.mod of this version.
-  local gomod staging
+  local gomod staging c tools=()
   gomod=$(go mod download -json "k8s.io/kubernetes@$v" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')
   staging="v0.${v#v1.}"
+  for c in "$@"; do tools+=("k8s.io/kubernetes/cmd/$c@$v"); done
   (
     cd "$work"
     rm -f go.mod go.sum
@@ -44,22 +50,52 @@ build_kubernetes() {
     grep -oE '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$gomod" | awk '{print $1}' | while read -r m; do
       go mod edit -replace "$m=$m@$staging"
     done
-    go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$v" "k8s.io/kubernetes/cmd/kube-controller-manager@$v" \
-      "k8s.io/kubernetes/cmd/kube-scheduler@$v" "k8s.io/kubernetes/cmd/kubectl@$v"
-    # Without the stamp /version says v0.0.0-master and Helm's kubeVersion checks fail.
-    local minor=${v#v1.}; minor=${minor%%.*}
-    local ld="-s -w" pkg
-    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-      ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-      ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-    done
-    for b in "${bins[@]}"; do
-      log "  go build $b"
-      go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$ld" -o "$tmp/$b" "k8s.io/kubernetes/cmd/$b"
-    done
+    go get -tool "${tools[@]}"
   )
+  # Without the stamp /version says v0.0.0-master and Helm's kubeVersion checks fail.
+  local minor=${v#v1.}; minor=${minor%%.*}
+  local pkg
+  k8s_ld="-s -w"
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    k8s_ld+=" -X $pkg.gitVersion=$v -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
+    k8s_ld+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+}
+
+# k8s_build V OUT BIN... : go build each k8s.io/kubernetes/cmd/BIN into OUT, in the wrapper module
+k8s_build() {
+  local v=$1 out=$2 b; shift 2
+  for b in "$@"; do
+    log "  go build $b"
+    (cd "$cache/src/kubernetes-$v" &&
+      go build -trimpath -tags selinux,notest,grpcnotrace -ldflags "$k8s_ld" -o "$out/$b" "k8s.io/kubernetes/cmd/$b")
+  done
+}
+
+build_kubernetes() {
+  local v=$KUBERNETES_VERSION dir=$cache/kubernetes-$KUBERNETES_VERSION
+  local bins=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  if have "$dir" "${bins[@]}"; then echo "KUBERNETES_BIN_DIR=$dir"; return; fi
+  log "kubernetes $v: building ${bins[*]} (cold: tens of minutes)"
+  local tmp=$dir.tmp
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  k8s_module "$v" "${bins[@]}"
+  k8s_build "$v" "$tmp" "${bins[@]}"
   publish "$tmp" "$dir"
   echo "KUBERNETES_BIN_DIR=$dir"
+}
+
+# The kubelet of a real node (scripts/setup-node.sh), in its own cache entry so the control plane's stays valid.
+build_kubelet() {
+  local v=$KUBERNETES_VERSION dir=$cache/kubelet-$KUBERNETES_VERSION
+  if have "$dir" kubelet; then echo "KUBELET_BIN_DIR=$dir"; return; fi
+  log "kubelet $v: building (about 3 min on 2 cores once the kubernetes tool's build cache is warm)"
+  local tmp=$dir.tmp
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  k8s_module "$v" kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
+  k8s_build "$v" "$tmp" kubelet
+  publish "$tmp" "$dir"
+  echo "KUBELET_BIN_DIR=$dir"
 }
 
 build_etcd() {
@@ -124,7 +160,7 @@ tools=("$@")
 ((${#tools[@]})) || tools=(kubernetes etcd kwok helm kind)
 for t in "${tools[@]}"; do
   case $t in
-    kubernetes|etcd|kwok|helm|kind) "build_$t" ;;
-    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind)"; exit 2 ;;
+    kubernetes|etcd|kwok|helm|kind|kubelet) "build_$t" ;;
+    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet)"; exit 2 ;;
   esac
 done

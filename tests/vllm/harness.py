@@ -10,7 +10,6 @@ import contextlib
 import io
 import json
 import os
-import platform
 import socket
 import subprocess
 import threading
@@ -24,23 +23,11 @@ from typing import Any
 
 import psutil
 import yaml
+from e2e import machine
 
-from cpullm import launcher
 from cpullm.cli import main as cpullm
 
 ROOT = Path(__file__).resolve().parents[2]
-# lscpu names of the flags a CpuLLMService may require, published for this machine as cpullm.io/isa.<flag>.
-ISA_FLAGS = (
-    "avx2",
-    "avx512f",
-    "avx512bw",
-    "avx512vl",
-    "avx512_vnni",
-    "avx512_bf16",
-    "amx_tile",
-    "amx_bf16",
-    "amx_int8",
-)
 LAUNCHER_DIR = "opt-cpullm"  # where the launcher ConfigMap's files go, as the pod mounts them
 
 
@@ -76,41 +63,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def cpu_flags() -> set[str]:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            return set(line.partition(":")[2].split())
-    return set()
-
-
-def smt_siblings() -> bool:
-    """Whether any CPU shares its core (as NFD's cpu-hardware_multithreading says): the `ht` flag only says the
-    CPU model could, and is set in VMs with one thread per core too."""
-    lists = Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list")
-    return any(len(launcher.parse_cpu_list(f.read_text())) > 1 for f in lists)
-
-
-def memory_bytes() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemTotal in /proc/meminfo")
-
-
 def this_machine(numa_nodes: int) -> dict[str, Any]:
     """This machine as a Node, from its real CPU flags, CPU count and memory; numa_nodes=2 describes it as
     vLLM sees it with VLLM_CPU_SIM_MULTI_NUMA=1 (the knob vLLM's own CPU CI uses for multi-rank runs on one
     NUMA node)."""
-    flags = cpu_flags()
-    labels = {"kubernetes.io/arch": {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "unknown")}
-    labels["cpullm.io/numa-nodes"] = str(numa_nodes)
-    labels.update({f"cpullm.io/isa.{flag}": "true" for flag in ISA_FLAGS if flag in flags})
-    labels["feature.node.kubernetes.io/cpu-hardware_multithreading"] = str(smt_siblings()).lower()
+    labels = {"kubernetes.io/arch": machine.arch(), **machine.machine_labels(numa_nodes)}
     return {
         "apiVersion": "v1",
         "kind": "Node",
         "metadata": {"name": "localhost", "labels": labels},
-        "status": {"allocatable": {"cpu": str(len(os.sched_getaffinity(0))), "memory": str(memory_bytes())}},
+        "status": {"allocatable": {"cpu": str(machine.cpu_count()), "memory": str(machine.memory_bytes())}},
     }
 
 

