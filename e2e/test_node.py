@@ -10,16 +10,21 @@ import json
 import os
 import shutil
 import tempfile
+import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from tests.vllm.harness import make_tiny_model, vllm_python
 
 from cpullm import launcher
 from e2e.cluster import LocalCluster
-from e2e.helpers import eventually
-from e2e.images import build_debian
+from e2e.conftest import free_port
+from e2e.helpers import ROOT, Kubectl, Operator, eventually
+from e2e.images import CACHE, build_debian
 from e2e.realnode import RealNode
 
 pytestmark = [
@@ -35,9 +40,18 @@ MEMORY = 300 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def real_node() -> Iterator[RealNode]:
+    """The node with the Debian test image and the stand-in vLLM image, kept imported in a containerd root under
+    the images cache (importing the 6 GB image takes minutes; a warm run finds it there)."""
+    vllm_python()  # the vLLM environment the image is made of (scripts/setup-vllm.sh; cached)
     workdir = Path(tempfile.mkdtemp(prefix="cpullm-node-"))  # short: the kubelet's unix sockets live under it
     cluster = LocalCluster.start(workdir, name=NODE_CLUSTER_NAME, fake_nodes_only=True)
-    node = RealNode(cluster.kubeconfig, workdir / "node", kubectl=cluster.kubectl, images=("debian",))
+    node = RealNode(
+        cluster.kubeconfig,
+        workdir / "node",
+        kubectl=cluster.kubectl,
+        images=("debian", "vllm"),
+        image_store=CACHE / "containerd-root",
+    )
     try:
         yield node.start()
     finally:
@@ -90,8 +104,11 @@ def test_guaranteed_pod_on_the_real_node_gets_its_exclusive_cpus(real_node: Real
         assert "done" in fields, f"pod {name} has not reported yet: {lines}"
         return {key: value.strip() for key, value in fields.items()}
 
-    seen = eventually(report, timeout=90, interval=1, what=f"pod {name} output")
-    pod = api.get("pod", name, namespace="default")
+    try:
+        seen = eventually(report, timeout=90, interval=1, what=f"pod {name} output")
+        pod = api.get("pod", name, namespace="default")
+    finally:  # its CPU is the node's only allocatable one, which the next tests' servers need
+        api.run("delete", "pod", name, "-n", "default", "--wait=false")
     assert pod["status"]["qosClass"] == "Guaranteed"
     # The kubelet ran it, not KWOK: its IP comes from the CNI bridge's subnet.
     assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(real_node.subnet)
@@ -105,3 +122,223 @@ def test_guaranteed_pod_on_the_real_node_gets_its_exclusive_cpus(real_node: Real
     assert int(seen["CapEff"], 16) >> CAP_SYS_NICE & 1
     assert int(seen["memory_limit"]) == MEMORY
     assert int(seen["shm_kib"]) * 1024 == SHM
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The operator's own Deployment on the real node: real vLLM in a real pod
+# ---------------------------------------------------------------------------------------------------------------
+
+TINY = "tiny-llama"
+
+
+@pytest.fixture(scope="module")
+def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, Operator, Path]]:
+    """The CRD, the operator (a local process) on the node's cluster, and the tests' tiny random-weight model in
+    a directory a hostPath PersistentVolume offers to the pods (the spec's modelCache is its claim)."""
+    kubectl = real_node.api()
+    kubectl.run("apply", "--server-side", "-f", str(ROOT / "crds"))
+    kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
+    models = real_node.workdir / "models"
+    make_tiny_model(vllm_python(), models / TINY)
+    operator = Operator(str(kubectl.kubeconfig), real_node.workdir / "operator.log", free_port())
+    operator.start()
+    try:
+        yield kubectl, operator, models
+    finally:
+        operator.stop()
+
+
+def model_volume(namespace: str, models: Path) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume with the model and its claim, bound to each other by name."""
+    pv, claim = f"models-{namespace}", "models"
+    size = {"storage": "1Gi"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": size,
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "manual",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": str(models), "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "manual",
+                "resources": {"requests": size},
+                "volumeName": pv,
+            },
+        },
+    ]
+
+
+def tiny_on_the_node(namespace: str, models: Path, **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "metadata": {"name": "tiny", "namespace": namespace},
+        "spec": {
+            "model": {"name": f"/models/{TINY}", "config": json.loads((models / TINY / "config.json").read_text())},
+            "kvCacheGiB": 1,
+            "maxModelLen": 1024,
+            "maxNumSeqs": 4,
+            "cpu": {"cpusPerRank": 1},
+            "nodeSelector": {"cpullm.io/real-node": "true"},
+            "modelCache": {"persistentVolumeClaim": {"claimName": "models"}},
+            **spec,
+        },
+    }
+
+
+def service_ready(kubectl: Kubectl, namespace: str, replicas: int, timeout: float) -> dict[str, Any]:
+    def probe() -> dict[str, Any]:
+        service = kubectl.get("cpullm", "tiny", namespace)
+        status = (service or {}).get("status", {})
+        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+        assert ready.get("status") == "True" and status.get("readyReplicas") == replicas, ready
+        return dict(service)
+
+    return eventually(probe, timeout=timeout, interval=2, what=f"tiny Ready with {replicas} replica(s)")
+
+
+def server_pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
+    pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "tiny"})
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def in_container(kubectl: Kubectl, namespace: str, pod: str) -> dict[str, Any]:
+    """What the server's container sees: its CPUs and every thread's, seccomp, capabilities, /dev/shm and its
+    memory cgroup (v1 or v2)."""
+    script = r"""
+grep -E '^(Cpus_allowed_list|Seccomp|CapEff):' /proc/1/status
+for t in /proc/[0-9]*/task/[0-9]*; do echo "thread: $(grep Cpus_allowed_list $t/status | cut -f2)"; done
+echo "shm_kib: $(df -k /dev/shm | awk 'NR == 2 {print $2}')"
+if [ -e /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+  cd /sys/fs/cgroup/memory
+  echo "limit: $(cat memory.limit_in_bytes)"; echo "peak: $(cat memory.max_usage_in_bytes)"
+  echo "usage: $(cat memory.usage_in_bytes)"
+  echo "inactive_file: $(awk '$1 == "total_inactive_file" {print $2}' memory.stat)"
+  echo "oom_kills: $(awk '$1 == "oom_kill" {print $2}' memory.oom_control)"
+else
+  cd /sys/fs/cgroup
+  echo "limit: $(cat memory.max)"; echo "peak: $(cat memory.peak)"; echo "usage: $(cat memory.current)"
+  echo "inactive_file: $(awk '$1 == "inactive_file" {print $2}' memory.stat)"
+  echo "oom_kills: $(awk '$1 == "oom_kill" {print $2}' memory.events)"
+fi
+"""
+    out = kubectl.run("exec", pod, "-n", namespace, "-c", "vllm", "--", "sh", "-c", script).stdout
+    seen: dict[str, Any] = {"threads": []}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key == "thread":
+            seen["threads"].append(value.strip())
+        elif value:
+            seen[key] = value.strip()
+    return seen
+
+
+def complete(address: str, tokens: int) -> tuple[int, float]:
+    """One completion of `tokens` tokens (ignore_eos); returns the tokens and the seconds it took."""
+    body = {"model": f"/models/{TINY}", "prompt": "The quick brown fox", "max_tokens": tokens, "ignore_eos": True}
+    request = urllib.request.Request(
+        f"http://{address}:8000/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=300) as response:
+        answer = json.loads(response.read())
+    return int(answer["usage"]["completion_tokens"]), time.monotonic() - started
+
+
+def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
+    real_node: RealNode, serving: tuple[Kubectl, Operator, Path]
+) -> None:
+    kubectl, _, models = serving
+    namespace = f"serve-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", namespace)
+    kubectl.apply(*model_volume(namespace, models))
+    started = time.monotonic()
+    kubectl.apply(tiny_on_the_node(namespace, models))
+    service = service_ready(kubectl, namespace, 1, timeout=900)
+    to_ready = time.monotonic() - started
+    plan = service["status"]["plan"]
+    (pod,) = server_pods(kubectl, namespace)
+    name = pod["metadata"]["name"]
+    assert pod["spec"]["nodeName"] == real_node.name and pod["status"]["qosClass"] == "Guaranteed"
+    assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(real_node.subnet)
+
+    # Through the Service: its EndpointSlice names the pod (no kube-proxy here, so its address is used).
+    slices = kubectl.get("endpointslices", namespace=namespace, **{"kubernetes.io/service-name": "tiny"})
+    addresses = [a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]]
+    assert addresses == [pod["status"]["podIP"]], addresses
+    complete(addresses[0], 4)  # warm-up
+    tokens, seconds = complete(addresses[0], 64)
+    assert tokens == 64
+
+    seen = in_container(kubectl, namespace, name)
+    state = json.loads((real_node.kubelet_dir / "cpu_manager_state").read_text())
+    assigned = state["entries"][pod["metadata"]["uid"]]["vllm"]
+    assert seen["Cpus_allowed_list"] == assigned, (seen, assigned)
+    allowed = set(launcher.parse_cpu_list(assigned))
+    assert len(allowed) == plan["cpu"] and 0 not in allowed
+    assert seen["threads"] and all(set(launcher.parse_cpu_list(t)) <= allowed for t in seen["threads"])
+    assert seen["Seccomp"] == "0" and int(seen["CapEff"], 16) >> CAP_SYS_NICE & 1
+    assert int(seen["shm_kib"]) * 1024 == plan["shmBytes"]
+    limit = int(seen["limit"])
+    assert limit == plan["memoryLimitBytes"]
+    working_set = int(seen["usage"]) - int(seen["inactive_file"])
+    assert int(seen["peak"]) < limit and working_set < limit and int(seen["oom_kills"] or 0) == 0
+    restarts = [c["restartCount"] for c in kubectl.get("pod", name, namespace)["status"]["containerStatuses"]]
+    assert restarts == [0]
+    print(
+        f"\nreal node: pod start to Ready {to_ready:.0f}s (startup probe budget "
+        f"{startup_budget(kubectl, namespace)}s); decode {tokens / seconds:.1f} tokens/s through the Service's "
+        f"endpoint; cpuset {assigned}; cgroup peak {int(seen['peak']) / limit:.2f} and working set "
+        f"{working_set / limit:.2f} of the {limit / 2**30:.2f} GiB limit"
+    )
+
+
+def startup_budget(kubectl: Kubectl, namespace: str) -> int:
+    probe = kubectl.get("deployment", "tiny", namespace)["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
+
+
+def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kubectl, Operator, Path]) -> None:
+    """A second replica the node cannot admit says why in Ready; a pod deleted by hand comes back; the node
+    drained and uncordoned converges again."""
+    kubectl, _, models = serving
+    namespace = f"unhappy-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", namespace)
+    kubectl.apply(*model_volume(namespace, models))
+    kubectl.apply(tiny_on_the_node(namespace, models, replicas=2))
+
+    def unschedulable() -> str:
+        ready = {c["type"]: c for c in kubectl.get("cpullm", "tiny", namespace)["status"].get("conditions", [])}
+        assert ready.get("Ready", {}).get("reason") == "Unschedulable", ready.get("Ready")
+        return str(ready["Ready"]["message"])
+
+    message = eventually(unschedulable, timeout=120, interval=2, what="Ready=False Unschedulable")
+    assert "Insufficient cpu" in message, message
+    kubectl.run("scale", "cpullm", "tiny", "-n", namespace, "--replicas=1")
+    service_ready(kubectl, namespace, 1, timeout=900)
+
+    (pod,) = server_pods(kubectl, namespace)
+    kubectl.run("delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=false")
+    eventually(
+        lambda: [p for p in server_pods(kubectl, namespace) if p["metadata"]["uid"] != pod["metadata"]["uid"]],
+        timeout=60,
+        what="a new server pod",
+    )
+    service_ready(kubectl, namespace, 1, timeout=900)
+
+    kubectl.run("drain", real_node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s")
+    eventually(unschedulable, timeout=120, interval=2, what="Unschedulable while the node is cordoned")
+    kubectl.run("uncordon", real_node.name)
+    service_ready(kubectl, namespace, 1, timeout=900)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local control plane (scripts/build-tools.sh
 # builds it on first use; CPULLM_SKIP_E2E=1 skips it), then the real-vLLM tests (scripts/setup-vllm.sh
-# installs vLLM's CPU build on first use; CPULLM_SKIP_VLLM=1 skips them).
+# installs vLLM's CPU build on first use; CPULLM_SKIP_VLLM=1 skips them), then the real-node tests (root: a
+# kubelet with containerd joined to a local control plane runs the operator's Deployment with real vLLM;
+# scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -16,4 +18,7 @@ if [[ ${CPULLM_SKIP_E2E:-0} != 1 ]]; then
 fi
 if [[ ${CPULLM_SKIP_VLLM:-0} != 1 ]]; then
   .venv/bin/python -m pytest tests/vllm -m vllm -q -p no:logging
+fi
+if [[ ${CPULLM_SKIP_NODE:-0} != 1 ]]; then
+  .venv/bin/python -m pytest e2e/test_node.py -m node -q -p no:logging
 fi

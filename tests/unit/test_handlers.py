@@ -4,6 +4,7 @@ import asyncio
 from typing import Any
 
 import kopf
+from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
 
 from cpullm.controller import handlers
 from cpullm.errors import TransientApiError
@@ -119,11 +120,20 @@ def test_child_events_reconcile_their_owner_only():
 
 
 def test_node_index_keeps_label_errors_out_of_planning():
-    good = asyncio.run(handlers.node_profiles(name="n1", body=kopf.Body(node_object("n1"))))
-    bad_labels = node_object("n2", labels={"cpullm.io/numa-nodes": "x"})
-    assert asyncio.run(handlers.node_profiles(name="n2", body=kopf.Body(bad_labels))) is None
-    index = {name: [profile] for name, profile in good.items()}
+    """Through Kopf's own index: a node whose labels break after it was indexed leaves the index (Kopf keeps an
+    object's previous entry when the index function answers None, so ours answer {})."""
+    index = KopfIndex()  # Kopf's: what handlers receive as `node_profiles`
+    for n, labels in [("n1", {}), ("n2", {}), ("n2", {"cpullm.io/numa-nodes": "x"})]:
+        body = kopf.Body(node_object(n, labels=labels))
+        index._replace((None, n, n), asyncio.run(handlers.node_profiles(name=n, body=body)))
     assert [p.name for p in handlers.usable_nodes(index)] == ["n1"]
+
+
+def test_a_pod_scheduled_at_last_leaves_the_unschedulable_index():
+    index = KopfIndex()
+    for scheduled in [INSUFFICIENT, {"status": "True"}]:
+        index._replace(("ns", "a-1", "u"), asyncio.run(handlers.unschedulable_pods(**pod("a-1", scheduled))))
+    assert ("ns", "a") not in index
 
 
 class FlakyReconciler(RecordingReconciler):
