@@ -242,12 +242,14 @@ class RealNode:
         if marker.exists() and image.ref in self._ctr("images", "ls", "-q").stdout.split():
             return
         address = ["--address", str(self.socket), "-n", "k8s.io"]
-        subprocess.run(
+        result = subprocess.run(
             [ctr, *address, "images", "import", "--index-name", image.ref, str(image.tar)],
-            check=True,
             capture_output=True,
+            text=True,
             timeout=1800,
         )
+        if result.returncode != 0:
+            raise RuntimeError(f"ctr images import {image.tar} failed: {result.stderr.strip()}")
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
 
