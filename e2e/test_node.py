@@ -297,6 +297,8 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     assert int(seen["peak"]) < limit and working_set < limit and int(seen["oom_kills"] or 0) == 0
     restarts = [c["restartCount"] for c in kubectl.get("pod", name, namespace)["status"]["containerStatuses"]]
     assert restarts == [0]
+    kubectl.run("delete", "cpullm", "tiny", "-n", namespace)  # the node's one allocatable CPU, for the next test
+    eventually(lambda: not kubectl.get("pods", namespace=namespace), timeout=120, what="the server pod gone")
     print(
         f"\nreal node: pod start to Ready {to_ready:.0f}s (startup probe budget "
         f"{startup_budget(kubectl, namespace)}s); decode {tokens / seconds:.1f} tokens/s through the Service's "
