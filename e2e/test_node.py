@@ -324,7 +324,8 @@ def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kube
     kubectl.apply(tiny_on_the_node(namespace, models, replicas=2))
 
     def unschedulable() -> str:
-        ready = {c["type"]: c for c in kubectl.get("cpullm", "tiny", namespace)["status"].get("conditions", [])}
+        status = kubectl.get("cpullm", "tiny", namespace).get("status", {})
+        ready = {c["type"]: c for c in status.get("conditions", [])}
         assert ready.get("Ready", {}).get("reason") == "Unschedulable", ready.get("Ready")
         return str(ready["Ready"]["message"])
 
