@@ -121,7 +121,7 @@ def test_control_plane_outage_mid_reconcile(
     eventually(lambda: kubectl.get("deployment", names[0], namespace), timeout=30, what="first Deployment")
     cluster.outage(component, down_seconds)  # the others are mid-flight
     eventually(lambda: kubectl.run("get", "--raw", "/readyz", check=False).returncode == 0, what="API back")
-    took = converged(kubectl, namespace, names, log=log)
+    took = converged(kubectl, namespace, names, timeout=180, log=log)
     print(f"{component} down {down_seconds}s: {services} services settled {took:.1f}s after it was back")
     assert operator.process.pid == pid and operator.process.poll() is None, "the operator restarted"
     log.assert_quiet()

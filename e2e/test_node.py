@@ -344,6 +344,13 @@ def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kube
     service_ready(kubectl, namespace, 1, timeout=900)
 
     kubectl.run("drain", real_node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s")
-    eventually(unschedulable, timeout=120, interval=2, what="Unschedulable while the node is cordoned")
+
+    def cordoned() -> str:
+        status = kubectl.get("cpullm", "tiny", namespace).get("status", {})
+        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
+        assert ready.get("reason") == "NoEligibleNode" and "cordoned" in ready.get("message", ""), ready
+        return str(ready["message"])
+
+    eventually(cordoned, timeout=120, interval=2, what="NoEligibleNode naming the cordon while the node is drained")
     kubectl.run("uncordon", real_node.name)
     service_ready(kubectl, namespace, 1, timeout=900)
