@@ -124,22 +124,22 @@ class Reconciler:
         for key in [k for k in self._applied if k[1] == namespace and k[2] in children]:
             self._applied.pop(key, None)
 
-    def child_seen(self, kind: str, namespace: str, name: str, event: str | None, body: Mapping[str, Any]) -> None:
-        """A watch event of an owned child: when someone else changed or deleted it, apply it again next time."""
+    def child_seen(self, kind: str, namespace: str, name: str, event: str | None, body: Mapping[str, Any]) -> bool:
+        """A watch event of an owned child: when someone else changed or deleted it, apply it again next time.
+        Returns whether it did differ from what was last applied."""
         key = (kind, namespace, name)
         applied = self._applied.get(key)
-        if applied is not None and (event == "DELETED" or _marker(kind, body) != applied.marker):
+        changed = applied is not None and (event == "DELETED" or _marker(kind, body) != applied.marker)
+        if changed:
             self._applied.pop(key, None)
+        return changed
 
     def child_listed(self, kind: str, namespace: str, name: str, body: Mapping[str, Any], owner_uid: str) -> bool:
         """A child seen in a re-listing (Kopf lists again after a watch failed, e.g. an API server restart):
         whether it changed while the watch was down, so its owner needs a reconcile. Someone else changed it
         since it was applied, or, for a Deployment, its replica counts are not the ones last reported. Known to
         nothing yet (the operator's first listing): no, the resume handlers reconcile every service anyway."""
-        key = (kind, namespace, name)
-        applied = self._applied.get(key)
-        if applied is not None and _marker(kind, body) != applied.marker:
-            self._applied.pop(key, None)
+        if self.child_seen(kind, namespace, name, None, body):
             return True
         written = self._written.get(owner_uid)
         if kind != "Deployment" or written is None:
