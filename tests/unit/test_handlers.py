@@ -37,6 +37,8 @@ class RecordingReconciler:
         return name in self.changed_while_away
 
 
+# Kopf passes every index to every handler; these tests fill only the one they are about.
+OTHER_INDEXES: dict[str, Any] = {"owned_deployments": {}, "installed_crds": {}, "unschedulable_pods": {}}
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
 SERVICES = {
     ("ns", "a"): [{"metadata": {"name": "a", "namespace": "ns"}}],
@@ -59,9 +61,7 @@ def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], i
         memo=memo,
         node_profiles=index,
         services=SERVICES,
-        owned_deployments={},
-        installed_crds={},
-        unschedulable_pods={},
+        **OTHER_INDEXES,
     )
     asyncio.run(run)
 
@@ -108,9 +108,7 @@ def test_child_events_reconcile_their_owner_only():
             memo=memo,
             node_profiles=index,
             services=SERVICES,
-            owned_deployments={},
-            installed_crds={},
-            unschedulable_pods={},
+            **OTHER_INDEXES,
             body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
             resource=DEPLOYMENTS,
         )
@@ -164,9 +162,7 @@ def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monk
             memo=memo,
             node_profiles={"n1": [node("n1")]},
             services=SERVICES,
-            owned_deployments={},
-            installed_crds={},
-            unschedulable_pods={},
+            **OTHER_INDEXES,
             body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
             resource=DEPLOYMENTS,
         )
@@ -189,12 +185,7 @@ def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_serv
     wants = {
         ("ns", "m"): [{"metadata": {"name": "m", "namespace": "ns"}, "spec": {"monitoring": {"podMonitor": True}}}]
     }
-    indexes = {
-        "node_profiles": {"n1": [node("n1")]},
-        "owned_deployments": {},
-        "installed_crds": {},
-        "unschedulable_pods": {},
-    }
+    indexes = {**OTHER_INDEXES, "node_profiles": {"n1": [node("n1")]}}
     for type_, established in [
         (None, False),
         ("ADDED", False),
@@ -250,9 +241,7 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
         memo=memo,
         node_profiles=index,
         services=services,
-        owned_deployments={},
-        installed_crds={},
-        unschedulable_pods={},
+        **OTHER_INDEXES,
     )
     asyncio.run(call)  # the initial listing: remembered
     changed = node_object("n1", numa=2, labels={"pool": "a"})
@@ -264,9 +253,7 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
         memo=memo,
         node_profiles=index,
         services=services,
-        owned_deployments={},
-        installed_crds={},
-        unschedulable_pods={},
+        **OTHER_INDEXES,
     )
     asyncio.run(call)
     # pool-a: n1 can run it; planned-on-n1: its plan runs there; needs-sve: n1 lacks the ISA, so it is left alone.
@@ -305,9 +292,7 @@ def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedu
             memo=memo,
             services=SERVICES,
             node_profiles={},
-            owned_deployments={},
-            installed_crds={},
-            unschedulable_pods=index,
+            **{**OTHER_INDEXES, "unschedulable_pods": index},
         )
         asyncio.run(call)
     rec = memo["reconciler"]
@@ -325,9 +310,7 @@ def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting
         "memo": memo,
         "node_profiles": {},
         "services": SERVICES,
-        "owned_deployments": {},
-        "installed_crds": {},
-        "unschedulable_pods": {},
+        **OTHER_INDEXES,
         "body": kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
         "resource": DEPLOYMENTS,
     }
@@ -359,9 +342,7 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
             memo=memo,
             services=SERVICES,
             node_profiles={},
-            owned_deployments={},
-            installed_crds={},
-            unschedulable_pods={key: [message] for key, message in entry.items()},
+            **{**OTHER_INDEXES, "unschedulable_pods": {key: [message] for key, message in entry.items()}},
         )
         asyncio.run(call)
     assert memo["reconciler"].unschedulable == [INSUFFICIENT["message"]]  # once: when it changed
