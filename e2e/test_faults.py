@@ -16,6 +16,7 @@ from e2e.cluster import LocalCluster
 from e2e.conftest import NodePool, fake_node, free_port, tiny_service
 from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
 from e2e.proxy import CuttableProxy
+from e2e.test_operator import conditions
 
 # After a fault ends, the time every service gets to agree with its children again: the operator's transient
 # retry is a few seconds (settings.transient_retry_seconds, jittered) and a watch resumes at once.
@@ -38,9 +39,8 @@ def create(kubectl: Kubectl, namespace: str, prefix: str, count: int, selector: 
 
 def settled(service: dict[str, Any]) -> bool:
     status = service.get("status", {})
-    ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
     return (
-        ready.get("status") == "True"
+        conditions(service).get("Ready", {}).get("status") == "True"
         and status.get("observedGeneration") == service["metadata"]["generation"]
         and status.get("readyReplicas") == service["spec"].get("replicas", 1)
     )

@@ -26,6 +26,7 @@ from e2e.conftest import free_port
 from e2e.helpers import ROOT, Kubectl, Operator, eventually
 from e2e.images import CACHE, build_debian
 from e2e.realnode import RealNode
+from e2e.test_operator import conditions, ready
 
 pytestmark = [
     pytest.mark.node,
@@ -198,17 +199,6 @@ def tiny_on_the_node(namespace: str, models: Path, **spec: Any) -> dict[str, Any
     }
 
 
-def service_ready(kubectl: Kubectl, namespace: str, replicas: int, timeout: float) -> dict[str, Any]:
-    def probe() -> dict[str, Any]:
-        service = kubectl.get("cpullm", "tiny", namespace)
-        status = (service or {}).get("status", {})
-        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
-        assert ready.get("status") == "True" and status.get("readyReplicas") == replicas, ready
-        return dict(service)
-
-    return eventually(probe, timeout=timeout, interval=2, what=f"tiny Ready with {replicas} replica(s)")
-
-
 def server_pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
     pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "tiny"})
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
@@ -266,7 +256,7 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     kubectl.apply(*model_volume(namespace, models))
     started = time.monotonic()
     kubectl.apply(tiny_on_the_node(namespace, models))
-    service = service_ready(kubectl, namespace, 1, timeout=900)
+    service = ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
     to_ready = time.monotonic() - started
     budget = startup_budget(kubectl, namespace)
     assert to_ready < budget / 2, f"start-up took {to_ready:.0f}s of a {budget}s startup probe budget"
@@ -324,15 +314,14 @@ def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kube
     kubectl.apply(tiny_on_the_node(namespace, models, replicas=2))
 
     def unschedulable() -> str:
-        status = kubectl.get("cpullm", "tiny", namespace).get("status", {})
-        ready = {c["type"]: c for c in status.get("conditions", [])}
-        assert ready.get("Ready", {}).get("reason") == "Unschedulable", ready.get("Ready")
-        return str(ready["Ready"]["message"])
+        found = conditions(kubectl.get("cpullm", "tiny", namespace)).get("Ready", {})
+        assert found.get("reason") == "Unschedulable", found
+        return str(found["message"])
 
     message = eventually(unschedulable, timeout=120, interval=2, what="Ready=False Unschedulable")
     assert "Insufficient cpu" in message, message
     kubectl.run("scale", "cpullm", "tiny", "-n", namespace, "--replicas=1")
-    service_ready(kubectl, namespace, 1, timeout=900)
+    ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
 
     (pod,) = server_pods(kubectl, namespace)
     kubectl.run("delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=false")
@@ -341,16 +330,15 @@ def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kube
         timeout=60,
         what="a new server pod",
     )
-    service_ready(kubectl, namespace, 1, timeout=900)
+    ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
 
     kubectl.run("drain", real_node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s")
 
     def cordoned() -> str:
-        status = kubectl.get("cpullm", "tiny", namespace).get("status", {})
-        ready = {c["type"]: c for c in status.get("conditions", [])}.get("Ready", {})
-        assert ready.get("reason") == "NoEligibleNode" and "cordoned" in ready.get("message", ""), ready
-        return str(ready["message"])
+        found = conditions(kubectl.get("cpullm", "tiny", namespace)).get("Ready", {})
+        assert found.get("reason") == "NoEligibleNode" and "cordoned" in found.get("message", ""), found
+        return str(found["message"])
 
     eventually(cordoned, timeout=120, interval=2, what="NoEligibleNode naming the cordon while the node is drained")
     kubectl.run("uncordon", real_node.name)
-    service_ready(kubectl, namespace, 1, timeout=900)
+    ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)

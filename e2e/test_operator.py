@@ -21,7 +21,9 @@ def conditions(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in service.get("status", {}).get("conditions", [])}
 
 
-def ready(kubectl: Kubectl, namespace: str, name: str, replicas: int | None = None) -> dict[str, Any]:
+def ready(
+    kubectl: Kubectl, namespace: str, name: str, replicas: int | None = None, timeout: float = 90, interval: float = 0.5
+) -> dict[str, Any]:
     """The service once Ready for its current generation (and with `replicas` ready pods, if given)."""
 
     def probe() -> dict[str, Any]:
@@ -35,7 +37,7 @@ def ready(kubectl: Kubectl, namespace: str, name: str, replicas: int | None = No
             assert status.get("readyReplicas") == replicas, status
         return service
 
-    return eventually(probe, timeout=90, what=f"{namespace}/{name} Ready")
+    return eventually(probe, timeout=timeout, interval=interval, what=f"{namespace}/{name} Ready")
 
 
 def not_planned(kubectl: Kubectl, namespace: str, name: str, reason: str) -> dict[str, Any]:

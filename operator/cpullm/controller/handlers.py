@@ -190,7 +190,7 @@ async def node_changed(
     services: kopf.Index[Any, Any],
     **kwargs: Any,
 ) -> None:
-    """Re-plan every service when a node's profile changed (heartbeats and status noise do not count).
+    """Re-plan the services a node can affect when its profile changed (heartbeats and status noise do not count).
 
     Kopf updates its indexes before event handlers run, so the index already holds this event's profile;
     what the services were last planned against is remembered per node, to tell a change from noise. A node
