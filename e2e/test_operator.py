@@ -399,8 +399,8 @@ def test_a_pod_the_scheduler_cannot_place_says_why_in_ready(
     kubectl.apply(service)
 
     def unschedulable() -> dict[str, Any]:
-        found = conditions(kubectl.get("cpullm", "tight", namespace))["Ready"]
-        assert (found["status"], found["reason"]) == ("False", "Unschedulable"), found
+        found = conditions(kubectl.get("cpullm", "tight", namespace)).get("Ready", {})
+        assert (found.get("status"), found.get("reason")) == ("False", "Unschedulable"), found
         return found
 
     message = eventually(unschedulable, timeout=90, what="Ready=False Unschedulable")["message"]
