@@ -3,6 +3,7 @@ controller, built by scripts/build-tools.sh and started by `kwokctl --runtime bi
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_NAME = "cpullm-e2e"
 # kube-apiserver's default (/24) runs out at ~251 Services; the scale tests and benchmark need more.
 SERVICE_CIDR = "10.96.0.0/16"
-# With fake_nodes_only, KWOK's controller manages only nodes with this annotation (examples/nodes.yaml has it), so
+# With real_node, KWOK's controller manages only nodes with this annotation (examples/nodes.yaml has it), so
 # a real kubelet's node (e2e/realnode.py) and its pods are left to the kubelet.
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
@@ -67,16 +68,29 @@ def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
     ]
 
 
-def fake_nodes_only_config() -> dict[str, object]:
-    """A kwokctl --config document: KWOK's controller manages only nodes annotated kwok.x-k8s.io/node=fake.
+def real_node_config() -> dict[str, object]:
+    """A kwokctl --config document for a cluster a real kubelet joins (e2e/realnode.py):
 
-    kwokctl's binary runtime starts the controller with --manage-all-nodes=true on its command line, which wins
-    over a KwokConfiguration's options (and a KwokConfiguration given without all of kwokctl's defaults leaves
-    e.g. nodeLeaseParallelism at 0, and the controller exits), so the flags themselves are patched."""
+    - KWOK's controller manages only nodes annotated kwok.x-k8s.io/node=fake. kwokctl's binary runtime starts it
+      with --manage-all-nodes=true on its command line, which wins over a KwokConfiguration's options (and a
+      KwokConfiguration given without all of kwokctl's defaults leaves e.g. nodeLeaseParallelism at 0, and the
+      controller exits), so the flags themselves are patched;
+    - the API server's certificate also names its in-cluster address (the `kubernetes` Service's ClusterIP and
+      DNS names), which pods on the real node dial through kube-proxy; kwokctl's names only the host's IPs."""
     key, value = FAKE_NODE_ANNOTATION
+    cluster_ip = str(next(ipaddress.ip_network(SERVICE_CIDR).hosts()))
     return {
         "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
         "kind": "KwokctlConfiguration",
+        "options": {
+            "kubeApiserverCertSANs": [
+                cluster_ip,
+                "kubernetes",
+                "kubernetes.default",
+                "kubernetes.default.svc",
+                "kubernetes.default.svc.cluster.local",
+            ]
+        },
         "componentsPatches": [
             {
                 "name": "kwok-controller",
@@ -106,9 +120,9 @@ class LocalCluster:
     _restarted: list[subprocess.Popen[bytes]] = field(default_factory=list)  # components outage() restarted
 
     @classmethod
-    def start(cls, workdir: Path, *, name: str = CLUSTER_NAME, fake_nodes_only: bool = False) -> LocalCluster:
-        """fake_nodes_only: KWOK manages only nodes annotated kwok.x-k8s.io/node=fake (FAKE_NODE_ANNOTATION), as a
-        cluster with a real node (e2e/realnode.py) needs; every KWOK node must then carry the annotation."""
+    def start(cls, workdir: Path, *, name: str = CLUSTER_NAME, real_node: bool = False) -> LocalCluster:
+        """real_node: configured for a real kubelet to join (real_node_config); every KWOK node must then carry
+        FAKE_NODE_ANNOTATION."""
         tools = tool_dirs()
         k8s, kwok = tools["kubernetes"], tools["kwok"]
         kubeconfig = workdir / "kubeconfig"
@@ -117,9 +131,9 @@ class LocalCluster:
         )
         cluster.delete()  # a cluster left over by an interrupted run
         args = create_args(tools, kubeconfig)
-        if fake_nodes_only:
-            config = workdir / "kwokctl-fake-nodes-only.yaml"
-            config.write_text(yaml.safe_dump(fake_nodes_only_config()))
+        if real_node:
+            config = workdir / "kwokctl-real-node.yaml"
+            config.write_text(yaml.safe_dump(real_node_config()))
             args += ["--config", str(config)]
         cluster._kwokctl(*args, "--wait", "2m")
         return cluster

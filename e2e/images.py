@@ -18,8 +18,13 @@ loads into containerd, cached under ~/.cache/cpullm-operator/images/ keyed by th
 
 - debian: the vLLM image's base layer alone (~180 MB), for tests that need a shell but not vLLM.
 
-Usage (root, for mmdebstrap and the chroot check): scripts/build-images.sh [pause] [debian] [vllm]; prints KEY=value
-lines.
+- python-base: Debian bookworm's python3 with its venv module and this host's CA bundle: the Dockerfile's BASE
+  on machines that reach no registry (the public python:3.11-slim elsewhere).
+- operator: the operator's image, built by buildah (Debian's package; no Docker engine) from the repository's
+  Dockerfile with BASE=python-base, pushed to an OCI archive. pip in its build stage reaches PyPI (host network).
+
+Usage (root, for mmdebstrap, buildah and the chroot check): scripts/build-images.sh [pause] [debian] [vllm]
+[python-base] [operator]; prints KEY=value lines.
 """
 
 from __future__ import annotations
@@ -290,39 +295,51 @@ def build_pause() -> Image:
     return Image(ref, out)
 
 
-def rootfs_key() -> str:
-    recipe = json.dumps([SUITE, PACKAGES, MIRRORS, DPKG_EXCLUDES, "venv --without-pip /opt/venv", arch()])
-    return digest_of(recipe)[:16]
+@dataclass(frozen=True)
+class Rootfs:
+    """A Debian minbase root filesystem (mmdebstrap, ~1 min, cached): its packages and customize hooks are its
+    cache key."""
 
+    name: str
+    packages: tuple[str, ...]
+    hooks: tuple[str, ...] = ()
 
-def build_rootfs() -> Path:
-    """Debian minbase with python3.11 and an empty venv at /opt/venv (mmdebstrap; ~1 min; cached)."""
-    directory = CACHE / f"rootfs-{SUITE}-{rootfs_key()}"
-    if (directory / ".complete").exists():
+    def key(self) -> str:
+        return digest_of(json.dumps([SUITE, self.packages, MIRRORS, DPKG_EXCLUDES, self.hooks, arch()]))[:16]
+
+    def build(self) -> Path:
+        directory = CACHE / f"rootfs-{self.name}-{SUITE}-{self.key()}"
+        if (directory / ".complete").exists():
+            return directory
+        log(f"rootfs: mmdebstrap {SUITE} minbase into {directory}")
+        tmp = directory.with_name(directory.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run(
+            [
+                "mmdebstrap",
+                "--mode=root",
+                "--variant=minbase",
+                f"--include={','.join(self.packages)}",
+                *(f"--dpkgopt=path-exclude={pattern}" for pattern in DPKG_EXCLUDES),
+                *(f"--customize-hook={hook}" for hook in self.hooks),
+                '--customize-hook=rm -f "$1"/etc/hostname "$1"/etc/resolv.conf',
+                SUITE,
+                str(tmp),
+                *MIRRORS,
+            ],
+            check=True,
+            stdout=sys.stderr,
+        )
+        (tmp / ".complete").touch()
+        shutil.rmtree(directory, ignore_errors=True)
+        tmp.rename(directory)
         return directory
-    log(f"rootfs: mmdebstrap {SUITE} minbase into {directory}")
-    tmp = directory.with_name(directory.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    subprocess.run(
-        [
-            "mmdebstrap",
-            "--mode=root",
-            "--variant=minbase",
-            f"--include={','.join(PACKAGES)}",
-            *(f"--dpkgopt=path-exclude={pattern}" for pattern in DPKG_EXCLUDES),
-            '--customize-hook=chroot "$1" python3.11 -m venv --without-pip /opt/venv',
-            '--customize-hook=rm -f "$1"/etc/hostname "$1"/etc/resolv.conf',
-            SUITE,
-            str(tmp),
-            *MIRRORS,
-        ],
-        check=True,
-        stdout=sys.stderr,
-    )
-    (tmp / ".complete").touch()
-    shutil.rmtree(directory, ignore_errors=True)
-    tmp.rename(directory)
-    return directory
+
+
+# The vLLM image's root filesystem, with an empty venv at /opt/venv that build_vllm fills.
+VLLM_ROOTFS = Rootfs("vllm", PACKAGES, ('chroot "$1" python3.11 -m venv --without-pip /opt/venv',))
+# The operator image's local base: Python with its venv module (ensurepip), as the Dockerfile's BASE needs.
+PYTHON_ROOTFS = Rootfs("python", ("python3", "python3-venv", "ca-certificates"))
 
 
 def venv_key(venv: Path) -> str:
@@ -353,7 +370,7 @@ def build_vllm() -> Image:
     c = operator_constants()
     ref = vllm_image_ref()
     out = CACHE / f"{ref.rsplit('/', 1)[1].replace(':', '-')}.tar"
-    rootfs = build_rootfs()
+    rootfs = VLLM_ROOTFS.build()
     env = {
         "PATH": "/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "VIRTUAL_ENV": "/opt/venv",
@@ -400,9 +417,9 @@ def build_vllm() -> Image:
 
 def build_debian() -> Image:
     """The vLLM image's base layer alone (Debian minbase, python3.11, procps; ~180 MB): a quick test image."""
-    rootfs = build_rootfs()
-    ref = f"localhost/cpullm-debian:{rootfs_key()[:12]}"
-    out = CACHE / f"debian-{rootfs_key()[:12]}.tar"
+    rootfs = VLLM_ROOTFS.build()
+    ref = f"localhost/cpullm-debian:{VLLM_ROOTFS.key()[:12]}"
+    out = CACHE / f"debian-{VLLM_ROOTFS.key()[:12]}.tar"
     config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/bin/sh"]}
     layers = [
         Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./opt/venv", "./.complete")), f"debian {SUITE} minbase")
@@ -413,7 +430,105 @@ def build_debian() -> Image:
     return Image(ref, out)
 
 
-BUILDERS = {"pause": build_pause, "debian": build_debian, "vllm": build_vllm}
+# This machine's TLS trust, given to the local Python base so pip in the Dockerfile's build stage reaches PyPI
+# through a proxy that re-signs TLS (our sandboxes' egress does); on other hosts it is Debian's own bundle.
+HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
+
+
+def build_python_base() -> Image:
+    """The Dockerfile's BASE on machines that reach no registry: Debian's python3 with venv, and the host's CA
+    bundle (pip is pointed at it by PIP_CERT)."""
+    rootfs = PYTHON_ROOTFS.build()
+    trust = CACHE / "python-base-trust"
+    shutil.rmtree(trust, ignore_errors=True)
+    (trust / "etc" / "ssl" / "certs").mkdir(parents=True)
+    shutil.copyfile(HOST_CA_BUNDLE, trust / "etc" / "ssl" / "certs" / "ca-certificates.crt")
+    ref = f"localhost/cpullm-python-base:{PYTHON_ROOTFS.key()[:12]}"
+    out = CACHE / f"python-base-{PYTHON_ROOTFS.key()[:12]}.tar"
+    config = {
+        "Env": [
+            "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "LANG=C.UTF-8",
+            "PIP_CERT=/etc/ssl/certs/ca-certificates.crt",
+        ],
+        "Cmd": ["python3"],
+    }
+    layers = [
+        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} minbase + python3"),
+        Layer(digest_of(HOST_CA_BUNDLE.read_bytes())[:16], tar_command(trust, "./etc"), "the host's CA bundle"),
+    ]
+    if not up_to_date(out, layers, config):
+        log(f"python-base: writing {out}")
+        write_image(out, ref, layers, config)
+    shutil.rmtree(trust)
+    return Image(ref, out)
+
+
+def operator_sources() -> list[Path]:
+    """What the Dockerfile's build context holds (.dockerignore: pyproject.toml, README.md, operator/)."""
+    sources = [ROOT / "Dockerfile", ROOT / ".dockerignore", ROOT / "pyproject.toml", ROOT / "README.md"]
+    sources += sorted(p for p in (ROOT / "operator").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    return sources
+
+
+def buildah(*args: str, capture: bool = False) -> str:
+    """buildah with its own store under the cache (vfs: works inside containers and on any filesystem)."""
+    store = CACHE / "buildah"
+    command = ["buildah", "--root", str(store / "root"), "--runroot", str(store / "run"), "--storage-driver", "vfs"]
+    result = subprocess.run([*command, *args], check=True, text=True, stdout=subprocess.PIPE if capture else sys.stderr)
+    return result.stdout.strip() if capture else ""
+
+
+def build_operator() -> Image:
+    """The operator's image from the repository's Dockerfile, built by buildah on the local Python base (the
+    Dockerfile's BASE argument), exported as an OCI archive. Cached by the build context and the base."""
+    base = build_python_base()
+    parts = [base.manifest] + [f"{p.relative_to(ROOT)}\0".encode() + p.read_bytes() for p in operator_sources()]
+    key = digest_of(*parts)[:12]
+    ref = f"localhost/cpullm-operator:{key}"
+    out = CACHE / f"operator-{key}.tar"
+    sidecar = out.with_suffix(".json")
+    if out.exists() and sidecar.exists():
+        return Image(ref, out)
+    started = time.monotonic()
+    log(f"operator: buildah build {ROOT / 'Dockerfile'} on {base.ref}")
+    base_id = buildah("pull", "--quiet", f"oci-archive:{base.tar}", capture=True).splitlines()[-1]
+    buildah("tag", base_id, base.ref)
+    buildah(
+        "build",
+        "--isolation",
+        "chroot",
+        "--network",
+        "host",
+        "--layers=false",
+        "--build-arg",
+        f"BASE={base.ref}",
+        "--tag",
+        ref,
+        "--file",
+        str(ROOT / "Dockerfile"),
+        str(ROOT),
+    )
+    tmp = out.with_suffix(".tmp")
+    buildah("push", "--quiet", ref, f"oci-archive:{tmp}:{ref}")
+    with tarfile.open(tmp) as archive:
+        member = archive.extractfile("index.json")
+        assert member is not None
+        (manifest,) = json.load(member)["manifests"]
+    tmp.replace(out)
+    sidecar.write_text(json.dumps({"ref": ref, "manifest": manifest["digest"]}, indent=1))
+    buildah("rmi", "--all", "--force")  # the archive is what is kept; the vfs store holds full copies
+    log(f"operator: {out} {out.stat().st_size / 1e6:.0f} MB in {time.monotonic() - started:.0f}s")
+    return Image(ref, out)
+
+
+BUILDERS = {
+    "pause": build_pause,
+    "debian": build_debian,
+    "vllm": build_vllm,
+    "python-base": build_python_base,
+    "operator": build_operator,
+}
 
 
 def main(argv: list[str]) -> int:

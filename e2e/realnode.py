@@ -3,7 +3,7 @@ and the CNI bridge plugin (scripts/setup-node.sh), joined to the local kwokctl c
 images imported without a registry (e2e/images.py). Root only; one RealNode per machine at a time (the kubelet's
 cgroups are /kubepods under each cgroup v1 controller, and the CPU manager owns the machine's CPUs).
 
-The cluster must be started with LocalCluster.start(..., fake_nodes_only=True): otherwise KWOK's controller also
+The cluster must be started with LocalCluster.start(..., real_node=True): otherwise KWOK's controller also
 manages this node and marks its pods Running with fake IPs while the kubelet is still failing.
 
     node = RealNode(kubeconfig=cluster.kubeconfig, workdir=workdir / "node", kubectl=cluster.kubectl)
@@ -102,6 +102,7 @@ class RealNode:
     bridge: str = "cpullm0"
     labels: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    _kube_proxy_binary: Path | None = field(default=None, init=False, repr=False)
     _processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
     _logs: list[IO[bytes]] = field(default_factory=list, repr=False)
     _netns_before: set[str] = field(default_factory=set, repr=False)
@@ -155,6 +156,7 @@ class RealNode:
         self._start_kubelet(Path(tools["KUBELET_BIN_DIR"]) / "kubelet")
         eventually(self.ready, timeout=120, interval=1, what=f"node {self.name} Ready")
         self.timings["kubelet_ready"] = time.monotonic() - mark
+        self._start_kube_proxy(Path(tools["KUBELET_BIN_DIR"]) / "kube-proxy")
         return self
 
     def __enter__(self) -> RealNode:
@@ -241,6 +243,11 @@ class RealNode:
         marker = Path(self.image_store or self.containerd_dir / "root") / "cpullm-imported" / image.manifest
         if marker.exists() and image.ref in self._ctr("images", "ls", "-q").stdout.split():
             return
+        if image.ref in self._ctr("images", "ls", "-q").stdout.split():
+            # An older build under the same reference (the vLLM stand-in's is fixed). Importing over it failed
+            # here, at ctr's unpack, with "content digest <the new index>: not found" (the CRI plugin had updated
+            # the record meanwhile); the same import after removing the old record succeeded.
+            self._ctr("images", "rm", image.ref)
         address = ["--address", str(self.socket), "-n", "k8s.io"]
         result = subprocess.run(
             [ctr, *address, "images", "import", "--index-name", image.ref, str(image.tar)],
@@ -318,6 +325,34 @@ class RealNode:
             ],
         )
 
+    # kube-proxy: Services' ClusterIPs work on this node, for its pods (the API server's own `kubernetes` Service,
+    # which in-cluster clients dial) and for this host's processes (the tests).
+    def kube_proxy_config(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+            "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig)},
+            "hostnameOverride": self.name,
+            "mode": "iptables",
+            "clusterCIDR": self.subnet,  # traffic from the pods is not masqueraded
+            "healthzBindAddress": f"127.0.0.1:{free_port()}",
+            "metricsBindAddress": f"127.0.0.1:{free_port()}",
+            # Leave the host's conntrack sysctls and route_localnet alone: a shared development machine.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False},
+        }
+
+    def _start_kube_proxy(self, binary: Path) -> None:
+        self._kube_proxy_binary = binary
+        config = self.workdir / "kube-proxy.yaml"
+        config.write_text(yaml.safe_dump(self.kube_proxy_config()))
+        self._spawn("kube-proxy", [str(binary), f"--config={config}", "--v=2"])
+        eventually(self._service_rules, timeout=60, interval=1, what="kube-proxy's rules for the kubernetes Service")
+
+    def _service_rules(self) -> bool:
+        rules = subprocess.run(["iptables-save", "-t", "nat"], capture_output=True, text=True, check=True).stdout
+        return "default/kubernetes:https" in rules
+
     def _spawn(self, name: str, command: list[str]) -> None:
         log = (self.workdir / f"{name}.log").open("ab")
         self._logs.append(log)
@@ -343,6 +378,9 @@ class RealNode:
         """Removes everything start() made; safe to call twice, after a failed start, or with the cluster gone."""
         if self.kubectl is not None and self.kubeconfig.exists():
             self._drain()
+        self._terminate("kube-proxy")
+        if self._kube_proxy_binary is not None:  # its iptables chains and rules, which outlive it
+            subprocess.run([str(self._kube_proxy_binary), "--cleanup"], capture_output=True, check=False, timeout=60)
         self._terminate("kubelet")
         if self.socket.exists():
             self._remove_containers()

@@ -1,7 +1,8 @@
-"""A real node (pytest marker `node`; root; deselected by default): the kubelet with containerd, runc and the CNI
-bridge joined to a local control plane of its own (cluster cpullm-node, where KWOK manages only annotated fake
-nodes), e2e/realnode.py. Run: python -m pytest e2e/test_node.py -m node (first run: builds the kubelet and the
-Debian test image, scripts/setup-node.sh and scripts/build-images.sh; then about half a minute)."""
+"""A real node (pytest marker `node`; root; deselected by default): the kubelet with containerd, runc, the CNI
+bridge and kube-proxy joined to a local control plane of its own (cluster cpullm-node, where KWOK manages only
+annotated fake nodes), e2e/realnode.py. The operator runs there as users run it: its image built from the
+Dockerfile, installed with the Helm chart. Run: python -m pytest e2e/test_node.py -m node (first run: builds the
+kubelet, kube-proxy and the images, scripts/setup-node.sh and scripts/build-images.sh)."""
 
 from __future__ import annotations
 
@@ -21,11 +22,11 @@ import pytest
 from tests.vllm.harness import make_tiny_model, vllm_python
 
 from cpullm import launcher
-from e2e.cluster import LocalCluster
-from e2e.conftest import free_port
-from e2e.helpers import ROOT, Kubectl, Operator, eventually
-from e2e.images import CACHE, build_debian
+from e2e.cluster import LocalCluster, tool_dirs
+from e2e.helpers import InClusterOperator, Kubectl, eventually
+from e2e.images import CACHE, build_debian, build_operator
 from e2e.realnode import RealNode
+from e2e.test_chart import CHART, Helm
 from e2e.test_operator import conditions, ready
 
 pytestmark = [
@@ -41,16 +42,16 @@ MEMORY = 300 * 1024 * 1024
 
 @pytest.fixture(scope="module")
 def real_node() -> Iterator[RealNode]:
-    """The node with the Debian test image and the stand-in vLLM image, kept imported in a containerd root under
-    the images cache (importing the 6 GB image takes minutes; a warm run finds it there)."""
+    """The node with the Debian test image, the stand-in vLLM image and the operator's image, kept imported in a
+    containerd root under the images cache (importing the 6 GB image takes minutes; a warm run finds it there)."""
     vllm_python()  # the vLLM environment the image is made of (scripts/setup-vllm.sh; cached)
     workdir = Path(tempfile.mkdtemp(prefix="cpullm-node-"))  # short: the kubelet's unix sockets live under it
-    cluster = LocalCluster.start(workdir, name=NODE_CLUSTER_NAME, fake_nodes_only=True)
+    cluster = LocalCluster.start(workdir, name=NODE_CLUSTER_NAME, real_node=True)
     node = RealNode(
         cluster.kubeconfig,
         workdir / "node",
         kubectl=cluster.kubectl,
-        images=("debian", "vllm"),
+        images=("debian", "vllm", "operator"),
         image_store=CACHE / "containerd-root",
     )
     try:
@@ -132,21 +133,45 @@ def test_guaranteed_pod_on_the_real_node_gets_its_exclusive_cpus(real_node: Real
 TINY = "tiny-llama"
 
 
+OPERATOR_RELEASE, OPERATOR_NAMESPACE = "cpullm", "cpullm-system"
+
+
 @pytest.fixture(scope="module")
-def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, Operator, Path]]:
-    """The CRD, the operator (a local process) on the node's cluster, and the tests' tiny random-weight model in
-    a directory a hostPath PersistentVolume offers to the pods (the spec's modelCache is its claim)."""
+def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, Path]]:
+    """The operator as users run it: its image built from the repository's Dockerfile (e2e/images.py,
+    build_operator), installed with the Helm chart (its CRD, RBAC and Deployment) and running in a pod on the real
+    node, which reaches the API server through the `kubernetes` Service (kube-proxy); and the tests' tiny
+    random-weight model in a directory a hostPath PersistentVolume offers to the pods (the spec's modelCache is its
+    claim)."""
     kubectl = real_node.api()
-    kubectl.run("apply", "--server-side", "-f", str(ROOT / "crds"))
+    repository, tag = build_operator().ref.rsplit(":", 1)
+    helm = Helm(tool_dirs(["helm"])["helm"] / "helm", kubectl.kubeconfig)
+    # cpu request 0: on a 2-CPU machine the node's one allocatable CPU is the vLLM server's (static CPU manager).
+    install = (
+        "install",
+        OPERATOR_RELEASE,
+        str(CHART),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        *("--set", f"image.repository={repository},image.tag={tag},image.pullPolicy=Never"),
+        *("--set-string", "resources.requests.cpu=0"),
+        *("--set-string", f"nodeSelector.kubernetes\\.io/hostname={real_node.name}"),
+        *("--wait", "--timeout", "180s"),
+    )
+    operator = InClusterOperator(kubectl, OPERATOR_NAMESPACE, f"{OPERATOR_RELEASE}-cpullm-operator")
+    try:
+        helm.run(*install)
+    except AssertionError as failed:
+        pods = kubectl.run("describe", "pods", "-n", OPERATOR_NAMESPACE, check=False).stdout
+        raise AssertionError(f"{failed}\n{pods}\noperator log:\n{operator.log_tail(40)}") from failed
     kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
     models = real_node.workdir / "models"
     make_tiny_model(vllm_python(), models / TINY)
-    operator = Operator(str(kubectl.kubeconfig), real_node.workdir / "operator.log", free_port())
-    operator.start()
     try:
         yield kubectl, operator, models
     finally:
-        operator.stop()
+        print(f"\noperator log (in-cluster, last lines):\n{operator.log_tail(30)}")
 
 
 def model_volume(namespace: str, models: Path) -> list[dict[str, Any]]:
@@ -248,7 +273,7 @@ def complete(address: str, tokens: int) -> tuple[int, float]:
 
 
 def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
-    real_node: RealNode, serving: tuple[Kubectl, Operator, Path]
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path]
 ) -> None:
     kubectl, _, models = serving
     namespace = f"serve-{uuid.uuid4().hex[:5]}"
@@ -266,12 +291,13 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     assert pod["spec"]["nodeName"] == real_node.name and pod["status"]["qosClass"] == "Guaranteed"
     assert ipaddress.ip_address(pod["status"]["podIP"]) in ipaddress.ip_network(real_node.subnet)
 
-    # Through the Service: its EndpointSlice names the pod (no kube-proxy here, so its address is used).
+    # Through the Service: its EndpointSlice names the pod, and its ClusterIP (kube-proxy's rules) reaches it.
     slices = kubectl.get("endpointslices", namespace=namespace, **{"kubernetes.io/service-name": "tiny"})
     addresses = [a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]]
     assert addresses == [pod["status"]["podIP"]], addresses
-    complete(addresses[0], 4)  # warm-up
-    tokens, seconds = complete(addresses[0], 64)
+    cluster_ip = kubectl.get("service", "tiny", namespace)["spec"]["clusterIP"]
+    complete(cluster_ip, 4)  # warm-up
+    tokens, seconds = complete(cluster_ip, 64)
     assert tokens == 64
 
     seen = in_container(kubectl, namespace, name)
@@ -294,7 +320,7 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     print(
         f"\nreal node: pod start to Ready {to_ready:.0f}s (startup probe budget "
         f"{budget}s); decode {tokens / seconds:.1f} tokens/s through the Service's "
-        f"endpoint; cpuset {assigned}; cgroup peak {int(seen['peak']) / limit:.2f} and working set "
+        f"ClusterIP; cpuset {assigned}; cgroup peak {int(seen['peak']) / limit:.2f} and working set "
         f"{working_set / limit:.2f} of the {limit / 2**30:.2f} GiB limit"
     )
 
@@ -304,7 +330,7 @@ def startup_budget(kubectl: Kubectl, namespace: str) -> int:
     return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
 
 
-def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kubectl, Operator, Path]) -> None:
+def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path]) -> None:
     """A second replica the node cannot admit says why in Ready; a pod deleted by hand comes back; the node
     drained and uncordoned converges again."""
     kubectl, _, models = serving

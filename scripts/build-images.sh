@@ -5,9 +5,11 @@
 #   debian the vLLM image's Debian base layer alone (~180 MB), a quick test image
 #   vllm   a local stand-in for the published vLLM CPU image, under the reference the operator renders
 #          (needs scripts/setup-vllm.sh's environment and scripts/setup-node.sh's mmdebstrap; root)
+#   python-base  Debian's python3 with venv and this host's CA bundle: the Dockerfile's BASE here
+#   operator     the operator's image from the repository's Dockerfile, built by buildah on python-base
 # See e2e/images.py for how the stand-in differs from the published image.
 #
-#   scripts/build-images.sh [pause] [debian] [vllm]     (default: all)
+#   scripts/build-images.sh [pause] [debian] [vllm] [python-base] [operator]     (default: all)
 #
 # Prints NAME_IMAGE_REF=... and NAME_IMAGE_TAR=... lines; import with
 #   ctr -n k8s.io images import --index-name "$REF" "$TAR"

@@ -6,7 +6,7 @@
 #   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet
 #                                       (default: all but kubelet)
 #
-# The kubelet (for a real node, scripts/setup-node.sh) is built only when asked for:
+# The kubelet and kube-proxy (for a real node, scripts/setup-node.sh) are built only when asked for:
 # `scripts/build-tools.sh kubelet`. It is kept out of the default list so e2e runs, which need only the
 # control plane, never build it. It shares the kubernetes tool's wrapper module and Go build cache.
 #
@@ -85,15 +85,17 @@ build_kubernetes() {
   echo "KUBERNETES_BIN_DIR=$dir"
 }
 
-# The kubelet of a real node (scripts/setup-node.sh), in its own cache entry so the control plane's stays valid.
+# The binaries of a real node (scripts/setup-node.sh): the kubelet and kube-proxy (the Service path: ClusterIPs,
+# among them the API server's own for in-cluster clients), in their own cache entry so the control plane's stays
+# valid.
 build_kubelet() {
-  local v=$KUBERNETES_VERSION dir=$cache/kubelet-$KUBERNETES_VERSION
-  if have "$dir" kubelet; then echo "KUBELET_BIN_DIR=$dir"; return; fi
-  log "kubelet $v: building (about 3 min on 2 cores once the kubernetes tool's build cache is warm)"
+  local v=$KUBERNETES_VERSION dir=$cache/node-$KUBERNETES_VERSION bins=(kubelet kube-proxy)
+  if have "$dir" "${bins[@]}"; then echo "KUBELET_BIN_DIR=$dir"; return; fi
+  log "kubelet and kube-proxy $v: building (about 5 min on 2 cores once the kubernetes tool's build cache is warm)"
   local tmp=$dir.tmp
   rm -rf "$tmp"; mkdir -p "$tmp"
-  k8s_module "$v" kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
-  k8s_build "$v" "$tmp" kubelet
+  k8s_module "$v" kube-apiserver kube-controller-manager kube-scheduler kubectl "${bins[@]}"
+  k8s_build "$v" "$tmp" "${bins[@]}"
   publish "$tmp" "$dir"
   echo "KUBELET_BIN_DIR=$dir"
 }

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Prepares this machine to run a real Kubernetes node (e2e/realnode.py) next to the local control plane:
 #  - Debian packages: containerd (1.6), runc, the CNI plugins (bridge, host-local, loopback under /usr/lib/cni),
-#    mmdebstrap (the vLLM image's root filesystem, scripts/build-images.sh), libtcmalloc-minimal4;
+#    iptables (kube-proxy), mmdebstrap (the images' root filesystems, scripts/build-images.sh), buildah (the
+#    operator's image from the Dockerfile, without a Docker engine), libtcmalloc-minimal4;
 #    apt-get runs only when one of them is missing;
-#  - the kubelet, built by scripts/build-tools.sh (cached under ~/.cache/cpullm-operator/tools/kubelet-<version>).
+#  - the kubelet and kube-proxy, built by scripts/build-tools.sh (cached under
+#    ~/.cache/cpullm-operator/tools/node-<version>).
 # Root only. Idempotent: a second run takes seconds. Writes nothing inside the repo.
 #
 #   sudo scripts/setup-node.sh
@@ -18,7 +20,7 @@ if [[ $(id -u) != 0 ]]; then
   exit 1
 fi
 
-packages=(containerd runc containernetworking-plugins mmdebstrap libtcmalloc-minimal4 ca-certificates)
+packages=(containerd runc containernetworking-plugins iptables mmdebstrap buildah libtcmalloc-minimal4 ca-certificates)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
