@@ -145,8 +145,11 @@ def _run(args: argparse.Namespace) -> int:
         level=logging.DEBUG if settings.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not settings.verbose:  # Kopf logs every handler run at INFO; our own lines say what changed
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    if not settings.verbose:
+        # Kopf logs every handler run at INFO, and its liveness endpoint (aiohttp) every probe the kubelet makes;
+        # our own lines say what changed.
+        for chatty in ("kopf.objects", "aiohttp.access"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
     if settings.metrics_port is not None:
         metrics.serve(settings.metrics_port)
     kopf.run(

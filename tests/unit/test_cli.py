@@ -1,4 +1,5 @@
 import json
+import logging
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,26 @@ def test_impossible_plans_exit_non_zero_with_one_line(tmp_path, capsys, spec_pat
 def test_missing_file_is_a_one_line_error(capsys):
     assert main(["plan", "/nonexistent.yaml", "--nodes", NODES]) == 2
     assert capsys.readouterr().err.startswith("cpullm: FileNotFoundError")
+
+
+@pytest.mark.parametrize(
+    ("flags", "handler_runs", "probe_lines"),
+    [
+        ([], logging.WARNING, logging.WARNING),  # quiet: Kopf's per-handler lines and the kubelet's probes hidden
+        (["--verbose"], logging.NOTSET, logging.NOTSET),
+    ],
+)
+def test_run_hands_kopf_the_scope_and_quiets_chatty_loggers(
+    monkeypatch: pytest.MonkeyPatch, flags: list[str], handler_runs: int, probe_lines: int
+) -> None:
+    import kopf
+
+    calls: list[dict[str, object]] = []
+    monkeypatch.setattr(kopf, "run", lambda **kwargs: calls.append(kwargs))
+    for name in ("kopf.objects", "aiohttp.access"):
+        monkeypatch.setattr(logging.getLogger(name), "level", logging.NOTSET)
+    assert main(["run", "-n", "team-a", *flags]) == 0
+    (call,) = calls
+    assert (call["clusterwide"], call["namespaces"], call["standalone"]) == (False, ["team-a"], True)
+    assert logging.getLogger("kopf.objects").level == handler_runs
+    assert logging.getLogger("aiohttp.access").level == probe_lines
