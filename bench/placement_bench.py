@@ -8,7 +8,8 @@ nodes of one CPU each (as the tests do, with VLLM_CPU_SIM_MULTI_NUMA for TP=2):
     .venv/bin/python bench/placement_bench.py [--tokens 64] [--batch 8] [--rounds 2]
 
 Prints single-stream tokens/s and latency (one request, one server) and aggregate batch tokens/s (the batch
-split evenly over the servers and sent at once), best of --rounds, both rendered by `cpullm render`.
+split evenly over the servers and sent at once), best of --rounds, both rendered by `cpullm render`. Needs root:
+each server runs in a memory cgroup of its own under its pod's limit (tests/vllm/harness.py).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.vllm.harness import (
     free_port,
     make_tiny_model,
     pod_mounts,
-    render_tiny_service,
+    render_service,
     server_for_container,
     vllm_python,
 )
@@ -42,7 +43,7 @@ def servers(workdir: Path, python: Path, model: Path, placement: str) -> tuple[d
     sub = workdir / placement
     sub.mkdir()
     env = SIM_MULTI_NUMA if placement == "tensorParallel" else []
-    plan, container = render_tiny_service(sub, model, 2, maxNumSeqs=8, placement=placement, replicas=2, env=env)
+    plan, container = render_service(sub, model, 2, maxNumSeqs=8, placement=placement, replicas=2, env=env)
     cpus = sorted(os.sched_getaffinity(0))[:2]
     cpusets = [()] if placement == "tensorParallel" else [("taskset", "-c", str(cpu)) for cpu in cpus]
     started = [

@@ -6,7 +6,8 @@ and TP=2 on this machine (TP=2 as two simulated NUMA nodes, as in the tests).
     .venv/bin/python bench/vllm_bench.py [--tokens 64] [--batch 8] [--tp 1 2] [--rounds 2]
 
 Prints startup seconds, decode tokens/s for one stream and for a batch (best of --rounds), the binding each
-configuration ran with, and peak RSS of the process tree against the planned container memory limit.
+configuration ran with, and the peak working set of the server's memory cgroup (tests/vllm/harness.py; needs
+root) against the planned container memory limit (the rendered pods run under it; the hand-tuned one unlimited).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from tests.vllm.harness import (
     free_port,
     make_tiny_model,
     pod_mounts,
-    render_tiny_service,
+    render_service,
     server_for_container,
     vllm_python,
 )
@@ -103,7 +104,7 @@ def measure(server: LocalServer, tokens: int, batch: int, rounds: int) -> dict[s
         "startup": server.measured.startup_seconds,
         "single": single_rate,
         "batch": batch_rate,
-        "peak": server.measured.peak_rss_bytes,
+        "peak": server.measured.peak_working_set_bytes,
         "bind": binding(server.log),
     }
 
@@ -111,7 +112,7 @@ def measure(server: LocalServer, tokens: int, batch: int, rounds: int) -> dict[s
 def rendered(workdir: Path, python: Path, model: Path, tp: int, name: str, **spec: Any) -> tuple[LocalServer, int]:
     sub = workdir / name
     sub.mkdir()
-    plan, container = render_tiny_service(sub, model, tp, maxNumSeqs=8, env=SIM_MULTI_NUMA if tp == 2 else [], **spec)
+    plan, container = render_service(sub, model, tp, maxNumSeqs=8, env=SIM_MULTI_NUMA if tp == 2 else [], **spec)
     server = server_for_container(
         container,
         python=python,
@@ -145,7 +146,7 @@ def main() -> None:
     cpus = len(os.sched_getaffinity(0))
     print(f"\nvllm-cpu 0.32.0, tiny Llama (hidden 256, 4 layers), {cpus} CPUs, {args.tokens} tokens, ", end="")
     print(f"batch of {args.batch}, best of {args.rounds}; logs: {workdir}")
-    columns = ("configuration", "bind", "startup s", "1-stream tok/s", "batch tok/s", "peak RSS GiB", "ratio")
+    columns = ("configuration", "bind", "startup s", "1-stream tok/s", "batch tok/s", "peak WS GiB", "ratio")
     widths = (28, 9, 9, 14, 11, 12, 6)
     header = " ".join(
         f"{c:<{w}}" if i < 2 else f"{c:>{w}}" for i, (c, w) in enumerate(zip(columns, widths, strict=True))

@@ -1,16 +1,18 @@
-"""Fixtures of the real-vLLM tests: the vLLM environment (scripts/setup-vllm.sh) and a tiny local model."""
+"""Fixtures of the real-vLLM tests: the vLLM environment (scripts/setup-vllm.sh), a tiny local model and, for
+the opt-in CPULLM_VLLM_LARGE=1 cases, a random-weight model of Qwen2.5-0.5B's size."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.vllm.harness import Measured
 from tests.vllm.harness import vllm_python as setup_vllm_python
 
-RATIOS: dict[str, tuple[int, int]] = {}
-BREAKDOWNS: dict[str, list[tuple[str, int]]] = {}
+MEMORY: dict[str, Measured] = {}
 BINDINGS: dict[str, tuple[str, list[list[int]]]] = {}
 WAITING_PEAKS: dict[str, float] = {}
 
@@ -27,15 +29,35 @@ def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     return out
 
 
+@pytest.fixture(scope="session")
+def qwen_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if os.environ.get("CPULLM_VLLM_LARGE") != "1":
+        pytest.skip("the ~0.5B-parameter model costs minutes per start here: set CPULLM_VLLM_LARGE=1 to run it")
+    out = tmp_path_factory.mktemp("models") / "qwen2.5-0.5b-random"
+    subprocess.run([str(vllm_python), str(Path(__file__).parent / "make_qwen_model.py"), str(out)], check=True)
+    return out
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    if RATIOS:
-        terminalreporter.section("peak RSS of the vLLM process tree / planned container memory limit")
-        for case, (peak, limit) in sorted(RATIOS.items()):
+    if MEMORY:
+        terminalreporter.section("the vLLM server's memory cgroup: peaks against its limit (the planned one)")
+        for case, m in sorted(MEMORY.items()):
+            limit = m.limit_bytes or 0
             terminalreporter.write_line(
-                f"{case}: peak {peak / 2**30:.2f} GiB / limit {limit / 2**30:.2f} GiB = {peak / limit:.3f}"
+                f"{case}: peak usage {m.peak_usage_bytes / 2**30:.3f} GiB ({m.peak_usage_bytes / limit:.3f}), "
+                f"peak working set {m.peak_working_set_bytes / 2**30:.3f} GiB ({m.peak_working_set_bytes / limit:.3f})"
+                f" of the {limit / 2**30:.3f} GiB limit; OOM kills {m.oom_kills}; {m.samples} samples; "
+                f"start-up {m.startup_seconds:.0f} s"
             )
-            parts = ", ".join(f"{name} {size / 2**30:.2f}" for name, size in BREAKDOWNS.get(case, []))
-            terminalreporter.write_line(f"  at the peak (GiB): {parts}")
+            if m.at_peak:
+                r = m.at_peak
+                terminalreporter.write_line(
+                    f"  at the working-set peak (GiB): anon {r.anon / 2**30:.3f}, shmem {r.shmem / 2**30:.3f}, "
+                    f"active_file {r.active_file / 2**30:.3f}, inactive_file {r.inactive_file / 2**30:.3f}, "
+                    f"other {r.other / 2**30:.3f}"
+                )
+            parts = ", ".join(f"{name} {size / 2**30:.2f}" for name, size in m.peak_breakdown)
+            terminalreporter.write_line(f"  RSS per process at the peak (GiB, shared pages repeat): {parts}")
     if BINDINGS:
         terminalreporter.section("in-pod launcher: threadsBind chosen / CPUs the server's threads were pinned to")
         for case, (bind, pinned) in sorted(BINDINGS.items()):

@@ -26,6 +26,8 @@ import yaml
 from e2e import machine
 
 from cpullm.cli import main as cpullm
+from cpullm.core.topology import parse_quantity
+from tests.vllm.cgroup import MemoryCgroup, Reading
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER_DIR = "opt-cpullm"  # where the launcher ConfigMap's files go, as the pod mounts them
@@ -76,18 +78,16 @@ def this_machine(numa_nodes: int) -> dict[str, Any]:
     }
 
 
-def render_tiny_service(
-    workdir: Path, model: Path, numa_nodes: int, **spec: Any
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the tiny
-    model at /models/tiny-llama, on this machine described with `numa_nodes` NUMA nodes. The rendered
-    launcher ConfigMap's files are written to workdir/opt-cpullm (see pod_mounts)."""
+def render_service(workdir: Path, model: Path, numa_nodes: int, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the local
+    model directory `model` as /models/<its name> (config inline), on this machine described with `numa_nodes`
+    NUMA nodes. The rendered launcher ConfigMap's files are written to workdir/opt-cpullm (see pod_mounts)."""
     service = {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMService",
         "metadata": {"name": "tiny", "namespace": "default"},
         "spec": {
-            "model": {"name": "/models/tiny-llama", "config": json.loads((model / "config.json").read_text())},
+            "model": {"name": f"/models/{model.name}", "config": json.loads((model / "config.json").read_text())},
             "kvCacheGiB": 1,
             "maxModelLen": 1024,
             "maxNumSeqs": 4,
@@ -126,33 +126,101 @@ def substitute(args: Sequence[str], model: str, port: int) -> list[str]:
     return out
 
 
+def drop_from_page_cache(path: Path) -> None:
+    """Writes back and drops the cached pages of a file, or of every file under a directory (pages that some
+    process maps stay)."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
+    for file in files:
+        with contextlib.suppress(OSError):  # a file that went away or cannot be opened keeps its pages
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def runtime_dirs(python: Path) -> list[Path]:
+    """The vLLM environment and the Python installation it was made from (its pyvenv.cfg `home`): what the
+    image's files are to a pod."""
+    venv = python.parent.parent
+    dirs = [venv]
+    config = venv / "pyvenv.cfg"
+    if config.exists():
+        for line in config.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home":
+                dirs.append(Path(value.strip()).parent)
+    return dirs
+
+
+def process_rss(pids: Sequence[int]) -> list[tuple[str, int]]:
+    """(name, RSS) of each process still alive."""
+    parts = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            parts.append((proc.name(), proc.memory_info().rss))
+    return parts
+
+
 @dataclass
 class Measured:
+    """The server's memory as its cgroup accounts it (tests/vllm/cgroup.py): the kernel's own peak of usage, the
+    peak of working set (usage - inactive_file, what the kubelet evicts on) over the sampler's readings, the
+    OOM kills the kernel counted, and, at the working-set peak, each process's RSS (secondary: RSS counts pages
+    shared between processes once per process, so the parts may add up to more than the cgroup charges)."""
+
     startup_seconds: float = 0.0
-    peak_rss_bytes: int = 0
     log: Path | None = None
+    cgroup: str = ""
+    limit_bytes: int | None = None  # the cgroup's memory limit (None: unlimited)
+    peak_usage_bytes: int = 0  # kernel peak (v1 max_usage_in_bytes, v2 memory.peak), else the sampled one
+    sampled_peak_usage_bytes: int = 0
+    peak_working_set_bytes: int = 0
+    oom_kills: int = 0
     samples: int = 0
+    at_peak: Reading | None = None  # the cgroup's reading at the working-set peak, with its parts
     peak_breakdown: list[tuple[str, int]] = field(default_factory=list)
 
 
 @dataclass
 class LocalServer:
-    """A vLLM server process tree, with a sampler thread recording the peak RSS summed over every process."""
+    """A vLLM server process tree in a memory cgroup of its own (limited to `memory_limit` when given, as the
+    kubelet limits a container), with a sampler thread recording its usage and working set. The cgroup is made
+    at start and removed at stop; if it cannot be made, start raises CgroupUnavailable (no fallback).
+    `cold` files and directories (the model, the vLLM environment) are dropped from the page cache before
+    start: the kernel charges a cached page to the cgroup that first read it, so without this a server would be
+    charged for its libraries and model only if no earlier server had read them; with it every start is charged
+    as a pod starting on a node that has not yet read its image and model."""
 
     command: list[str]
     env: dict[str, str]
     port: int
     log: Path
+    memory_limit: int | None = None
+    cold: Sequence[Path] = ()
     process: subprocess.Popen[bytes] | None = None
+    cgroup: MemoryCgroup | None = None
     measured: Measured = field(default_factory=Measured)
     _stop: threading.Event = field(default_factory=threading.Event)
     _sampler: threading.Thread | None = None
 
     def start(self, timeout: float = 600) -> None:
+        for path in self.cold:
+            drop_from_page_cache(path)
+        self.cgroup = MemoryCgroup.create(f"cpullm-vllm-{os.getpid()}-{self.port}", self.memory_limit)
+        self.measured.cgroup = f"v{self.cgroup.version} {self.cgroup.path}"
+        self.measured.limit_bytes = self.cgroup.limit()
         started = time.monotonic()
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                self.command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                self.command,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=self.cgroup.join,  # in the cgroup before it execs: every byte of the tree is charged
             )
         self.measured.log = self.log
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -171,22 +239,27 @@ class LocalServer:
         raise TimeoutError(f"vLLM did not answer /health within {timeout:.0f}s:\n{self.tail()}")
 
     def _sample(self) -> None:
-        assert self.process is not None
-        root = psutil.Process(self.process.pid)
+        assert self.cgroup is not None
         while not self._stop.is_set():
             try:
-                tree = [root, *root.children(recursive=True)]
-                parts: list[tuple[str, int]] = []
-                for proc in tree:
-                    with contextlib.suppress(psutil.Error):
-                        parts.append((proc.name(), proc.memory_info().rss))
-                rss = sum(size for _, size in parts)
-                if rss > self.measured.peak_rss_bytes:
-                    self.measured.peak_rss_bytes, self.measured.peak_breakdown = rss, parts
-                self.measured.samples += 1
-            except psutil.Error:
+                reading = self.cgroup.reading()
+            except FileNotFoundError:  # removed at stop
                 return
+            self.measured.sampled_peak_usage_bytes = max(self.measured.sampled_peak_usage_bytes, reading.usage)
+            if reading.working_set > self.measured.peak_working_set_bytes:
+                self.measured.peak_working_set_bytes, self.measured.at_peak = reading.working_set, reading
+                self.measured.peak_breakdown = process_rss(self.cgroup.pids())
+            self.measured.samples += 1
             time.sleep(0.2)
+
+    def _final_reading(self) -> None:
+        """The kernel's peak and OOM count, read before the cgroup goes away."""
+        assert self.cgroup is not None
+        kernel_peak = self.cgroup.kernel_peak()
+        self.measured.peak_usage_bytes = (
+            kernel_peak if kernel_peak is not None else self.measured.sampled_peak_usage_bytes
+        )
+        self.measured.oom_kills = self.cgroup.oom_kills()
 
     def complete(self, prompt: str | list[str], max_tokens: int) -> dict[str, Any]:
         body = {
@@ -232,6 +305,9 @@ class LocalServer:
                 self.process.wait(timeout=30)
         if self._sampler:
             self._sampler.join(timeout=5)
+        if self.cgroup:
+            self._final_reading()
+            self.cgroup.remove()  # kills whatever left the process group but not the cgroup
 
     def tail(self, lines: int = 60) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:]) if self.log.exists() else ""
@@ -249,7 +325,9 @@ def server_for_container(
 ) -> LocalServer:
     """The rendered container as a local command: `python3` resolves to the vLLM environment (it is first on
     PATH), the command and env values are taken as rendered with the pod's mount paths mapped to local
-    directories. `taskset` (e.g. ["taskset", "-c", "1"]) starts it inside a smaller cpuset, as a pod's."""
+    directories. `taskset` (e.g. ["taskset", "-c", "1"]) starts it inside a smaller cpuset, as a pod's. Its
+    memory cgroup is limited to the container's memory limit, as the kubelet limits the container's, and the
+    model's and the runtime's files are dropped from the page cache first (see LocalServer)."""
 
     def local(value: str) -> str:
         for pod_path, local_path in mounts.items():
@@ -259,4 +337,12 @@ def server_for_container(
     env = {"PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
     env.update({entry["name"]: local(entry["value"]) for entry in container["env"] if "value" in entry})
     command = [*map(local, container["command"]), *substitute(container["args"], str(model), port)]
-    return LocalServer(command=[*taskset, *command], env=env, port=port, log=log)
+    limit = container["resources"]["limits"]["memory"]
+    return LocalServer(
+        command=[*taskset, *command],
+        env=env,
+        port=port,
+        log=log,
+        memory_limit=int(parse_quantity(limit)),
+        cold=[model, *runtime_dirs(python)],
+    )

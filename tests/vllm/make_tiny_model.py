@@ -42,18 +42,26 @@ CORPUS = [
 ]
 
 
-def build_tokenizer(out: Path) -> int:
-    """Trains the tokenizer; returns its real vocabulary size (a small corpus stops short of the target)."""
+def build_tokenizer(out: Path, vocab_size: int = CONFIG["vocab_size"], pad_to: int | None = None) -> int:
+    """Trains the tokenizer; returns its real vocabulary size (a small corpus stops short of the target).
+    `pad_to` fills the vocabulary up to that size with tokens no merge produces (`<filler_N>`), so that a model
+    with a large embedding table can emit any id and every id still decodes to text."""
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=CONFIG["vocab_size"],
+        vocab_size=vocab_size,
         special_tokens=["<unk>", "<s>", "</s>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(CORPUS * 50, trainer=trainer)
     tokenizer.save(str(out / "tokenizer.json"))
+    if pad_to is not None:
+        saved = json.loads((out / "tokenizer.json").read_text())
+        vocab = saved["model"]["vocab"]
+        vocab |= {f"<filler_{i}>": i for i in range(len(vocab), pad_to)}
+        (out / "tokenizer.json").write_text(json.dumps(saved))
+        tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(
         json.dumps(
             {

@@ -36,11 +36,13 @@ LD_PRELOAD_BY_ARCH = {
     "arm64": "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
 }
 
-# API server + engine core processes, resident once per pod: 1.6 GiB (low mode) to 2.07 GiB (high mode).
+# API server + engine core processes, resident once per pod. Fitted to summed RSS (1.6-2.07 GiB); the memory
+# cgroup, which counts shared pages once, charges them ~1.4 GiB working set (1.1 GiB anonymous) on the tiny model;
+# the API server's RSS grew by ~0.2 GiB with Qwen2.5-0.5B's 151936-token vocabulary (docs/calibration.md).
 SERVER_OVERHEAD_BYTES = 1950 * MiB
-# Python/torch runtime of one worker rank beyond its weight shard and KV: 0.9 GiB (low mode) to 1.19 GiB
-# (high mode) on the tiny model; earlier measurements grew by 0.15-0.45 GiB from a 20M to a 0.7B model
-# (1.4 GB shard), hence a share of the shard on top of the base.
+# Python/torch runtime of one worker rank beyond its weight shard and KV: fitted to summed RSS (0.9-1.19 GiB); the
+# cgroup charges ~0.6 GiB per rank on the tiny model. A worker's RSS grew by 0.2 x shard beyond the shard itself
+# from the tiny model to 0.5B (and by 0.15-0.45 GiB from 20M to 0.7B earlier), hence a share of the shard on top.
 RANK_OVERHEAD_BASE_BYTES = 1180 * MiB
 RANK_OVERHEAD_SHARD_FRACTION = 0.25
 
