@@ -312,7 +312,9 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     limit = int(seen["limit"])
     assert limit == plan["memoryLimitBytes"]
     working_set = int(seen["usage"]) - int(seen["inactive_file"])
-    assert int(seen["peak"]) < limit and working_set < limit and int(seen["oom_kills"] or 0) == 0
+    # Usage includes page cache, which may grow to the limit and be reclaimed there (seen with a 0.5B model in
+    # tests/vllm); what the kubelet evicts on and the OOM killer acts on is the working set.
+    assert working_set < limit and int(seen["oom_kills"] or 0) == 0
     restarts = [c["restartCount"] for c in kubectl.get("pod", name, namespace)["status"]["containerStatuses"]]
     assert restarts == [0]
     kubectl.run("delete", "cpullm", "tiny", "-n", namespace)  # the node's one allocatable CPU, for the next test
