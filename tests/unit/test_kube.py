@@ -65,10 +65,11 @@ def test_an_unmapped_answer_stays_loud():
             {"metadata": {"name": "serving", "deletionTimestamp": "2026-01-01T00:00:00Z"}},
             NamespaceFacts({}, True),
         ),
+        (404, {"kind": "Status", "reason": "NotFound", "code": 404}, NamespaceFacts({}, True)),  # already gone
         (403, None, PermissionDenied),
         (503, None, TransientApiError),
     ],
-    ids=["labels", "terminating-phase", "deletion-timestamp", "403", "503"],
+    ids=["labels", "terminating-phase", "deletion-timestamp", "gone", "403", "503"],
 )
 def test_read_namespace(status, body, expected):
     if isinstance(expected, NamespaceFacts):

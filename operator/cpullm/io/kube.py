@@ -88,8 +88,13 @@ class Kube:
             self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
-        with _api_errors(f"read Namespace {namespace}"):
+        """A namespace already gone (its services' last events arrive after it) is one going away: nothing may
+        be created there."""
+        ns = None
+        with _api_errors(f"read Namespace {namespace}", absent_ok=True):
             ns = self.core.read_namespace(namespace)
+        if ns is None:
+            return NamespaceFacts(terminating=True)
         labels = dict((ns.metadata.labels if ns.metadata else None) or {})
         terminating = bool(ns.metadata and ns.metadata.deletion_timestamp) or (
             ns.status is not None and ns.status.phase == "Terminating"
