@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -244,6 +245,26 @@ def up_to_date(out_path: Path, layers: list[Layer], config: dict[str, Any]) -> b
     return bool(json.loads(sidecar_path.read_text()).get("key") == want)
 
 
+def _versioned(path: Path) -> tuple[str, str]:
+    """A cache entry's name and key: rootfs-python-bookworm-8c8282feefe73d3f.tmp -> rootfs-python-bookworm, 8c82..."""
+    name, _, key = path.name.partition(".")[0].rpartition("-")
+    return name, key
+
+
+def drop_superseded(kept: Path) -> None:
+    """Deletes the cache's other versions of `kept` (same name, another key) with their sidecars: each change of
+    the operator's sources would otherwise leave one more ~90 MB archive behind, each Debian recipe a rootfs."""
+    name, key = _versioned(kept)
+    for other in CACHE.glob(f"{name}-*"):
+        other_name, other_key = _versioned(other)
+        if other_name == name and other_key != key and re.fullmatch(r"[0-9a-f]{12}|[0-9a-f]{16}", other_key):
+            log(f"cache: removing superseded {other}")
+            if other.is_dir():
+                shutil.rmtree(other)
+            else:
+                other.unlink()
+
+
 def tar_command(directory: Path, *paths: str, exclude: tuple[str, ...] = ()) -> list[str]:
     """GNU tar of paths under directory, ownership and order normalised."""
     return [
@@ -292,6 +313,7 @@ def build_pause() -> Image:
         )
         write_image(out, ref, layers, config)
         shutil.rmtree(staging)
+    drop_superseded(out)
     return Image(ref, out)
 
 
@@ -310,6 +332,7 @@ class Rootfs:
     def build(self) -> Path:
         directory = CACHE / f"rootfs-{self.name}-{SUITE}-{self.key()}"
         if (directory / ".complete").exists():
+            drop_superseded(directory)
             return directory
         log(f"rootfs: mmdebstrap {SUITE} minbase into {directory}")
         tmp = directory.with_name(directory.name + ".tmp")
@@ -333,6 +356,7 @@ class Rootfs:
         (tmp / ".complete").touch()
         shutil.rmtree(directory, ignore_errors=True)
         tmp.rename(directory)
+        drop_superseded(directory)
         return directory
 
 
@@ -427,6 +451,7 @@ def build_debian() -> Image:
     if not up_to_date(out, layers, config):
         log(f"debian: writing {out}")
         write_image(out, ref, layers, config)
+    drop_superseded(out)
     return Image(ref, out)
 
 
@@ -461,6 +486,7 @@ def build_python_base() -> Image:
         log(f"python-base: writing {out}")
         write_image(out, ref, layers, config)
     shutil.rmtree(trust)
+    drop_superseded(out)
     return Image(ref, out)
 
 
@@ -488,6 +514,7 @@ def build_operator() -> Image:
     ref = f"localhost/cpullm-operator:{key}"
     out = CACHE / f"operator-{key}.tar"
     sidecar = out.with_suffix(".json")
+    drop_superseded(out)
     if out.exists() and sidecar.exists():
         return Image(ref, out)
     started = time.monotonic()
