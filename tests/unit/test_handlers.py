@@ -383,3 +383,14 @@ def test_the_resync_runs_in_the_background_until_cleanup():
         return task.cancelled(), "resync" in disabled
 
     assert asyncio.run(scenario()) == (True, False)
+
+
+def test_the_services_index_keeps_what_reconciles_read_without_other_writers_bookkeeping():
+    meta = {"name": "a", "namespace": "ns", "uid": "u", "generation": 3, "labels": {"team": "x"}}
+    body = {
+        "metadata": {**meta, "managedFields": [{"manager": "kubectl"}], "annotations": {"kopf": "{...}"}},
+        "spec": {"model": {"name": "m"}},
+        "status": {"readyReplicas": 1},
+    }
+    indexed = asyncio.run(handlers.services(namespace="ns", name="a", body=kopf.Body(body)))
+    assert indexed == {("ns", "a"): {"metadata": meta, "spec": body["spec"], "status": body["status"]}}
