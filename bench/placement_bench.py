@@ -28,9 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.vllm.harness import (
     PROMPTS,
     LocalServer,
-    free_port,
     make_tiny_model,
-    pod_mounts,
     render_service,
     server_for_container,
     vllm_python,
@@ -48,13 +46,7 @@ def servers(workdir: Path, python: Path, model: Path, placement: str) -> tuple[d
     cpusets = [()] if placement == "tensorParallel" else [("taskset", "-c", str(cpu)) for cpu in cpus]
     started = [
         server_for_container(
-            container,
-            python=python,
-            model=model,
-            port=free_port(),
-            log=sub / f"vllm-{i}.log",
-            mounts=pod_mounts(sub, python),
-            taskset=cpuset,
+            container, workdir=sub, python=python, model=model, log_name=f"vllm-{i}.log", taskset=cpuset
         )
         for i, cpuset in enumerate(cpusets)
     ]

@@ -29,7 +29,6 @@ from tests.vllm.harness import (
     LocalServer,
     free_port,
     make_tiny_model,
-    pod_mounts,
     render_service,
     server_for_container,
     vllm_python,
@@ -113,14 +112,7 @@ def rendered(workdir: Path, python: Path, model: Path, tp: int, name: str, **spe
     sub = workdir / name
     sub.mkdir()
     plan, container = render_service(sub, model, tp, maxNumSeqs=8, env=SIM_MULTI_NUMA if tp == 2 else [], **spec)
-    server = server_for_container(
-        container,
-        python=python,
-        model=model,
-        port=free_port(),
-        log=sub / "vllm.log",
-        mounts=pod_mounts(sub, python),
-    )
+    server = server_for_container(container, workdir=sub, python=python, model=model)
     return server, int(plan["memoryLimitBytes"])
 
 

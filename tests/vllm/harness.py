@@ -316,18 +316,21 @@ class LocalServer:
 def server_for_container(
     container: dict[str, Any],
     *,
+    workdir: Path,
     python: Path,
     model: Path,
-    port: int,
-    log: Path,
-    mounts: dict[str, Path],
+    log_name: str = "vllm.log",
     taskset: Sequence[str] = (),
 ) -> LocalServer:
-    """The rendered container as a local command: `python3` resolves to the vLLM environment (it is first on
-    PATH), the command and env values are taken as rendered with the pod's mount paths mapped to local
-    directories. `taskset` (e.g. ["taskset", "-c", "1"]) starts it inside a smaller cpuset, as a pod's. Its
+    """The rendered container (rendered into `workdir` by render_service) as a local command on a free port,
+    logging to `workdir/log_name`: `python3` resolves to the vLLM environment (it is first on PATH), the
+    command and env values are taken as rendered with the pod's mount paths mapped to local directories
+    (pod_mounts). `taskset` (e.g. ["taskset", "-c", "1"]) starts it inside a smaller cpuset, as a pod's. Its
     memory cgroup is limited to the container's memory limit, as the kubelet limits the container's, and the
     model's and the runtime's files are dropped from the page cache first (see LocalServer)."""
+
+    mounts = pod_mounts(workdir, python)
+    port = free_port()
 
     def local(value: str) -> str:
         for pod_path, local_path in mounts.items():
@@ -342,7 +345,7 @@ def server_for_container(
         command=[*taskset, *command],
         env=env,
         port=port,
-        log=log,
+        log=workdir / log_name,
         memory_limit=int(parse_quantity(limit)),
         cold=[model, *runtime_dirs(python)],
     )

@@ -12,8 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-from make_tiny_model import build_tokenizer
+from make_tiny_model import build_tokenizer, random_weights
 from safetensors.torch import save_file
 
 CONFIG = {
@@ -41,36 +40,6 @@ CONFIG = {
 }
 
 
-def build_weights(out: Path) -> None:
-    """Qwen2's tensor names; tied embeddings, so no lm_head. Written layer by layer into one safetensors file."""
-    torch.manual_seed(0)
-    h, i, v = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["vocab_size"]
-    heads, kv = CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
-    d = h // heads
-
-    def rand(*shape: int) -> torch.Tensor:
-        return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
-
-    tensors = {"model.embed_tokens.weight": rand(v, h), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
-    for layer in range(CONFIG["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        tensors |= {
-            p + "self_attn.q_proj.weight": rand(heads * d, h),
-            p + "self_attn.q_proj.bias": rand(heads * d),
-            p + "self_attn.k_proj.weight": rand(kv * d, h),
-            p + "self_attn.k_proj.bias": rand(kv * d),
-            p + "self_attn.v_proj.weight": rand(kv * d, h),
-            p + "self_attn.v_proj.bias": rand(kv * d),
-            p + "self_attn.o_proj.weight": rand(h, heads * d),
-            p + "mlp.gate_proj.weight": rand(i, h),
-            p + "mlp.up_proj.weight": rand(i, h),
-            p + "mlp.down_proj.weight": rand(h, i),
-            p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-            p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
-        }
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -82,7 +51,9 @@ def main(out_dir: str) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(settings | {"pad_token": "</s>"}))
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    build_weights(out)
+    head_dim = CONFIG["hidden_size"] // CONFIG["num_attention_heads"]
+    tensors = random_weights(CONFIG, head_dim, qkv_bias=True)  # tied embeddings: no lm_head
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 if __name__ == "__main__":

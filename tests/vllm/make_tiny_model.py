@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save_file
@@ -76,25 +77,26 @@ def build_tokenizer(out: Path, vocab_size: int = CONFIG["vocab_size"], pad_to: i
     return int(tokenizer.get_vocab_size())
 
 
-def build_weights(out: Path) -> None:
+def random_weights(config: dict[str, Any], head_dim: int, qkv_bias: bool = False) -> dict[str, torch.Tensor]:
+    """Random bf16 weights under the Llama/Qwen2 tensor names, seeded (the same model every run); no lm_head
+    when the config ties it to the embeddings. Qwen2 has q/k/v biases."""
     torch.manual_seed(0)
-    h, i, v = CONFIG["hidden_size"], CONFIG["intermediate_size"], CONFIG["vocab_size"]
-    d, heads, kv = CONFIG["head_dim"], CONFIG["num_attention_heads"], CONFIG["num_key_value_heads"]
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    d, heads, kv = head_dim, config["num_attention_heads"], config["num_key_value_heads"]
 
     def rand(*shape: int) -> torch.Tensor:
         return (torch.randn(*shape) * 0.02).to(torch.bfloat16)
 
-    tensors = {
-        "model.embed_tokens.weight": rand(v, h),
-        "model.norm.weight": torch.ones(h, dtype=torch.bfloat16),
-        "lm_head.weight": rand(v, h),
-    }
-    for layer in range(CONFIG["num_hidden_layers"]):
+    tensors = {"model.embed_tokens.weight": rand(v, h), "model.norm.weight": torch.ones(h, dtype=torch.bfloat16)}
+    if not config.get("tie_word_embeddings"):
+        tensors["lm_head.weight"] = rand(v, h)
+    for layer in range(config["num_hidden_layers"]):
         p = f"model.layers.{layer}."
+        for name, rows in (("q_proj", heads * d), ("k_proj", kv * d), ("v_proj", kv * d)):
+            tensors[f"{p}self_attn.{name}.weight"] = rand(rows, h)
+            if qkv_bias:
+                tensors[f"{p}self_attn.{name}.bias"] = rand(rows)
         tensors |= {
-            p + "self_attn.q_proj.weight": rand(heads * d, h),
-            p + "self_attn.k_proj.weight": rand(kv * d, h),
-            p + "self_attn.v_proj.weight": rand(kv * d, h),
             p + "self_attn.o_proj.weight": rand(h, heads * d),
             p + "mlp.gate_proj.weight": rand(i, h),
             p + "mlp.up_proj.weight": rand(i, h),
@@ -102,7 +104,7 @@ def build_weights(out: Path) -> None:
             p + "input_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
             p + "post_attention_layernorm.weight": torch.ones(h, dtype=torch.bfloat16),
         }
-    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return tensors
 
 
 def main(out_dir: str) -> None:
@@ -111,7 +113,7 @@ def main(out_dir: str) -> None:
     CONFIG["vocab_size"] = build_tokenizer(out)  # every id the model can emit decodes to text
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    build_weights(out)
+    save_file(random_weights(CONFIG, CONFIG["head_dim"]), str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 if __name__ == "__main__":

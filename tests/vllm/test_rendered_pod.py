@@ -18,7 +18,7 @@ import pytest
 
 from cpullm import launcher
 from tests.vllm.conftest import BINDINGS, MEMORY, WAITING_PEAKS
-from tests.vllm.harness import LocalServer, free_port, pod_mounts, render_service, server_for_container
+from tests.vllm.harness import LocalServer, render_service, server_for_container
 
 pytestmark = pytest.mark.vllm
 SIM_MULTI_NUMA = {"env": [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]}
@@ -122,15 +122,7 @@ def test_rendered_pod_serves_within_its_memory_limit_on_the_launchers_cpus(
     cpus = len(os.sched_getaffinity(0))
     assert (plan["tensorParallelSize"], plan["threadsBind"], plan["launcher"]) == (tp, "auto", True)
     assert plan["cpusPerRank"] == cpus // tp
-    server = server_for_container(
-        container,
-        python=vllm_python,
-        model=tiny_model,
-        port=free_port(),
-        log=tmp_path / "vllm.log",
-        mounts=pod_mounts(tmp_path, vllm_python),
-        taskset=taskset,
-    )
+    server = server_for_container(container, workdir=tmp_path, python=vllm_python, model=tiny_model, taskset=taskset)
     try:
         server.start()
         result = server.complete("Each tensor parallel rank binds to", max_tokens=16)
@@ -170,14 +162,7 @@ def test_a_half_billion_parameter_model_serves_within_its_memory_limit(
     shard is not negligible next to the runtime."""
     plan, container = render_service(tmp_path, qwen_model, numa_nodes, **spec)
     assert plan["tensorParallelSize"] == tp
-    server = server_for_container(
-        container,
-        python=vllm_python,
-        model=qwen_model,
-        port=free_port(),
-        log=tmp_path / "vllm.log",
-        mounts=pod_mounts(tmp_path, vllm_python),
-    )
+    server = server_for_container(container, workdir=tmp_path, python=vllm_python, model=qwen_model)
     try:
         server.start(timeout=1800)
         assert server.complete("Each tensor parallel rank binds to", max_tokens=16)["usage"]["completion_tokens"] == 16
