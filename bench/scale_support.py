@@ -37,6 +37,8 @@ CLUSTER_NAME = "cpullm-scale"
 # Who made a request, by user agent: the operator's two clients (Kopf's watches and its handlers' kubernetes
 # client), and the benchmark's own clients, each named so they never count as the operator.
 OPERATOR_AGENTS = ("kopf/", "OpenAPI-Generator/")
+# The cluster's own controllers: the operator follows what they write (Deployment status, pods being scheduled).
+CONTROLLER_AGENTS = ("kube-controller-manager/", "kube-scheduler/")
 AGENT_DRIVER = "cpullm-scale-bench/driver"
 AGENT_FLOOR = "cpullm-scale-bench/floor"
 AGENT_WATCH = "cpullm-scale-bench/watch"
@@ -187,6 +189,7 @@ class Tracker:
 
     children: dict[str, set[tuple[str, str]]] = field(default_factory=lambda: {k: set() for k in CHILD_KINDS})
     planned: set[tuple[str, str]] = field(default_factory=set)
+    ready: set[tuple[str, str]] = field(default_factory=set)  # status reports every replica ready
     planned_generation: dict[tuple[str, str], int] = field(default_factory=dict)
     deployment_generation: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
     satisfied: set[tuple[str, str]] = field(default_factory=set)
@@ -229,7 +232,9 @@ class Tracker:
             and status.get("observedGeneration") == meta.get("generation")
             and "Planned" in conditions
         )
+        replicas = int((obj.get("spec") or {}).get("replicas") or 1)
         with self.changed:
+            (self.ready.add if ok and status.get("readyReplicas") == replicas else self.ready.discard)(key)
             if ok:
                 self.planned.add(key)
                 self.planned_generation[key] = int(status["observedGeneration"])
@@ -368,13 +373,14 @@ class _Expired(Exception):
 @dataclass(frozen=True)
 class Request:
     at: float  # epoch seconds the API server received it
-    who: str  # operator, floor, driver, watch
+    who: str  # operator, controllers, floor, driver, watch
     verb: str
     resource: str  # plural, with /subresource
 
 
 class AuditLog:
-    """Reads the API server's audit log as it grows, keeping only requests of the operator and the bench."""
+    """Reads the API server's audit log as it grows, keeping only requests of the operator, the cluster's
+    controllers and the bench."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -415,6 +421,8 @@ class AuditLog:
 def classify(user_agent: str) -> str | None:
     if user_agent.startswith(OPERATOR_AGENTS):
         return "operator"
+    if user_agent.startswith(CONTROLLER_AGENTS):
+        return "controllers"
     for agent, who in ((AGENT_FLOOR, "floor"), (AGENT_DRIVER, "driver"), (AGENT_WATCH, "watch")):
         if user_agent.startswith(agent):
             return who
