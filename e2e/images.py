@@ -331,9 +331,12 @@ class Rootfs:
 
     def build(self) -> Path:
         directory = CACHE / f"rootfs-{self.name}-{SUITE}-{self.key()}"
-        if (directory / ".complete").exists():
-            drop_superseded(directory)
-            return directory
+        if not (directory / ".complete").exists():
+            self._debootstrap(directory)
+        drop_superseded(directory)
+        return directory
+
+    def _debootstrap(self, directory: Path) -> None:
         log(f"rootfs: mmdebstrap {SUITE} minbase into {directory}")
         tmp = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -356,8 +359,6 @@ class Rootfs:
         (tmp / ".complete").touch()
         shutil.rmtree(directory, ignore_errors=True)
         tmp.rename(directory)
-        drop_superseded(directory)
-        return directory
 
 
 # The vLLM image's root filesystem, with an empty venv at /opt/venv that build_vllm fills.
@@ -441,9 +442,9 @@ def build_vllm() -> Image:
 
 def build_debian() -> Image:
     """The vLLM image's base layer alone (Debian minbase, python3.11, procps; ~180 MB): a quick test image."""
-    rootfs = VLLM_ROOTFS.build()
-    ref = f"localhost/cpullm-debian:{VLLM_ROOTFS.key()[:12]}"
-    out = CACHE / f"debian-{VLLM_ROOTFS.key()[:12]}.tar"
+    rootfs, key = VLLM_ROOTFS.build(), VLLM_ROOTFS.key()[:12]
+    ref = f"localhost/cpullm-debian:{key}"
+    out = CACHE / f"debian-{key}.tar"
     config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/bin/sh"]}
     layers = [
         Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./opt/venv", "./.complete")), f"debian {SUITE} minbase")
@@ -468,8 +469,9 @@ def build_python_base() -> Image:
     shutil.rmtree(trust, ignore_errors=True)
     (trust / "etc" / "ssl" / "certs").mkdir(parents=True)
     shutil.copyfile(HOST_CA_BUNDLE, trust / "etc" / "ssl" / "certs" / "ca-certificates.crt")
-    ref = f"localhost/cpullm-python-base:{PYTHON_ROOTFS.key()[:12]}"
-    out = CACHE / f"python-base-{PYTHON_ROOTFS.key()[:12]}.tar"
+    key = PYTHON_ROOTFS.key()[:12]
+    ref = f"localhost/cpullm-python-base:{key}"
+    out = CACHE / f"python-base-{key}.tar"
     config = {
         "Env": [
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

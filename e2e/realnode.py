@@ -241,9 +241,10 @@ class RealNode:
     def _import(self, ctr: str, image: Image) -> None:
         """ctr images import, unless this store already holds this build of the image (marker file)."""
         marker = Path(self.image_store or self.containerd_dir / "root") / "cpullm-imported" / image.manifest
-        if marker.exists() and image.ref in self._ctr("images", "ls", "-q").stdout.split():
+        present = image.ref in self._ctr("images", "ls", "-q").stdout.split()
+        if marker.exists() and present:
             return
-        if image.ref in self._ctr("images", "ls", "-q").stdout.split():
+        if present:
             # An older build under the same reference (the vLLM stand-in's is fixed). Importing over it failed
             # here, at ctr's unpack, with "content digest <the new index>: not found" (the CRI plugin had updated
             # the record meanwhile); the same import after removing the old record succeeded.
