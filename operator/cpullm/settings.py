@@ -36,6 +36,12 @@ class Settings(BaseSettings):
         description="How long a namespace's Pod Security labels and termination are reused before being read "
         "again (0: read on every reconcile).",
     )
+    resync_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How often the owned Deployments, Services and ConfigMaps are listed to find any deleted "
+        "while no watch could tell (they are applied again); 0: never.",
+    )
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces to watch (`cpullm run -n`); empty: the whole cluster."
     )

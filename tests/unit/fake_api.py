@@ -17,10 +17,19 @@ RESET = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetE
 
 class FakeTransport:
     """Records each request and answers with a canned status and body (a Status naming the code when none is
-    given), echoes the request body (as the API server answers a create), or raises the connection error."""
+    given), or the next of `pages` (a paged listing), echoes the request body (as the API server answers a
+    create), or raises the connection error."""
 
-    def __init__(self, status: int = 200, body: Any = None, error: Exception | None = None, echo: bool = False) -> None:
+    def __init__(
+        self,
+        status: int = 200,
+        body: Any = None,
+        error: Exception | None = None,
+        echo: bool = False,
+        pages: list[Any] | None = None,
+    ) -> None:
         self.status, self.body, self.error, self.echo = status, body, error, echo
+        self.pages = list(pages or [])
         self.requests: list[dict[str, Any]] = []
 
     def request(self, method: str, url: str, **kwargs: Any) -> urllib3.HTTPResponse:
@@ -28,6 +37,8 @@ class FakeTransport:
         if self.error is not None:
             raise self.error
         body = self.body if self.body is not None else {"kind": "Status", "message": f"said {self.status}"}
+        if self.pages:
+            body = self.pages.pop(0)
         if self.echo:
             body = json.loads(kwargs["body"])
         return urllib3.HTTPResponse(

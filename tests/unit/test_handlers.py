@@ -1,6 +1,7 @@
 """Kopf handlers called as Kopf would, with the reconciler's API module stubbed."""
 
 import asyncio
+import contextlib
 from typing import Any
 
 import kopf
@@ -8,6 +9,7 @@ from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to t
 
 from cpullm.controller import handlers
 from cpullm.errors import TransientApiError
+from cpullm.settings import Settings
 
 from .builders import LLAMA_8B, node, node_object
 
@@ -20,6 +22,7 @@ class RecordingReconciler:
         self.seen: list[tuple[str, str, str | None]] = []
         self.unschedulable: list[str | None] = []
         self.changed_while_away: set[str] = set()
+        self.vanished: dict[str, Any] = {}
 
     def reconcile(
         self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None, pending: Any = None
@@ -35,6 +38,12 @@ class RecordingReconciler:
 
     def child_listed(self, kind, namespace, name, body, owner_uid):
         return name in self.changed_while_away
+
+    def find_vanished(self, kind, namespaces):
+        found = self.vanished.get(kind, [])
+        if isinstance(found, Exception):
+            raise found
+        return found
 
 
 # Kopf passes every index to every handler; these tests fill only the one they are about.
@@ -346,6 +355,34 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
         )
         asyncio.run(call)
     assert memo["reconciler"].unschedulable == [INSUFFICIENT["message"]]  # once: when it changed
+
+
+def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
+    rec = RecordingReconciler()
+    rec.vanished = {
+        "Deployment": TransientApiError("cannot list Deployments: HTTP 503"),  # skipped; the others still run
+        "Service": [("ns", "a"), ("ns", "deleted-meanwhile")],  # a service no longer in the index is skipped
+    }
+    memo = kopf.Memo(reconciler=rec)
+    indexes = {"services": SERVICES, "node_profiles": {}, **OTHER_INDEXES}
+    asyncio.run(handlers.resync(memo, indexes, []))
+    assert [name for name, _ in rec.calls] == ["a"]
+    assert "resync of Deployments skipped: cannot list Deployments: HTTP 503" in caplog.text
+
+
+def test_the_resync_runs_in_the_background_until_cleanup():
+    async def scenario() -> tuple[bool, bool]:
+        memo = kopf.Memo(settings=Settings(resync_seconds=300))
+        await handlers.start_resync(memo=memo, services=SERVICES)
+        task = memo["resync"]
+        await handlers.stop_resync(memo=memo)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        disabled = kopf.Memo(settings=Settings(resync_seconds=0))
+        await handlers.start_resync(memo=disabled, services=SERVICES)
+        return task.cancelled(), "resync" in disabled
+
+    assert asyncio.run(scenario()) == (True, False)
 
 
 def test_the_services_index_keeps_what_reconciles_read_without_other_writers_bookkeeping():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 from kubernetes import client
@@ -47,6 +48,40 @@ def test_apply_errors_map_to_typed_errors(status, error, expected, message):
     with pytest.raises(expected) as raised:
         kube(FakeTransport(status, error=error)).apply(SERVICE)
     assert raised.value.message.startswith(message)
+
+
+def _items(*keys: tuple[str, str]) -> list[dict[str, object]]:
+    return [{"metadata": {"namespace": namespace, "name": name}} for namespace, name in keys]
+
+
+def test_listing_owned_children_reads_labelled_metadata_page_by_page():
+    pages = [
+        {"metadata": {"continue": "next"}, "items": _items(("a", "x"), ("b", "y"))},
+        {"metadata": {}, "items": _items(("b", "z"))},
+    ]
+    transport = FakeTransport(pages=pages)
+    assert kube(transport).list_owned("Deployment", []) == {("a", "x"), ("b", "y"), ("b", "z")}
+    first, second = transport.requests
+    url = urlsplit(first["url"])
+    assert url.path == "/apis/apps/v1/deployments"
+    assert parse_qs(url.query) == {"labelSelector": ["app.kubernetes.io/managed-by=cpullm-operator"], "limit": ["500"]}
+    assert parse_qs(urlsplit(second["url"]).query)["continue"] == ["next"]
+    assert first["headers"]["Accept"].startswith("application/json;as=PartialObjectMetadataList;")
+
+
+def test_listing_owned_children_of_watched_namespaces_lists_each_of_them():
+    transport = FakeTransport(pages=[{"metadata": {}, "items": _items(("a", "x"))}, {"metadata": {}, "items": []}])
+    assert kube(transport).list_owned("ConfigMap", ["a", "b"]) == {("a", "x")}
+    urls = [r["url"].split("?")[0] for r in transport.requests]
+    assert urls == [
+        "http://api.invalid/api/v1/namespaces/a/configmaps",
+        "http://api.invalid/api/v1/namespaces/b/configmaps",
+    ]
+
+
+def test_listing_errors_are_typed():
+    with pytest.raises(TransientApiError, match="cannot list Services: ProtocolError"):
+        kube(FakeTransport(error=RESET)).list_owned("Service", [])
 
 
 def test_an_unmapped_answer_stays_loud():

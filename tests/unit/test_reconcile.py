@@ -24,6 +24,10 @@ class StubKube:
         self.secrets = {("serving", "hf", "HF_TOKEN"): "hf_secret"}
         self.namespace_labels: dict[str, str] = {}
         self.terminating = False
+        self.present: set[tuple[str, str]] = set()  # what list_owned finds, of any kind
+
+    def list_owned(self, kind, namespaces):
+        return set(self.present)
 
     def apply(self, manifest):
         self.applied.append(manifest)
@@ -244,3 +248,29 @@ def test_a_relisting_asks_for_a_reconcile_only_for_children_that_changed_while_t
     edited = {**deployment, "metadata": {"name": "llama", "generation": 2}}
     assert rec.child_listed("Deployment", "serving", "llama", edited, "u1")  # someone else's edit
     assert not rec.child_listed("Service", "serving", "llama", {"metadata": {}}, "u1")
+
+
+def test_children_deleted_unseen_are_found_by_a_listing_and_applied_again():
+    rec, kube = reconciler()
+    rec.reconcile(service({}), NODES, READY)
+    kube.present = {("serving", "llama")}  # the launcher ConfigMap "llama-launcher" is gone
+    assert rec.find_vanished("Deployment", []) == []
+    assert rec.find_vanished("ConfigMap", []) == [("serving", "llama")]  # its owner, the service
+    assert rec.find_vanished("ConfigMap", []) == []  # forgotten: reported once
+    del kube.applied[:]
+    rec.reconcile(service({}), NODES, READY)
+    assert [m["kind"] for m in kube.applied] == ["ConfigMap"]
+
+
+def test_a_child_applied_while_the_listing_ran_is_not_taken_for_deleted():
+    rec, kube = reconciler()
+    rec.reconcile(service({}), NODES, READY)
+    kube.list_owned = lambda kind, namespaces: rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY) and set()
+    assert rec.find_vanished("Deployment", []) == []
+
+
+def test_a_forgotten_service_leaves_no_children_to_look_for():
+    rec, _ = reconciler()
+    rec.reconcile(service({}), NODES, READY)
+    rec.forget("serving", "llama", "u1")
+    assert [rec.find_vanished(kind, []) for kind in ("Deployment", "Service", "ConfigMap")] == [[], [], []]

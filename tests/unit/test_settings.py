@@ -48,6 +48,7 @@ def test_defaults():
         pytest.param({"HF_TOKEN": "hf_abc"}, "hf_token", "hf_abc", id="hf-token"),
         pytest.param({"CPULLM_HF_TOKEN": "hf_ours"}, "hf_token", "hf_ours", id="our-token"),
         pytest.param({"CPULLM_NAMESPACES": '["a", "b"]'}, "namespaces", ["a", "b"], id="namespaces-json"),
+        pytest.param({"CPULLM_RESYNC_SECONDS": "0"}, "resync_seconds", 0.0, id="resync-off"),
         pytest.param({"CPULLM_PEERING": "cpullm"}, "peering", "cpullm", id="peering"),
         pytest.param({"CPULLM_VERBOSE": "true"}, "verbose", True, id="verbose"),
     ],

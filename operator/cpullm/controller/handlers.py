@@ -33,7 +33,7 @@ from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
 from cpullm.core.eligibility import node_rejection
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
-from cpullm.errors import CpuLLMError, NodeLabelError
+from cpullm.errors import CpuLLMError, NodeLabelError, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
 from cpullm.metrics import NODE_PROFILES, track_services
@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 # The owned children that are watched (drift reverted, readiness copied), as (group, version, plural).
 CHILD_RESOURCES = (("apps", "v1", "deployments"), ("", "v1", "services"), ("", "v1", "configmaps"))
+CHILD_KINDS = ("Deployment", "Service", "ConfigMap")  # their kinds, as the reconciler keys what it applied
 POD_RESOURCE = ("", "v1", "pods")  # the server pods: only whether the scheduler can place them is read
 
 
@@ -83,6 +84,44 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
             Kube.from_environment(), hub, namespace_cache_seconds=config.namespace_cache_seconds
         )
         track_services(memo["reconciler"].services_by_readiness)
+
+
+@kopf.on.startup()
+async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
+    """Every `resync_seconds`, list the owned children and re-apply those that vanished unseen
+    (Reconciler.find_vanished): the one change a watch can miss for good. Three metadata-only lists."""
+    config: Settings = memo.get("settings") or Settings()
+    if config.resync_seconds > 0:
+        memo["resync"] = asyncio.get_running_loop().create_task(
+            _resync_forever(memo, indexes, config.resync_seconds, config.namespaces)
+        )
+
+
+@kopf.on.cleanup()
+async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+    task: asyncio.Task[None] | None = memo.get("resync")
+    if task is not None:
+        task.cancel()
+
+
+async def _resync_forever(memo: kopf.Memo, indexes: Mapping[str, Any], every: float, namespaces: list[str]) -> None:
+    while True:
+        await asyncio.sleep(every)
+        await resync(memo, indexes, namespaces)
+
+
+async def resync(memo: kopf.Memo, indexes: Mapping[str, Any], namespaces: list[str]) -> None:
+    """One round: per kind, list what exists, and reconcile the owners of what vanished."""
+    for kind in CHILD_KINDS:
+        try:
+            owners = await asyncio.to_thread(memo["reconciler"].find_vanished, kind, namespaces)
+        except (TransientApiError, PermissionDenied) as err:  # the next round tries again
+            log.warning("resync of %ss skipped: %s", kind, err.message)
+            continue
+        if owners:
+            log.info("%d %s(s) deleted unseen, applying again: %s", len(owners), kind, owners[:5])
+        vanished = [s for owner in owners for s in indexes["services"].get(owner, ())]
+        await _reconcile_quietly(memo, vanished, indexes)
 
 
 @kopf.index("", "v1", "nodes")

@@ -18,8 +18,7 @@ from typing import Any, Protocol
 
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
-from cpullm.core.children.common import Owner
-from cpullm.core.children.launcher import launcher_config_map_name
+from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.decision import Decision, NamespaceFacts, decide, regarding
 from cpullm.core.status import READY
 from cpullm.core.topology import NodeProfile
@@ -41,6 +40,7 @@ class KubeGateway(ClusterFacts, Protocol):
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
+    def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]: ...
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
@@ -52,10 +52,11 @@ ChildKey = tuple[str, str, str]  # kind, namespace, name
 class _Applied:
     """What the operator last applied to a child, and how to tell a later change by someone else from noise:
     a Deployment's generation (its status changes all the time, its generation only with its spec), the
-    resourceVersion of the others (nothing but a change of them bumps it)."""
+    resourceVersion of the others (nothing but a change of them bumps it); and the service that owns it."""
 
     digest: str
     marker: str
+    owner: str
 
 
 def _digest(manifest: Mapping[str, Any]) -> str:
@@ -120,8 +121,7 @@ class Reconciler:
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
         self._written.pop(uid, None)
-        children = {name, launcher_config_map_name(Owner(name, namespace))}
-        for key in [k for k in self._applied if k[1] == namespace and k[2] in children]:
+        for key in [k for k, applied in self._applied.items() if k[1] == namespace and applied.owner == name]:
             self._applied.pop(key, None)
 
     def child_seen(self, kind: str, namespace: str, name: str, event: str | None, body: Mapping[str, Any]) -> bool:
@@ -148,6 +148,21 @@ class Reconciler:
         counts = (int(status.get("replicas") or 0), int(status.get("readyReplicas") or 0))
         return counts != (written.get("replicas"), written.get("readyReplicas"))
 
+    def find_vanished(self, kind: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
+        """The owners (namespace, service) of children of `kind` the operator applied that no longer exist, read
+        from a listing of what does. A watch cannot tell them all: after the API server forgot a watch's
+        resourceVersion (e.g. it restarted), Kopf lists again, and a listing has no events for what was deleted
+        meanwhile. They are forgotten here, so their owner's next reconcile applies them again."""
+        before = {key: applied for key, applied in list(self._applied.items()) if key[0] == kind}
+        present = self.kube.list_owned(kind, namespaces)
+        owners: set[tuple[str, str]] = set()
+        for key, applied in before.items():
+            # Still the same entry: not re-applied while the listing ran (then it may be newer than the listing).
+            if (key[1], key[2]) not in present and self._applied.get(key) is applied:
+                self._applied.pop(key, None)
+                owners.add((key[1], applied.owner))
+        return sorted(owners)
+
     def _apply(self, child: Mapping[str, Any]) -> None:
         meta = child["metadata"]
         key = (child["kind"], meta["namespace"], meta["name"])
@@ -157,7 +172,7 @@ class Reconciler:
             return
         self._applied.pop(key, None)  # until the server confirms it, the child is not known to match
         stored = self.kube.apply(child)
-        self._applied[key] = _Applied(digest, _marker(child["kind"], stored))
+        self._applied[key] = _Applied(digest, _marker(child["kind"], stored), meta["labels"][SERVICE_LABEL])
 
     def reconcile(
         self,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, cast
@@ -25,11 +25,15 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
+from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
 from cpullm.core.decision import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, PermissionDenied, TransientApiError
 from cpullm.metrics import API_ERRORS
 
 FIELD_MANAGER = "cpullm-operator"
+# Lists ask for the objects' metadata only: the names are all a listing of owned children needs.
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+LIST_PAGE = 500
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 log = logging.getLogger(__name__)
@@ -86,6 +90,37 @@ class Kube:
         group, version, plural = _resource(api_version, kind)
         with _api_errors(f"delete {kind} {namespace}/{name}", absent_ok=True):
             self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+
+    def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]:
+        """(namespace, name) of each Deployment, Service or ConfigMap that carries the operator's managed-by
+        label, in `namespaces` (empty: cluster-wide), read in pages of metadata only."""
+        listers: Any = {
+            "Deployment": (self.apps.list_deployment_for_all_namespaces, self.apps.list_namespaced_deployment),
+            "Service": (self.core.list_service_for_all_namespaces, self.core.list_namespaced_service),
+            "ConfigMap": (self.core.list_config_map_for_all_namespaces, self.core.list_namespaced_config_map),
+        }
+        cluster_wide, namespaced = listers[kind]
+        calls = [(namespaced, (ns,)) for ns in namespaces] if namespaces else [(cluster_wide, ())]
+        found: set[tuple[str, str]] = set()
+        for call, args in calls:
+            token: str | None = None
+            while True:
+                with _api_errors(f"list {kind}s"):
+                    page = _json(
+                        call(
+                            *args,
+                            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
+                            limit=LIST_PAGE,
+                            _continue=token,
+                            _headers={"Accept": METADATA_ONLY},
+                            _preload_content=False,
+                        )
+                    )
+                found |= {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in page.get("items") or []}
+                token = (page.get("metadata") or {}).get("continue")
+                if not token:
+                    break
+        return found
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
         """A namespace already gone (its services' last events arrive after it) is one going away: nothing may
