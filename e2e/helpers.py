@@ -83,16 +83,24 @@ class Kubectl:
 class Operator:
     """`cpullm run` as a real process against the cluster; restartable (the SIGKILL test)."""
 
-    def __init__(self, kubeconfig: str, log_path: Path, health_port: int, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        kubeconfig: str,
+        log_path: Path,
+        health_port: int,
+        extra_args: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.kubeconfig = kubeconfig
         self.extra_args = extra_args or []
+        self.env = env or {}
         self.log_path = log_path
         self.health_url = f"http://127.0.0.1:{health_port}/healthz"
         self.metrics_url: str | None = None  # set when started with --metrics-port
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **self.env, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
         with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "cpullm", "run", "--liveness", self.health_url, *self.extra_args],

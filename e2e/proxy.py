@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -19,6 +20,7 @@ class CuttableProxy:
         self.port: int = self._listener.getsockname()[1]
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
+        self._refusing = threading.Event()
         threading.Thread(target=self._accept, daemon=True).start()
 
     @classmethod
@@ -41,6 +43,17 @@ class CuttableProxy:
             _close(sock)
         return len(sockets) // 2
 
+    @contextlib.contextmanager
+    def down(self) -> Iterator[None]:
+        """The API server unreachable through the relay while inside: open connections are cut and new ones
+        closed at once (a network partition between the operator and the API server)."""
+        self._refusing.set()
+        self.cut()
+        try:
+            yield
+        finally:
+            self._refusing.clear()
+
     def close(self) -> None:
         _close(self._listener)
         self.cut()
@@ -51,6 +64,9 @@ class CuttableProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # closed
+            if self._refusing.is_set():
+                _close(client)
+                continue
             try:
                 upstream = socket.create_connection(self.upstream, timeout=5)
             except OSError:

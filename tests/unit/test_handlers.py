@@ -21,6 +21,7 @@ class RecordingReconciler:
         self.events: list[tuple[str, str, str]] = []
         self.seen: list[tuple[str, str, str | None]] = []
         self.unschedulable: list[str | None] = []
+        self.deployments: list[Any] = []
         self.changed_while_away: set[str] = set()
         self.vanished: dict[str, Any] = {}
 
@@ -28,6 +29,7 @@ class RecordingReconciler:
         self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None, pending: Any = None
     ) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
+        self.deployments.append(deployment)
         self.unschedulable.append(pending)
 
     def emit_event(self, regarding, type_, reason, message):
@@ -360,14 +362,23 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
 def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
     rec = RecordingReconciler()
     rec.vanished = {
-        "Deployment": TransientApiError("cannot list Deployments: HTTP 503"),  # skipped; the others still run
-        "Service": [("ns", "a"), ("ns", "deleted-meanwhile")],  # a service no longer in the index is skipped
+        "Deployment": [("ns", "a")],
+        "Service": TransientApiError("cannot list Services: HTTP 503"),  # skipped; the others still run
+        "ConfigMap": [("ns", "a"), ("ns", "deleted-meanwhile")],  # a service no longer in the index is skipped
     }
     memo = kopf.Memo(reconciler=rec)
-    indexes = {"services": SERVICES, "node_profiles": {}, **OTHER_INDEXES}
+    last_seen = {"status": {"readyReplicas": 1}}
+    indexes = {
+        "services": SERVICES,
+        "node_profiles": {},
+        **OTHER_INDEXES,
+        "owned_deployments": {("ns", "a"): [last_seen]},
+    }
     asyncio.run(handlers.resync(memo, indexes, []))
-    assert [name for name, _ in rec.calls] == ["a"]
-    assert "resync of Deployments skipped: cannot list Deployments: HTTP 503" in caplog.text
+    assert [name for name, _ in rec.calls] == ["a", "a"]
+    # The vanished Deployment's last status (still in Kopf's index) is not reported as its replacement's.
+    assert rec.deployments == [None, last_seen]
+    assert "resync of Services skipped: cannot list Services: HTTP 503" in caplog.text
 
 
 def test_the_resync_runs_in_the_background_until_cleanup():

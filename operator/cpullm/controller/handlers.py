@@ -121,7 +121,9 @@ async def resync(memo: kopf.Memo, indexes: Mapping[str, Any], namespaces: list[s
         if owners:
             log.info("%d %s(s) deleted unseen, applying again: %s", len(owners), kind, owners[:5])
         vanished = [s for owner in owners for s in indexes["services"].get(owner, ())]
-        await _reconcile_quietly(memo, vanished, indexes)
+        # Kopf's index still holds a vanished Deployment's last status (no event removed it): not the replacement's.
+        facts = {**indexes, "owned_deployments": {}} if kind == "Deployment" else indexes
+        await _reconcile_quietly(memo, vanished, facts)
 
 
 @kopf.index("", "v1", "nodes")
