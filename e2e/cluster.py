@@ -164,18 +164,23 @@ class LocalCluster:
         pid = int(pid_file.read_text())
         command = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         os.kill(pid, signal.SIGKILL)
-        eventually(lambda: _process_state(pid) in ("gone", "z (zombie)"), timeout=10, what=f"{component} stopped")
-        time.sleep(seconds)  # the outage itself
-        with (self._cluster_dir / "logs" / f"{component}.log").open("ab") as log:
-            process = subprocess.Popen(
-                command, cwd=self._cluster_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        pid_file.write_text(str(process.pid))  # so `kwokctl delete cluster` stops the new process
-        self._restarted.append(process)
+        try:
+            for process in [p for p in self._restarted if p.pid == pid]:  # restarted here before: our child to reap
+                process.wait(timeout=10)
+                self._restarted.remove(process)
+            eventually(lambda: _process_state(pid) in ("gone", "z (zombie)"), timeout=10, what=f"{component} stopped")
+            time.sleep(seconds)  # the outage itself
+        finally:  # started again even if the wait failed: one failed test must not leave the cluster down
+            with (self._cluster_dir / "logs" / f"{component}.log").open("ab") as log:
+                process = subprocess.Popen(
+                    command, cwd=self._cluster_dir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            pid_file.write_text(str(process.pid))  # so `kwokctl delete cluster` stops the new process
+            self._restarted.append(process)
 
 
 def _process_state(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].splitlines()[0].lower()
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].splitlines()[0].strip().lower()
     except (OSError, IndexError):
         return "gone"

@@ -84,6 +84,29 @@ def test_listing_errors_are_typed():
         kube(FakeTransport(error=RESET)).list_owned("Service", [])
 
 
+@pytest.mark.parametrize(
+    ("kind", "status", "expected", "path"),
+    [
+        ("Deployment", 200, True, "/apis/apps/v1/namespaces/serving/deployments/llama"),
+        ("Service", 404, False, "/api/v1/namespaces/serving/services/llama"),
+        ("ConfigMap", 200, True, "/api/v1/namespaces/serving/configmaps/llama"),
+        ("ConfigMap", 503, TransientApiError, "/api/v1/namespaces/serving/configmaps/llama"),
+        ("Deployment", 403, PermissionDenied, "/apis/apps/v1/namespaces/serving/deployments/llama"),
+    ],
+    ids=["deployment-exists", "service-gone", "configmap-exists", "503", "403"],
+)
+def test_whether_a_child_exists_is_one_metadata_read(kind, status, expected, path):
+    transport = FakeTransport(status, {"metadata": {"name": "llama"}} if status == 200 else None)
+    if isinstance(expected, bool):
+        assert kube(transport).child_exists(kind, "serving", "llama") is expected
+    else:
+        with pytest.raises(expected):
+            kube(transport).child_exists(kind, "serving", "llama")
+    (request,) = transport.requests
+    assert (request["method"], urlsplit(request["url"]).path) == ("GET", path)
+    assert request["headers"]["Accept"].startswith("application/json;as=PartialObjectMetadata;")
+
+
 def test_an_unmapped_answer_stays_loud():
     with pytest.raises(client.ApiException) as raised:
         kube(FakeTransport(400)).apply(SERVICE)

@@ -25,9 +25,15 @@ class StubKube:
         self.namespace_labels: dict[str, str] = {}
         self.terminating = False
         self.present: set[tuple[str, str]] = set()  # what list_owned finds, of any kind
+        self.unlisted: set[tuple[str, str]] = set()  # what exists though list_owned misses it
+        self.reads: list[tuple[str, str, str]] = []
 
     def list_owned(self, kind, namespaces):
         return set(self.present)
+
+    def child_exists(self, kind, namespace, name):
+        self.reads.append((kind, namespace, name))
+        return (namespace, name) in self.present | self.unlisted
 
     def apply(self, manifest):
         self.applied.append(manifest)
@@ -256,6 +262,7 @@ def test_children_deleted_unseen_are_found_by_a_listing_and_applied_again():
     kube.present = {("serving", "llama")}  # the launcher ConfigMap "llama-launcher" is gone
     assert rec.find_vanished("Deployment", []) == []
     assert rec.find_vanished("ConfigMap", []) == [("serving", "llama")]  # its owner, the service
+    assert kube.reads == [("ConfigMap", "serving", "llama-launcher")]  # only what the listing missed is read
     assert rec.find_vanished("ConfigMap", []) == []  # forgotten: reported once
     del kube.applied[:]
     rec.reconcile(service({}), NODES, READY)
@@ -266,6 +273,29 @@ def test_a_child_applied_while_the_listing_ran_is_not_taken_for_deleted():
     rec, kube = reconciler()
     rec.reconcile(service({}), NODES, READY)
     kube.list_owned = lambda kind, namespaces: rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY) and set()
+    assert rec.find_vanished("Deployment", []) == []
+
+
+def test_a_child_a_listing_misses_but_a_read_finds_is_not_taken_for_deleted():
+    rec, kube = reconciler()
+    rec.reconcile(service({}), NODES, READY)
+    kube.unlisted = {("serving", "llama")}
+    assert [rec.find_vanished(kind, []) for kind in ("Deployment", "Service")] == [[], []]
+    assert [kind for kind, _, _ in kube.reads] == ["Deployment", "Service"]
+    del kube.applied[:]
+    rec.reconcile(service({}), NODES, READY)
+    assert kube.applied == []  # still known to match: nothing applied again
+
+
+def test_a_child_applied_again_while_it_was_read_is_not_taken_for_deleted():
+    rec, kube = reconciler()
+    rec.reconcile(service({}), NODES, READY)
+
+    def applied_meanwhile(kind, namespace, name):
+        rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY)
+        return False
+
+    kube.child_exists = applied_meanwhile
     assert rec.find_vanished("Deployment", []) == []
 
 

@@ -32,10 +32,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   verbs: [patch]
 - apiGroups: [apps]
   resources: [deployments]
-  verbs: [list, watch, create, patch]
+  verbs: [get, list, watch, create, patch]
 - apiGroups: [""]
   resources: [services, configmaps]
-  verbs: [list, watch, create, patch]
+  verbs: [get, list, watch, create, patch]
 # The server pods, read only: a pod the scheduler cannot place puts its message in the Ready condition.
 - apiGroups: [""]
   resources: [pods]

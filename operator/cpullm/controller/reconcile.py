@@ -41,6 +41,7 @@ class KubeGateway(ClusterFacts, Protocol):
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]: ...
+    def child_exists(self, kind: str, namespace: str, name: str) -> bool: ...
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
@@ -152,13 +153,20 @@ class Reconciler:
         """The owners (namespace, service) of children of `kind` the operator applied that no longer exist, read
         from a listing of what does. A watch cannot tell them all: after the API server forgot a watch's
         resourceVersion (e.g. it restarted), Kopf lists again, and a listing has no events for what was deleted
-        meanwhile. They are forgotten here, so their owner's next reconcile applies them again."""
+        meanwhile. They are forgotten here, so their owner's next reconcile applies them again.
+
+        Each one the listing misses is read before it counts as gone: taking a live child for deleted would
+        report it as not ready, and re-applying it unchanged brings no event to correct that."""
         before = {key: applied for key, applied in list(self._applied.items()) if key[0] == kind}
         present = self.kube.list_owned(kind, namespaces)
         owners: set[tuple[str, str]] = set()
         for key, applied in before.items():
             # Still the same entry: not re-applied while the listing ran (then it may be newer than the listing).
-            if (key[1], key[2]) not in present and self._applied.get(key) is applied:
+            if (key[1], key[2]) in present or self._applied.get(key) is not applied:
+                continue
+            if self.kube.child_exists(*key):
+                log.warning("%s %s/%s is missing from a listing but exists; left as it is", *key)
+            elif self._applied.get(key) is applied:
                 self._applied.pop(key, None)
                 owners.add((key[1], applied.owner))
         return sorted(owners)

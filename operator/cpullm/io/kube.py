@@ -31,8 +31,9 @@ from cpullm.errors import ChildRejected, CpuLLMError, PermissionDenied, Transien
 from cpullm.metrics import API_ERRORS
 
 FIELD_MANAGER = "cpullm-operator"
-# Lists ask for the objects' metadata only: the names are all a listing of owned children needs.
-METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+# Reads of owned children ask for their metadata only: whether they exist is all the resync needs.
+METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 LIST_PAGE = 500
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
@@ -94,13 +95,12 @@ class Kube:
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]:
         """(namespace, name) of each Deployment, Service or ConfigMap that carries the operator's managed-by
         label, in `namespaces` (empty: cluster-wide), read in pages of metadata only."""
-        listers: Any = {
-            "Deployment": (self.apps.list_deployment_for_all_namespaces, self.apps.list_namespaced_deployment),
-            "Service": (self.core.list_service_for_all_namespaces, self.core.list_namespaced_service),
-            "ConfigMap": (self.core.list_config_map_for_all_namespaces, self.core.list_namespaced_config_map),
-        }
-        cluster_wide, namespaced = listers[kind]
-        calls = [(namespaced, (ns,)) for ns in namespaces] if namespaces else [(cluster_wide, ())]
+        api, plural = self._child_api(kind)
+        calls = (
+            [(getattr(api, f"list_namespaced_{plural}"), (ns,)) for ns in namespaces]
+            if namespaces
+            else [(getattr(api, f"list_{plural}_for_all_namespaces"), ())]
+        )
         found: set[tuple[str, str]] = set()
         for call, args in calls:
             token: str | None = None
@@ -112,7 +112,7 @@ class Kube:
                             label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
                             limit=LIST_PAGE,
                             _continue=token,
-                            _headers={"Accept": METADATA_ONLY},
+                            _headers={"Accept": METADATA_ONLY_LIST},
                             _preload_content=False,
                         )
                     )
@@ -121,6 +121,26 @@ class Kube:
                 if not token:
                     break
         return found
+
+    def child_exists(self, kind: str, namespace: str, name: str) -> bool:
+        """Whether one Deployment, Service or ConfigMap exists (a read of its metadata only): a listing's word
+        that a child is gone is confirmed by this before the child is taken for deleted."""
+        api, plural = self._child_api(kind)
+        found = False
+        with _api_errors(f"read {kind} {namespace}/{name}", absent_ok=True):
+            getattr(api, f"read_namespaced_{plural}")(
+                name, namespace, _headers={"Accept": METADATA_ONLY}, _preload_content=False
+            )
+            found = True
+        return found
+
+    def _child_api(self, kind: str) -> tuple[Any, str]:
+        """The typed client for a watched child kind, and the kind's name in that client's method names."""
+        return {
+            "Deployment": (self.apps, "deployment"),
+            "Service": (self.core, "service"),
+            "ConfigMap": (self.core, "config_map"),
+        }[kind]
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
         """A namespace already gone (its services' last events arrive after it) is one going away: nothing may
