@@ -103,11 +103,16 @@ def real_node_config() -> dict[str, object]:
     }
 
 
-def kubernetes_version() -> str:
+def tool_version(tool: str) -> str:
+    """A pinned version from scripts/tool-versions.env, e.g. tool_version("KIND") for KIND_VERSION."""
     for line in (ROOT / "scripts" / "tool-versions.env").read_text().splitlines():
-        if line.startswith("KUBERNETES_VERSION="):
+        if line.startswith(f"{tool}_VERSION="):
             return line.split("=", 1)[1].strip()
-    raise RuntimeError("KUBERNETES_VERSION missing from scripts/tool-versions.env")
+    raise RuntimeError(f"{tool}_VERSION missing from scripts/tool-versions.env")
+
+
+def kubernetes_version() -> str:
+    return tool_version("KUBERNETES")
 
 
 @dataclass

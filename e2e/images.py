@@ -162,9 +162,14 @@ def _file_range(path: Path, offset: int, size: int) -> Iterator[bytes]:
             yield chunk
 
 
-def write_image(out_path: Path, ref: str, layers: list[Layer], config: dict[str, Any]) -> dict[str, Any]:
+def write_image(
+    out_path: Path, ref: str, layers: list[Layer], config: dict[str, Any], *, docker_loadable: bool = False
+) -> dict[str, Any]:
     """Writes an OCI image layout tar. A layer whose key a previous build of out_path recorded (its sidecar
-    out_path.json) is copied from that tar as is, not rebuilt. Returns the sidecar: what was written."""
+    out_path.json) is copied from that tar as is, not rebuilt. Returns the sidecar: what was written.
+
+    `docker_loadable`: also a manifest.json naming the same blobs, so `docker load` of Docker 20.10 (which reads
+    no OCI layout) takes it too, tagged `ref`."""
     sidecar_path = out_path.with_suffix(".json")
     previous = json.loads(sidecar_path.read_text()) if sidecar_path.exists() and out_path.exists() else {}
     tmp = out_path.with_suffix(".tmp")
@@ -223,6 +228,13 @@ def write_image(out_path: Path, ref: str, layers: list[Layer], config: dict[str,
         _add_bytes(out, f"blobs/sha256/{manifest_digest}", manifest_bytes)
         _add_bytes(out, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
         _add_bytes(out, "index.json", json.dumps(index, sort_keys=True).encode())
+        if docker_loadable:
+            docker_manifest = {
+                "Config": f"blobs/sha256/{hashlib.sha256(config_bytes).hexdigest()}",
+                "RepoTags": [ref],
+                "Layers": [blob["digest"].replace("sha256:", "blobs/sha256/") for blob in written],
+            }
+            _add_bytes(out, "manifest.json", json.dumps([docker_manifest]).encode())
         out.write(b"\0" * (2 * tarfile.BLOCKSIZE))
     tmp.replace(out_path)
     sidecar = {
