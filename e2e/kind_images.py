@@ -9,21 +9,30 @@
   TEST-ONLY runtime wrapper (e2e/node/runc-wrapper); it is used only where a cluster config patches containerd
   to it, which run.sh does only on hosts whose capability bounding set lacks CAP_SYS_RESOURCE.
 
-The tars are OCI image layouts with a Docker manifest.json as well (`docker load` takes them), cached beside the
-real node's images (e2e/images.py), keyed by their inputs.
+- kind-node: kind's node image for our Kubernetes (build_kind_node): the base with kubeadm, the kubelet and kubectl
+  (scripts/build-tools.sh) and, imported into its containerd under the references kubeadm and kind ask for, the
+  control-plane images, kube-proxy (on the base's root filesystem: it needs iptables), our etcd build (under its own
+  version; e2e/kind_cluster.py tells kubeadm), CoreDNS (built from its Go module at kubeadm's version) and our pause
+  as kind's sandbox image. Kept in Docker's image store (~2 GB), keyed by its inputs.
 
-Usage (root): python3 -m e2e.kind_images [kind-base]; prints KEY=value lines.
+The kind-base tar is an OCI image layout with a Docker manifest.json as well (`docker load` takes it); the
+component images are OCI layouts imported with ctr. All are cached beside the real node's images (e2e/images.py).
+
+Usage (root): python3 -m e2e.kind_images [kind-base]; prints KEY=value lines (kind-node needs a Docker engine:
+e2e/test_kind.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
-from e2e.cluster import tool_version
+from e2e.cluster import tool_dirs, tool_version
 from e2e.images import (
     CACHE,
     ROOT,
@@ -31,6 +40,7 @@ from e2e.images import (
     Image,
     Layer,
     Rootfs,
+    build_pause,
     digest_of,
     drop_superseded,
     log,
@@ -59,7 +69,7 @@ KIND_BASE_PACKAGES = (
     "containerd",
     "runc",
     "containernetworking-plugins",
-    "python3-minimal",  # the runtime wrapper's interpreter
+    "python3",  # the runtime wrapper's interpreter (python3-minimal has no json module)
 )
 CNI_PLUGINS = ("host-local", "loopback", "ptp", "portmap")
 
@@ -91,6 +101,11 @@ def kind_base_rootfs(kind: Path) -> Rootfs:
         ' "$1"/lib/systemd/system/sockets.target.wants/*initctl* "$1"/lib/systemd/system/basic.target.wants/*',
         'echo ReadKMsg=no >> "$1"/etc/systemd/journald.conf',
         'ln -sf /usr/lib/systemd/systemd "$1"/sbin/init',
+        # kind >= 0.31 no longer prepares cgroup v1 (kind PR 4077): there systemd creates kubelet.slice only in the
+        # hierarchies it manages, and the kubelet refuses to start without it in every one (e.g. hugetlb).
+        "printf '%s\\n' '[Service]' 'ExecStartPre=/bin/sh -c \"test -e /sys/fs/cgroup/cgroup.controllers ||"
+        " for c in /sys/fs/cgroup/*/; do mkdir -p $${c}kubelet.slice; done\"'"
+        ' > "$1"/etc/systemd/system/kubelet.service.d/20-cpullm-cgroup-v1.conf',
         'chroot "$1" systemctl enable kubelet.service containerd.service undo-mount-hacks.service',
         'chroot "$1" systemctl mask systemd-binfmt.service',
         # The CRI base spec: containerd's default with kind's product-files hook, and no rlimits.
@@ -127,6 +142,129 @@ def build_kind_base() -> Image:
     shutil.rmtree(wrapper)
     drop_superseded(out)
     return Image(ref, out)
+
+
+# The references kubeadm v1.36 and kind's containerd config (sandbox_image) ask for; etcd runs under its own
+# version, which the cluster config gives kubeadm (ClusterConfiguration etcd.local.imageTag).
+K8S_REGISTRY = "registry.k8s.io"
+SANDBOX_IMAGE = f"{K8S_REGISTRY}/pause:3.10"
+BIN_PATH = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def etcd_image_tag() -> str:
+    return tool_version("ETCD")
+
+
+def binary_image(name: str, ref: str, binaries: list[Path], base: Rootfs | None = None, **config: Any) -> Image:
+    """A component image: its static binaries in /usr/local/bin, on `base` when it needs more (kube-proxy needs
+    iptables), written once per set of inputs."""
+    staging = CACHE / f"{name}-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "usr" / "local" / "bin").mkdir(parents=True)
+    for binary in binaries:  # hard links: no copy of the ~100 MB binaries
+        os.link(binary, staging / "usr" / "local" / "bin" / binary.name)
+    inputs = [f"{b.name}:{b.stat().st_size}:{b.stat().st_mtime_ns}" for b in binaries]
+    layers = [Layer(digest_of(*inputs)[:16], tar_command(staging, "./usr"), f"{name}: {' '.join(inputs)}")]
+    if base is not None:
+        root = base.build()
+        layers.insert(0, Layer(root.name, tar_command(root, ".", exclude=("./.complete",)), f"{name}: base"))
+    key = digest_of(ref, *(layer.key for layer in layers))[:12]
+    out = CACHE / f"kind-{name}-{key}.tar"
+    image_config = {"Env": [BIN_PATH], **config}
+    if not up_to_date(out, layers, image_config):
+        log(f"{name}: writing {out}")
+        write_image(out, ref, layers, image_config)
+    shutil.rmtree(staging)
+    drop_superseded(out)
+    return Image(ref, out)
+
+
+def node_images(tools: dict[str, Path], base: Rootfs) -> list[Image]:
+    """Every image a kind node would pull, built here under the reference it would pull."""
+    v = tool_version("KUBERNETES")
+    k8s, node = tools["kubernetes"], tools["kubelet"]
+    images = [
+        binary_image(component, f"{K8S_REGISTRY}/{component}:{v}", [k8s / component])
+        for component in ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+    ]
+    images.append(binary_image("kube-proxy", f"{K8S_REGISTRY}/kube-proxy:{v}", [node / "kube-proxy"], base))
+    etcd = tools["etcd"]
+    images.append(binary_image("etcd", f"{K8S_REGISTRY}/etcd:{etcd_image_tag()}", [etcd / "etcd", etcd / "etcdctl"]))
+    coredns_ref = f"{K8S_REGISTRY}/coredns/coredns:{tool_version('COREDNS')}"
+    images.append(
+        binary_image("coredns", coredns_ref, [tools["coredns"] / "coredns"], Entrypoint=["/usr/local/bin/coredns"])
+    )
+    pause = build_pause()
+    images.append(Image(SANDBOX_IMAGE, pause.tar))  # imported under kind's sandbox_image reference
+    return images
+
+
+def build_kind_node(docker_env: dict[str, str]) -> str:
+    """kind's node image for our Kubernetes, assembled as kind's builder does (a container of the base image gets
+    kubeadm, the kubelet and kubectl, /kind/version and every image imported into its containerd, then is
+    committed) but from images built here: the builder fetches what is not in a release tarball, and imports with
+    a ctr flag Debian's ctr lacks. Returns the image reference (kept in Docker's image store)."""
+    tools = tool_dirs(["kubernetes", "etcd", "kubelet", "kubeadm", "coredns"])
+    base_recipe = kind_base_rootfs(kind_module())
+    base = build_kind_base()
+    images = node_images(tools, base_recipe)
+    binaries = [tools["kubeadm"] / "kubeadm", tools["kubelet"] / "kubelet", tools["kubernetes"] / "kubectl"]
+    inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images)]
+    inputs += [f"{b.name}:{b.stat().st_size}:{b.stat().st_mtime_ns}" for b in binaries]
+    ref = f"localhost/cpullm-kind-node:{digest_of(*inputs)[:12]}"
+    if _docker(docker_env, "image", "inspect", ref, check=False).returncode != 0:
+        _assemble(docker_env, ref, base, binaries, images)
+    drop_other_tags(docker_env, ref)
+    drop_other_tags(docker_env, base.ref)
+    return ref
+
+
+def _assemble(docker_env: dict[str, str], ref: str, base: Image, binaries: list[Path], images: list[Image]) -> None:
+    log(f"kind-node: assembling {ref}")
+    _docker(docker_env, "load", "--input", str(base.tar))
+    builder = f"cpullm-kind-build-{digest_of(ref)[:6]}"
+    _docker(docker_env, "rm", "--force", builder, check=False)
+    _docker(
+        docker_env, "run", "--detach", "--privileged", "--name", builder, "--entrypoint", "sleep", base.ref, "infinity"
+    )
+    try:
+        for binary in binaries:
+            _docker(docker_env, "cp", str(binary), f"{builder}:/usr/bin/{binary.name}")
+        version = tool_version("KUBERNETES")
+        _docker(docker_env, "exec", builder, "sh", "-c", f"echo {version} > /kind/version")
+        _docker(docker_env, "exec", "--detach", builder, "containerd")
+        _docker(docker_env, "exec", builder, "sh", "-c", "for i in $(seq 50); do ctr version && break; sleep 0.2; done")
+        import_into_node = ("exec", "-i", builder, "ctr", "-n", "k8s.io", "images", "import", "--all-platforms")
+        for image in images:
+            with image.tar.open("rb") as tar:
+                _docker(docker_env, *import_into_node, "--index-name", image.ref, "-", stdin=tar)
+        _docker(docker_env, "exec", builder, "sh", "-c", "pkill containerd; while pgrep containerd; do sleep 0.2; done")
+        # The base's Env and StopSignal carry over; the entrypoint and command the build overrode are restored.
+        changes = ['ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]', "CMD []"]
+        _docker(docker_env, "commit", *(f"--change={c}" for c in changes), builder, ref)
+    finally:
+        _docker(docker_env, "rm", "--force", builder, check=False)
+
+
+def drop_other_tags(docker_env: dict[str, str], ref: str) -> None:
+    """Removes Docker's other tags of ref's repository: each new input would otherwise leave a ~2 GB node image."""
+    repository = ref.rsplit(":", 1)[0]
+    listed = subprocess.run(
+        ["docker", "images", "--format", "{{.Repository}}:{{.Tag}}", repository],
+        env=docker_env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    for other in set(listed) - {ref}:
+        log(f"docker: removing superseded {other}")
+        _docker(docker_env, "rmi", other, check=False)
+
+
+def _docker(
+    env: dict[str, str], *args: str, check: bool = True, stdin: Any = None
+) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["docker", *args], env=env, check=check, stdin=stdin, stdout=sys.stderr)
 
 
 BUILDERS = {"kind-base": build_kind_base}

@@ -6,6 +6,7 @@ and a container runs inside it (the nesting every kind pod relies on). Run: pyth
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from e2e.cluster import tool_dirs
 from e2e.helpers import eventually
 from e2e.images import build_debian
-from e2e.kind_images import build_kind_base
+from e2e.kind_cluster import KindCluster
+from e2e.kind_images import build_kind_base, build_kind_node
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 DOCKER_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "docker.sh"
@@ -102,3 +105,49 @@ def test_a_kind_node_container_of_the_local_base_image_boots_and_runs_a_nested_c
         assert nested.returncode == 0 and nested.stdout.strip().endswith("nested-ok"), nested.stderr
     finally:
         docker(docker_env, "rm", "--force", "--volumes", name)
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="an exclusive CPU needs one beside the reserved CPU 0")
+def test_a_kind_cluster_of_images_built_here_gives_a_guaranteed_pod_an_exclusive_cpu(docker_env, tmp_path):
+    """kind with nothing pulled: the node image of e2e/kind_images.py (kubeadm, kubelet, the control-plane images,
+    etcd, CoreDNS and pause all built here), our CNI in place of kindnetd, and the static CPU manager; a
+    Guaranteed pod on the worker gets one CPU of its own, not the shared pool."""
+    node_image = build_kind_node(docker_env)
+    tools = tool_dirs(["kind", "kubernetes"])
+    name = f"cpullm-{uuid.uuid4().hex[:6]}"
+    cluster = KindCluster(name, tools["kind"] / "kind", tools["kubernetes"] / "kubectl", tmp_path, docker_env)
+    cluster.create(node_image, workers=1)
+    try:
+        cluster.run_kubectl("-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s")
+        inner = build_debian()
+        cluster.load_archive(inner.tar)
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "exclusive", "namespace": "default"},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": f"{name}-worker"},
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": inner.ref,
+                        "imagePullPolicy": "Never",
+                        "command": ["sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 3600"],
+                        "resources": {"limits": {"cpu": "1", "memory": "64Mi"}},
+                    }
+                ],
+            },
+        }
+        cluster.run_kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+        def cpuset() -> str:
+            logs = cluster.run_kubectl("logs", "exclusive", check=False)
+            assert "Cpus_allowed_list" in logs.stdout, f"not started yet: {logs.stderr.strip()}"
+            log = logs.stdout
+            return log.split(":", 1)[1].strip()
+
+        allowed = eventually(cpuset, timeout=120, what="the pod's cpuset")
+        assert cluster.kubectl_json("get", "pod", "exclusive")["status"]["qosClass"] == "Guaranteed"
+        assert allowed.isdigit() and allowed != "0", f"not one exclusive CPU beside the reserved CPU 0: {allowed}"
+    finally:
+        cluster.delete()

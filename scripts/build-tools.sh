@@ -3,8 +3,8 @@
 # under ${CPULLM_TOOLS_CACHE:-$HOME/.cache/cpullm-operator/tools}. Idempotent: a tool whose binaries are
 # already in the cache is skipped, so a warm run takes seconds. Nothing is written inside the repo.
 #
-#   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet
-#                                       (default: all but kubelet)
+#   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet kubeadm coredns
+#                                       (default: all but kubelet, kubeadm and coredns)
 #
 # The kubelet and kube-proxy (for a real node, scripts/setup-node.sh) are built only when asked for:
 # `scripts/build-tools.sh kubelet`. It is kept out of the default list so e2e runs, which need only the
@@ -100,6 +100,19 @@ build_kubelet() {
   echo "KUBELET_BIN_DIR=$dir"
 }
 
+# kind's nodes (e2e/kind_images.py) run kubeadm; kept apart like the kubelet so the control plane's entry stays valid.
+build_kubeadm() {
+  local v=$KUBERNETES_VERSION dir=$cache/kubeadm-$KUBERNETES_VERSION
+  if have "$dir" kubeadm; then echo "KUBEADM_BIN_DIR=$dir"; return; fi
+  log "kubeadm $v: building"
+  local tmp=$dir.tmp
+  rm -rf "$tmp"; mkdir -p "$tmp"
+  k8s_module "$v" kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy kubeadm
+  k8s_build "$v" "$tmp" kubeadm
+  publish "$tmp" "$dir"
+  echo "KUBEADM_BIN_DIR=$dir"
+}
+
 build_etcd() {
   local v=$ETCD_VERSION dir=$cache/etcd-$ETCD_VERSION
   if have "$dir" etcd etcdctl; then echo "ETCD_BIN_DIR=$dir"; return; fi
@@ -152,6 +165,13 @@ build_helm() {
   echo "HELM_BIN_DIR=$dir"
 }
 
+# The CoreDNS kubeadm deploys (its CoreDNSVersion for our Kubernetes), for kind's node image (e2e/kind_images.py).
+build_coredns() {
+  local dir=$cache/coredns-$COREDNS_VERSION
+  have "$dir" coredns || go_install coredns "$dir" "$COREDNS_VERSION" "-s -w" github.com/coredns/coredns
+  echo "COREDNS_BIN_DIR=$dir"
+}
+
 build_kind() {
   local dir=$cache/kind-$KIND_VERSION
   have "$dir" kind || go_install kind "$dir" "$KIND_VERSION" "-s -w" sigs.k8s.io/kind
@@ -162,7 +182,7 @@ tools=("$@")
 ((${#tools[@]})) || tools=(kubernetes etcd kwok helm kind)
 for t in "${tools[@]}"; do
   case $t in
-    kubernetes|etcd|kwok|helm|kind|kubelet) "build_$t" ;;
-    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet)"; exit 2 ;;
+    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns) "build_$t" ;;
+    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet kubeadm coredns)"; exit 2 ;;
   esac
 done

@@ -1,0 +1,140 @@
+"""A kind cluster from the node image built here (e2e/kind_images.py), with what kind's pulled images would give:
+
+- no kindnetd (not reachable): `disableDefaultCNI`, then each node gets a ptp + host-local CNI config for its pod
+  CIDR and a route to every other node's pod CIDR (what kindnetd does), written through `docker exec`;
+- no local-path-provisioner: kind falls back to its host-path StorageClass (no image);
+- etcd runs our build at its own version (ClusterConfiguration etcd.local.imageTag);
+- every kubelet runs the static CPU manager with CPU 0 reserved, so a Guaranteed pod gets an exclusive cpuset;
+- only on a cgroup v1 host: the kubelet's `failCgroupV1: false` and kubeadm skipping SystemVerification;
+- only where CAP_SYS_RESOURCE is missing from the bounding set: the node's containerd runs the TEST-ONLY runc
+  wrapper and leaves oom_score_adj alone (restrict_oom_score_adj), as the real node does (e2e/realnode.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from e2e.cluster import tool_version
+from e2e.helpers import eventually
+from e2e.realnode import lacks_cap_sys_resource
+
+WRAPPER_IN_NODE = "/kind/bin/cpullm-runc-wrapper"
+
+
+def cgroup_v1_host() -> bool:
+    return not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+
+
+def cluster_config(name: str, workers: int, *, cgroup_v1: bool, lacks_cap: bool) -> dict[str, Any]:
+    """kind's Cluster config for this host (JSON is YAML)."""
+    kubelet: dict[str, Any] = {
+        "kind": "KubeletConfiguration",
+        "cpuManagerPolicy": "static",
+        "reservedSystemCPUs": "0",
+    }
+    patches = [f"kind: ClusterConfiguration\netcd:\n  local:\n    imageTag: {tool_version('ETCD')}\n"]
+    if cgroup_v1:
+        kubelet["failCgroupV1"] = False
+        for kind in ("InitConfiguration", "JoinConfiguration"):
+            patches.append(f"kind: {kind}\nnodeRegistration:\n  ignorePreflightErrors: [SystemVerification]\n")
+    patches.append(json.dumps(kubelet))
+    config: dict[str, Any] = {
+        "kind": "Cluster",
+        "apiVersion": "kind.x-k8s.io/v1alpha4",
+        "name": name,
+        "networking": {"disableDefaultCNI": True},
+        "kubeadmConfigPatches": patches,
+        "nodes": [{"role": "control-plane"}] + [{"role": "worker"} for _ in range(workers)],
+    }
+    if lacks_cap:
+        config["containerdConfigPatches"] = [
+            '[plugins."io.containerd.grpc.v1.cri"]\n  restrict_oom_score_adj = true\n'
+            '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]\n'
+            f'  BinaryName = "{WRAPPER_IN_NODE}"\n'
+        ]
+    return config
+
+
+def cni_config(pod_cidr: str) -> str:
+    plugins = [
+        {
+            "type": "ptp",
+            "ipMasq": True,
+            "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}]},
+        },
+        {"type": "portmap", "capabilities": {"portMappings": True}},
+    ]
+    return json.dumps({"cniVersion": "0.4.0", "name": "cpullm", "plugins": plugins})
+
+
+@dataclass
+class KindCluster:
+    name: str
+    kind: Path
+    kubectl: Path
+    workdir: Path
+    docker_env: dict[str, str]
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
+
+    def create(self, node_image: str, workers: int) -> KindCluster:
+        config = cluster_config(self.name, workers, cgroup_v1=cgroup_v1_host(), lacks_cap=lacks_cap_sys_resource())
+        path = self.workdir / "kind-config.yaml"
+        path.write_text(json.dumps(config, indent=1))
+        self._kind(
+            "create", "cluster", "--image", node_image, "--config", str(path), "--kubeconfig", str(self.kubeconfig)
+        )
+        self.install_network()
+        eventually(self._nodes_ready, timeout=120, what="every kind node Ready")
+        return self
+
+    def delete(self) -> None:
+        self._kind("delete", "cluster", "--name", self.name)
+
+    def load_archive(self, tar: Path) -> None:
+        self._kind("load", "image-archive", str(tar), "--name", self.name)
+
+    def kubectl_json(self, *args: str) -> Any:
+        return json.loads(self.run_kubectl(*args, "-o", "json").stdout)
+
+    def run_kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        command = [str(self.kubectl), "--kubeconfig", str(self.kubeconfig), *args]
+        return subprocess.run(command, check=check, capture_output=True, text=True, input=stdin)
+
+    def install_network(self) -> None:
+        """Each node: a CNI config for its pod CIDR and routes to the others' (what kindnetd would do)."""
+        nodes = eventually(self._pod_cidrs, timeout=60, what="pod CIDRs assigned")
+        for name, (_, cidr) in nodes.items():
+            self._node_exec(name, "sh", "-c", "cat > /etc/cni/net.d/10-cpullm.conflist", stdin=cni_config(cidr))
+            for other, (other_address, other_cidr) in nodes.items():
+                if other != name:
+                    self._node_exec(name, "ip", "route", "replace", other_cidr, "via", other_address)
+
+    def _pod_cidrs(self) -> dict[str, tuple[str, str]]:
+        found = {}
+        for node in self.kubectl_json("get", "nodes")["items"]:
+            address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
+            cidr = node["spec"].get("podCIDR")
+            assert cidr, f"{node['metadata']['name']} has no pod CIDR yet"
+            found[node["metadata"]["name"]] = (address, cidr)
+        return found
+
+    def _nodes_ready(self) -> bool:
+        for node in self.kubectl_json("get", "nodes")["items"]:
+            ready = [c for c in node["status"].get("conditions", []) if c["type"] == "Ready"]
+            assert ready and ready[0]["status"] == "True", f"{node['metadata']['name']} not Ready"
+        return True
+
+    def _node_exec(self, node: str, *command: str, stdin: str | None = None) -> None:
+        subprocess.run(
+            ["docker", "exec", "-i", node, *command], check=True, env=self.docker_env, input=stdin, text=True
+        )
+
+    def _kind(self, *args: str) -> None:
+        subprocess.run([str(self.kind), *args], check=True, env=self.docker_env)
