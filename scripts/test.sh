@@ -4,8 +4,8 @@
 # installs vLLM's CPU build on first use; CPULLM_SKIP_VLLM=1 skips them), then the real-node tests (root: a
 # kubelet with containerd joined to a local control plane runs the operator's Deployment with real vLLM;
 # scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1 skips them), then the kind
-# path's parts (root: a Docker engine from scripts/docker.sh and kind's base image built here boot a kind node
-# container; CPULLM_SKIP_KIND=1 skips them).
+# path (root: a Docker engine from scripts/docker.sh, kind's images built here; its own tests, then the e2e suite
+# on a kind cluster against the in-cluster operator, e2e/kind/run.sh; CPULLM_SKIP_KIND=1 skips them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -26,4 +26,5 @@ if [[ ${CPULLM_SKIP_NODE:-0} != 1 ]]; then
 fi
 if [[ ${CPULLM_SKIP_KIND:-0} != 1 ]]; then
   .venv/bin/python -m pytest e2e/test_kind.py -m kind -q -p no:logging
+  e2e/kind/run.sh
 fi

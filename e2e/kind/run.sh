@@ -1,45 +1,37 @@
 #!/usr/bin/env bash
-# Runs the e2e suite on a kind cluster, for users with Docker. It cannot run on our development machines
-# (no Docker engine there), which run the same suite on a local control plane (`python -m pytest e2e`).
+# Runs the e2e suite on a kind cluster against the operator installed in it with the chart, with nothing pulled
+# from a registry (root):
 #
-# 1. create the kind cluster (e2e/kind/cluster.yaml) with the pinned kind from scripts/build-tools.sh;
-# 2. install KWOK's controller and its default stages: the suite's fake topology nodes (2-NUMA AMX, 1-NUMA AVX2,
-#    4-NUMA AVX-512, arm64, created by the suite) become Ready and their pods Running, exactly as locally;
-# 3. build the operator image from the Dockerfile, load it into kind, and install the chart with it, pinned
-#    to the real workers (labelled cpullm.io/operator-host=true);
-# 4. run the suite against that cluster and that in-cluster operator.
-# Environment: KWOK_MANIFESTS=dir holding kwok.yaml and stage-fast.yaml of the KWOK release, if the script has
-# no network; KEEP_CLUSTER=1 keeps the cluster afterwards. Extra arguments go to pytest.
+#   e2e/kind/run.sh [pytest args]
+#
+# 1. a Docker engine: this machine's, or one scripts/docker.sh starts (and stops at the end);
+# 2. python -m e2e.kind_up: kind's base and node images built here (e2e/kind_images.py), a cluster of a control
+#    plane and two workers (e2e/kind_cluster.py: our CNI in place of kindnetd, the static CPU manager), KWOK's
+#    controller rendered from its Go module with its image built here (the suite's topology nodes are KWOK nodes,
+#    exactly as on the local control plane), the operator's image built from the Dockerfile, loaded with
+#    `kind load`, and the chart installed with it on the real workers;
+# 3. the suite with CPULLM_E2E_OPERATOR pointing at that in-cluster operator (stopped by scaling to 0, SIGKILLed
+#    by a zero-grace force delete); the real-node and kind tests are local-only and skip themselves.
+# KEEP_CLUSTER=1 keeps the cluster (and the engine) afterwards.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-source scripts/tool-versions.env
-eval "$(scripts/build-tools.sh kind kubernetes helm | grep _BIN_DIR=)"
-kind=$KIND_BIN_DIR/kind kubectl=$KUBERNETES_BIN_DIR/kubectl helm=$HELM_BIN_DIR/helm
-image=cpullm-operator:e2e
-kubeconfig=$(mktemp)
-k() { "$kubectl" --kubeconfig "$kubeconfig" "$@"; }
-
-"$kind" create cluster --config e2e/kind/cluster.yaml --kubeconfig "$kubeconfig" --wait 120s
-[[ ${KEEP_CLUSTER:-0} == 1 ]] || trap '"$kind" delete cluster --name cpullm-e2e' EXIT
-
-release=https://github.com/kubernetes-sigs/kwok/releases/download/$KWOK_VERSION
-for manifest in kwok.yaml stage-fast.yaml; do
-  source=${KWOK_MANIFESTS:+$KWOK_MANIFESTS/$manifest}
-  k apply -f "${source:-$release/$manifest}"
-done
-k -n kube-system rollout status deployment/kwok-controller --timeout=120s
-
-docker build -t "$image" .
-"$kind" load docker-image "$image" --name cpullm-e2e
-for node in $(k get nodes -l '!node-role.kubernetes.io/control-plane' -o name); do
-  k label "$node" cpullm.io/operator-host=true --overwrite
-done
-"$helm" --kubeconfig "$kubeconfig" install kind-operator charts/cpullm-operator \
-  --namespace cpullm-operator --create-namespace \
-  --set image.repository=cpullm-operator --set image.tag=e2e --set image.pullPolicy=Never \
-  --set-string 'nodeSelector.cpullm\.io/operator-host=true' --wait --timeout 180s
-
 scripts/setup.sh
-CPULLM_E2E_KUBECONFIG=$kubeconfig CPULLM_E2E_KUBECTL=$kubectl \
-  CPULLM_E2E_OPERATOR=cpullm-operator/kind-operator-cpullm-operator \
-  .venv/bin/python -m pytest e2e -q "$@"
+name=cpullm-e2e
+workdir=$(mktemp -d /tmp/cpullm-kind-XXXXXX)
+docker_host=$(scripts/docker.sh start | tail -1)
+export "${docker_host?}"
+[[ -n ${DOCKER_HOST:-} ]] || unset DOCKER_HOST
+
+cleanup() {
+  [[ ${KEEP_CLUSTER:-0} == 1 ]] && return
+  eval "$(scripts/build-tools.sh kind | grep _BIN_DIR=)"
+  "$KIND_BIN_DIR/kind" delete cluster --name "$name" || true
+  [[ ${DOCKER_HOST:-} == unix:///run/cpullm-docker/* ]] && scripts/docker.sh stop
+  rm -rf "$workdir"
+}
+trap cleanup EXIT
+
+env_lines=$(.venv/bin/python -m e2e.kind_up "$workdir" "$name")
+# shellcheck disable=SC2046
+export $(grep '^CPULLM_E2E_' <<<"$env_lines")
+.venv/bin/python -m pytest e2e -q -p no:logging "$@"

@@ -1,0 +1,92 @@
+"""Brings up what e2e/kind/run.sh runs the suite against, with nothing pulled from a registry: a kind cluster of
+the node image built here (control plane + 2 workers, e2e/kind_cluster.py), KWOK's controller and fast stages
+rendered from the pinned KWOK module (kustomize) with its image built here, and the operator's image built from the
+Dockerfile (e2e/images.py) loaded into kind and installed with the chart on the real workers.
+
+Usage (root, a Docker engine in DOCKER_HOST): python3 -m e2e.kind_up WORKDIR NAME; prints KEY=value lines
+(CPULLM_E2E_KUBECONFIG, CPULLM_E2E_KUBECTL, CPULLM_E2E_OPERATOR) for the suite.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from e2e.cluster import tool_dirs, tool_version
+from e2e.images import ROOT, build_operator, log
+from e2e.kind_cluster import KindCluster
+from e2e.kind_images import binary_image, build_kind_node
+
+KWOK_IMAGE = "registry.k8s.io/kwok/kwok"
+RELEASE = "kind-operator"
+NAMESPACE = "cpullm-operator"
+
+
+def kwok_module() -> Path:
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", f"sigs.k8s.io/kwok@{tool_version('KWOK')}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return Path(json.loads(result.stdout)["Dir"])
+
+
+def install_kwok(cluster: KindCluster, kwok_bin: Path) -> None:
+    """KWOK's controller (kustomize/kwok) and its fast stages, as the release's kwok.yaml and stage-fast.yaml are
+    made, with the controller's image built here from our kwok build."""
+    ref = f"{KWOK_IMAGE}:{tool_version('KWOK')}"
+    image = binary_image("kwok", ref, [kwok_bin / "kwok"], Entrypoint=["/usr/local/bin/kwok"])
+    cluster.load_archive(image.tar)
+    module = kwok_module() / "kustomize"
+    for kustomization in ("kwok", "stage/fast"):
+        rendered = cluster.run_kubectl("kustomize", str(module / kustomization)).stdout
+        cluster.run_kubectl("apply", "-f", "-", stdin=rendered.replace(f"image: {KWOK_IMAGE}\n", f"image: {ref}\n"))
+    cluster.run_kubectl("-n", "kube-system", "rollout", "status", "deployment/kwok-controller", "--timeout=120s")
+
+
+def install_operator(cluster: KindCluster, helm: Path) -> str:
+    """The operator's image (the Dockerfile, built by buildah on the local Python base) loaded into kind, and the
+    chart installed with it on the real workers (labelled cpullm.io/operator-host=true)."""
+    image = build_operator()
+    cluster.load_archive(image.tar)
+    for node in cluster.kubectl_json("get", "nodes", "-l", "!node-role.kubernetes.io/control-plane")["items"]:
+        cluster.run_kubectl("label", "node", node["metadata"]["name"], "cpullm.io/operator-host=true", "--overwrite")
+    repository, tag = image.ref.rsplit(":", 1)
+    subprocess.run(
+        [
+            str(helm),
+            *("--kubeconfig", str(cluster.kubeconfig), "install", RELEASE, str(ROOT / "charts" / "cpullm-operator")),
+            *("--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "180s"),
+            *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
+            *("--set", "image.pullPolicy=Never", "--set-string", "nodeSelector.cpullm\\.io/operator-host=true"),
+        ],
+        check=True,
+        stdout=sys.stderr,
+    )
+    return f"{NAMESPACE}/{RELEASE}-cpullm-operator"
+
+
+def main(argv: list[str]) -> int:
+    workdir, name = Path(argv[0]), argv[1]
+    workdir.mkdir(parents=True, exist_ok=True)
+    docker_env = dict(os.environ)
+    tools = tool_dirs(["kubernetes", "kwok", "helm", "kind"])
+    node_image = build_kind_node(docker_env)
+    cluster = KindCluster(name, tools["kind"] / "kind", tools["kubernetes"] / "kubectl", workdir, docker_env)
+    cluster.create(node_image, workers=2)
+    log("kind: installing KWOK")
+    install_kwok(cluster, tools["kwok"])
+    log("kind: installing the operator")
+    operator = install_operator(cluster, tools["helm"] / "helm")
+    print(f"CPULLM_E2E_KUBECONFIG={cluster.kubeconfig}")
+    print(f"CPULLM_E2E_KUBECTL={tools['kubernetes'] / 'kubectl'}")
+    print(f"CPULLM_E2E_OPERATOR={operator}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
