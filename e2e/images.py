@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -87,6 +87,14 @@ def vllm_image_ref() -> str:
     """The image the operator renders by default for this machine's arch."""
     c = operator_constants()
     return f"{c['DEFAULT_IMAGE_REPOSITORY']}:{c['VLLM_VERSION']}-{c['IMAGE_ARCH_SUFFIX'][arch()]}"
+
+
+def go_module_dir(module: str, version: str) -> Path:
+    """A Go module's source at `version`, from Go's module cache (fetched from the module proxy if missing)."""
+    result = subprocess.run(
+        ["go", "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True
+    )
+    return Path(json.loads(result.stdout)["Dir"])
 
 
 def digest_of(*parts: str | bytes) -> str:
@@ -247,6 +255,17 @@ def write_image(
     tmp_sidecar.write_text(json.dumps(sidecar, indent=1))
     tmp_sidecar.replace(sidecar_path)  # replaced, not rewritten in place: a hard link to it stays as it was
     return sidecar
+
+
+def cached_image(
+    out: Path, ref: str, layers: list[Layer], config: dict[str, Any], *, docker_loadable: bool = False
+) -> Image:
+    """The image at `out`, written unless it is up to date, with the cache's older versions of it removed."""
+    if not up_to_date(out, layers, config):
+        log(f"{ref}: writing {out}")
+        write_image(out, ref, layers, config, docker_loadable=docker_loadable)
+    drop_superseded(out)
+    return Image(ref, out)
 
 
 def up_to_date(out_path: Path, layers: list[Layer], config: dict[str, Any]) -> bool:
@@ -461,11 +480,7 @@ def build_debian() -> Image:
     layers = [
         Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./opt/venv", "./.complete")), f"debian {SUITE} minbase")
     ]
-    if not up_to_date(out, layers, config):
-        log(f"debian: writing {out}")
-        write_image(out, ref, layers, config)
-    drop_superseded(out)
-    return Image(ref, out)
+    return cached_image(out, ref, layers, config)
 
 
 # This machine's TLS trust, given to the local Python base so pip in the Dockerfile's build stage reaches PyPI
@@ -496,12 +511,9 @@ def build_python_base() -> Image:
         Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} minbase + python3"),
         Layer(digest_of(HOST_CA_BUNDLE.read_bytes())[:16], tar_command(trust, "./etc"), "the host's CA bundle"),
     ]
-    if not up_to_date(out, layers, config):
-        log(f"python-base: writing {out}")
-        write_image(out, ref, layers, config)
+    image = cached_image(out, ref, layers, config)
     shutil.rmtree(trust)
-    drop_superseded(out)
-    return Image(ref, out)
+    return image
 
 
 def operator_sources() -> list[Path]:
@@ -572,15 +584,17 @@ BUILDERS = {
 }
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], builders: dict[str, Callable[[], Image]] = BUILDERS) -> int:
+    """Builds the images named in argv (default: all of `builders`); prints NAME_IMAGE_REF/_TAR lines."""
     CACHE.mkdir(parents=True, exist_ok=True)
-    for name in argv or list(BUILDERS):
-        if name not in BUILDERS:
-            log(f"unknown image {name!r} ({' '.join(BUILDERS)})")
+    for name in argv or list(builders):
+        if name not in builders:
+            log(f"unknown image {name!r} ({' '.join(builders)})")
             return 2
-        image = BUILDERS[name]()
-        print(f"{name.upper()}_IMAGE_REF={image.ref}")
-        print(f"{name.upper()}_IMAGE_TAR={image.tar}")
+        image = builders[name]()
+        variable = name.upper().replace("-", "_")
+        print(f"{variable}_IMAGE_REF={image.ref}")
+        print(f"{variable}_IMAGE_TAR={image.tar}")
     return 0
 
 

@@ -24,7 +24,6 @@ e2e/test_kind.py).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -41,12 +40,12 @@ from e2e.images import (
     Layer,
     Rootfs,
     build_pause,
+    cached_image,
     digest_of,
-    drop_superseded,
+    go_module_dir,
     log,
+    main,
     tar_command,
-    up_to_date,
-    write_image,
 )
 
 RUNC_WRAPPER = ROOT / "e2e" / "node" / "runc-wrapper"
@@ -75,14 +74,8 @@ CNI_PLUGINS = ("host-local", "loopback", "ptp", "portmap")
 
 
 def kind_module() -> Path:
-    """The pinned sigs.k8s.io/kind module's source (Go's module cache; scripts/build-tools.sh kind fetched it)."""
-    result = subprocess.run(
-        ["go", "mod", "download", "-json", f"sigs.k8s.io/kind@{tool_version('KIND')}"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(json.loads(result.stdout)["Dir"])
+    """The pinned sigs.k8s.io/kind module's source."""
+    return go_module_dir("sigs.k8s.io/kind", tool_version("KIND"))
 
 
 def kind_base_rootfs(kind: Path) -> Rootfs:
@@ -136,12 +129,9 @@ def build_kind_base() -> Image:
         Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"kind base: debian {SUITE}"),
         Layer(digest_of(RUNC_WRAPPER.read_bytes())[:16], tar_command(wrapper, "./kind"), "test-only runc wrapper"),
     ]
-    if not up_to_date(out, layers, config):
-        log(f"kind-base: writing {out}")
-        write_image(out, ref, layers, config, docker_loadable=True)
+    image = cached_image(out, ref, layers, config, docker_loadable=True)
     shutil.rmtree(wrapper)
-    drop_superseded(out)
-    return Image(ref, out)
+    return image
 
 
 # The references kubeadm v1.36 and kind's containerd config (sandbox_image) ask for; etcd runs under its own
@@ -170,13 +160,9 @@ def binary_image(name: str, ref: str, binaries: list[Path], base: Rootfs | None 
         layers.insert(0, Layer(root.name, tar_command(root, ".", exclude=("./.complete",)), f"{name}: base"))
     key = digest_of(ref, *(layer.key for layer in layers))[:12]
     out = CACHE / f"kind-{name}-{key}.tar"
-    image_config = {"Env": [BIN_PATH], **config}
-    if not up_to_date(out, layers, image_config):
-        log(f"{name}: writing {out}")
-        write_image(out, ref, layers, image_config)
+    image = cached_image(out, ref, layers, {"Env": [BIN_PATH], **config})
     shutil.rmtree(staging)
-    drop_superseded(out)
-    return Image(ref, out)
+    return image
 
 
 def node_images(tools: dict[str, Path], base: Rootfs) -> list[Image]:
@@ -267,20 +253,5 @@ def _docker(
     return subprocess.run(["docker", *args], env=env, check=check, stdin=stdin, stdout=sys.stderr)
 
 
-BUILDERS = {"kind-base": build_kind_base}
-
-
-def main(argv: list[str]) -> int:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    for name in argv or list(BUILDERS):
-        if name not in BUILDERS:
-            log(f"unknown image {name!r} ({' '.join(BUILDERS)})")
-            return 2
-        image = BUILDERS[name]()
-        print(f"{name.upper().replace('-', '_')}_IMAGE_REF={image.ref}")
-        print(f"{name.upper().replace('-', '_')}_IMAGE_TAR={image.tar}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:], {"kind-base": build_kind_base}))

@@ -9,14 +9,13 @@ Usage (root, a Docker engine in DOCKER_HOST): python3 -m e2e.kind_up WORKDIR NAM
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 from e2e.cluster import tool_dirs, tool_version
-from e2e.images import ROOT, build_operator, log
+from e2e.images import ROOT, build_operator, go_module_dir, log
 from e2e.kind_cluster import KindCluster
 from e2e.kind_images import binary_image, build_kind_node
 
@@ -25,23 +24,13 @@ RELEASE = "kind-operator"
 NAMESPACE = "cpullm-operator"
 
 
-def kwok_module() -> Path:
-    result = subprocess.run(
-        ["go", "mod", "download", "-json", f"sigs.k8s.io/kwok@{tool_version('KWOK')}"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return Path(json.loads(result.stdout)["Dir"])
-
-
 def install_kwok(cluster: KindCluster, kwok_bin: Path) -> None:
     """KWOK's controller (kustomize/kwok) and its fast stages, as the release's kwok.yaml and stage-fast.yaml are
     made, with the controller's image built here from our kwok build."""
     ref = f"{KWOK_IMAGE}:{tool_version('KWOK')}"
     image = binary_image("kwok", ref, [kwok_bin / "kwok"], Entrypoint=["/usr/local/bin/kwok"])
     cluster.load_archive(image.tar)
-    module = kwok_module() / "kustomize"
+    module = go_module_dir("sigs.k8s.io/kwok", tool_version("KWOK")) / "kustomize"
     for kustomization in ("kwok", "stage/fast"):
         rendered = cluster.run_kubectl("kustomize", str(module / kustomization)).stdout
         cluster.run_kubectl("apply", "-f", "-", stdin=rendered.replace(f"image: {KWOK_IMAGE}\n", f"image: {ref}\n"))
