@@ -4,7 +4,8 @@ rendered from the pinned KWOK module (kustomize) with its image built here, and 
 Dockerfile (e2e/images.py) loaded into kind and installed with the chart on the real workers.
 
 Usage (root, a Docker engine in DOCKER_HOST): python3 -m e2e.kind_up WORKDIR NAME; prints KEY=value lines
-(CPULLM_E2E_KUBECONFIG, CPULLM_E2E_KUBECTL, CPULLM_E2E_OPERATOR) for the suite.
+(CPULLM_E2E_KUBECONFIG, CPULLM_E2E_KUBECTL, CPULLM_E2E_OPERATOR, CPULLM_E2E_KIND_TEST_IMAGE: the Python base
+image loaded for e2e/test_in_kind.py) for the suite.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 from e2e.cluster import tool_dirs, tool_version
-from e2e.images import ROOT, build_operator, go_module_dir, log
+from e2e.images import ROOT, build_operator, build_python_base, go_module_dir, log
 from e2e.kind_cluster import KindCluster
 from e2e.kind_images import binary_image, build_kind_node
 
@@ -71,9 +72,13 @@ def main(argv: list[str]) -> int:
     install_kwok(cluster, tools["kwok"])
     log("kind: installing the operator")
     operator = install_operator(cluster, tools["helm"] / "helm")
+    # e2e/test_in_kind.py's server image, with python3 for the launcher (it logs its cpuset; then vLLM is missing)
+    test_image = build_python_base()
+    cluster.load_archive(test_image.tar)
     print(f"CPULLM_E2E_KUBECONFIG={cluster.kubeconfig}")
     print(f"CPULLM_E2E_KUBECTL={tools['kubernetes'] / 'kubectl'}")
     print(f"CPULLM_E2E_OPERATOR={operator}")
+    print(f"CPULLM_E2E_KIND_TEST_IMAGE={test_image.ref}")
     return 0
 
 
