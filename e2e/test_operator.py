@@ -156,7 +156,12 @@ def test_spec_change_rolls_the_deployment(kubectl: Kubectl, operator: Operator |
     deploy = kubectl.get("deployment", "rolled", namespace)
     assert env(deploy)["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert deploy["metadata"]["generation"] > before["metadata"]["generation"]
-    assert len(kubectl.get("rs", namespace=namespace)) == 2  # a rollout: a new ReplicaSet
+
+    def rolled_out() -> bool:  # the Deployment controller makes the new ReplicaSet after the generation moved
+        assert len(kubectl.get("rs", namespace=namespace)) == 2, "no new ReplicaSet yet"
+        return True
+
+    eventually(rolled_out, what="a rollout: a new ReplicaSet")
 
 
 def test_node_label_change_replans(
