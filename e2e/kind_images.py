@@ -109,9 +109,9 @@ def kind_base_rootfs(kind: Path) -> Rootfs:
     return Rootfs("kind-base", KIND_BASE_PACKAGES, hooks)
 
 
-def build_kind_base() -> Image:
-    kind = kind_module()
-    rootfs_recipe = kind_base_rootfs(kind)
+def build_kind_base(rootfs_recipe: Rootfs | None = None) -> Image:
+    """`rootfs_recipe`: kind_base_rootfs's, when the caller already made it (it reads the kind module)."""
+    rootfs_recipe = rootfs_recipe or kind_base_rootfs(kind_module())
     rootfs = rootfs_recipe.build()
     wrapper = CACHE / "kind-base-wrapper"
     shutil.rmtree(wrapper, ignore_errors=True)
@@ -192,7 +192,7 @@ def build_kind_node(docker_env: dict[str, str]) -> str:
     a ctr flag Debian's ctr lacks. Returns the image reference (kept in Docker's image store)."""
     tools = tool_dirs(["kubernetes", "etcd", "kubelet", "kubeadm", "coredns"])
     base_recipe = kind_base_rootfs(kind_module())
-    base = build_kind_base()
+    base = build_kind_base(base_recipe)
     images = node_images(tools, base_recipe)
     binaries = [tools["kubeadm"] / "kubeadm", tools["kubelet"] / "kubelet", tools["kubernetes"] / "kubectl"]
     inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images)]
