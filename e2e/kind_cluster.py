@@ -97,8 +97,19 @@ class KindCluster:
     def delete(self) -> None:
         self._kind("delete", "cluster", "--name", self.name)
 
-    def load_archive(self, tar: Path) -> None:
-        self._kind("load", "image-archive", str(tar), "--name", self.name)
+    def load_archive(self, tar: Path, node: str | None = None) -> None:
+        """Imports an image archive into every node's containerd, or into `node`'s only."""
+        self._kind("load", "image-archive", str(tar), "--name", self.name, *(("--nodes", node) if node else ()))
+
+    def workers(self) -> list[str]:
+        """kind's worker nodes (before any KWOK node joins), by name."""
+        nodes = self.kubectl_json("get", "nodes", "-l", "!node-role.kubernetes.io/control-plane")["items"]
+        return sorted(n["metadata"]["name"] for n in nodes)
+
+    def copy_to_node(self, node: str, source: Path, destination: str) -> None:
+        """Copies a host directory's contents to a directory of the node container (which it creates)."""
+        self._node_exec(node, "mkdir", "-p", destination)
+        subprocess.run(["docker", "cp", f"{source}/.", f"{node}:{destination}"], check=True, env=self.docker_env)
 
     def kubectl_json(self, *args: str) -> Any:
         return json.loads(self.run_kubectl(*args, "-o", "json").stdout)

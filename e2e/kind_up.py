@@ -1,11 +1,12 @@
 """Brings up what e2e/kind/run.sh runs the suite against, with nothing pulled from a registry: a kind cluster of
 the node image built here (control plane + 2 workers, e2e/kind_cluster.py), KWOK's controller and fast stages
 rendered from the pinned KWOK module (kustomize) with its image built here, and the operator's image built from the
-Dockerfile (e2e/images.py) loaded into kind and installed with the chart on the real workers.
+Dockerfile (e2e/images.py) loaded into kind and installed with the chart on one real worker.
 
 Usage (root, a Docker engine in DOCKER_HOST): python3 -m e2e.kind_up WORKDIR NAME; prints KEY=value lines
-(CPULLM_E2E_KUBECONFIG, CPULLM_E2E_KUBECTL, CPULLM_E2E_OPERATOR, CPULLM_E2E_KIND_TEST_IMAGE: the Python base
-image loaded for e2e/test_in_kind.py) for the suite.
+(CPULLM_E2E_KUBECONFIG, CPULLM_E2E_KUBECTL, CPULLM_E2E_OPERATOR; for e2e/test_in_kind.py CPULLM_E2E_KIND_SERVER_NODE,
+the worker kept for its servers, CPULLM_E2E_KIND_TEST_IMAGE, the Python base image loaded there, and, where the vLLM
+environment of the real-node tests exists, CPULLM_E2E_KIND_VLLM_IMAGE and CPULLM_E2E_KIND_MODELS) for the suite.
 """
 
 from __future__ import annotations
@@ -13,13 +14,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from tests.vllm.harness import make_tiny_model, vllm_python
+
 from e2e.cluster import tool_dirs, tool_version
-from e2e.images import ROOT, build_operator, build_python_base, go_module_dir, log
+from e2e.images import ROOT, VLLM_VENV, build_operator, build_python_base, build_vllm, go_module_dir, log
 from e2e.kind_cluster import KindCluster
 from e2e.kind_images import binary_image, build_kind_node
+from e2e.serving import TINY
 
+MODELS_ON_NODE = "/var/lib/cpullm-models"
 KWOK_IMAGE = "registry.k8s.io/kwok/kwok"
 RELEASE = "kind-operator"
 NAMESPACE = "cpullm-operator"
@@ -38,13 +44,13 @@ def install_kwok(cluster: KindCluster, kwok_bin: Path) -> None:
     cluster.run_kubectl("-n", "kube-system", "rollout", "status", "deployment/kwok-controller", "--timeout=120s")
 
 
-def install_operator(cluster: KindCluster, helm: Path) -> str:
+def install_operator(cluster: KindCluster, helm: Path, worker: str) -> str:
     """The operator's image (the Dockerfile, built by buildah on the local Python base) loaded into kind, and the
-    chart installed with it on the real workers (labelled cpullm.io/operator-host=true)."""
+    chart installed with it on one worker (labelled cpullm.io/operator-host=true): the other worker's one
+    allocatable CPU stays whole for e2e/test_in_kind.py's servers, wherever the fault tests restart the operator."""
     image = build_operator()
-    cluster.load_archive(image.tar)
-    for node in cluster.kubectl_json("get", "nodes", "-l", "!node-role.kubernetes.io/control-plane")["items"]:
-        cluster.run_kubectl("label", "node", node["metadata"]["name"], "cpullm.io/operator-host=true", "--overwrite")
+    cluster.load_archive(image.tar, worker)
+    cluster.run_kubectl("label", "node", worker, "cpullm.io/operator-host=true", "--overwrite")
     repository, tag = image.ref.rsplit(":", 1)
     subprocess.run(
         [
@@ -60,6 +66,19 @@ def install_operator(cluster: KindCluster, helm: Path) -> str:
     return f"{NAMESPACE}/{RELEASE}-cpullm-operator"
 
 
+def load_vllm(cluster: KindCluster, worker: str, models: Path) -> str:
+    """The stand-in vLLM image the real-node tests use (e2e/images.py; cached) imported into the server worker
+    alone (6 GB), and the tests' tiny model copied to MODELS_ON_NODE there."""
+    image = build_vllm()
+    log(f"kind: importing {image.ref} into {worker}")
+    started = time.monotonic()
+    cluster.load_archive(image.tar, worker)
+    log(f"kind: imported in {time.monotonic() - started:.0f}s")
+    make_tiny_model(vllm_python(), models / TINY)
+    cluster.copy_to_node(worker, models, MODELS_ON_NODE)
+    return image.ref
+
+
 def main(argv: list[str]) -> int:
     workdir, name = Path(argv[0]), argv[1]
     workdir.mkdir(parents=True, exist_ok=True)
@@ -70,15 +89,22 @@ def main(argv: list[str]) -> int:
     cluster.create(node_image, workers=2)
     log("kind: installing KWOK")
     install_kwok(cluster, tools["kwok"])
+    operator_worker, server_worker = cluster.workers()
     log("kind: installing the operator")
-    operator = install_operator(cluster, tools["helm"] / "helm")
+    operator = install_operator(cluster, tools["helm"] / "helm", operator_worker)
     # e2e/test_in_kind.py's server image, with python3 for the launcher (it logs its cpuset; then vLLM is missing)
     test_image = build_python_base()
-    cluster.load_archive(test_image.tar)
+    cluster.load_archive(test_image.tar, server_worker)
     print(f"CPULLM_E2E_KUBECONFIG={cluster.kubeconfig}")
     print(f"CPULLM_E2E_KUBECTL={tools['kubernetes'] / 'kubectl'}")
     print(f"CPULLM_E2E_OPERATOR={operator}")
+    print(f"CPULLM_E2E_KIND_SERVER_NODE={server_worker}")
     print(f"CPULLM_E2E_KIND_TEST_IMAGE={test_image.ref}")
+    if (VLLM_VENV / ".complete").exists():
+        print(f"CPULLM_E2E_KIND_VLLM_IMAGE={load_vllm(cluster, server_worker, workdir / 'models')}")
+        print(f"CPULLM_E2E_KIND_MODELS={workdir / 'models'}")
+    else:
+        log(f"kind: no vLLM environment ({VLLM_VENV}; scripts/setup-vllm.sh): the kind vLLM test will skip")
     return 0
 
 

@@ -42,6 +42,7 @@ RUNC_WRAPPER = ROOT / "e2e" / "node" / "runc-wrapper"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/var/run/netns")
 CONTAINER_LOGS = Path("/var/log/containers")
+REAL_NODE_SELECTOR = {"cpullm.io/real-node": "true"}  # the label the real node carries, for servers to select it
 
 
 def lacks_cap_sys_resource() -> bool:
@@ -304,7 +305,7 @@ class RealNode:
         return {
             **machine.machine_labels(),
             "cpullm.io/cpu-manager-policy": "static",
-            "cpullm.io/real-node": "true",
+            **REAL_NODE_SELECTOR,
             **self.labels,
         }
 

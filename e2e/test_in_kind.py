@@ -1,63 +1,113 @@
-"""Only on the kind cluster of e2e/kind/run.sh (CPULLM_E2E_KIND_TEST_IMAGE names the test image it loaded): the
-operator's own Deployment on a real kind worker whose kubelet runs the static CPU manager (CPU 0 reserved).
+"""Only on the kind cluster of e2e/kind/run.sh (it names the worker kept for servers, CPULLM_E2E_KIND_SERVER_NODE):
+the operator's own Deployment on a real kind worker whose kubelet runs the static CPU manager (CPU 0 reserved).
 
-The server image is the local Python base image, not vLLM (6 GB, not loaded into kind): the pod's launcher reads the
-cpuset its container really got and logs it before it execs vLLM, which then fails; that log line and the pod's QoS
-class are what this checks."""
+1. With the local Python base as the server image: the pod's launcher reads the cpuset its container really got
+   and logs it before it execs vLLM (missing there, so it then fails); that line and the QoS class are checked.
+2. Where kind_up loaded the real-node tests' stand-in vLLM image (it needs the vLLM environment,
+   scripts/setup-vllm.sh): the tiny model served for real, checked from inside the container and answered through
+   the Service's ClusterIP (kube-proxy in kind)."""
 
 from __future__ import annotations
 
+import json
 import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cpullm import launcher
 from e2e.conftest import tiny_service
 from e2e.helpers import InClusterOperator, Kubectl, eventually
+from e2e.kind_up import MODELS_ON_NODE
 from e2e.machine import machine_labels
+from e2e.serving import completion_request, in_container, model_volume, server_pods, tiny_served
+from e2e.test_operator import ready
 
+SERVER_NODE = os.environ.get("CPULLM_E2E_KIND_SERVER_NODE")
 TEST_IMAGE = os.environ.get("CPULLM_E2E_KIND_TEST_IMAGE")
-pytestmark = pytest.mark.skipif(not TEST_IMAGE, reason="runs on the kind cluster of e2e/kind/run.sh only")
+VLLM_IMAGE = os.environ.get("CPULLM_E2E_KIND_VLLM_IMAGE")
+MODELS = os.environ.get("CPULLM_E2E_KIND_MODELS")
+pytestmark = pytest.mark.skipif(not SERVER_NODE, reason="runs on the kind cluster of e2e/kind/run.sh only")
 SERVER_LABEL = "cpullm.io/e2e-kind-server"
+CAP_SYS_NICE = 23
 
 
-def free_worker(kubectl: Kubectl, operator: InClusterOperator) -> str:
-    """A real kind worker (run.sh labels them operator-host) the operator's pod is not on: a worker has 1
-    allocatable CPU, and the operator requests some."""
-    workers = [n["metadata"]["name"] for n in kubectl.get("nodes", **{"cpullm.io/operator-host": "true"})]
-    taken = {p["spec"].get("nodeName") for p in kubectl.get("pods", namespace=operator.namespace)}
-    free = [w for w in workers if w not in taken]
-    assert free, f"every worker of {workers} hosts the operator"
-    return free[0]
+@pytest.fixture
+def server_node(kubectl: Kubectl, operator: Any) -> Iterator[str]:
+    """The kept worker, labelled as this machine with the static CPU manager, for the test's servers alone."""
+    assert isinstance(operator, InClusterOperator) and SERVER_NODE
+    labels = {**machine_labels(), "cpullm.io/cpu-manager-policy": "static", SERVER_LABEL: "true"}
+    kubectl.run("label", "node", SERVER_NODE, "--overwrite", *(f"{k}={v}" for k, v in labels.items()))
+    try:
+        yield SERVER_NODE
+    finally:
+        kubectl.run("label", "node", SERVER_NODE, *(f"{k}-" for k in labels))
 
 
 def test_the_operators_deployment_gets_an_exclusive_cpu_on_a_kind_worker(
-    kubectl: Kubectl, operator: Any, namespace: str
+    kubectl: Kubectl, server_node: str, namespace: str
 ) -> None:
-    assert isinstance(operator, InClusterOperator)
-    worker = free_worker(kubectl, operator)
-    labels = {**machine_labels(), "cpullm.io/cpu-manager-policy": "static", SERVER_LABEL: "true"}
-    kubectl.run("label", "node", worker, "--overwrite", *(f"{k}={v}" for k, v in labels.items()))
+    service = tiny_service(
+        "exclusive", namespace, image=TEST_IMAGE, cpu={"cpusPerRank": 1}, nodeSelector={SERVER_LABEL: "true"}
+    )
+    kubectl.apply(service)
+
+    def launcher_line() -> tuple[dict[str, Any], str]:
+        pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "exclusive"})
+        assert pods, "no server pod yet"
+        pod = pods[0]
+        logs = kubectl.run("logs", pod["metadata"]["name"], "-n", namespace, check=False).stdout
+        previous = kubectl.run("logs", "--previous", pod["metadata"]["name"], "-n", namespace, check=False).stdout
+        lines = [line for line in (logs + previous).splitlines() if line.startswith("cpullm-launch: saw cpuset")]
+        assert lines, f"no launcher line yet (pod {pod['status'].get('phase')})"
+        return pod, lines[0]
+
     try:
-        service = tiny_service(
-            "exclusive", namespace, image=TEST_IMAGE, cpu={"cpusPerRank": 1}, nodeSelector={SERVER_LABEL: "true"}
-        )
-        kubectl.apply(service)
-
-        def launcher_line() -> tuple[dict[str, Any], str]:
-            pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "exclusive"})
-            assert pods, "no server pod yet"
-            pod = pods[0]
-            logs = kubectl.run("logs", pod["metadata"]["name"], "-n", namespace, check=False).stdout
-            previous = kubectl.run("logs", "--previous", pod["metadata"]["name"], "-n", namespace, check=False).stdout
-            lines = [line for line in (logs + previous).splitlines() if line.startswith("cpullm-launch: saw cpuset")]
-            assert lines, f"no launcher line yet (pod {pod['status'].get('phase')})"
-            return pod, lines[0]
-
         pod, line = eventually(launcher_line, timeout=180, what="the launcher's view of its cpuset")
-        assert pod["spec"]["nodeName"] == worker
-        assert pod["status"]["qosClass"] == "Guaranteed"
-        cpuset = line.split("saw cpuset ", 1)[1].split(" ", 1)[0]
-        assert cpuset.isdigit() and cpuset != "0", f"not one exclusive CPU beside the reserved CPU 0: {line}"
-    finally:
-        kubectl.run("label", "node", worker, *(f"{k}-" for k in labels))
+    finally:  # the worker's one allocatable CPU, for the next test's server
+        kubectl.run("delete", "cpullm", "exclusive", "-n", namespace, "--wait=false")
+    assert pod["spec"]["nodeName"] == server_node
+    assert pod["status"]["qosClass"] == "Guaranteed"
+    cpuset = line.split("saw cpuset ", 1)[1].split(" ", 1)[0]
+    assert cpuset.isdigit() and cpuset != "0", f"not one exclusive CPU beside the reserved CPU 0: {line}"
+
+
+@pytest.mark.skipif(not VLLM_IMAGE, reason="kind_up loads the vLLM image only where the vLLM environment exists")
+def test_the_operators_deployment_serves_real_vllm_on_a_kind_worker(
+    kubectl: Kubectl, server_node: str, namespace: str
+) -> None:
+    assert MODELS
+    kubectl.apply(*model_volume(namespace, MODELS_ON_NODE))
+    started = time.monotonic()
+    kubectl.apply(tiny_served(namespace, Path(MODELS), {SERVER_LABEL: "true"}, image=VLLM_IMAGE))
+    service = ready(kubectl, namespace, "tiny", 1, timeout=600, interval=2)
+    to_ready = time.monotonic() - started
+    plan = service["status"]["plan"]
+    (pod,) = server_pods(kubectl, namespace)
+    name = pod["metadata"]["name"]
+    assert pod["spec"]["nodeName"] == server_node and pod["status"]["qosClass"] == "Guaranteed"
+
+    seen = in_container(kubectl, namespace, name)
+    allowed = set(launcher.parse_cpu_list(seen["Cpus_allowed_list"]))
+    assert len(allowed) == plan["cpu"] == 1 and 0 not in allowed, seen
+    assert seen["threads"] and all(set(launcher.parse_cpu_list(t)) <= allowed for t in seen["threads"]), seen
+    assert seen["Seccomp"] == "0" and int(seen["CapEff"], 16) >> CAP_SYS_NICE & 1
+    assert int(seen["shm_kib"]) * 1024 == plan["shmBytes"]
+    assert int(seen["limit"]) == plan["memoryLimitBytes"] and int(seen["oom_kills"] or 0) == 0
+
+    # A completion through the Service's ClusterIP, asked from inside the pod (the host has no route to it).
+    cluster_ip = kubectl.get("service", "tiny", namespace)["spec"]["clusterIP"]
+    ask = (
+        "import json, sys, urllib.request; "
+        f"r = urllib.request.Request('http://{cluster_ip}:8000/v1/completions', sys.argv[1].encode(), "
+        "{'Content-Type': 'application/json'}); "
+        "print(urllib.request.urlopen(r, timeout=300).read().decode())"
+    )
+    body = json.dumps(completion_request(16))
+    answer = kubectl.run("exec", name, "-n", namespace, "-c", "vllm", "--", "python3", "-c", ask, body).stdout
+    assert json.loads(answer)["usage"]["completion_tokens"] == 16
+    kubectl.run("delete", "cpullm", "tiny", "-n", namespace, "--wait=false")
+    print(f"\nkind worker: applied to Ready {to_ready:.0f}s, cpuset {seen['Cpus_allowed_list']}, via ClusterIP")

@@ -16,7 +16,6 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tests.vllm.harness import make_tiny_model, vllm_python
@@ -25,7 +24,8 @@ from cpullm import launcher
 from e2e.cluster import LocalCluster, tool_dirs
 from e2e.helpers import InClusterOperator, Kubectl, eventually
 from e2e.images import CACHE, build_debian, build_operator
-from e2e.realnode import RealNode
+from e2e.realnode import REAL_NODE_SELECTOR, RealNode
+from e2e.serving import TINY, completion_request, in_container, model_volume, server_pods, tiny_served
 from e2e.test_chart import CHART, Helm
 from e2e.test_operator import conditions, ready
 
@@ -130,9 +130,6 @@ def test_guaranteed_pod_on_the_real_node_gets_its_exclusive_cpus(real_node: Real
 # The operator's own Deployment on the real node: real vLLM in a real pod
 # ---------------------------------------------------------------------------------------------------------------
 
-TINY = "tiny-llama"
-
-
 OPERATOR_RELEASE, OPERATOR_NAMESPACE = "cpullm", "cpullm-system"
 
 
@@ -174,98 +171,11 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
         print(f"\noperator log (in-cluster, last lines):\n{operator.log_tail(30)}")
 
 
-def model_volume(namespace: str, models: Path) -> list[dict[str, Any]]:
-    """A hostPath PersistentVolume with the model and its claim, bound to each other by name."""
-    pv, claim = f"models-{namespace}", "models"
-    size = {"storage": "1Gi"}
-    return [
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": pv},
-            "spec": {
-                "capacity": size,
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "manual",
-                "persistentVolumeReclaimPolicy": "Retain",
-                "hostPath": {"path": str(models), "type": "Directory"},
-                "claimRef": {"namespace": namespace, "name": claim},
-            },
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {"name": claim, "namespace": namespace},
-            "spec": {
-                "accessModes": ["ReadWriteOnce"],
-                "storageClassName": "manual",
-                "resources": {"requests": size},
-                "volumeName": pv,
-            },
-        },
-    ]
-
-
-def tiny_on_the_node(namespace: str, models: Path, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "cpullm.io/v1alpha1",
-        "kind": "CpuLLMService",
-        "metadata": {"name": "tiny", "namespace": namespace},
-        "spec": {
-            "model": {"name": f"/models/{TINY}", "config": json.loads((models / TINY / "config.json").read_text())},
-            "kvCacheGiB": 1,
-            "maxModelLen": 1024,
-            "maxNumSeqs": 4,
-            "cpu": {"cpusPerRank": 1},
-            "nodeSelector": {"cpullm.io/real-node": "true"},
-            "modelCache": {"persistentVolumeClaim": {"claimName": "models"}},
-            **spec,
-        },
-    }
-
-
-def server_pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
-    pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "tiny"})
-    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-
-
-def in_container(kubectl: Kubectl, namespace: str, pod: str) -> dict[str, Any]:
-    """What the server's container sees: its CPUs and every thread's, seccomp, capabilities, /dev/shm and its
-    memory cgroup (v1 or v2)."""
-    script = r"""
-grep -E '^(Cpus_allowed_list|Seccomp|CapEff):' /proc/1/status
-for t in /proc/[0-9]*/task/[0-9]*; do echo "thread: $(grep Cpus_allowed_list $t/status | cut -f2)"; done
-echo "shm_kib: $(df -k /dev/shm | awk 'NR == 2 {print $2}')"
-if [ -e /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
-  cd /sys/fs/cgroup/memory
-  echo "limit: $(cat memory.limit_in_bytes)"; echo "peak: $(cat memory.max_usage_in_bytes)"
-  echo "usage: $(cat memory.usage_in_bytes)"
-  echo "inactive_file: $(awk '$1 == "total_inactive_file" {print $2}' memory.stat)"
-  echo "oom_kills: $(awk '$1 == "oom_kill" {print $2}' memory.oom_control)"
-else
-  cd /sys/fs/cgroup
-  echo "limit: $(cat memory.max)"; echo "peak: $(cat memory.peak)"; echo "usage: $(cat memory.current)"
-  echo "inactive_file: $(awk '$1 == "inactive_file" {print $2}' memory.stat)"
-  echo "oom_kills: $(awk '$1 == "oom_kill" {print $2}' memory.events)"
-fi
-"""
-    out = kubectl.run("exec", pod, "-n", namespace, "-c", "vllm", "--", "sh", "-c", script).stdout
-    seen: dict[str, Any] = {"threads": []}
-    for line in out.splitlines():
-        key, _, value = line.partition(":")
-        if key == "thread":
-            seen["threads"].append(value.strip())
-        elif value:
-            seen[key] = value.strip()
-    return seen
-
-
 def complete(address: str, tokens: int) -> tuple[int, float]:
     """One completion of `tokens` tokens (ignore_eos); returns the tokens and the seconds it took."""
-    body = {"model": f"/models/{TINY}", "prompt": "The quick brown fox", "max_tokens": tokens, "ignore_eos": True}
-    request = urllib.request.Request(
-        f"http://{address}:8000/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
-    )
+    body = json.dumps(completion_request(tokens)).encode()
+    headers = {"Content-Type": "application/json"}
+    request = urllib.request.Request(f"http://{address}:8000/v1/completions", body, headers)
     started = time.monotonic()
     with urllib.request.urlopen(request, timeout=300) as response:
         answer = json.loads(response.read())
@@ -278,9 +188,9 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     kubectl, _, models = serving
     namespace = f"serve-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", namespace)
-    kubectl.apply(*model_volume(namespace, models))
+    kubectl.apply(*model_volume(namespace, str(models)))
     started = time.monotonic()
-    kubectl.apply(tiny_on_the_node(namespace, models))
+    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR))
     service = ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
     to_ready = time.monotonic() - started
     budget = startup_budget(kubectl, namespace)
@@ -338,8 +248,8 @@ def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kube
     kubectl, _, models = serving
     namespace = f"unhappy-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", namespace)
-    kubectl.apply(*model_volume(namespace, models))
-    kubectl.apply(tiny_on_the_node(namespace, models, replicas=2))
+    kubectl.apply(*model_volume(namespace, str(models)))
+    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, replicas=2))
 
     def unschedulable() -> str:
         found = conditions(kubectl.get("cpullm", "tiny", namespace)).get("Ready", {})

@@ -1,0 +1,115 @@
+"""The operator's Deployment serving real vLLM (the local stand-in vLLM image, e2e/images.py) with the tests' tiny
+random-weight model: shared by the real-node tests (e2e/test_node.py) and the kind tests (e2e/test_in_kind.py)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cpullm.core.constants import MODEL_CACHE_MOUNT
+from e2e.helpers import Kubectl
+
+TINY = "tiny-llama"
+
+
+def model_volume(namespace: str, models_on_node: str) -> list[dict[str, Any]]:
+    """A hostPath PersistentVolume of the node's models directory and its claim, bound to each other by name."""
+    pv, claim = f"models-{namespace}", "models"
+    size = {"storage": "1Gi"}
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolume",
+            "metadata": {"name": pv},
+            "spec": {
+                "capacity": size,
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "manual",
+                "persistentVolumeReclaimPolicy": "Retain",
+                "hostPath": {"path": models_on_node, "type": "Directory"},
+                "claimRef": {"namespace": namespace, "name": claim},
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": claim, "namespace": namespace},
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "manual",
+                "resources": {"requests": size},
+                "volumeName": pv,
+            },
+        },
+    ]
+
+
+def tiny_served(namespace: str, models: Path, node_selector: dict[str, str], **spec: Any) -> dict[str, Any]:
+    """The tiny model on one real CPU, its config read from the local models directory."""
+    return {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "metadata": {"name": "tiny", "namespace": namespace},
+        "spec": {
+            "model": {
+                "name": f"{MODEL_CACHE_MOUNT}/{TINY}",
+                "config": json.loads((models / TINY / "config.json").read_text()),
+            },
+            "kvCacheGiB": 1,
+            "maxModelLen": 1024,
+            "maxNumSeqs": 4,
+            "cpu": {"cpusPerRank": 1},
+            "nodeSelector": node_selector,
+            "modelCache": {"persistentVolumeClaim": {"claimName": "models"}},
+            **spec,
+        },
+    }
+
+
+def server_pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
+    pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "tiny"})
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+IN_CONTAINER_SCRIPT = r"""
+grep -E '^(Cpus_allowed_list|Seccomp|CapEff):' /proc/1/status
+for t in /proc/[0-9]*/task/[0-9]*; do echo "thread: $(grep Cpus_allowed_list $t/status | cut -f2)"; done
+echo "shm_kib: $(df -k /dev/shm | awk 'NR == 2 {print $2}')"
+if [ -e /sys/fs/cgroup/memory/memory.limit_in_bytes ]; then
+  cd /sys/fs/cgroup/memory
+  echo "limit: $(cat memory.limit_in_bytes)"; echo "peak: $(cat memory.max_usage_in_bytes)"
+  echo "usage: $(cat memory.usage_in_bytes)"
+  echo "inactive_file: $(awk '$1 == "total_inactive_file" {print $2}' memory.stat)"
+  echo "oom_kills: $(awk '$1 == "oom_kill" {print $2}' memory.oom_control)"
+else
+  cd /sys/fs/cgroup
+  echo "limit: $(cat memory.max)"; echo "peak: $(cat memory.peak)"; echo "usage: $(cat memory.current)"
+  echo "inactive_file: $(awk '$1 == "inactive_file" {print $2}' memory.stat)"
+  echo "oom_kills: $(awk '$1 == "oom_kill" {print $2}' memory.events)"
+fi
+"""
+
+
+def in_container(kubectl: Kubectl, namespace: str, pod: str) -> dict[str, Any]:
+    """What the server's container sees: its CPUs and every thread's, seccomp, capabilities, /dev/shm and its
+    memory cgroup (v1 or v2)."""
+    out = kubectl.run("exec", pod, "-n", namespace, "-c", "vllm", "--", "sh", "-c", IN_CONTAINER_SCRIPT).stdout
+    seen: dict[str, Any] = {"threads": []}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if key == "thread":
+            seen["threads"].append(value.strip())
+        elif value:
+            seen[key] = value.strip()
+    return seen
+
+
+def completion_request(tokens: int) -> dict[str, Any]:
+    """A completion of exactly `tokens` tokens (ignore_eos) from the tiny model."""
+    return {
+        "model": f"{MODEL_CACHE_MOUNT}/{TINY}",
+        "prompt": "The quick brown fox",
+        "max_tokens": tokens,
+        "ignore_eos": True,
+    }
