@@ -3,7 +3,8 @@
 # own containerd and dockerd started without systemd. A machine whose `docker` already answers is left alone.
 #
 #   scripts/docker.sh start   # idempotent; prints DOCKER_HOST=... last (empty: the machine's own engine)
-#   scripts/docker.sh stop    # stops what `start` started (its containers with it); keeps the image store
+#   scripts/docker.sh stop    # stops the engine `start` started, if any (its containers with it; never the
+#                             # machine's own engine); keeps the image store
 #
 # State: images under ~/.cache/cpullm-operator/docker (kept between runs), sockets, pids and logs under
 # /run/cpullm-docker. Root only for `start` and `stop` of our own engine.

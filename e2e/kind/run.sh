@@ -26,7 +26,7 @@ cleanup() {
   [[ ${KEEP_CLUSTER:-0} == 1 ]] && return
   eval "$(scripts/build-tools.sh kind | grep _BIN_DIR=)"
   "$KIND_BIN_DIR/kind" delete cluster --name "$name" || true
-  [[ ${DOCKER_HOST:-} == unix:///run/cpullm-docker/* ]] && scripts/docker.sh stop
+  scripts/docker.sh stop
   rm -rf "$workdir"
 }
 trap cleanup EXIT
