@@ -1,8 +1,10 @@
 """A kind cluster from the node image built here (e2e/kind_images.py), with what kind's pulled images would give:
 
-- no kindnetd (its image is not built here yet): `disableDefaultCNI`, then each node gets a ptp + host-local CNI
-  config for its pod CIDR and a route to every other node's pod CIDR (what kindnetd does), through `docker exec`;
-- no local-path-provisioner (not built here yet either): kind falls back to its host-path StorageClass;
+- no kindnetd (its source, github.com/aojea/kindnet, is refused by the module proxy here: 403): `disableDefaultCNI`,
+  then each node gets a ptp + host-local CNI config for its pod CIDR and a route to every other node's pod CIDR
+  (what kindnetd does), through `docker exec`;
+- no local-path-provisioner (its module is reachable; not built here yet): kind falls back to its host-path
+  StorageClass;
 - etcd runs our build at its own version (ClusterConfiguration etcd.local.imageTag);
 - every kubelet runs the static CPU manager with CPU 0 reserved, so a Guaranteed pod gets an exclusive cpuset;
 - only on a cgroup v1 host: the kubelet's `failCgroupV1: false` and kubeadm skipping SystemVerification;
