@@ -101,8 +101,9 @@ def main(argv: list[str]) -> int:
     print(f"CPULLM_E2E_KIND_SERVER_NODE={server_worker}")
     print(f"CPULLM_E2E_KIND_TEST_IMAGE={test_image.ref}")
     if (VLLM_VENV / ".complete").exists():
-        print(f"CPULLM_E2E_KIND_VLLM_IMAGE={load_vllm(cluster, server_worker, workdir / 'models')}")
-        print(f"CPULLM_E2E_KIND_MODELS={workdir / 'models'}")
+        models = workdir / "models"
+        print(f"CPULLM_E2E_KIND_VLLM_IMAGE={load_vllm(cluster, server_worker, models)}")
+        print(f"CPULLM_E2E_KIND_MODELS={models}")
     else:
         log(f"kind: no vLLM environment ({VLLM_VENV}; scripts/setup-vllm.sh): the kind vLLM test will skip")
     return 0
