@@ -1,6 +1,7 @@
 """Benchmark, not a test: the operator at scale against the API-write floor, side by side in one run (issue 14).
 
     .venv/bin/python bench/scale_bench.py --services N [--seed S] [--steady-seconds 300] [--latency-samples 20]
+        [--variant CPULLM_RECONCILE_WORKERS=32 ...]
 
 Starts its own kwokctl cluster (the e2e suite's binaries, a /16 service CIDR, an audit log), N KWOK nodes of 36
 mixed shapes and N tiny CpuLLMServices over up to 10 namespaces, then measures:
@@ -15,6 +16,9 @@ mixed shapes and N tiny CpuLLMServices over up to 10 namespaces, then measures:
 5. p50/p99 from one kvCacheGiB change to that Deployment's new generation, one service at a time;
 6. the operator's peak RSS and CPU seconds;
 7. the pure planner for one service against 5,000 node profiles, best of 3.
+
+Each `--variant` runs steps 1 and 3-6 again after the operator as shipped, with that environment added, in
+fresh namespaces once the previous run's are deleted; it gets its own column (the ratio stays the shipped one's).
 
 Prints one table and ends with `converge ratio to floor at N=<N>: <x.xx>`. Everything it starts is stopped on
 exit, Ctrl-C or failure; the logs are kept and their place printed.
@@ -34,6 +38,7 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -92,30 +97,44 @@ class NoHub:
 
 
 @dataclass
-class Results:
-    n: int
-    seed: int
-    steady_seconds: int
-    workdir: Path
-    planner_ms: float = math.nan
-    planner_shapes: int = 0
-    cluster_setup_s: float = math.nan
+class OperatorRun:
+    """One operator phase: the operator as shipped, or with one variant's environment (`--variant`)."""
+
+    label: str
+    env: dict[str, str]
     converge_s: float = math.nan
-    floor_s: float = math.nan
-    floor_writes_done_s: float = math.nan
     backlog_writes: int = 0
     backlog_s: float = 0.0
     backlog_note: str = ""
-    operator_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
-    floor_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
+    requests: Counter[tuple[str, str]] = field(default_factory=Counter)
     converge_writes: int = 0
     steady: Counter[tuple[str, str]] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
     peak_rss: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
     reconciles: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class Results:
+    n: int
+    seed: int
+    steady_seconds: int
+    workdir: Path
+    runs: list[OperatorRun]
+    planner_ms: float = math.nan
+    planner_shapes: int = 0
+    cluster_setup_s: float = math.nan
+    floor_s: float = math.nan
+    floor_writes_done_s: float = math.nan
+    floor_requests: Counter[tuple[str, str]] = field(default_factory=Counter)
     started: float = field(default_factory=time.monotonic)
     total_s: float = math.nan
+
+    @property
+    def ratio(self) -> float:
+        """The operator as shipped (the first run) against the floor."""
+        return self.runs[0].converge_s / self.floor_s
 
 
 def say(message: str, log: Path | None = None) -> None:
@@ -195,6 +214,13 @@ def _list(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
+def delete_namespaces(kubectl: Kubectl, names: set[str], n: int, log: Path) -> None:
+    """Deleted with everything in them; kubectl waits until the namespace controller has emptied them."""
+    started = time.monotonic()
+    kubectl.run("delete", "namespace", *sorted(names), f"--timeout={120 + n * 0.3:.0f}s")
+    say(f"previous run's namespaces deleted in {time.monotonic() - started:.0f} s", log)
+
+
 def create_namespaces(api: client.ApiClient, names: set[str]) -> None:
     core = client.CoreV1Api(api)
     for name in sorted(names):
@@ -207,24 +233,26 @@ def converge_timeout(n: int) -> float:
 
 def operator_phase(
     cluster: BenchCluster,
-    results: Results,
+    results: OperatorRun,
     keys: list[tuple[str, str]],
     tracker: Tracker,
     audit: AuditLog,
     stack: ExitStack,
-    latency_samples: int,
+    args: argparse.Namespace,
     rng: random.Random,
-    log: Path,
+    workdir: Path,
 ) -> None:
+    log = workdir / "bench.log"
     driver = cluster.api_client(AGENT_DRIVER)
     custom = client.CustomObjectsApi(driver)
     create_namespaces(driver, {ns for ns, _ in keys})
     metrics_port = free_port()
     operator = Operator(
         str(cluster.kubeconfig),
-        results.workdir / "operator.log",
+        workdir / f"operator-{results.label}.log",
         free_port(),
         ["--metrics-port", str(metrics_port)],
+        env=results.env,
     )
     operator.start()
     stack.callback(operator.stop)
@@ -240,7 +268,7 @@ def operator_phase(
 
     eventually(lambda: operator_idle(audit), timeout=120, interval=1, what="operator start-up requests done")
     checkpoint("idle")
-    say("operator started and idle; creating services", log)
+    say(f"operator ({results.label}) started and idle; creating services", log)
 
     tracker.set_target(keys)
     order = list(keys)
@@ -255,7 +283,7 @@ def operator_phase(
                 order,
             )
         )
-    timeout = converge_timeout(results.n)
+    timeout = converge_timeout(len(keys))
     try:
         tracker.wait(lambda: tracker.done_at is not None, timeout, "operator convergence")
     except TimeoutError as err:
@@ -287,20 +315,20 @@ def operator_phase(
     results.converge_writes = writes(audit.count("operator", start_wall, converged_wall + 0.001))
     results.backlog_writes = writes(audit.count("operator", converged_wall + 0.001, quiet_wall))
     results.backlog_s = max(0.0, last - converged_wall)
-    results.operator_requests = audit.count("operator", start_wall, quiet_wall)
+    results.requests = audit.count("operator", start_wall, quiet_wall)
     checkpoint("converged")
-    say(f"backlog drained; steady state for {results.steady_seconds} s", log)
+    say(f"backlog drained; steady state for {args.steady_seconds} s", log)
 
     steady_start = time.time()
-    time.sleep(results.steady_seconds)  # one wait, nothing to poll: the audit log is counted afterwards
+    time.sleep(args.steady_seconds)  # one wait, nothing to poll: the audit log is counted afterwards
     steady_end = time.time()
     time.sleep(2)  # the last requests reach the log
     audit.read_new()
     results.steady = audit.count("operator", steady_start, steady_end)
     checkpoint("steady")
-    say(f"steady: {writes(results.steady)} operator writes; {latency_samples} latency samples", log)
+    say(f"steady: {writes(results.steady)} operator writes; {args.latency_samples} latency samples", log)
 
-    for key in rng.sample(keys, min(latency_samples, len(keys))):
+    for key in rng.sample(keys, min(args.latency_samples, len(keys))):
         results.latencies.append(spec_change_latency(custom, tracker, key))
     checkpoint("latency")
     results.peak_rss = monitor.peak_rss_bytes()
@@ -399,7 +427,6 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
     say("planner: one service against 5,000 node profiles", log)
     planner_benchmark(results)
     namespaces = min(NAMESPACES, args.services)
-    op_keys = service_keys(args.services, "op", namespaces)
     floor_keys = service_keys(args.services, "floor", namespaces)
     started = time.monotonic()
     profiles = [parse_node(bench_node(i)) for i in range(args.services)]
@@ -422,7 +449,12 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
         watches.start()
         stack.callback(watches.close)
         audit = AuditLog(cluster.audit_log)
-        operator_phase(cluster, results, op_keys, tracker, audit, stack, args.latency_samples, rng, log)
+        keys: list[tuple[str, str]] = []
+        for index, operator_run in enumerate(results.runs):
+            if keys:  # the next operator must not find the previous run's services and children
+                delete_namespaces(kubectl, {ns for ns, _ in keys}, args.services, log)
+            keys = service_keys(args.services, f"op{index}", namespaces)
+            operator_phase(cluster, operator_run, keys, tracker, audit, stack, args, rng, results.workdir)
         floor_phase(cluster, results, floor_keys, decisions, tracker, audit, rng, log)
     finally:
         say("stopping the operator and the cluster", log)
@@ -435,77 +467,87 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
 
 
 def table(results: Results) -> str:
-    n = results.n
-    rows: list[tuple[str, str, str, str]] = []
+    """One column per operator run, then the floor, then the first run's ratio to the floor."""
+    n, runs = results.n, results.runs
+    rows: list[list[str]] = []
 
-    def row(metric: str, operator: str = "", floor: str = "", ratio: str = "") -> None:
-        rows.append((metric, operator, floor, ratio))
+    def row(metric: str, per_run: Callable[[OperatorRun], str] | None = None, floor: str = "", ratio: str = "") -> None:
+        rows.append([metric, *(per_run(r) if per_run else "" for r in runs), floor, ratio])
 
     def per_service(count: float) -> str:
         return f"{count / n:.2f}"
 
-    ratio = results.converge_s / results.floor_s
-    converge, floor = f"{results.converge_s:.2f}", f"{results.floor_s:.2f}"
-    row("converge: create N -> all children + status (s)", converge, floor, f"{ratio:.2f}x")
-    row("  floor: its own writes returned (s)", "", f"{results.floor_writes_done_s:.2f}")
-    backlog = f"{results.backlog_writes} in {results.backlog_s:.1f} s{results.backlog_note}"
-    row("  operator writes after converge, until all ready and quiet", backlog)
+    def verbs(counts: Counter[tuple[str, str]]) -> Counter[str]:
+        by_verb = Counter[str]()
+        for (verb, _), count in counts.items():
+            by_verb[verb] += count
+        return by_verb
+
+    converge = "converge: create N -> all children + status (s)"
+    row(converge, lambda r: f"{r.converge_s:.2f}", f"{results.floor_s:.2f}", f"{results.ratio:.2f}x")
+    row("  floor: its own writes returned (s)", None, f"{results.floor_writes_done_s:.2f}")
+    row(
+        "  operator writes after converge, until all ready and quiet",
+        lambda r: f"{r.backlog_writes} in {r.backlog_s:.1f} s{r.backlog_note}",
+    )
     row("API requests per service, converge + backlog (by verb)")
-    verbs = Counter[str]()
-    floor_verbs = Counter[str]()
-    for (verb, _), count in results.operator_requests.items():
-        verbs[verb] += count
-    for (verb, _), count in results.floor_requests.items():
-        floor_verbs[verb] += count
-    for verb in sorted(set(verbs) | set(floor_verbs)):
-        row(f"  {verb}", per_service(verbs[verb]), per_service(floor_verbs[verb]))
-    op_writes, floor_writes = writes(results.operator_requests), writes(results.floor_requests)
-    ratio_writes = f"{op_writes / floor_writes:.2f}x" if floor_writes else ""
-    row("  writes (create/update/patch/delete)", per_service(op_writes), per_service(floor_writes), ratio_writes)
-    row("    of which before converge was reached", per_service(results.converge_writes))
+    floor_verbs = verbs(results.floor_requests)
+    for verb in sorted(set(floor_verbs).union(*(verbs(r.requests) for r in runs))):
+        row(f"  {verb}", lambda r, v=verb: per_service(verbs(r.requests)[v]), per_service(floor_verbs[verb]))
+    floor_writes = writes(results.floor_requests)
+    ratio_writes = f"{writes(runs[0].requests) / floor_writes:.2f}x" if floor_writes else ""
+    row(
+        "  writes (create/update/patch/delete)",
+        lambda r: per_service(writes(r.requests)),
+        per_service(floor_writes),
+        ratio_writes,
+    )
+    row("    of which before converge was reached", lambda r: per_service(r.converge_writes))
     row("API requests per service by verb and resource")
-    pairs = set(results.operator_requests) | set(results.floor_requests)
+    pairs = set(results.floor_requests).union(*(r.requests for r in runs))
     for verb, resource in sorted(pairs, key=lambda p: (p[1], p[0])):
         row(
             f"  {verb} {resource}",
-            per_service(results.operator_requests[verb, resource]),
+            lambda r, p=(verb, resource): per_service(r.requests[p]),
             per_service(results.floor_requests[verb, resource]),
         )
     minutes = results.steady_seconds / 60
     row(f"steady state, nothing changing, {results.steady_seconds} s")
-    row("  operator writes per minute (goal 0)", f"{writes(results.steady) / minutes:.2f}")
-    row("  operator requests per minute, all verbs", f"{sum(results.steady.values()) / minutes:.2f}")
-    for (verb, resource), count in sorted(results.steady.items()):
-        row(f"    {verb} {resource}", f"{count}")
-    samples = len(results.latencies)
+    row("  operator writes per minute (goal 0)", lambda r: f"{writes(r.steady) / minutes:.2f}")
+    row("  operator requests per minute, all verbs", lambda r: f"{sum(r.steady.values()) / minutes:.2f}")
+    for pair in sorted(set().union(*(r.steady for r in runs))):
+        row(f"    {pair[0]} {pair[1]}", lambda r, p=pair: f"{r.steady[p]}")
+    samples = len(runs[0].latencies)
     row(f"spec change -> Deployment updated, {samples} samples, N-1 idle")
-    row("  p50 (s)", f"{percentile(results.latencies, 0.5):.3f}")
-    row("  p99 (s)", f"{percentile(results.latencies, 0.99):.3f}")
-    row("operator peak RSS (MB)", f"{results.peak_rss / 1e6:.0f}")
-    cpu = results.cpu
-    row("operator CPU seconds, total", f"{cpu.get('latency', math.nan):.1f}")
-    row("  start-up (0 services)", f"{cpu.get('idle', math.nan):.1f}")
-    row("  converge + backlog", f"{cpu.get('converged', math.nan) - cpu.get('idle', math.nan):.1f}")
-    row(f"  steady state ({results.steady_seconds} s)", f"{cpu.get('steady', math.nan) - cpu.get('converged', 0):.1f}")
-    row(f"  {samples} spec changes", f"{cpu.get('latency', math.nan) - cpu.get('steady', math.nan):.1f}")
-    reconciled = results.reconciles
-    for phase, label in (("converged", "converge + backlog"), ("steady", "steady state")):
-        before = reconciled.get({"converged": "idle", "steady": "converged"}[phase], {})
-        after = reconciled.get(phase, {})
-        total = sum(after.values()) - sum(before.values())
-        row(f"operator reconciles per service, {label}", per_service(total))
-    row(
-        f"planner: plan_service vs {PLANNER_PROFILES} profiles, best of {PLANNER_RUNS} (ms)",
-        f"{results.planner_ms:.1f}",
-    )
-    widths = [max(len(r[i]) for r in [*rows, ("metric", "operator", "floor", "ratio")]) for i in range(4)]
-    header = ("metric", "operator", "floor", "ratio")
-    lines = [
-        "  ".join([header[0].ljust(widths[0]), *(h.rjust(w) for h, w in zip(header[1:], widths[1:], strict=True))])
-    ]
-    lines.append("-" * len(lines[0]))
-    for r in rows:
-        lines.append("  ".join([r[0].ljust(widths[0]), *(v.rjust(w) for v, w in zip(r[1:], widths[1:], strict=True))]))
+    row("  p50 (s)", lambda r: f"{percentile(r.latencies, 0.5):.3f}")
+    row("  p99 (s)", lambda r: f"{percentile(r.latencies, 0.99):.3f}")
+    row("operator peak RSS (MB)", lambda r: f"{r.peak_rss / 1e6:.0f}")
+
+    def cpu(phase: str, before: str | None = None) -> Callable[[OperatorRun], str]:
+        return lambda r: f"{r.cpu.get(phase, math.nan) - (r.cpu.get(before, math.nan) if before else 0):.1f}"
+
+    row("operator CPU seconds, total", cpu("latency"))
+    row("  start-up (0 services)", cpu("idle"))
+    row("  converge + backlog", cpu("converged", "idle"))
+    row(f"  steady state ({results.steady_seconds} s)", cpu("steady", "converged"))
+    row(f"  {samples} spec changes", cpu("latency", "steady"))
+
+    def reconciled(phase: str, before: str) -> Callable[[OperatorRun], str]:
+        return lambda r: per_service(
+            sum(r.reconciles.get(phase, {}).values()) - sum(r.reconciles.get(before, {}).values())
+        )
+
+    row("operator reconciles per service, converge + backlog", reconciled("converged", "idle"))
+    row("operator reconciles per service, steady state", reconciled("steady", "converged"))
+    planner = f"planner: plan_service vs {PLANNER_PROFILES} profiles, best of {PLANNER_RUNS} (ms)"
+    row(planner, lambda r: f"{results.planner_ms:.1f}" if r is runs[0] else "")
+    header = ["metric", *("operator" + (f" {r.label}" if r.env else "") for r in runs), "floor", "ratio"]
+    widths = [max(len(cells[i]) for cells in [*rows, header]) for i in range(len(header))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join([cells[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(cells[1:], widths[1:], strict=True))])
+
+    lines = [line(header), "-" * len(line(header)), *(line(cells) for cells in rows)]
     return "\n".join(lines)
 
 
@@ -532,10 +574,23 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="order of creates and latency samples")
     parser.add_argument("--steady-seconds", type=int, default=300, help="idle window counted for writes")
     parser.add_argument("--latency-samples", type=int, default=20, help="spec changes, one service at a time")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE[,NAME=VALUE]",
+        help="also run the operator with this environment (e.g. CPULLM_RECONCILE_WORKERS=32), after the "
+        "operator as shipped, in its own column; repeatable",
+    )
     args = parser.parse_args()
     workdir = Path(tempfile.mkdtemp(prefix=f"cpullm-scale-{args.services}-"))
     log = workdir / "bench.log"
-    results = Results(n=args.services, seed=args.seed, steady_seconds=args.steady_seconds, workdir=workdir)
+    runs = [OperatorRun("as shipped", {})]
+    for variant in args.variant:
+        runs.append(
+            OperatorRun(variant.replace("CPULLM_", ""), dict(pair.split("=", 1) for pair in variant.split(",")))
+        )
+    results = Results(n=args.services, seed=args.seed, steady_seconds=args.steady_seconds, workdir=workdir, runs=runs)
 
     def terminate(signum: int, _: Any) -> None:
         raise KeyboardInterrupt(f"signal {signum}")
@@ -546,14 +601,14 @@ def main() -> int:
     except (Exception, KeyboardInterrupt) as err:
         say(f"failed: {type(err).__name__}: {err}", log)
         print(f"benchmark failed: {type(err).__name__}: {err}")
-        print(f"logs: {workdir} (operator.log, cluster-logs/ with audit.log, bench.log)")
+        print(f"logs: {workdir} (operator-*.log, cluster-logs/ with audit.log, bench.log)")
         return 1
     print(header(results))
     print()
     print(table(results))
     print()
-    print(f"logs: {workdir} (operator.log, cluster-logs/ with audit.log and the components' logs, bench.log)")
-    print(f"converge ratio to floor at N={results.n}: {results.converge_s / results.floor_s:.2f}")
+    print(f"logs: {workdir} (operator-*.log, cluster-logs/ with audit.log and the components' logs, bench.log)")
+    print(f"converge ratio to floor at N={results.n}: {results.ratio:.2f}")
     return 0
 
 

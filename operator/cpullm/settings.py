@@ -42,6 +42,13 @@ class Settings(BaseSettings):
         description="How often the owned Deployments, Services and ConfigMaps are listed to find any deleted "
         "while no watch could tell (they are applied again); 0: never.",
     )
+    reconcile_workers: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        description="How many services are reconciled at once, each on its own thread and API connection; "
+        "the others wait holding nothing (more: a burst converges faster, at more memory and API load).",
+    )
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces to watch (`cpullm run -n`); empty: the whole cluster."
     )

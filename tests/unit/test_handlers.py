@@ -2,12 +2,15 @@
 
 import asyncio
 import contextlib
+import threading
+import time
 from typing import Any
 
 import kopf
 from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
 
 from cpullm.controller import handlers
+from cpullm.controller.workers import ReconcileWorkers
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
 
@@ -48,6 +51,11 @@ class RecordingReconciler:
         return found
 
 
+def handler_memo(reconciler: Any, workers: int = 2) -> kopf.Memo:
+    """What configure() puts in Kopf's memo, with the reconciler given."""
+    return kopf.Memo(reconciler=reconciler, workers=ReconcileWorkers(workers))
+
+
 # Kopf passes every index to every handler; these tests fill only the one they are about.
 OTHER_INDEXES: dict[str, Any] = {"owned_deployments": {}, "installed_crds": {}, "unschedulable_pods": {}}
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
@@ -78,7 +86,7 @@ def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], i
 
 
 def test_node_events_replan_only_when_the_profile_changes():
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     rec = memo["reconciler"]
     index = {"n1": [node("n1")], "n2": [node("n2")]}
     call_node_changed(memo, None, node_object("n1"), index)  # initial listing: resume handlers cover it
@@ -94,7 +102,7 @@ def test_node_events_replan_only_when_the_profile_changes():
 
 
 def test_unparseable_node_is_skipped_with_a_warning_event():
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     index = {"n1": [node("n1")], "n2": [node("n2")]}
     call_node_changed(memo, None, node_object("n1"), index)
     call_node_changed(memo, "MODIFIED", node_object("n1", labels={"cpullm.io/numa-nodes": "two"}), index)
@@ -104,7 +112,7 @@ def test_unparseable_node_is_skipped_with_a_warning_event():
 
 
 def test_child_events_reconcile_their_owner_only():
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     index = {"n1": [node("n1")]}
     for labels, type_ in [
         ({"cpullm.io/service": "a"}, "MODIFIED"),
@@ -163,7 +171,7 @@ def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monk
     """A child event's reconcile that could not reach the API server is tried again (with the latest service),
     so a status cannot stay stale after a fault; retries stop once it succeeds."""
     monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt: 0.01 if outcome is not None else None)
-    memo = kopf.Memo(reconciler=FlakyReconciler(failures=2))
+    memo = handler_memo(FlakyReconciler(failures=2))
 
     async def scenario() -> None:
         await handlers.child_changed(
@@ -192,7 +200,7 @@ def crd_event(type_: str | None, established: bool) -> dict[str, Any]:
 def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_served():
     """A CRD is ADDED before it is Established (an apply would get 404 then): act on the change of what is
     served, once, and not on every edit of the CRD."""
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     wants = {
         ("ns", "m"): [{"metadata": {"name": "m", "namespace": "ns"}, "spec": {"monitoring": {"podMonitor": True}}}]
     }
@@ -213,7 +221,7 @@ def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_serv
 def test_children_are_watched_with_a_server_side_label_selector():
     """Only what the operator owns comes down the child watches (not every Deployment of the cluster)."""
     settings = kopf.OperatorSettings()
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     handlers.configure(settings=settings, memo=memo)
     selectors = {(s.group, s.version, s.any_name): v for s, v in settings.watching.label_selectors.items()}
     owned = "app.kubernetes.io/managed-by=cpullm-operator"
@@ -227,7 +235,7 @@ def test_children_are_watched_with_a_server_side_label_selector():
 
 def test_a_node_event_replans_only_the_services_it_can_affect():
     """A node that neither runs a service's plan nor could run it (another pool, missing ISA) does not touch it."""
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     base = {"model": {"name": "m", "config": LLAMA_8B}, "kvCacheGiB": 4, "maxModelLen": 8192}
     services = {
         ("ns", "pool-a"): [
@@ -282,7 +290,7 @@ INSUFFICIENT = {"status": "False", "reason": "Unschedulable", "message": "0/3 no
 def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedulers_message():
     """Only a change in whether (and why) a pod cannot be scheduled reconciles; its message reaches the reconcile
     through the index, and the many other pod events (phase, IPs, probes) do nothing."""
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     index: dict[tuple[str, str], list[str]] = {}
     for type_, scheduled in [
         (None, None),  # the initial listing
@@ -313,7 +321,7 @@ def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedu
 
 def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting():
     """Kopf lists again (type None) after a watch failed; the first listing and unchanged children do nothing."""
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     listing = {
         "labels": {"cpullm.io/service": "a"},
         "namespace": "ns",
@@ -333,7 +341,7 @@ def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting
 
 
 def test_a_node_changed_while_the_watch_was_down_is_replanned_from_the_relisting():
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     index = {"n1": [node("n1")]}
     call_node_changed(memo, None, node_object("n1"), index)  # the first listing
     call_node_changed(memo, None, node_object("n1"), index)  # re-listed, unchanged
@@ -343,7 +351,7 @@ def test_a_node_changed_while_the_watch_was_down_is_replanned_from_the_relisting
 
 
 def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
-    memo = kopf.Memo(reconciler=RecordingReconciler())
+    memo = handler_memo(RecordingReconciler())
     for type_, scheduled in [(None, {"status": "True"}), (None, INSUFFICIENT), (None, INSUFFICIENT)]:
         event = pod("a-1", scheduled)
         entry = asyncio.run(handlers.unschedulable_pods(**event)) or {}
@@ -366,7 +374,7 @@ def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
         "Service": TransientApiError("cannot list Services: HTTP 503"),  # skipped; the others still run
         "ConfigMap": [("ns", "a"), ("ns", "deleted-meanwhile")],  # a service no longer in the index is skipped
     }
-    memo = kopf.Memo(reconciler=rec)
+    memo = handler_memo(rec)
     last_seen = {"status": {"readyReplicas": 1}}
     indexes = {
         "services": SERVICES,
@@ -383,10 +391,10 @@ def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
 
 def test_the_resync_runs_in_the_background_until_cleanup():
     async def scenario() -> tuple[bool, bool]:
-        memo = kopf.Memo(settings=Settings(resync_seconds=300))
+        memo = kopf.Memo(settings=Settings(resync_seconds=300), workers=ReconcileWorkers(1))
         await handlers.start_resync(memo=memo, services=SERVICES)
         task = memo["resync"]
-        await handlers.stop_resync(memo=memo)
+        await handlers.shut_down(memo=memo)
         with contextlib.suppress(asyncio.CancelledError):
             await task
         disabled = kopf.Memo(settings=Settings(resync_seconds=0))
@@ -405,3 +413,37 @@ def test_the_services_index_keeps_what_reconciles_read_without_other_writers_boo
     }
     indexed = asyncio.run(handlers.services(namespace="ns", name="a", body=kopf.Body(body)))
     assert indexed == {("ns", "a"): {"metadata": meta, "spec": body["spec"], "status": body["status"]}}
+
+
+class OverlapCountingReconciler(RecordingReconciler):
+    """Records the most reconciles that ran at once (each takes a moment, as an API round trip would)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.running, self.most = 0, 0
+        self.lock = threading.Lock()
+
+    def reconcile(self, service: dict[str, Any], nodes: list[Any], *rest: Any) -> None:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.05)
+        with self.lock:
+            self.running -= 1
+        super().reconcile(service, nodes, *rest)
+
+
+def test_at_most_the_configured_number_of_reconciles_run_at_once():
+    """A burst (services created, child events) waits for the workers instead of all running (and copying) at once."""
+    rec = OverlapCountingReconciler()
+    memo = handler_memo(rec, workers=2)
+    bodies = [{"metadata": {"name": f"s{i}", "namespace": "ns"}} for i in range(6)]
+    indexes = {"node_profiles": {"n1": [node("n1")]}, **OTHER_INDEXES}
+
+    async def burst() -> None:
+        created = [handlers.reconcile_service(body=kopf.Body(b), retry=0, memo=memo, **indexes) for b in bodies]
+        events = [handlers._reconcile_quietly(memo, [b], indexes) for b in bodies]
+        await asyncio.gather(*created, *events)
+
+    asyncio.run(burst())
+    assert (rec.most, len(rec.calls)) == (2, 12)

@@ -27,6 +27,7 @@ import kopf
 from cpullm.api.spec import GROUP, PLURAL, VERSION, parse_spec
 from cpullm.controller.outcomes import outcome_to_kopf, retry_delay
 from cpullm.controller.reconcile import Reconciler
+from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
@@ -80,9 +81,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if "reconciler" not in memo:
         config: Settings = memo.get("settings") or Settings()
         hub = HubClient(config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds)
-        memo["reconciler"] = Reconciler(
-            Kube.from_environment(), hub, namespace_cache_seconds=config.namespace_cache_seconds
-        )
+        # One API connection per reconcile thread, and one for the resync's lists.
+        kube = Kube.from_environment(connections=config.reconcile_workers + 1)
+        memo["reconciler"] = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds)
+        memo["workers"] = ReconcileWorkers(config.reconcile_workers)
         track_services(memo["reconciler"].services_by_readiness)
 
 
@@ -98,10 +100,12 @@ async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
 
 
 @kopf.on.cleanup()
-async def stop_resync(memo: kopf.Memo, **_: Any) -> None:
+async def shut_down(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the resync and the reconcile threads (a reconcile not yet started is dropped)."""
     task: asyncio.Task[None] | None = memo.get("resync")
     if task is not None:
         task.cancel()
+    memo["workers"].shutdown()
 
 
 async def _resync_forever(memo: kopf.Memo, indexes: Mapping[str, Any], every: float, namespaces: list[str]) -> None:
@@ -194,7 +198,8 @@ def _first(index: kopf.Index[Any, Any], key: Any) -> Any:
 
 class _Facts:
     """What a reconcile reads from Kopf's indexes, which Kopf passes every handler by name among its keyword
-    arguments; read here, on the event loop, before the reconcile goes to a worker thread."""
+    arguments; read here, on the event loop, before the reconcile goes to a worker thread. Made only once the
+    reconcile holds a worker slot (controller/workers.py): a waiting reconcile holds no copies."""
 
     def __init__(self, kwargs: Mapping[str, Any]) -> None:
         self.nodes = usable_nodes(kwargs["node_profiles"])
@@ -205,8 +210,8 @@ class _Facts:
     async def reconcile(self, memo: kopf.Memo, service: Mapping[str, Any]) -> Any:
         key = (service["metadata"]["namespace"], service["metadata"]["name"])
         deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
-        reconcile = memo["reconciler"].reconcile
-        return await asyncio.to_thread(reconcile, service, self.nodes, deployment, self.crds, unschedulable)
+        reconcile, workers = memo["reconciler"].reconcile, memo["workers"]
+        return await workers.run(reconcile, service, self.nodes, deployment, self.crds, unschedulable)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -215,7 +220,8 @@ class _Facts:
 async def reconcile_service(body: kopf.Body, retry: int, memo: kopf.Memo, **kwargs: Any) -> None:
     if body.metadata.get("deletionTimestamp"):
         return
-    outcome = await _Facts(kwargs).reconcile(memo, copy.deepcopy(dict(body)))
+    async with memo["workers"].slot:
+        outcome = await _Facts(kwargs).reconcile(memo, copy.deepcopy(dict(body)))
     outcome_to_kopf(outcome, retry)
 
 
@@ -287,11 +293,11 @@ async def _reconcile_quietly(
     """Event-driven reconciles report through status. One that could not finish (API server unreachable, Hub
     down, permission denied) is tried again later with the latest service and indexes, on the resource
     handler's delays; a handler bug is logged with its traceback and not retried."""
-    facts = _Facts(kwargs)
-    for service in [copy.deepcopy(dict(s)) for s in services if not s["metadata"].get("deletionTimestamp")]:
+    for service in [s for s in services if not s["metadata"].get("deletionTimestamp")]:
         meta = service["metadata"]
         try:
-            outcome = await facts.reconcile(memo, service)
+            async with memo["workers"].slot:
+                outcome = await _Facts(kwargs).reconcile(memo, copy.deepcopy(dict(service)))
         except Exception:  # an event handler must not stop the watch; the error is in the log
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
             continue

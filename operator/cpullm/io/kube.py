@@ -47,9 +47,12 @@ class Kube:
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
-    def from_environment(cls) -> Kube:
-        """In-cluster service account, else $KUBECONFIG / ~/.kube/config."""
+    def from_environment(cls, connections: int | None = None) -> Kube:
+        """In-cluster service account, else $KUBECONFIG / ~/.kube/config; at most `connections` kept open
+        (the client's default: 5 per CPU of the machine, whatever the callers' concurrency)."""
         configuration = client.Configuration()
+        if connections is not None:
+            configuration.connection_pool_maxsize = connections
         try:
             config.load_incluster_config(configuration)  # type: ignore[no-untyped-call]
         except config.ConfigException:
