@@ -3,8 +3,8 @@
 - no kindnetd (its source, github.com/aojea/kindnet, is refused by the module proxy here: 403): `disableDefaultCNI`,
   then each node gets a ptp + host-local CNI config for its pod CIDR and a route to every other node's pod CIDR
   (what kindnetd does), through `docker exec`;
-- no local-path-provisioner (its module is reachable; not built here yet): kind falls back to its host-path
-  StorageClass;
+- kind's default StorageClass (`standard`, rancher.io/local-path) as kind's node image has it, from images built
+  here (local-path-provisioner v0.0.30, the newest the module proxy here serves; kind v0.32 ships v0.0.34);
 - etcd runs our build at its own version (ClusterConfiguration etcd.local.imageTag);
 - every kubelet runs the static CPU manager with CPU 0 reserved, so a Guaranteed pod gets an exclusive cpuset;
 - only on a cgroup v1 host: the kubelet's `failCgroupV1: false` and kubeadm skipping SystemVerification;

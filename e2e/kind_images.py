@@ -12,8 +12,10 @@
 - kind-node: kind's node image for our Kubernetes (build_kind_node): the base with kubeadm, the kubelet and kubectl
   (scripts/build-tools.sh) and, imported into its containerd under the references kubeadm and kind ask for, the
   control-plane images, kube-proxy (on the base's root filesystem: it needs iptables), our etcd build (under its own
-  version; e2e/kind_cluster.py tells kubeadm), CoreDNS (built from its Go module at kubeadm's version) and our pause
-  as kind's sandbox image. Kept in Docker's image store (~2 GB), keyed by its inputs.
+  version; e2e/kind_cluster.py tells kubeadm), CoreDNS (built from its Go module at kubeadm's version), our pause
+  as kind's sandbox image, and kind's default storage (KindStorage: the local-path-provisioner built from its Go
+  module, the Debian test image as its helper, and kind's manifest). Kept in Docker's image store (~2 GB), keyed
+  by its inputs.
 
 The kind-base tar is an OCI image layout with a Docker manifest.json as well (`docker load` takes it); the
 component images are OCI layouts imported with ctr. All are cached beside the real node's images (e2e/images.py).
@@ -25,6 +27,7 @@ e2e/test_kind.py).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +42,7 @@ from e2e.images import (
     Image,
     Layer,
     Rootfs,
+    build_debian,
     build_pause,
     cached_image,
     digest_of,
@@ -165,7 +169,32 @@ def binary_image(name: str, ref: str, binaries: list[Path], base: Rootfs | None 
     return image
 
 
-def node_images(tools: dict[str, Path], base: Rootfs) -> list[Image]:
+class KindStorage:
+    """kind's default storage, as its node-image builder bakes it in (pkg/build/nodeimage/const_storage.go of the
+    pinned module): the local-path-provisioner's and its helper's image references, and the manifest written to
+    /kind/manifests/default-storage.yaml, which `kind create cluster` applies (without it, kind falls back to a
+    host-path StorageClass with no provisioner)."""
+
+    PATH = "/kind/manifests/default-storage.yaml"
+
+    def __init__(self, kind: Path) -> None:
+        source = (kind / "pkg" / "build" / "nodeimage" / "const_storage.go").read_text()
+        constants = dict(re.findall(r'^const (\w+) = "([^"]*)"$', source, re.MULTILINE))
+        self.provisioner_ref = constants["storageProvisionerImage"]
+        self.helper_ref = constants["storageHelperImage"]
+        # `const defaultStorageManifest = `...` + storageProvisionerImage + `...``: raw strings and constants.
+        expression = source.split("const defaultStorageManifest = ", 1)[1]
+        parts, position = [], 0
+        for token in re.finditer(r"\s*(?:`([^`]*)`|(\w+))\s*(\+?)", expression):
+            assert token.start() == position, f"unexpected Go in defaultStorageManifest: {expression[position:][:80]}"
+            parts.append(token[1] if token[1] is not None else constants[token[2]])
+            position = token.end()
+            if not token[3]:
+                break
+        self.manifest = "".join(parts)
+
+
+def node_images(tools: dict[str, Path], base: Rootfs, storage: KindStorage) -> list[Image]:
     """Every image a kind node would pull, built here under the reference it would pull."""
     v = tool_version("KUBERNETES")
     k8s, node = tools["kubernetes"], tools["kubelet"]
@@ -182,6 +211,10 @@ def node_images(tools: dict[str, Path], base: Rootfs) -> list[Image]:
     )
     pause = build_pause()
     images.append(Image(SANDBOX_IMAGE, pause.tar))  # imported under kind's sandbox_image reference
+    provisioner = tools["local_path_provisioner"] / "local-path-provisioner"
+    images.append(binary_image("local-path-provisioner", storage.provisioner_ref, [provisioner]))
+    # The helper pod runs the ConfigMap's setup/teardown scripts: sh, mkdir and rm (kind's is Debian's, distroless).
+    images.append(Image(storage.helper_ref, build_debian().tar))
     return images
 
 
@@ -190,22 +223,25 @@ def build_kind_node(docker_env: dict[str, str]) -> str:
     kubeadm, the kubelet and kubectl, /kind/version and every image imported into its containerd, then is
     committed) but from images built here: the builder fetches what is not in a release tarball, and imports with
     a ctr flag Debian's ctr lacks. Returns the image reference (kept in Docker's image store)."""
-    tools = tool_dirs(["kubernetes", "etcd", "kubelet", "kubeadm", "coredns"])
+    tools = tool_dirs(["kubernetes", "etcd", "kubelet", "kubeadm", "coredns", "local-path-provisioner"])
     base_recipe = kind_base_rootfs(kind_module())
     base = build_kind_base(base_recipe)
-    images = node_images(tools, base_recipe)
+    storage = KindStorage(kind_module())
+    images = node_images(tools, base_recipe, storage)
     binaries = [tools["kubeadm"] / "kubeadm", tools["kubelet"] / "kubelet", tools["kubernetes"] / "kubectl"]
-    inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images)]
+    inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images), storage.manifest]
     inputs += [f"{b.name}:{b.stat().st_size}:{b.stat().st_mtime_ns}" for b in binaries]
     ref = f"localhost/cpullm-kind-node:{digest_of(*inputs)[:12]}"
     if _docker(docker_env, "image", "inspect", ref, check=False).returncode != 0:
-        _assemble(docker_env, ref, base, binaries, images)
+        _assemble(docker_env, ref, base, binaries, images, storage)
     drop_other_tags(docker_env, ref)
     drop_other_tags(docker_env, base.ref)
     return ref
 
 
-def _assemble(docker_env: dict[str, str], ref: str, base: Image, binaries: list[Path], images: list[Image]) -> None:
+def _assemble(
+    docker_env: dict[str, str], ref: str, base: Image, binaries: list[Path], images: list[Image], storage: KindStorage
+) -> None:
     log(f"kind-node: assembling {ref}")
     _docker(docker_env, "load", "--input", str(base.tar))
     builder = f"cpullm-kind-build-{digest_of(ref)[:6]}"
@@ -218,6 +254,15 @@ def _assemble(docker_env: dict[str, str], ref: str, base: Image, binaries: list[
             _docker(docker_env, "cp", str(binary), f"{builder}:/usr/bin/{binary.name}")
         version = tool_version("KUBERNETES")
         _docker(docker_env, "exec", builder, "sh", "-c", f"echo {version} > /kind/version")
+        write_storage = (
+            "exec",
+            "-i",
+            builder,
+            "sh",
+            "-c",
+            f"mkdir -p {Path(storage.PATH).parent} && cat > {storage.PATH}",
+        )
+        _docker(docker_env, *write_storage, data=storage.manifest.encode())
         _docker(docker_env, "exec", "--detach", builder, "containerd")
         _docker(docker_env, "exec", builder, "sh", "-c", "for i in $(seq 50); do ctr version && break; sleep 0.2; done")
         import_into_node = ("exec", "-i", builder, "ctr", "-n", "k8s.io", "images", "import", "--all-platforms")
@@ -248,9 +293,10 @@ def drop_other_tags(docker_env: dict[str, str], ref: str) -> None:
 
 
 def _docker(
-    env: dict[str, str], *args: str, check: bool = True, stdin: Any = None
+    env: dict[str, str], *args: str, check: bool = True, stdin: Any = None, data: bytes | None = None
 ) -> subprocess.CompletedProcess[bytes]:
-    return subprocess.run(["docker", *args], env=env, check=check, stdin=stdin, stdout=sys.stderr)
+    """`stdin`: a file to read from; `data`: bytes to send instead."""
+    return subprocess.run(["docker", *args], env=env, check=check, stdin=stdin, input=data, stdout=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,7 +20,7 @@ from e2e.cluster import tool_dirs
 from e2e.helpers import eventually
 from e2e.images import build_debian
 from e2e.kind_cluster import KindCluster
-from e2e.kind_images import build_kind_base, build_kind_node
+from e2e.kind_images import KindStorage, build_kind_base, build_kind_node, kind_module
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 DOCKER_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "docker.sh"
@@ -105,47 +106,102 @@ def test_a_kind_node_container_of_the_local_base_image_boots_and_runs_a_nested_c
         docker(docker_env, "rm", "--force", "--volumes", name)
 
 
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="an exclusive CPU needs one beside the reserved CPU 0")
-def test_a_kind_cluster_of_images_built_here_gives_a_guaranteed_pod_an_exclusive_cpu(docker_env, tmp_path):
+@pytest.fixture(scope="module")
+def kind_cluster(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
     """kind with nothing pulled: the node image of e2e/kind_images.py (kubeadm, kubelet, the control-plane images,
-    etcd, CoreDNS and pause all built here), our CNI in place of kindnetd, and the static CPU manager; a
-    Guaranteed pod on the worker gets one CPU of its own, not the shared pool."""
+    etcd, CoreDNS, pause and kind's default storage all built here), our CNI in place of kindnetd, the static CPU
+    manager; a control plane and one worker."""
     node_image = build_kind_node(docker_env)
     tools = tool_dirs(["kind", "kubernetes"])
     name = f"cpullm-{uuid.uuid4().hex[:6]}"
-    cluster = KindCluster(name, tools["kind"] / "kind", tools["kubernetes"] / "kubectl", tmp_path, docker_env)
+    kubectl = tools["kubernetes"] / "kubectl"
+    cluster = KindCluster(name, tools["kind"] / "kind", kubectl, tmp_path_factory.mktemp("kind"), docker_env)
     cluster.create(node_image, workers=1)
     try:
         cluster.run_kubectl("-n", "kube-system", "rollout", "status", "deployment/coredns", "--timeout=120s")
-        inner = build_debian()
-        cluster.load_archive(inner.tar)
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": "exclusive", "namespace": "default"},
-            "spec": {
-                "nodeSelector": {"kubernetes.io/hostname": f"{name}-worker"},
-                "containers": [
-                    {
-                        "name": "main",
-                        "image": inner.ref,
-                        "imagePullPolicy": "Never",
-                        "command": ["sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 3600"],
-                        "resources": {"limits": {"cpu": "1", "memory": "64Mi"}},
-                    }
-                ],
-            },
-        }
-        cluster.run_kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-
-        def cpuset() -> str:
-            logs = cluster.run_kubectl("logs", "exclusive", check=False)
-            assert "Cpus_allowed_list" in logs.stdout, f"not started yet: {logs.stderr.strip()}"
-            log = logs.stdout
-            return log.split(":", 1)[1].strip()
-
-        allowed = eventually(cpuset, timeout=120, what="the pod's cpuset")
-        assert cluster.kubectl_json("get", "pod", "exclusive")["status"]["qosClass"] == "Guaranteed"
-        assert allowed.isdigit() and allowed != "0", f"not one exclusive CPU beside the reserved CPU 0: {allowed}"
+        yield cluster
     finally:
         cluster.delete()
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="an exclusive CPU needs one beside the reserved CPU 0")
+def test_a_kind_cluster_of_images_built_here_gives_a_guaranteed_pod_an_exclusive_cpu(kind_cluster):
+    """A Guaranteed pod on the worker gets one CPU of its own, not the shared pool."""
+    cluster = kind_cluster
+    inner = build_debian()
+    cluster.load_archive(inner.tar)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "exclusive", "namespace": "default"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": f"{cluster.name}-worker"},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": inner.ref,
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "grep Cpus_allowed_list /proc/self/status; exec sleep 3600"],
+                    "resources": {"limits": {"cpu": "1", "memory": "64Mi"}},
+                }
+            ],
+        },
+    }
+    cluster.run_kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+    def cpuset() -> str:
+        logs = cluster.run_kubectl("logs", "exclusive", check=False)
+        assert "Cpus_allowed_list" in logs.stdout, f"not started yet: {logs.stderr.strip()}"
+        return logs.stdout.split(":", 1)[1].strip()
+
+    allowed = eventually(cpuset, timeout=120, what="the pod's cpuset")
+    assert cluster.kubectl_json("get", "pod", "exclusive")["status"]["qosClass"] == "Guaranteed"
+    assert allowed.isdigit() and allowed != "0", f"not one exclusive CPU beside the reserved CPU 0: {allowed}"
+
+
+def test_kinds_default_storage_class_provisions_a_volume_a_pod_writes_to(kind_cluster):
+    """kind's default StorageClass (rancher.io/local-path, provisioner and helper images built here) binds a claim
+    on first use: its helper pod makes the directory on the worker, and the pod's write lands there."""
+    cluster, storage = kind_cluster, KindStorage(kind_module())
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "data", "namespace": "default"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}},
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "writer", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "containers": [
+                {
+                    "name": "main",
+                    "image": storage.helper_ref,  # in the node image already: sh is all this needs
+                    "imagePullPolicy": "Never",
+                    "command": ["sh", "-c", "echo written-here > /data/proof"],
+                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                }
+            ],
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+        },
+    }
+    cluster.run_kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]})
+    )
+
+    def succeeded() -> dict[str, Any]:
+        writer = cluster.kubectl_json("get", "pod", "writer")
+        status = writer["status"]
+        assert status.get("phase") == "Succeeded", f"writer {status.get('phase')}: {status.get('conditions')}"
+        return writer
+
+    writer = eventually(succeeded, timeout=180, what="the writer pod to finish on its provisioned volume")
+    bound = cluster.kubectl_json("get", "pvc", "data")
+    assert (bound["status"]["phase"], bound["spec"]["storageClassName"]) == ("Bound", "standard")
+    volume = cluster.kubectl_json("get", "pv", bound["spec"]["volumeName"])
+    assert volume["metadata"]["annotations"]["pv.kubernetes.io/provisioned-by"] == "rancher.io/local-path"
+    host_path = volume["spec"]["hostPath"]["path"] if "hostPath" in volume["spec"] else volume["spec"]["local"]["path"]
+    written = docker(cluster.docker_env, "exec", writer["spec"]["nodeName"], "cat", f"{host_path}/proof")
+    assert written.stdout.strip() == "written-here", written.stderr

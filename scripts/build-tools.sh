@@ -4,7 +4,7 @@
 # already in the cache is skipped, so a warm run takes seconds. Nothing is written inside the repo.
 #
 #   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet kubeadm coredns
-#                                       (default: all but kubelet, kubeadm and coredns)
+#                                       local-path-provisioner (default: the first five)
 #
 # The kubelet and kube-proxy (for a real node, scripts/setup-node.sh) are built only when asked for:
 # `scripts/build-tools.sh kubelet`. It is kept out of the default list so e2e runs, which need only the
@@ -172,6 +172,14 @@ build_coredns() {
   echo "COREDNS_BIN_DIR=$dir"
 }
 
+# kind's default StorageClass provisioner (rancher.io/local-path), for kind's node image (e2e/kind_images.py).
+build_local_path_provisioner() {
+  local dir=$cache/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION
+  have "$dir" local-path-provisioner || go_install local-path-provisioner "$dir" "$LOCAL_PATH_PROVISIONER_VERSION" \
+    "-s -w -X main.VERSION=$LOCAL_PATH_PROVISIONER_VERSION" github.com/rancher/local-path-provisioner
+  echo "LOCAL_PATH_PROVISIONER_BIN_DIR=$dir"
+}
+
 build_kind() {
   local dir=$cache/kind-$KIND_VERSION
   have "$dir" kind || go_install kind "$dir" "$KIND_VERSION" "-s -w" sigs.k8s.io/kind
@@ -182,7 +190,7 @@ tools=("$@")
 ((${#tools[@]})) || tools=(kubernetes etcd kwok helm kind)
 for t in "${tools[@]}"; do
   case $t in
-    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns) "build_$t" ;;
-    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet kubeadm coredns)"; exit 2 ;;
+    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns|local-path-provisioner) "build_${t//-/_}" ;;
+    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet kubeadm coredns local-path-provisioner)"; exit 2 ;;
   esac
 done

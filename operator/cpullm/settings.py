@@ -43,7 +43,7 @@ class Settings(BaseSettings):
         "while no watch could tell (they are applied again); 0: never.",
     )
     reconcile_workers: int = Field(
-        default=8,
+        default=32,
         ge=1,
         le=256,
         description="How many services are reconciled at once, each on its own thread and API connection; "
