@@ -112,6 +112,7 @@ class OperatorRun:
     latencies: list[float] = field(default_factory=list)
     peak_rss: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
+    rss: dict[str, int] = field(default_factory=dict)
     reconciles: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -217,7 +218,8 @@ def _list(items: list[dict[str, Any]]) -> dict[str, Any]:
 def delete_namespaces(kubectl: Kubectl, names: set[str], n: int, log: Path) -> None:
     """Deleted with everything in them; kubectl waits until the namespace controller has emptied them."""
     started = time.monotonic()
-    kubectl.run("delete", "namespace", *sorted(names), f"--timeout={120 + n * 0.3:.0f}s")
+    limit = 120 + n * 0.3
+    kubectl.run("delete", "namespace", *sorted(names), f"--timeout={limit:.0f}s", timeout=limit + 10)
     say(f"previous run's namespaces deleted in {time.monotonic() - started:.0f} s", log)
 
 
@@ -249,7 +251,7 @@ def operator_phase(
     metrics_port = free_port()
     operator = Operator(
         str(cluster.kubeconfig),
-        workdir / f"operator-{results.label}.log",
+        workdir / f"operator-{results.label.replace(' ', '-')}.log",
         free_port(),
         ["--metrics-port", str(metrics_port)],
         env=results.env,
@@ -263,6 +265,7 @@ def operator_phase(
 
     def checkpoint(name: str) -> None:
         results.cpu[name] = monitor.cpu_seconds()
+        results.rss[name] = monitor.rss_bytes()
         with urllib.request.urlopen(metrics_url, timeout=10) as response:
             results.reconciles[name] = reconciles(response.read().decode())
 
@@ -522,6 +525,8 @@ def table(results: Results) -> str:
     row("  p50 (s)", lambda r: f"{percentile(r.latencies, 0.5):.3f}")
     row("  p99 (s)", lambda r: f"{percentile(r.latencies, 0.99):.3f}")
     row("operator peak RSS (MB)", lambda r: f"{r.peak_rss / 1e6:.0f}")
+    row("  RSS once started, N nodes indexed (MB)", lambda r: f"{r.rss.get('idle', math.nan) / 1e6:.0f}")
+    row("  RSS at the end of the steady state (MB)", lambda r: f"{r.rss.get('steady', math.nan) / 1e6:.0f}")
 
     def cpu(phase: str, before: str | None = None) -> Callable[[OperatorRun], str]:
         return lambda r: f"{r.cpu.get(phase, math.nan) - (r.cpu.get(before, math.nan) if before else 0):.1f}"

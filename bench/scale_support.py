@@ -457,6 +457,9 @@ class ResourceMonitor:
         times = self.process.cpu_times()
         return float(times.user + times.system)
 
+    def rss_bytes(self) -> int:
+        return int(self.process.memory_info().rss)
+
     def peak_rss_bytes(self) -> int:
         try:
             for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():

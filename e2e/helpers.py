@@ -47,13 +47,15 @@ class Kubectl:
         self.binary = binary
         self.kubeconfig = kubeconfig
 
-    def run(self, *args: str, input: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
+    ) -> subprocess.CompletedProcess[str]:
         result = subprocess.run(
             [self.binary, "--kubeconfig", self.kubeconfig, *args],
             input=input,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout,
         )
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
