@@ -32,6 +32,7 @@ import math
 import os
 import platform
 import random
+import re
 import signal
 import sys
 import tempfile
@@ -251,7 +252,7 @@ def operator_phase(
     metrics_port = free_port()
     operator = Operator(
         str(cluster.kubeconfig),
-        workdir / f"operator-{results.label.replace(' ', '-')}.log",
+        workdir / f"operator-{re.sub(r'[^A-Za-z0-9=.,_-]+', '-', results.label)}.log",
         free_port(),
         ["--metrics-port", str(metrics_port)],
         env=results.env,
