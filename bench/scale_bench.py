@@ -243,16 +243,15 @@ def operator_phase(
     stack: ExitStack,
     args: argparse.Namespace,
     rng: random.Random,
-    workdir: Path,
+    log: Path,
 ) -> None:
-    log = workdir / "bench.log"
     driver = cluster.api_client(AGENT_DRIVER)
     custom = client.CustomObjectsApi(driver)
     create_namespaces(driver, {ns for ns, _ in keys})
     metrics_port = free_port()
     operator = Operator(
         str(cluster.kubeconfig),
-        workdir / f"operator-{re.sub(r'[^A-Za-z0-9=.,_-]+', '-', results.label)}.log",
+        log.parent / f"operator-{re.sub(r'[^A-Za-z0-9=.,_-]+', '-', results.label)}.log",
         free_port(),
         ["--metrics-port", str(metrics_port)],
         env=results.env,
@@ -458,7 +457,7 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
             if keys:  # the next operator must not find the previous run's services and children
                 delete_namespaces(kubectl, {ns for ns, _ in keys}, args.services, log)
             keys = service_keys(args.services, f"op{index}", namespaces)
-            operator_phase(cluster, operator_run, keys, tracker, audit, stack, args, rng, results.workdir)
+            operator_phase(cluster, operator_run, keys, tracker, audit, stack, args, rng, log)
         floor_phase(cluster, results, floor_keys, decisions, tracker, audit, rng, log)
     finally:
         say("stopping the operator and the cluster", log)

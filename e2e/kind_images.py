@@ -224,9 +224,10 @@ def build_kind_node(docker_env: dict[str, str]) -> str:
     committed) but from images built here: the builder fetches what is not in a release tarball, and imports with
     a ctr flag Debian's ctr lacks. Returns the image reference (kept in Docker's image store)."""
     tools = tool_dirs(["kubernetes", "etcd", "kubelet", "kubeadm", "coredns", "local-path-provisioner"])
-    base_recipe = kind_base_rootfs(kind_module())
+    kind = kind_module()
+    base_recipe = kind_base_rootfs(kind)
     base = build_kind_base(base_recipe)
-    storage = KindStorage(kind_module())
+    storage = KindStorage(kind)
     images = node_images(tools, base_recipe, storage)
     binaries = [tools["kubeadm"] / "kubeadm", tools["kubelet"] / "kubelet", tools["kubernetes"] / "kubectl"]
     inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images), storage.manifest]

@@ -18,7 +18,6 @@ Result = TypeVar("Result")
 
 class ReconcileWorkers:
     def __init__(self, count: int) -> None:
-        self.count = count
         self.slot = asyncio.Semaphore(count)  # `async with workers.slot:` around copy + reconcile
         self._threads = ThreadPoolExecutor(count, thread_name_prefix="reconcile")
 
