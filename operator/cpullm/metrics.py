@@ -15,7 +15,8 @@ from prometheus_client.registry import Collector
 RECONCILES = Counter(
     "cpullm_reconciles_total",
     "Reconciles of CpuLLMServices, by outcome: planned, refused (a condition says why), retried (the API "
-    "server or the Hub could not be reached, or permission was denied) or skipped (namespace being deleted).",
+    "server or the Hub could not be reached, or permission was denied), skipped (namespace being deleted) or "
+    "superseded (a reconcile of the same service that read newer facts came after it and reports instead).",
     ["outcome"],
 )
 RECONCILE_SECONDS = Histogram(

@@ -26,10 +26,20 @@ class RecordingReconciler:
         self.unschedulable: list[str | None] = []
         self.deployments: list[Any] = []
         self.changed_while_away: set[str] = set()
+        self.own_writes: set[str] = set()  # children whose events child_event finds to need no reconcile
         self.vanished: dict[str, Any] = {}
 
+    def begin(self, namespace, name, deployment):
+        return 0
+
     def reconcile(
-        self, service: dict[str, Any], nodes: list[Any], deployment: Any = None, crds: Any = None, pending: Any = None
+        self,
+        service: dict[str, Any],
+        nodes: list[Any],
+        deployment: Any = None,
+        crds: Any = None,
+        pending: Any = None,
+        ticket: int | None = None,
     ) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
         self.deployments.append(deployment)
@@ -38,11 +48,9 @@ class RecordingReconciler:
     def emit_event(self, regarding, type_, reason, message):
         self.events.append((regarding["kind"], type_, reason))
 
-    def child_seen(self, kind, namespace, name, event, body):
+    def child_event(self, kind, namespace, name, event, body, owner):
         self.seen.append((kind, name, event))
-
-    def child_listed(self, kind, namespace, name, body, owner_uid):
-        return name in self.changed_while_away
+        return name in self.changed_while_away if event is None else name not in self.own_writes
 
     def find_vanished(self, kind, namespaces):
         found = self.vanished.get(kind, [])
@@ -111,15 +119,12 @@ def test_unparseable_node_is_skipped_with_a_warning_event():
     assert rec.calls == [("a", ["n2"])]
 
 
-def test_child_events_reconcile_their_owner_only():
+def test_child_events_reconcile_their_owner_only_when_the_reconciler_finds_the_event_matters():
     memo = handler_memo(RecordingReconciler())
+    rec = memo["reconciler"]
     index = {"n1": [node("n1")]}
-    for labels, type_ in [
-        ({"cpullm.io/service": "a"}, "MODIFIED"),
-        ({"cpullm.io/service": "other"}, "DELETED"),
-        ({}, "MODIFIED"),
-        ({"cpullm.io/service": "a"}, None),
-    ]:
+
+    def child_event(labels: dict[str, str], type_: str | None, name: str = "a") -> None:
         call = handlers.child_changed(
             labels=labels,
             namespace="ns",
@@ -128,12 +133,19 @@ def test_child_events_reconcile_their_owner_only():
             node_profiles=index,
             services=SERVICES,
             **OTHER_INDEXES,
-            body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
+            body=kopf.Body({"metadata": {"name": name, "namespace": "ns"}}),
             resource=DEPLOYMENTS,
         )
         asyncio.run(call)
-    assert memo["reconciler"].calls == [("a", ["n1"])]
-    assert memo["reconciler"].seen == [("Deployment", "a", "MODIFIED")]  # told before it reconciles
+
+    child_event({"cpullm.io/service": "a"}, "MODIFIED")
+    child_event({"cpullm.io/service": "other"}, "DELETED")  # no such service
+    child_event({}, "MODIFIED")  # not ours
+    child_event({"cpullm.io/service": "a"}, None)  # in a listing, unchanged
+    rec.own_writes.add("a-own")
+    child_event({"cpullm.io/service": "a"}, "MODIFIED", name="a-own")  # nothing the reconcile would change
+    assert rec.calls == [("a", ["n1"])]
+    assert rec.seen == [("Deployment", "a", "MODIFIED"), ("Deployment", "a", None), ("Deployment", "a-own", "MODIFIED")]
 
 
 def test_node_index_keeps_label_errors_out_of_planning():

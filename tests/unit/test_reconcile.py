@@ -215,12 +215,12 @@ def test_children_are_applied_again_only_when_they_or_someone_elses_edits_change
     rec.reconcile(service({}), NODES, READY)
     assert [m["kind"] for m in kube.applied] == ["ConfigMap", "Deployment", "Service"]
     status_only = {"metadata": {"name": "llama", "generation": 1, "resourceVersion": "11"}}
-    rec.child_seen("Deployment", "serving", "llama", "MODIFIED", status_only)
+    rec.child_event("Deployment", "serving", "llama", "MODIFIED", status_only, "llama")
     rec.reconcile(service({}), NODES, READY)
     assert len(kube.applied) == 3
-    rec.child_seen("Deployment", "serving", "llama", "MODIFIED", {"metadata": {"generation": 2}})  # drift
-    rec.child_seen("ConfigMap", "serving", "llama-launcher", "DELETED", {"metadata": {}})
-    rec.child_seen("Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}})  # drift
+    assert rec.child_event("Deployment", "serving", "llama", "MODIFIED", {"metadata": {"generation": 2}}, "llama")
+    assert rec.child_event("ConfigMap", "serving", "llama-launcher", "DELETED", {"metadata": {}}, "llama")
+    assert rec.child_event("Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}}, "llama")
     rec.reconcile(service({}), NODES, READY)
     assert [m["kind"] for m in kube.applied[3:]] == ["ConfigMap", "Deployment", "Service"]
     rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY)  # the desired Deployment changed
@@ -242,18 +242,72 @@ def test_namespace_facts_are_read_once_per_ttl():
     assert reads == ["serving", "serving"]
 
 
-def test_a_relisting_asks_for_a_reconcile_only_for_children_that_changed_while_the_watch_was_down():
+def applied_with_markers(kube: StubKube) -> None:
+    """The API server's answer to an apply: what was applied, with generation 1 and resourceVersion 10."""
+    kube.apply = lambda manifest: (
+        kube.applied.append(manifest)
+        or {**manifest, "metadata": {**manifest["metadata"], "generation": 1, "resourceVersion": "10"}}
+    )
+
+
+STARTING = {"metadata": {"name": "llama", "generation": 1}, "status": {"replicas": 1, "readyReplicas": 0}}
+ROLLED_OUT = {**STARTING, "status": {**STARTING["status"], "updatedReplicas": 1}}  # counts as before
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "event", "body", "needed"),
+    [
+        ("Deployment", "llama", "ADDED", STARTING, False),  # the operator's own apply, as it read it
+        ("Deployment", "llama", "MODIFIED", {**STARTING, "status": {"replicas": 2, "readyReplicas": 0}}, True),
+        ("Deployment", "llama", "MODIFIED", ROLLED_OUT, False),
+        ("Deployment", "llama", "MODIFIED", {**STARTING, "status": {"replicas": 1, "readyReplicas": 1}}, True),
+        ("Deployment", "llama", "MODIFIED", {**STARTING, "metadata": {"generation": 2}}, True),  # someone's edit
+        ("Deployment", "llama", "DELETED", STARTING, True),
+        ("Service", "llama", "ADDED", {"metadata": {"resourceVersion": "10"}}, False),
+        ("Service", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}}, True),
+        ("ConfigMap", "llama-launcher", "MODIFIED", {"metadata": {"resourceVersion": "10"}}, False),
+        ("ConfigMap", "llama-launcher", "DELETED", {"metadata": {"resourceVersion": "10"}}, True),
+        ("ConfigMap", "other-launcher", "ADDED", {"metadata": {"resourceVersion": "3"}}, True),  # not applied here
+        # Kopf's re-listing after a watch failed: only what changed while the watch was down
+        ("Deployment", "llama", None, STARTING, False),
+        ("Deployment", "llama", None, {**STARTING, "status": {"replicas": 1, "readyReplicas": 1}}, True),
+        ("Deployment", "llama", None, {**STARTING, "metadata": {"generation": 2}}, True),
+        ("Service", "llama", None, {"metadata": {"resourceVersion": "10"}}, False),
+        ("ConfigMap", "other-launcher", None, {"metadata": {"resourceVersion": "3"}}, False),
+    ],
+)
+def test_a_child_event_asks_for_a_reconcile_only_when_it_can_change_the_children_or_status(
+    kind, name, event, body, needed
+):
+    """What the service's latest reconcile read (a Deployment with 0/1 replicas ready) and applied (its own
+    writes, answered with generation 1, resourceVersion 10) asks for nothing more."""
     rec, kube = reconciler()
-    kube.apply = lambda manifest: {**manifest, "metadata": {**manifest["metadata"], "generation": 1}}
-    deployment = {"metadata": {"name": "llama", "generation": 1}, "status": {"replicas": 1, "readyReplicas": 0}}
-    assert not rec.child_listed("Deployment", "serving", "llama", deployment, "u1")  # nothing known yet
-    rec.reconcile(service({}), NODES, deployment)  # reports 0/1 ready
-    assert not rec.child_listed("Deployment", "serving", "llama", deployment, "u1")
-    became_ready = {**deployment, "status": {"replicas": 1, "readyReplicas": 1}}
-    assert rec.child_listed("Deployment", "serving", "llama", became_ready, "u1")
-    edited = {**deployment, "metadata": {"name": "llama", "generation": 2}}
-    assert rec.child_listed("Deployment", "serving", "llama", edited, "u1")  # someone else's edit
-    assert not rec.child_listed("Service", "serving", "llama", {"metadata": {}}, "u1")
+    applied_with_markers(kube)
+    rec.reconcile(service({}), NODES, STARTING, ticket=rec.begin("serving", "llama", STARTING))
+    assert rec.child_event(kind, "serving", name, event, body, "llama") is needed
+
+
+def test_child_events_before_any_reconcile_ask_for_one_unless_in_the_operators_first_listing():
+    rec, _ = reconciler()
+    assert rec.child_event("Deployment", "serving", "llama", "ADDED", STARTING, "llama")
+    assert not rec.child_event("Deployment", "serving", "llama", None, STARTING, "llama")
+
+
+def test_a_reconcile_that_read_older_facts_than_a_later_one_is_superseded():
+    """Two reconciles of one service read their facts in order (begin); the older, run second, would report its
+    older Deployment counts over the newer's. It does nothing; so does one of a service deleted meanwhile."""
+    rec, kube = reconciler()
+    older = rec.begin("serving", "llama", None)
+    newer = rec.begin("serving", "llama", READY)
+    assert rec.reconcile(service({}), NODES, READY, ticket=newer) is not None
+    patches, applied = len(kube.status_patches), len(kube.applied)
+    assert rec.reconcile(service({}), NODES, None, ticket=older) is None
+    assert (len(kube.status_patches), len(kube.applied)) == (patches, applied)
+    assert kube.status_patches[-1]["readyReplicas"] == 1
+    pending = rec.begin("serving", "llama", READY)
+    rec.forget("serving", "llama", "u1")
+    assert rec.reconcile(service({}), NODES, READY, ticket=pending) is None
+    assert len(kube.applied) == applied
 
 
 def test_children_deleted_unseen_are_found_by_a_listing_and_applied_again():

@@ -210,8 +210,9 @@ class _Facts:
     async def reconcile(self, memo: kopf.Memo, service: Mapping[str, Any]) -> Any:
         key = (service["metadata"]["namespace"], service["metadata"]["name"])
         deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
-        reconcile, workers = memo["reconciler"].reconcile, memo["workers"]
-        return await workers.run(reconcile, service, self.nodes, deployment, self.crds, unschedulable)
+        reconciler, workers = memo["reconciler"], memo["workers"]
+        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(*key, deployment))
+        return await workers.run(reconciler.reconcile, service, *facts)
 
 
 @kopf.on.resume(GROUP, VERSION, PLURAL)
@@ -334,21 +335,18 @@ async def child_changed(
     services: kopf.Index[Any, Any],
     **kwargs: Any,
 ) -> None:
-    """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status. The
-    reconciler re-applies the child only if someone else changed it (child_seen); its own writes and a
-    Deployment's status updates change nothing. Kopf lists again (events of type None) when a watch failed
-    and the API server no longer has its resource version: what changed meanwhile is found there."""
+    """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status, when the
+    event can change either (Reconciler.child_event): someone else's edit or deletion, or a Deployment's
+    replica counts; the operator's own writes and a Deployment's other status updates do not. Kopf lists
+    again (events of type None) when a watch failed and the API server no longer has its resource version:
+    what changed meanwhile is found there."""
     owner = labels.get(SERVICE_LABEL)
     if owner is None or (namespace, owner) not in services:
         return
     body = kwargs.get("body") or {}
     kind, name = kwargs["resource"].kind, body["metadata"]["name"]
-    if type is None:  # a listing: the first (resume handlers cover it), or one after a watch failed
-        owner_uid = str(next(iter(services[namespace, owner]))["metadata"].get("uid"))
-        if not memo["reconciler"].child_listed(kind, namespace, name, body, owner_uid):
-            return
-    else:
-        memo["reconciler"].child_seen(kind, namespace, name, type, body)
+    if not memo["reconciler"].child_event(kind, namespace, name, type, body, owner):
+        return
     await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
 
 

@@ -68,6 +68,12 @@ def scheduling_failure(pod_status: Mapping[str, Any]) -> str | None:
     return None
 
 
+def replica_counts(deployment_status: Mapping[str, Any] | None) -> tuple[int, int]:
+    """(replicas, readyReplicas) of a Deployment's status: all of it the service's status reports."""
+    deployment_status = deployment_status or {}
+    return int(deployment_status.get("replicas") or 0), int(deployment_status.get("readyReplicas") or 0)
+
+
 def compute_status(
     *,
     name: str,
@@ -84,9 +90,7 @@ def compute_status(
     """`optional_children`: the kinds of optional children applied (None: as before, the plan failed);
     `unschedulable`: the scheduler's message for one of the service's pods it cannot place."""
     conditions = previous.get("conditions") or []
-    deployment_status = deployment_status or {}
-    replicas = int(deployment_status.get("replicas") or 0)
-    ready = int(deployment_status.get("readyReplicas") or 0)
+    replicas, ready = replica_counts(deployment_status)
 
     if isinstance(outcome, Plan):
         plan: Any = outcome.model_dump(by_alias=True, mode="json", exclude_none=True)
