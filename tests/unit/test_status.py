@@ -13,7 +13,7 @@ T1 = datetime(2026, 1, 1, 12, 5, 0, tzinfo=UTC)
 PLAN = plan_service(spec(), llama_8b(), [node(numa=2, memory="512Gi")])
 
 
-def status(outcome, desired=1, deployment=None, previous=None, now=T0, generation=3):
+def status(outcome, desired=1, deployment=None, previous=None, now=T0, generation=3, unschedulable=None):
     return compute_status(
         name="svc",
         generation=generation,
@@ -22,6 +22,7 @@ def status(outcome, desired=1, deployment=None, previous=None, now=T0, generatio
         deployment_status=deployment,
         previous=previous or {},
         now=now,
+        unschedulable=unschedulable,
     )
 
 
@@ -132,4 +133,14 @@ def test_progress_counts_alone_raise_no_event():
     one = status(PLAN, 3, {"replicas": 3, "readyReplicas": 1})
     two = status(PLAN, 3, {"replicas": 3, "readyReplicas": 2}, previous=one)
     assert changed_conditions(one, two) == []
-    assert [c["type"] for c in changed_conditions({}, one)] == ["Planned", "Ready"]
+    assert [c["type"] for c in changed_conditions({}, one)] == ["Planned"]  # a new service's rollout: Planned says it
+
+
+def test_a_new_services_first_ready_is_an_event_unless_it_is_progressing():
+    ready = status(PLAN, 1, {"replicas": 1, "readyReplicas": 1})
+    assert [c["type"] for c in changed_conditions({}, ready)] == ["Planned", "Ready"]
+    unschedulable = status(PLAN, 1, {"replicas": 1}, unschedulable="0/3 nodes are available: 3 Insufficient cpu.")
+    assert [(c["type"], c["reason"]) for c in changed_conditions({}, unschedulable)] == [
+        ("Planned", "Planned"),
+        ("Ready", "Unschedulable"),
+    ]

@@ -21,6 +21,7 @@ from cpullm.errors import CpuLLMError
 
 PLANNED = "Planned"
 READY = "Ready"
+PROGRESSING = "Progressing"  # Ready's reason while pods start
 # The kinds of optional children (PodMonitor, HPA, ScaledObject) last applied: what to delete when the spec
 # stops asking for one.
 OPTIONAL_CHILDREN = "optionalChildren"
@@ -103,7 +104,7 @@ def compute_status(
             ready_ok, reason = False, "Unschedulable"
             message = f"{ready}/{desired_replicas} replicas ready; a pod cannot be scheduled: {unschedulable}"
         else:
-            ready_ok, reason, message = False, "Progressing", f"{ready}/{desired_replicas} replicas ready"
+            ready_ok, reason, message = False, PROGRESSING, f"{ready}/{desired_replicas} replicas ready"
     else:
         plan = previous.get("plan")
         planned = condition(PLANNED, False, outcome.reason, outcome.message, generation, now, conditions)
@@ -136,8 +137,11 @@ def status_changes(current: Mapping[str, Any], desired: Mapping[str, Any]) -> di
 
 def changed_conditions(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Conditions that flipped or changed reason, and a Planned whose message (the plan) changed: what
-    deserves an event. Progress counts alone ('1/2 replicas ready' -> '2/2') do not."""
+    deserves an event. Progress counts alone ('1/2 replicas ready' -> '2/2') do not, nor does a new service's
+    first Ready, Progressing: its Planned event says the rollout began, and a Warning for it would be noise."""
     before = {c.get("type"): c for c in current.get("conditions") or []}
+    if READY not in before:
+        before[READY] = {"type": READY, "status": "False", "reason": PROGRESSING}
 
     def key(cond: Mapping[str, Any]) -> tuple[Any, ...]:
         return (cond.get("status"), cond.get("reason")) + (
