@@ -111,6 +111,7 @@ class OperatorRun:
     converge_writes: int = 0
     steady: Counter[tuple[str, str]] = field(default_factory=Counter)
     latencies: list[float] = field(default_factory=list)
+    readiness_lags: list[float] = field(default_factory=list)
     peak_rss: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
     rss: dict[str, int] = field(default_factory=dict)
@@ -319,6 +320,7 @@ def operator_phase(
     results.backlog_writes = writes(audit.count("operator", converged_wall + 0.001, quiet_wall))
     results.backlog_s = max(0.0, last - converged_wall)
     results.requests = audit.count("operator", start_wall, quiet_wall)
+    results.readiness_lags = tracker.readiness_lags(keys)
     checkpoint("converged")
     say(f"backlog drained; steady state for {args.steady_seconds} s", log)
 
@@ -493,6 +495,10 @@ def table(results: Results) -> str:
         "  operator writes after converge, until all ready and quiet",
         lambda r: f"{r.backlog_writes} in {r.backlog_s:.1f} s{r.backlog_note}",
     )
+    row(
+        "  readiness reported after the Deployment was, p50 / p99 / max (s)",
+        lambda r: " / ".join(f"{percentile(r.readiness_lags, p):.2f}" for p in (0.5, 0.99, 1.0)),
+    )
     row("API requests per service, converge + backlog (by verb)")
     floor_verbs = verbs(results.floor_requests)
     for verb in sorted(set(floor_verbs).union(*(verbs(r.requests) for r in runs))):
@@ -543,6 +549,12 @@ def table(results: Results) -> str:
         )
 
     row("operator reconciles per service, converge + backlog", reconciled("converged", "idle"))
+    row(
+        "  of which superseded by a newer one",
+        lambda r: per_service(
+            r.reconciles.get("converged", {}).get("superseded", 0) - r.reconciles.get("idle", {}).get("superseded", 0)
+        ),
+    )
     row("operator reconciles per service, steady state", reconciled("steady", "converged"))
     planner = f"planner: plan_service vs {PLANNER_PROFILES} profiles, best of {PLANNER_RUNS} (ms)"
     row(planner, lambda r: f"{results.planner_ms:.1f}" if r is runs[0] else "")

@@ -192,6 +192,9 @@ class Tracker:
     ready: set[tuple[str, str]] = field(default_factory=set)  # status reports every replica ready
     planned_generation: dict[tuple[str, str], int] = field(default_factory=dict)
     deployment_generation: dict[tuple[str, str], tuple[int, float]] = field(default_factory=dict)
+    # When the watches first saw each Deployment with all its replicas ready, and its service report that.
+    deployment_ready_at: dict[tuple[str, str], float] = field(default_factory=dict)
+    reported_ready_at: dict[tuple[str, str], float] = field(default_factory=dict)
     satisfied: set[tuple[str, str]] = field(default_factory=set)
     target: frozenset[tuple[str, str]] = frozenset()
     target_count: int = 0
@@ -220,6 +223,9 @@ class Tracker:
                     generation = int(meta.get("generation") or 0)
                     if self.deployment_generation.get(key, (-1, 0.0))[0] != generation:
                         self.deployment_generation[key] = (generation, time.monotonic())
+                    wanted = int((obj.get("spec") or {}).get("replicas") or 1)
+                    if int((obj.get("status") or {}).get("readyReplicas") or 0) >= wanted:
+                        self.deployment_ready_at.setdefault(key, time.monotonic())
             self._update(key)
 
     def service_event(self, type_: str, obj: dict[str, Any]) -> None:
@@ -234,7 +240,11 @@ class Tracker:
         )
         replicas = int((obj.get("spec") or {}).get("replicas") or 1)
         with self.changed:
-            (self.ready.add if ok and status.get("readyReplicas") == replicas else self.ready.discard)(key)
+            if ok and status.get("readyReplicas") == replicas:
+                self.ready.add(key)
+                self.reported_ready_at.setdefault(key, time.monotonic())
+            else:
+                self.ready.discard(key)
             if ok:
                 self.planned.add(key)
                 self.planned_generation[key] = int(status["observedGeneration"])
@@ -260,6 +270,15 @@ class Tracker:
         with self.changed:
             if not self.changed.wait_for(predicate, timeout=timeout):
                 raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+    def readiness_lags(self, keys: Iterable[tuple[str, str]]) -> list[float]:
+        """Per service, seconds from its Deployment first seen ready to its status first reporting it."""
+        with self.changed:
+            return [
+                self.reported_ready_at[key] - self.deployment_ready_at[key]
+                for key in keys
+                if key in self.reported_ready_at and key in self.deployment_ready_at
+            ]
 
     def missing(self) -> str:
         """Why the target is not converged, for a timeout's message."""

@@ -3,6 +3,7 @@
 Each check answers None (the node passes) or why it cannot run the service; the first failing check is the
 node's rejection, so the order is the order a person would ask in: can anything be scheduled there, is there
 an image for it, does its CPU have what the model needs, and only then do the user's placement rules match.
+The checks read the spec as `Needs`, worked out once per spec, not once per node (thousands per reconcile).
 """
 
 from __future__ import annotations
@@ -18,43 +19,61 @@ from cpullm.errors import InvalidSpec
 
 
 @dataclass(frozen=True)
+class Needs:
+    """What the checks read from a spec."""
+
+    image: str | None
+    required_isa: frozenset[str]
+    node_selector: Mapping[str, str]
+    required_terms: list[Mapping[str, Any]]  # the user's required node affinity terms, ORed
+    tolerations: tuple[Toleration, ...]
+
+    @classmethod
+    def of(cls, spec: CpuLLMServiceSpec) -> Needs:
+        """Raises InvalidSpec for a malformed spec.affinity."""
+        terms = required_node_terms(spec.affinity)
+        isa = frozenset(spec.cpu.required_isa)
+        return cls(spec.image, isa, spec.node_selector, terms, tuple(spec.tolerations))
+
+
+@dataclass(frozen=True)
 class EligibilityCheck:
     name: str
-    reject: Callable[[CpuLLMServiceSpec, NodeProfile], str | None]
+    reject: Callable[[Needs, NodeProfile], str | None]
 
 
-def _schedulable(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+def _schedulable(needs: Needs, node: NodeProfile) -> str | None:
     return "unschedulable (cordoned)" if node.unschedulable else None
 
 
-def _has_image(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
-    if spec.image is None and node.arch not in c.IMAGE_ARCH_SUFFIX:
+def _has_image(needs: Needs, node: NodeProfile) -> str | None:
+    if needs.image is None and node.arch not in c.IMAGE_ARCH_SUFFIX:
         return f"arch {node.arch} has no default vLLM CPU image (set spec.image)"
     return None
 
 
-def _has_isa(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
-    missing = sorted(set(spec.cpu.required_isa) - node.isa)
+def _has_isa(needs: Needs, node: NodeProfile) -> str | None:
+    missing = sorted(needs.required_isa - node.isa)
     return "lacks ISA " + ",".join(missing) if missing else None
 
 
-def _matches_node_selector(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
-    for key, value in spec.node_selector.items():
+def _matches_node_selector(needs: Needs, node: NodeProfile) -> str | None:
+    for key, value in needs.node_selector.items():
         if node.labels.get(key) != value:
             return f"nodeSelector {key}={value} does not match"
     return None
 
 
-def _matches_required_affinity(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
-    terms = required_node_terms(spec.affinity)
+def _matches_required_affinity(needs: Needs, node: NodeProfile) -> str | None:
+    terms = needs.required_terms
     if terms and not any(_matches_term(term, node) for term in terms):
         return "required node affinity does not match"
     return None
 
 
-def _taints_tolerated(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+def _taints_tolerated(needs: Needs, node: NodeProfile) -> str | None:
     for taint in node.taints:
-        if taint.effect in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in spec.tolerations):
+        if taint.effect in ("NoSchedule", "NoExecute") and not any(_tolerates(t, taint) for t in needs.tolerations):
             return f"taint {taint.key}{'=' + taint.value if taint.value else ''}:{taint.effect} not tolerated"
     return None
 
@@ -69,10 +88,13 @@ ELIGIBILITY_CHECKS: tuple[EligibilityCheck, ...] = (
 )
 
 
-def node_rejection(spec: CpuLLMServiceSpec, node: NodeProfile) -> str | None:
-    """Why a node cannot run this service at all (the first check that fails), or None."""
+def node_rejection(needs: Needs | CpuLLMServiceSpec, node: NodeProfile) -> str | None:
+    """Why a node cannot run this service at all (the first check that fails), or None. Given many nodes, pass
+    `Needs.of(spec)`, worked out once."""
+    if isinstance(needs, CpuLLMServiceSpec):
+        needs = Needs.of(needs)
     for check in ELIGIBILITY_CHECKS:
-        why = check.reject(spec, node)
+        why = check.reject(needs, node)
         if why is not None:
             return why
     return None

@@ -29,7 +29,7 @@ from typing import Any
 from cpullm.api.plan import NodeProfileSummary, Plan
 from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, Placement, ThreadsBindMode
 from cpullm.core import constants as c
-from cpullm.core.eligibility import node_rejection, required_node_terms
+from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of, tensor_parallel_problem
@@ -50,12 +50,12 @@ def plan_service(
         problem = tensor_parallel_problem(explicit_tp, model)
         if problem:
             raise InvalidTensorParallelSize(problem)
-    required_node_terms(spec.affinity)  # a malformed affinity is an InvalidSpec before any node is judged
+    needs = Needs.of(spec)  # a malformed affinity is an InvalidSpec before any node is judged
 
     eligible: list[NodeProfile] = []
     rejections: dict[str, str] = {}
     for node in nodes:
-        why = node_rejection(spec, node)
+        why = node_rejection(needs, node)
         if why is None:
             eligible.append(node)
         else:
@@ -63,17 +63,21 @@ def plan_service(
     if not eligible:
         raise NoEligibleNode(rejections)
 
-    plans: list[Plan] = []
+    plans: list[tuple[Plan, Shape]] = []
     refusals: list[tuple[Shape, PlanRefusal]] = []
     for shape in shapes_of(eligible):
         try:
-            plans.append(_plan_for_shape(spec, model, shape, explicit_tp))
+            plans.append((_plan_for_shape(spec, model, shape, explicit_tp), shape))
         except PlanRefusal as refusal:
             refusals.append((shape, refusal))
             rejections.update(dict.fromkeys(shape.names, refusal.message))
     if plans:
         running = _shape_key((current or {}).get("nodeProfile") or {})
-        return max(plans, key=lambda p: _preference(p, spec.replicas, running))
+        plan, shape = max(plans, key=lambda candidate: _preference(candidate[0], spec.replicas, running))
+        # The chosen shape's alone: a label signature per member node was the planner's costliest step when
+        # worked out for every shape (~1/3 of its time at 1,000 nodes).
+        terms = shape_node_terms(shape.members, spec.cpu.required_isa)
+        return plan.model_copy(update={"node_selector_terms": terms})
     if len({type(refusal) for _, refusal in refusals}) == 1:
         # Every shape refused for the same reason: say that, for the shape that came closest (most memory).
         raise max(refusals, key=lambda item: (item[0].memory_bytes, item[0].node.cpus))[1]
@@ -294,7 +298,6 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
             isa=sorted(node.isa),
         ),
         eligible_nodes=shape.names,
-        node_selector_terms=shape_node_terms(shape.members, spec.cpu.required_isa),
         summary=summary,
     )
 

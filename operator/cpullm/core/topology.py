@@ -13,6 +13,7 @@ The label contract (README, "Node labels"):
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -78,7 +79,7 @@ class NodeProfile:
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     taints: tuple[Taint, ...] = ()
 
-    @property
+    @functools.cached_property  # a profile lives in the node index, and every reconcile groups nodes by it
     def shape(self) -> tuple[object, ...]:
         """Nodes with the same shape get the same plan; memory may differ (the profile takes the least)."""
         return (
