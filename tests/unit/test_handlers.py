@@ -27,9 +27,11 @@ class RecordingReconciler:
         self.deployments: list[Any] = []
         self.changed_while_away: set[str] = set()
         self.own_writes: set[str] = set()  # children whose events child_event finds to need no reconcile
+        self.specs_read: set[str] = set()  # services whose events service_event finds to need no reconcile
+        self.forgotten: list[str] = []
         self.vanished: dict[str, Any] = {}
 
-    def begin(self, namespace, name, deployment):
+    def begin(self, service, deployment):
         return 0
 
     def reconcile(
@@ -47,6 +49,12 @@ class RecordingReconciler:
 
     def emit_event(self, regarding, type_, reason, message):
         self.events.append((regarding["kind"], type_, reason))
+
+    def service_event(self, service):
+        return service["metadata"]["name"] not in self.specs_read
+
+    def forget(self, namespace, name, uid):
+        self.forgotten.append(name)
 
     def child_event(self, kind, namespace, name, event, body, owner):
         self.seen.append((kind, name, event))
@@ -66,6 +74,7 @@ def handler_memo(reconciler: Any, workers: int = 2) -> kopf.Memo:
 
 # Kopf passes every index to every handler; these tests fill only the one they are about.
 OTHER_INDEXES: dict[str, Any] = {"owned_deployments": {}, "installed_crds": {}, "unschedulable_pods": {}}
+INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
 SERVICES = {
     ("ns", "a"): [{"metadata": {"name": "a", "namespace": "ns"}}],
@@ -452,10 +461,64 @@ def test_at_most_the_configured_number_of_reconciles_run_at_once():
     bodies = [{"metadata": {"name": f"s{i}", "namespace": "ns"}} for i in range(6)]
     indexes = {"node_profiles": {"n1": [node("n1")]}, **OTHER_INDEXES}
 
+    services = {("ns", b["metadata"]["name"]): [b] for b in bodies}
+
     async def burst() -> None:
-        created = [handlers.reconcile_service(body=kopf.Body(b), retry=0, memo=memo, **indexes) for b in bodies]
+        created = [service_event(memo, "ADDED", b, services, indexes) for b in bodies]
         events = [handlers._reconcile_quietly(memo, [b], indexes) for b in bodies]
         await asyncio.gather(*created, *events)
 
     asyncio.run(burst())
     assert (rec.most, len(rec.calls)) == (2, 12)
+
+
+def service_event(
+    memo: kopf.Memo, type_: str | None, body: dict[str, Any], services: Any, indexes: dict[str, Any]
+) -> Any:
+    meta = body["metadata"]
+    return handlers.service_changed(
+        type=type_,
+        namespace=meta["namespace"],
+        name=meta["name"],
+        uid="u1",
+        body=kopf.Body(body),
+        memo=memo,
+        services=services,
+        **indexes,
+    )
+
+
+def test_a_service_event_reconciles_the_indexed_service_when_the_reconciler_finds_its_spec_unread():
+    """Kopf indexes the event's object before handlers run: the reconcile gets the index's copy (without other
+    writers' bookkeeping). Events whose spec was read (the operator's own status patches) and deletions do not
+    reconcile; a deletion forgets the service."""
+    memo = handler_memo(RecordingReconciler())
+    rec = memo["reconciler"]
+    indexes = {"node_profiles": {"n1": [node("n1")]}, **OTHER_INDEXES}
+    event_body = {"metadata": {"name": "a", "namespace": "ns", "managedFields": [{"manager": "kubectl"}]}}
+    for type_ in (None, "ADDED"):
+        asyncio.run(service_event(memo, type_, event_body, SERVICES, indexes))
+    rec.specs_read.add("a")
+    asyncio.run(service_event(memo, "MODIFIED", event_body, SERVICES, indexes))
+    asyncio.run(service_event(memo, "DELETED", event_body, SERVICES, indexes))
+    assert rec.calls == [("a", ["n1"])] * 2
+    assert rec.forgotten == ["a"]
+    gone = {"metadata": {"name": "gone", "namespace": "ns", "deletionTimestamp": "now"}}
+    asyncio.run(service_event(memo, "MODIFIED", gone, SERVICES, indexes))  # being deleted: nothing to apply
+    assert len(rec.calls) == 2
+
+
+def test_failed_reconciles_of_one_service_leave_one_retry_pending_the_soonest(monkeypatch):
+    memo = handler_memo(FlakyReconciler(failures=100))
+    delays = iter([30.0, 0.01, 60.0])
+    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt: next(delays, None))
+
+    async def scenario() -> None:
+        for _ in range(3):
+            await handlers._reconcile_quietly(memo, SERVICES["ns", "a"], {"services": SERVICES, **INDEXES})
+        assert len(memo["event_retries"]) == 1
+        while memo["event_retries"]:
+            await asyncio.sleep(0.01)
+
+    asyncio.run(scenario())
+    assert len(memo["reconciler"].calls) == 4  # three failures, then the 0.01 s retry (its delay runs out: None)

@@ -3,10 +3,9 @@
 from datetime import UTC, datetime
 from typing import Any
 
-import kopf
 import pytest
 
-from cpullm.controller.outcomes import outcome_to_kopf
+from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.decision import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
@@ -104,7 +103,7 @@ def test_refusal_becomes_condition_and_warning_event_not_an_exception():
     assert kube.applied == []
     assert kube.events == [("Warning", "NoEligibleNode"), ("Warning", "NoEligibleNode")]
     assert kube.status_patches[0]["conditions"][0]["message"].startswith("no eligible node: lacks ISA sve")
-    outcome_to_kopf(outcome, retry=0)  # a refusal is not retried: Kopf sees success
+    assert retry_delay(outcome, 0) is None  # a refusal waits for a change of the spec or the nodes
 
 
 def test_invalid_spec_is_reported():
@@ -128,9 +127,7 @@ def test_unavailable_model_config_is_reported_and_retried_with_backoff(spec, hub
     outcome = rec.reconcile(service(spec), NODES)
     assert isinstance(outcome, ModelConfigUnavailable) and message in outcome.message
     assert kube.status_patches[0]["conditions"][0]["reason"] == "ModelConfigUnavailable"
-    with pytest.raises(kopf.TemporaryError) as raised:
-        outcome_to_kopf(outcome, retry=3)
-    assert raised.value.delay == 80
+    assert retry_delay(outcome, 3) == 80
 
 
 def test_inline_config_needs_no_hub():
@@ -186,8 +183,7 @@ def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
     outcome = rec.reconcile(service({}), NODES)
     assert isinstance(outcome, PermissionDenied)
     assert kube.status_patches[0]["conditions"][0]["reason"] == "PermissionDenied"
-    with pytest.raises(kopf.TemporaryError):
-        outcome_to_kopf(outcome, retry=0)
+    assert retry_delay(outcome, 0) == 10
 
 
 def test_forgetting_a_deleted_service_releases_its_memory():
@@ -283,7 +279,7 @@ def test_a_child_event_asks_for_a_reconcile_only_when_it_can_change_the_children
     writes, answered with generation 1, resourceVersion 10) asks for nothing more."""
     rec, kube = reconciler()
     applied_with_markers(kube)
-    rec.reconcile(service({}), NODES, STARTING, ticket=rec.begin("serving", "llama", STARTING))
+    rec.reconcile(service({}), NODES, STARTING, ticket=rec.begin(service({}), STARTING))
     assert rec.child_event(kind, "serving", name, event, body, "llama") is needed
 
 
@@ -297,14 +293,14 @@ def test_a_reconcile_that_read_older_facts_than_a_later_one_is_superseded():
     """Two reconciles of one service read their facts in order (begin); the older, run second, would report its
     older Deployment counts over the newer's. It does nothing; so does one of a service deleted meanwhile."""
     rec, kube = reconciler()
-    older = rec.begin("serving", "llama", None)
-    newer = rec.begin("serving", "llama", READY)
+    older = rec.begin(service({}), None)
+    newer = rec.begin(service({}), READY)
     assert rec.reconcile(service({}), NODES, READY, ticket=newer) is not None
     patches, applied = len(kube.status_patches), len(kube.applied)
     assert rec.reconcile(service({}), NODES, None, ticket=older) is None
     assert (len(kube.status_patches), len(kube.applied)) == (patches, applied)
     assert kube.status_patches[-1]["readyReplicas"] == 1
-    pending = rec.begin("serving", "llama", READY)
+    pending = rec.begin(service({}), READY)
     rec.forget("serving", "llama", "u1")
     assert rec.reconcile(service({}), NODES, READY, ticket=pending) is None
     assert len(kube.applied) == applied
@@ -358,3 +354,17 @@ def test_a_forgotten_service_leaves_no_children_to_look_for():
     rec.reconcile(service({}), NODES, READY)
     rec.forget("serving", "llama", "u1")
     assert [rec.find_vanished(kind, []) for kind in ("Deployment", "Service", "ConfigMap")] == [[], [], []]
+
+
+def test_a_service_event_asks_for_a_reconcile_only_for_a_spec_no_reconcile_read():
+    """The operator's own status patches (same generation) ask for nothing; a new generation, another object
+    under the same name, or a service this process never reconciled (its first listing) do."""
+    rec, _ = reconciler()
+    first = service({})
+    assert rec.service_event(first)
+    rec.begin(first, None)
+    assert not rec.service_event({**first, "status": {"observedGeneration": 2}})
+    assert rec.service_event({**first, "metadata": {**first["metadata"], "generation": 3}})
+    assert rec.service_event({**first, "metadata": {**first["metadata"], "uid": "u2"}})
+    rec.forget("serving", "llama", "u1")
+    assert rec.service_event(first)

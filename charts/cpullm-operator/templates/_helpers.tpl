@@ -26,7 +26,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- define "cpullm.namespacedRules" -}}
 - apiGroups: [cpullm.io]
   resources: [cpullmservices]
-  verbs: [list, watch, patch]
+  verbs: [list, watch]
 - apiGroups: [cpullm.io]
   resources: [cpullmservices/status]
   verbs: [patch]

@@ -1,6 +1,6 @@
 """Kopf handlers: thin. They turn watch events into Reconciler.reconcile calls and map its outcome to Kopf.
 
-Triggers: the CpuLLMService itself (create/update/resume, retried per controller/outcomes.py); a node whose
+Triggers: the CpuLLMService itself (new, its spec changed, or first seen); a node whose
 profile changed (the services it can affect are re-planned; only changed plans touch anything); a change
 to a child Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status); a
 server pod the scheduler cannot place, or can again (its message goes into the Ready condition); an
@@ -25,7 +25,7 @@ from typing import Any
 import kopf
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION, parse_spec
-from cpullm.controller.outcomes import outcome_to_kopf, retry_delay
+from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.children import OPTIONAL_APIS
@@ -51,12 +51,6 @@ POD_RESOURCE = ("", "v1", "pods")  # the server pods: only whether the scheduler
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Every Kopf setting the operator changes from Kopf's defaults, each with its reason."""
-    # Handler progress and the last-handled spec go in annotations under our own group, never in status:
-    # status is the operator's report (and has a schema), and the annotations then say whose they are.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration"
-    )
     # Resources are known at start-up (the CRD is installed before the operator), so the operator needs no
     # list/watch on CustomResourceDefinitions or Namespaces.
     settings.scanning.disabled = True
@@ -211,25 +205,33 @@ class _Facts:
         key = (service["metadata"]["namespace"], service["metadata"]["name"])
         deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
         reconciler, workers = memo["reconciler"], memo["workers"]
-        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(*key, deployment))
+        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment))
         return await workers.run(reconciler.reconcile, service, *facts)
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL)
-async def reconcile_service(body: kopf.Body, retry: int, memo: kopf.Memo, **kwargs: Any) -> None:
-    if body.metadata.get("deletionTimestamp"):
-        return
-    async with memo["workers"].slot:
-        outcome = await _Facts(kwargs).reconcile(memo, copy.deepcopy(dict(body)))
-    outcome_to_kopf(outcome, retry)
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL)
-async def service_deleted(type: str | None, namespace: str, name: str, uid: str, memo: kopf.Memo, **_: Any) -> None:
+async def service_changed(
+    type: str | None,
+    namespace: str,
+    name: str,
+    uid: str,
+    body: kopf.Body,
+    memo: kopf.Memo,
+    services: kopf.Index[Any, Any],
+    **kwargs: Any,
+) -> None:
+    """A CpuLLMService was created or changed, or is listed (the operator's first listing reconciles every
+    service, as resume handlers would), or was deleted (what is remembered of it goes; its children go by
+    garbage collection). Only a spec no reconcile has read yet is reconciled (Reconciler.service_event): the
+    operator's own status patches are events too.
+
+    An event handler, not Kopf's create/update handlers: those keep the last handled spec in an annotation,
+    one more write per change and a copy of the whole object per event to compare with it, while the
+    generation already says whether the spec changed."""
     if type == "DELETED":
         memo["reconciler"].forget(namespace, name, uid)
+    elif memo["reconciler"].service_event(body):
+        await _reconcile_quietly(memo, list(services.get((namespace, name), ())), {"services": services, **kwargs})
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -262,7 +264,7 @@ async def node_changed(
         planned_against[name] = state
     NODE_PROFILES.set(sum(len(store) for store in node_profiles.values()))
     if (type is None and first_sight) or not node_state_changed(before, state):
-        return  # the operator's first listing (resume handlers plan every service) or noise
+        return  # the operator's first listing (service_changed plans every service) or noise
     if isinstance(state, NodeLabelError):
         memo["reconciler"].kube.emit_event(
             {"apiVersion": "v1", "kind": "Node", "name": name, "uid": body.metadata.get("uid")},
@@ -291,9 +293,10 @@ def _affected(service: Mapping[str, Any], node: str, before: NodeState, after: N
 async def _reconcile_quietly(
     memo: kopf.Memo, services: list[Mapping[str, Any]], kwargs: Mapping[str, Any], attempt: int = 0
 ) -> None:
-    """Event-driven reconciles report through status. One that could not finish (API server unreachable, Hub
-    down, permission denied) is tried again later with the latest service and indexes, on the resource
-    handler's delays; a handler bug is logged with its traceback and not retried."""
+    """Reconciles report through status. One that could not finish (API server unreachable, Hub down,
+    permission denied) is tried again later with the latest service and indexes (controller/outcomes.py's
+    delays), until one finishes or the service is gone; a handler bug is logged with its traceback and not
+    retried."""
     for service in [s for s in services if not s["metadata"].get("deletionTimestamp")]:
         meta = service["metadata"]
         try:
@@ -303,25 +306,28 @@ async def _reconcile_quietly(
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
             continue
         delay = retry_delay(outcome, attempt)
-        if delay is not None and attempt < MAX_EVENT_RETRIES:
+        if delay is not None:
             _later(memo, (meta["namespace"], meta["name"]), kwargs, attempt + 1, delay)
 
 
-MAX_EVENT_RETRIES = 8  # with the backoff of controller/outcomes.py: about 10 minutes in all
-
-
 def _later(memo: kopf.Memo, key: tuple[str, str], kwargs: Mapping[str, Any], attempt: int, delay: float) -> None:
-    """Reconcile the service `key` again after `delay`, from Kopf's indexes as they are then."""
-    pending: set[asyncio.Task[None]] = memo.setdefault("event_retries", set())
+    """Reconcile the service `key` again after `delay`, from Kopf's indexes as they are then. At most one retry
+    per service is pending, the soonest asked for: it reads the latest facts, whichever events failed before."""
+    pending: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = memo.setdefault("event_retries", {})
+    loop = asyncio.get_running_loop()
+    due = loop.time() + delay
+    if key in pending:
+        if pending[key][0] <= due:
+            return
+        pending[key][1].cancel()
 
     async def again() -> None:
         await asyncio.sleep(delay)
+        del pending[key]
         latest = list(kwargs["services"].get(key, ())) if "services" in kwargs else []
         await _reconcile_quietly(memo, latest, kwargs, attempt)
 
-    task = asyncio.get_running_loop().create_task(again())
-    pending.add(task)  # kept referenced until done
-    task.add_done_callback(pending.discard)
+    pending[key] = (due, loop.create_task(again()))  # kept referenced until it starts
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
@@ -375,7 +381,7 @@ async def pod_changed(
     else:
         failing.pop((namespace, name), None)
     owner = labels.get(SERVICE_LABEL)
-    # The operator's first listing (type None, never seen) is read by the resume handlers; a pod already
+    # The operator's first listing (type None, never seen) is read by service_changed's first reconciles; a pod already
     # known that comes in a re-listing (after a watch failed) is news like any other event.
     if not (type is None and first_sight) and (namespace, owner) in services:
         await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
@@ -401,7 +407,7 @@ async def optional_api_changed(
         return  # no change in what is served (CRD edits, resyncs)
     (served.add if now else served.discard)(name)
     if type is None and first_sight:
-        return  # the operator's first listing: the resume handlers plan every service
+        return  # the operator's first listing: service_changed plans every service
     wanting = [s for store in services.values() for s in store if _asks_for(s, name)]
     await _reconcile_quietly(memo, wanting, {"services": services, **kwargs})
 

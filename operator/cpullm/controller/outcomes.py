@@ -1,6 +1,6 @@
-"""The one place the operator's outcomes meet Kopf: retry or not, and how soon. Reconciles triggered by a
-resource's own changes are retried by Kopf; those triggered by a node, a child or a CRD event are retried by
-the handlers on the same delays (controller/handlers.py), so none is left behind after a transient fault.
+"""The one place a reconcile's outcome becomes a decision to retry, and how soon. Every reconcile is started by
+a watch event (the service's own, a node's, a child's, a CRD's) or a resync, and the handlers retry it on these
+delays (controller/handlers.py) until one finishes, so none is left behind after a transient fault:
 
 - a plan, a refusal (PlanRefusal) or a bad spec (InvalidSpec) is already reported in status and waits for a
   change of the spec or the nodes: no retry;
@@ -10,8 +10,6 @@ the handlers on the same delays (controller/handlers.py), so none is left behind
 """
 
 from __future__ import annotations
-
-import kopf
 
 from cpullm.api.plan import Plan
 from cpullm.errors import CpuLLMError, InvalidSpec, PlanRefusal, TransientApiError
@@ -28,10 +26,3 @@ def retry_delay(outcome: Plan | CpuLLMError | None, retry: int) -> float | None:
     if isinstance(outcome, TransientApiError):
         return TRANSIENT_RETRY_SECONDS
     return float(min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * 2**retry))
-
-
-def outcome_to_kopf(outcome: Plan | CpuLLMError | None, retry: int) -> None:
-    delay = retry_delay(outcome, retry)
-    if delay is not None:
-        assert isinstance(outcome, CpuLLMError)
-        raise kopf.TemporaryError(outcome.message, delay=delay)

@@ -1,4 +1,4 @@
-"""One idempotent reconcile for a CpuLLMService, shared by create, update, resume, node and child events.
+"""One idempotent reconcile for a CpuLLMService, shared by its own, node and child events.
 
 gather (controller/gather.py) -> decide (core/decision.py, pure) -> apply: server-side apply of the children,
 a status patch only when the status changed, an event for each condition that changed.
@@ -63,10 +63,12 @@ class _Applied:
 
 @dataclass(frozen=True)
 class _Started:
-    """The latest reconcile of a service to read its facts: its ticket, and the owned Deployment's replica counts
-    it read (all of the Deployment that the service's status reports)."""
+    """The latest reconcile of a service to read its facts: its ticket, the service's uid and generation (the
+    spec it read), and the owned Deployment's replica counts it read (all of it that status reports)."""
 
     ticket: int
+    uid: str
+    generation: int
     replicas: tuple[int, int]
 
 
@@ -141,13 +143,26 @@ class Reconciler:
         for key in [k for k, applied in self._applied.items() if k[1] == namespace and applied.owner == name]:
             self._applied.pop(key, None)
 
-    def begin(self, namespace: str, name: str, deployment: Mapping[str, Any] | None) -> int:
-        """Where a reconcile of the service reads its facts (the service, its Deployment as last seen): its ticket
-        for `reconcile`. Called on the event loop, where Kopf updates what the facts are read from, so tickets
+    def begin(self, service: Mapping[str, Any], deployment: Mapping[str, Any] | None) -> int:
+        """Where a reconcile reads its facts (the service, its Deployment as last seen): its ticket for
+        `reconcile`. Called on the event loop, where Kopf updates what the facts are read from, so tickets
         follow the order of the facts."""
+        meta = service["metadata"]
         ticket = next(self._tickets)
-        self._latest[namespace, name] = _Started(ticket, replica_counts((deployment or {}).get("status")))
+        counts = replica_counts((deployment or {}).get("status"))
+        generation = int(meta.get("generation") or 0)
+        self._latest[meta["namespace"], meta["name"]] = _Started(ticket, str(meta.get("uid")), generation, counts)
         return ticket
+
+    def service_event(self, service: Mapping[str, Any]) -> bool:
+        """A watch event of a CpuLLMService (in Kopf's listings too): whether it needs a reconcile. Yes when no
+        reconcile read this spec yet: the service is new, its spec changed (its generation), or this process has
+        not reconciled it (its first listing, as after a restart). No for the operator's own status
+        patches and metadata edits, which change nothing it reads."""
+        meta = service["metadata"]
+        latest = self._latest.get((meta["namespace"], meta["name"]))
+        spec_read = (str(meta.get("uid")), int(meta.get("generation") or 0))
+        return latest is None or (latest.uid, latest.generation) != spec_read
 
     def child_event(
         self, kind: str, namespace: str, name: str, event: str | None, body: Mapping[str, Any], owner: str
@@ -160,7 +175,7 @@ class Reconciler:
         replica counts are not those the owner's latest reconcile read; and for any watch event of a child this
         process has not applied (yet). No for the operator's own writes and a Deployment's other status updates:
         those reconciles changed nothing (4 of the 6 per service at N=1,000). In a re-listing, a child known to
-        nothing (the operator's first listing) needs none: the resume handlers reconcile every service."""
+        nothing (the operator's first listing) needs none: every service is reconciled on its own listing."""
         key = (kind, namespace, name)
         applied = self._applied.get(key)
         if applied is not None and (event == "DELETED" or _marker(kind, body) != applied.marker):
