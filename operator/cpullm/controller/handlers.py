@@ -1,4 +1,4 @@
-"""Kopf handlers: thin. They turn watch events into Reconciler.reconcile calls and map its outcome to Kopf.
+"""Kopf handlers: thin. They turn watch events into Reconciler.reconcile calls and retry those that could not finish.
 
 Triggers: the CpuLLMService itself (new, its spec changed, or first seen); a node whose
 profile changed (the services it can affect are re-planned; only changed plans touch anything); a change
@@ -323,11 +323,15 @@ def _later(memo: kopf.Memo, key: tuple[str, str], kwargs: Mapping[str, Any], att
 
     async def again() -> None:
         await asyncio.sleep(delay)
-        del pending[key]
+        del pending[key]  # from here on, a failure schedules the next retry
         latest = list(kwargs["services"].get(key, ())) if "services" in kwargs else []
         await _reconcile_quietly(memo, latest, kwargs, attempt)
 
-    pending[key] = (due, loop.create_task(again()))  # kept referenced until it starts
+    task = loop.create_task(again())
+    pending[key] = (due, task)
+    running: set[asyncio.Task[None]] = memo.setdefault("retry_tasks", set())
+    running.add(task)  # kept referenced until done (the event loop keeps only weak references)
+    task.add_done_callback(running.discard)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
