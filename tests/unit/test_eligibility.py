@@ -5,7 +5,7 @@ from itertools import combinations
 
 import pytest
 
-from cpullm.core.eligibility import ELIGIBILITY_CHECKS, node_rejection, required_node_terms
+from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection, required_node_terms
 from cpullm.core.planner import plan_service
 from cpullm.core.topology import parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError, NoEligibleNode
@@ -44,7 +44,7 @@ def test_the_chain_is_in_the_documented_order():
 @pytest.mark.parametrize("name", ORDER)
 def test_each_check_alone_gives_its_rejection(name):
     node_kwargs, fields, why = FAILURES[name]
-    assert node_rejection(spec(**fields), node("n", **node_kwargs)) == why
+    assert node_rejection(Needs.of(spec(**fields)), node("n", **node_kwargs)) == why
 
 
 @pytest.mark.parametrize(
@@ -55,7 +55,7 @@ def test_a_node_failing_several_checks_is_rejected_by_the_first(first, later):
     node_kwargs = {**FAILURES[first][0], **FAILURES[later][0]}
     fields = {**FAILURES[first][1], **FAILURES[later][1]}
     service, candidate = spec(**fields), node("n", **node_kwargs)
-    assert node_rejection(service, candidate) == FAILURES[first][2]
+    assert node_rejection(Needs.of(service), candidate) == FAILURES[first][2]
     with pytest.raises(NoEligibleNode) as refused:
         plan_service(service, llama_8b(), [candidate])
     assert refused.value.rejections == {"n": FAILURES[first][2]}

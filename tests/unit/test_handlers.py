@@ -272,6 +272,12 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
         ("ns", "needs-sve"): [
             {"metadata": {"name": "needs-sve", "namespace": "ns"}, "spec": {**base, "cpu": {"requiredISA": ["sve"]}}}
         ],
+        ("ns", "bad-affinity"): [  # parses, but its affinity is no object: its reconcile reports an InvalidSpec
+            {
+                "metadata": {"name": "bad-affinity", "namespace": "ns"},
+                "spec": {**base, "affinity": {"nodeAffinity": "x"}},
+            }
+        ],
     }
     index = {"n1": [node("n1", labels={"pool": "a"})]}
     call = handlers.node_changed(
@@ -296,8 +302,9 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
         **OTHER_INDEXES,
     )
     asyncio.run(call)
-    # pool-a: n1 can run it; planned-on-n1: its plan runs there; needs-sve: n1 lacks the ISA, so it is left alone.
-    assert sorted(name for name, _ in memo["reconciler"].calls) == ["planned-on-n1", "pool-a"]
+    # pool-a: n1 can run it; planned-on-n1: its plan runs there; needs-sve: n1 lacks the ISA, so it is left alone;
+    # bad-affinity: its spec cannot be judged, so it is reconciled (and reports why).
+    assert sorted(name for name, _ in memo["reconciler"].calls) == ["bad-affinity", "planned-on-n1", "pool-a"]
 
 
 def pod(name: str, scheduled: dict[str, str] | None) -> dict[str, Any]:

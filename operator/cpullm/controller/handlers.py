@@ -31,7 +31,7 @@ from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
-from cpullm.core.eligibility import node_rejection
+from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
 from cpullm.errors import CpuLLMError, NodeLabelError, PermissionDenied, TransientApiError
@@ -284,10 +284,10 @@ def _affected(service: Mapping[str, Any], node: str, before: NodeState, after: N
     if node in (plan.get("eligibleNodes") or []):
         return True
     try:
-        spec = parse_spec(service.get("spec"))
+        needs = Needs.of(parse_spec(service.get("spec")))  # a malformed affinity is an InvalidSpec here too
     except CpuLLMError:
         return True  # its reconcile reports the spec; nothing to save here
-    return any(isinstance(p, NodeProfile) and node_rejection(spec, p) is None for p in (before, after))
+    return any(isinstance(p, NodeProfile) and node_rejection(needs, p) is None for p in (before, after))
 
 
 async def _reconcile_quietly(

@@ -88,11 +88,8 @@ ELIGIBILITY_CHECKS: tuple[EligibilityCheck, ...] = (
 )
 
 
-def node_rejection(needs: Needs | CpuLLMServiceSpec, node: NodeProfile) -> str | None:
-    """Why a node cannot run this service at all (the first check that fails), or None. Given many nodes, pass
-    `Needs.of(spec)`, worked out once."""
-    if isinstance(needs, CpuLLMServiceSpec):
-        needs = Needs.of(needs)
+def node_rejection(needs: Needs, node: NodeProfile) -> str | None:
+    """Why a node cannot run the service that has these needs at all (the first check that fails), or None."""
     for check in ELIGIBILITY_CHECKS:
         why = check.reject(needs, node)
         if why is not None:
