@@ -1,12 +1,13 @@
 """A kind cluster from the node image built here (e2e/kind_images.py), with what kind's pulled images would give:
 
-- no kindnetd (its source, github.com/aojea/kindnet, is refused by the module proxy here: 403): `disableDefaultCNI`,
-  then each node gets a ptp + host-local CNI config for its pod CIDR and a route to every other node's pod CIDR
-  (what kindnetd does), through `docker exec`;
+- kind's default CNI (its kindnet DaemonSet, applied by `kind create cluster`), whose image is our stand-in for
+  kindnetd (e2e/kindnet.py: kindnetd's source, github.com/aojea/kindnet, is refused by the module proxy here: 403);
 - kind's default StorageClass (`standard`, rancher.io/local-path) as kind's node image has it, from images built
   here (local-path-provisioner v0.0.30, the newest the module proxy here serves; kind v0.32 ships v0.0.34);
 - etcd runs our build at its own version (ClusterConfiguration etcd.local.imageTag);
-- every kubelet runs the static CPU manager with CPU 0 reserved, so a Guaranteed pod gets an exclusive cpuset;
+- every kubelet runs the static CPU manager with 100m reserved for the system (kubeReserved), which it rounds up to
+  a reserved CPU 0, so a Guaranteed pod gets an exclusive cpuset; a 2-CPU host's worker then allocates 1.9 CPUs,
+  room for kindnet's 100m beside a server's whole CPU (reservedSystemCPUs would leave it 1);
 - only on a cgroup v1 host: the kubelet's `failCgroupV1: false` and kubeadm skipping SystemVerification;
 - only where CAP_SYS_RESOURCE is missing from the bounding set: the node's containerd runs the TEST-ONLY runc
   wrapper and leaves oom_score_adj alone (restrict_oom_score_adj), as the real node does (e2e/realnode.py).
@@ -36,7 +37,7 @@ def cluster_config(name: str, workers: int, *, cgroup_v1: bool, lacks_cap: bool)
     kubelet: dict[str, Any] = {
         "kind": "KubeletConfiguration",
         "cpuManagerPolicy": "static",
-        "reservedSystemCPUs": "0",
+        "kubeReserved": {"cpu": "100m"},
     }
     patches = [f"kind: ClusterConfiguration\netcd:\n  local:\n    imageTag: {tool_version('ETCD')}\n"]
     if cgroup_v1:
@@ -48,7 +49,6 @@ def cluster_config(name: str, workers: int, *, cgroup_v1: bool, lacks_cap: bool)
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
         "name": name,
-        "networking": {"disableDefaultCNI": True},
         "kubeadmConfigPatches": patches,
         "nodes": [{"role": "control-plane"}] + [{"role": "worker"} for _ in range(workers)],
     }
@@ -59,18 +59,6 @@ def cluster_config(name: str, workers: int, *, cgroup_v1: bool, lacks_cap: bool)
             f'  BinaryName = "{WRAPPER_IN_NODE}"\n'
         ]
     return config
-
-
-def cni_config(pod_cidr: str) -> str:
-    plugins = [
-        {
-            "type": "ptp",
-            "ipMasq": True,
-            "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}]},
-        },
-        {"type": "portmap", "capabilities": {"portMappings": True}},
-    ]
-    return json.dumps({"cniVersion": "0.4.0", "name": "cpullm", "plugins": plugins})
 
 
 @dataclass
@@ -92,7 +80,6 @@ class KindCluster:
         self._kind(
             "create", "cluster", "--image", node_image, "--config", str(path), "--kubeconfig", str(self.kubeconfig)
         )
-        self.install_network()
         eventually(self._nodes_ready, timeout=120, what="every kind node Ready")
         return self
 
@@ -119,24 +106,6 @@ class KindCluster:
     def run_kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         command = [str(self.kubectl), "--kubeconfig", str(self.kubeconfig), *args]
         return subprocess.run(command, check=check, capture_output=True, text=True, input=stdin)
-
-    def install_network(self) -> None:
-        """Each node: a CNI config for its pod CIDR and routes to the others' (what kindnetd would do)."""
-        nodes = eventually(self._pod_cidrs, timeout=60, what="pod CIDRs assigned")
-        for name, (_, cidr) in nodes.items():
-            self._node_exec(name, "sh", "-c", "cat > /etc/cni/net.d/10-cpullm.conflist", stdin=cni_config(cidr))
-            for other, (other_address, other_cidr) in nodes.items():
-                if other != name:
-                    self._node_exec(name, "ip", "route", "replace", other_cidr, "via", other_address)
-
-    def _pod_cidrs(self) -> dict[str, tuple[str, str]]:
-        found = {}
-        for node in self.kubectl_json("get", "nodes")["items"]:
-            address = next(a["address"] for a in node["status"]["addresses"] if a["type"] == "InternalIP")
-            cidr = node["spec"].get("podCIDR")
-            assert cidr, f"{node['metadata']['name']} has no pod CIDR yet"
-            found[node["metadata"]["name"]] = (address, cidr)
-        return found
 
     def _nodes_ready(self) -> bool:
         for node in self.kubectl_json("get", "nodes")["items"]:

@@ -13,9 +13,10 @@
   (scripts/build-tools.sh) and, imported into its containerd under the references kubeadm and kind ask for, the
   control-plane images, kube-proxy (on the base's root filesystem: it needs iptables), our etcd build (under its own
   version; e2e/kind_cluster.py tells kubeadm), CoreDNS (built from its Go module at kubeadm's version), our pause
-  as kind's sandbox image, and kind's default storage (KindStorage: the local-path-provisioner built from its Go
-  module, the Debian test image as its helper, and kind's manifest). Kept in Docker's image store (~2 GB), keyed
-  by its inputs.
+  as kind's sandbox image, kind's default storage (kind_storage: the local-path-provisioner built from its Go
+  module, the Debian test image as its helper, and kind's manifest) and kind's default CNI (kind_cni: kind's
+  kindnet manifest, its image our kindnetd stand-in e2e/kindnet.py on the base's root filesystem). Kept in
+  Docker's image store (~2 GB), keyed by its inputs.
 
 The kind-base tar is an OCI image layout with a Docker manifest.json as well (`docker load` takes it); the
 component images are OCI layouts imported with ctr. All are cached beside the real node's images (e2e/images.py).
@@ -31,6 +32,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +55,7 @@ from e2e.images import (
 )
 
 RUNC_WRAPPER = ROOT / "e2e" / "node" / "runc-wrapper"
+KINDNET = ROOT / "e2e" / "kindnet.py"
 KIND_BASE_PACKAGES = (
     "systemd",
     "conntrack",
@@ -169,32 +172,45 @@ def binary_image(name: str, ref: str, binaries: list[Path], base: Rootfs | None 
     return image
 
 
-class KindStorage:
-    """kind's default storage, as its node-image builder bakes it in (pkg/build/nodeimage/const_storage.go of the
-    pinned module): the local-path-provisioner's and its helper's image references, and the manifest written to
-    /kind/manifests/default-storage.yaml, which `kind create cluster` applies (without it, kind falls back to a
-    host-path StorageClass with no provisioner)."""
+@dataclass(frozen=True)
+class KindManifest:
+    """A manifest kind's node-image builder bakes into the node (a pkg/build/nodeimage/const_*.go of the pinned
+    module) at /kind/manifests/, which `kind create cluster` applies, and the image references it names (the
+    module's string constants, by name)."""
 
-    PATH = "/kind/manifests/default-storage.yaml"
+    path: str
+    text: str
+    refs: dict[str, str]
 
-    def __init__(self, kind: Path) -> None:
-        source = (kind / "pkg" / "build" / "nodeimage" / "const_storage.go").read_text()
-        constants = dict(re.findall(r'^const (\w+) = "([^"]*)"$', source, re.MULTILINE))
-        self.provisioner_ref = constants["storageProvisionerImage"]
-        self.helper_ref = constants["storageHelperImage"]
-        # `const defaultStorageManifest = `...` + storageProvisionerImage + `...``: raw strings and constants.
-        expression = source.split("const defaultStorageManifest = ", 1)[1]
+    @classmethod
+    def read(cls, kind: Path, source: str, constant: str, path: str) -> KindManifest:
+        """`constant`: the manifest's Go constant, raw strings and string constants joined by `+`."""
+        go = (kind / "pkg" / "build" / "nodeimage" / source).read_text()
+        refs = dict(re.findall(r'^const (\w+) = "([^"]*)"$', go, re.MULTILINE))
+        expression = go.split(f"const {constant} = ", 1)[1]
         parts, position = [], 0
         for token in re.finditer(r"\s*(?:`([^`]*)`|(\w+))\s*(\+?)", expression):
-            assert token.start() == position, f"unexpected Go in defaultStorageManifest: {expression[position:][:80]}"
-            parts.append(token[1] if token[1] is not None else constants[token[2]])
+            assert token.start() == position, f"unexpected Go in {constant}: {expression[position:][:80]}"
+            parts.append(token[1] if token[1] is not None else refs[token[2]])
             position = token.end()
             if not token[3]:
                 break
-        self.manifest = "".join(parts)
+        return cls(path, "".join(parts), refs)
 
 
-def node_images(tools: dict[str, Path], base: Rootfs, storage: KindStorage) -> list[Image]:
+def kind_storage(kind: Path) -> KindManifest:
+    """kind's default storage: the local-path-provisioner and its helper (without it, kind falls back to a
+    host-path StorageClass with no provisioner)."""
+    return KindManifest.read(kind, "const_storage.go", "defaultStorageManifest", "/kind/manifests/default-storage.yaml")
+
+
+def kind_cni(kind: Path) -> KindManifest:
+    """kind's default CNI: the kindnet DaemonSet (a template kind fills with the pod subnet), whose image here is
+    our stand-in for kindnetd (e2e/kindnet.py)."""
+    return KindManifest.read(kind, "const_cni.go", "defaultCNIManifest", "/kind/manifests/default-cni.yaml")
+
+
+def node_images(tools: dict[str, Path], base: Rootfs, storage: KindManifest, cni: KindManifest) -> list[Image]:
     """Every image a kind node would pull, built here under the reference it would pull."""
     v = tool_version("KUBERNETES")
     k8s, node = tools["kubernetes"], tools["kubelet"]
@@ -212,9 +228,12 @@ def node_images(tools: dict[str, Path], base: Rootfs, storage: KindStorage) -> l
     pause = build_pause()
     images.append(Image(SANDBOX_IMAGE, pause.tar))  # imported under kind's sandbox_image reference
     provisioner = tools["local_path_provisioner"] / "local-path-provisioner"
-    images.append(binary_image("local-path-provisioner", storage.provisioner_ref, [provisioner]))
+    images.append(binary_image("local-path-provisioner", storage.refs["storageProvisionerImage"], [provisioner]))
     # The helper pod runs the ConfigMap's setup/teardown scripts: sh, mkdir and rm (kind's is Debian's, distroless).
-    images.append(Image(storage.helper_ref, build_debian().tar))
+    images.append(Image(storage.refs["storageHelperImage"], build_debian().tar))
+    # On the base's root filesystem (python3, iproute2), whose layer kube-proxy's image has already.
+    kindnet = ["/usr/bin/python3", "-I", f"/usr/local/bin/{KINDNET.name}"]
+    images.append(binary_image("kindnetd", cni.refs["kindnetdImage"], [KINDNET], base, Entrypoint=kindnet))
     return images
 
 
@@ -227,21 +246,26 @@ def build_kind_node(docker_env: dict[str, str]) -> str:
     kind = kind_module()
     base_recipe = kind_base_rootfs(kind)
     base = build_kind_base(base_recipe)
-    storage = KindStorage(kind)
-    images = node_images(tools, base_recipe, storage)
+    manifests = [kind_storage(kind), kind_cni(kind)]
+    images = node_images(tools, base_recipe, *manifests)
     binaries = [tools["kubeadm"] / "kubeadm", tools["kubelet"] / "kubelet", tools["kubernetes"] / "kubectl"]
-    inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images), storage.manifest]
+    inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images), *(m.text for m in manifests)]
     inputs += [f"{b.name}:{b.stat().st_size}:{b.stat().st_mtime_ns}" for b in binaries]
     ref = f"localhost/cpullm-kind-node:{digest_of(*inputs)[:12]}"
     if _docker(docker_env, "image", "inspect", ref, check=False).returncode != 0:
-        _assemble(docker_env, ref, base, binaries, images, storage)
+        _assemble(docker_env, ref, base, binaries, images, manifests)
     drop_other_tags(docker_env, ref)
     drop_other_tags(docker_env, base.ref)
     return ref
 
 
 def _assemble(
-    docker_env: dict[str, str], ref: str, base: Image, binaries: list[Path], images: list[Image], storage: KindStorage
+    docker_env: dict[str, str],
+    ref: str,
+    base: Image,
+    binaries: list[Path],
+    images: list[Image],
+    manifests: list[KindManifest],
 ) -> None:
     log(f"kind-node: assembling {ref}")
     _docker(docker_env, "load", "--input", str(base.tar))
@@ -255,15 +279,9 @@ def _assemble(
             _docker(docker_env, "cp", str(binary), f"{builder}:/usr/bin/{binary.name}")
         version = tool_version("KUBERNETES")
         _docker(docker_env, "exec", builder, "sh", "-c", f"echo {version} > /kind/version")
-        write_storage = (
-            "exec",
-            "-i",
-            builder,
-            "sh",
-            "-c",
-            f"mkdir -p {Path(storage.PATH).parent} && cat > {storage.PATH}",
-        )
-        _docker(docker_env, *write_storage, data=storage.manifest.encode())
+        for manifest in manifests:
+            write = f"mkdir -p {Path(manifest.path).parent} && cat > {manifest.path}"
+            _docker(docker_env, "exec", "-i", builder, "sh", "-c", write, data=manifest.text.encode())
         _docker(docker_env, "exec", "--detach", builder, "containerd")
         _docker(docker_env, "exec", builder, "sh", "-c", "for i in $(seq 50); do ctr version && break; sleep 0.2; done")
         import_into_node = ("exec", "-i", builder, "ctr", "-n", "k8s.io", "images", "import", "--all-platforms")

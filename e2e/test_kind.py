@@ -20,7 +20,7 @@ from e2e.cluster import tool_dirs
 from e2e.helpers import eventually
 from e2e.images import build_debian
 from e2e.kind_cluster import KindCluster
-from e2e.kind_images import KindStorage, build_kind_base, build_kind_node, kind_module
+from e2e.kind_images import build_kind_base, build_kind_node, kind_cni, kind_module, kind_storage
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 DOCKER_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "docker.sh"
@@ -109,8 +109,8 @@ def test_a_kind_node_container_of_the_local_base_image_boots_and_runs_a_nested_c
 @pytest.fixture(scope="module")
 def kind_cluster(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
     """kind with nothing pulled: the node image of e2e/kind_images.py (kubeadm, kubelet, the control-plane images,
-    etcd, CoreDNS, pause and kind's default storage all built here), our CNI in place of kindnetd, the static CPU
-    manager; a control plane and one worker."""
+    etcd, CoreDNS, pause, kind's default storage and a stand-in for kindnetd all built here), the static CPU manager;
+    a control plane and one worker."""
     node_image = build_kind_node(docker_env)
     tools = tool_dirs(["kind", "kubernetes"])
     name = f"cpullm-{uuid.uuid4().hex[:6]}"
@@ -122,6 +122,51 @@ def kind_cluster(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFa
         yield cluster
     finally:
         cluster.delete()
+
+
+def test_kinds_default_cni_runs_on_every_node_and_routes_pods_across_nodes(kind_cluster):
+    """kind's own kindnet DaemonSet, with our kindnetd stand-in under kind's image reference, is ready on every
+    node, and a pod asks a CoreDNS pod on another node, by that pod's IP, for the kubernetes Service's address:
+    pod to pod across nodes, over the stand-in's routes."""
+    cluster = kind_cluster
+    kindnet = cluster.kubectl_json("-n", "kube-system", "get", "daemonset", "kindnet")
+    (container,) = kindnet["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == kind_cni(kind_module()).refs["kindnetdImage"]
+    assert kindnet["status"]["numberReady"] == kindnet["status"]["desiredNumberScheduled"] == 2
+    coredns = cluster.kubectl_json("-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-dns")["items"][0]
+    nodes = {f"{cluster.name}-control-plane", f"{cluster.name}-worker"}
+    (elsewhere,) = nodes - {coredns["spec"]["nodeName"]}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "resolver", "namespace": "default"},
+        "spec": {
+            "restartPolicy": "Never",
+            "nodeSelector": {"kubernetes.io/hostname": elsewhere},
+            "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+            "dnsPolicy": "None",
+            "dnsConfig": {"nameservers": [coredns["status"]["podIP"]]},
+            "containers": [
+                {
+                    "name": "main",
+                    "image": kind_storage(kind_module()).refs["storageHelperImage"],  # Debian's: it has getent
+                    "imagePullPolicy": "Never",
+                    "command": ["getent", "hosts", "kubernetes.default.svc.cluster.local"],
+                }
+            ],
+        },
+    }
+    cluster.run_kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+
+    def finished() -> str:
+        phase = cluster.kubectl_json("get", "pod", "resolver")["status"].get("phase")
+        assert phase in ("Succeeded", "Failed"), f"resolver {phase}"
+        return str(phase)
+
+    phase = eventually(finished, timeout=120, what="the resolver pod to finish")
+    logs = cluster.run_kubectl("logs", "resolver").stdout
+    kubernetes = cluster.kubectl_json("get", "service", "kubernetes")["spec"]["clusterIP"]
+    assert (phase, logs.split()[:1]) == ("Succeeded", [kubernetes]), f"{phase} on {elsewhere}: {logs}"
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="an exclusive CPU needs one beside the reserved CPU 0")
@@ -162,7 +207,7 @@ def test_a_kind_cluster_of_images_built_here_gives_a_guaranteed_pod_an_exclusive
 def test_kinds_default_storage_class_provisions_a_volume_a_pod_writes_to(kind_cluster):
     """kind's default StorageClass (rancher.io/local-path, provisioner and helper images built here) binds a claim
     on first use: its helper pod makes the directory on the worker, and the pod's write lands there."""
-    cluster, storage = kind_cluster, KindStorage(kind_module())
+    cluster, helper = kind_cluster, kind_storage(kind_module()).refs["storageHelperImage"]
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
@@ -178,7 +223,7 @@ def test_kinds_default_storage_class_provisions_a_volume_a_pod_writes_to(kind_cl
             "containers": [
                 {
                     "name": "main",
-                    "image": storage.helper_ref,  # in the node image already: sh is all this needs
+                    "image": helper,  # in the node image already: sh is all this needs
                     "imagePullPolicy": "Never",
                     "command": ["sh", "-c", "echo written-here > /data/proof"],
                     "volumeMounts": [{"name": "data", "mountPath": "/data"}],

@@ -6,7 +6,7 @@
 #
 # 1. a Docker engine: this machine's, or one scripts/docker.sh starts (and stops at the end);
 # 2. python -m e2e.kind_up: kind's base and node images built here (e2e/kind_images.py), a cluster of a control
-#    plane and two workers (e2e/kind_cluster.py: our CNI in place of kindnetd, the static CPU manager), KWOK's
+#    plane and two workers (e2e/kind_cluster.py: kind's default CNI with our kindnetd stand-in, the static CPU manager), KWOK's
 #    controller rendered from its Go module with its image built here (the suite's topology nodes are KWOK nodes,
 #    exactly as on the local control plane), the operator's image built from the Dockerfile, loaded with
 #    `kind load`, and the chart installed with it on the real workers;
