@@ -10,7 +10,7 @@ import json
 import os
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +124,34 @@ def kind_cluster(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFa
         cluster.delete()
 
 
+def one_shot_pod(name: str, command: list[str], mounts: Sequence[dict[str, str]] = (), **spec: Any) -> dict[str, Any]:
+    """A pod that runs `command` once in the Debian test image, kind's storage helper (in the node image already)."""
+    image = kind_storage(kind_module()).refs["storageHelperImage"]
+    container = {"name": "main", "image": image, "imagePullPolicy": "Never", "command": command}
+    if mounts:
+        container["volumeMounts"] = list(mounts)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"restartPolicy": "Never", "containers": [container], **spec},
+    }
+
+
+def finished(cluster: KindCluster, name: str, timeout: float) -> dict[str, Any]:
+    """The pod once it has run to its end, succeeded or failed."""
+
+    def ended() -> dict[str, Any]:
+        pod: dict[str, Any] = cluster.kubectl_json("get", "pod", name)
+        status = pod["status"]
+        assert status.get("phase") in ("Succeeded", "Failed"), (
+            f"{name} {status.get('phase')}: {status.get('conditions')}"
+        )
+        return pod
+
+    return eventually(ended, timeout=timeout, what=f"pod {name} to run to its end")
+
+
 def test_kinds_default_cni_runs_on_every_node_and_routes_pods_across_nodes(kind_cluster):
     """kind's own kindnet DaemonSet, with our kindnetd stand-in under kind's image reference, is ready on every
     node, and a pod asks a CoreDNS pod on another node, by that pod's IP, for the kubernetes Service's address:
@@ -136,34 +164,16 @@ def test_kinds_default_cni_runs_on_every_node_and_routes_pods_across_nodes(kind_
     coredns = cluster.kubectl_json("-n", "kube-system", "get", "pods", "-l", "k8s-app=kube-dns")["items"][0]
     nodes = {f"{cluster.name}-control-plane", f"{cluster.name}-worker"}
     (elsewhere,) = nodes - {coredns["spec"]["nodeName"]}
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "resolver", "namespace": "default"},
-        "spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {"kubernetes.io/hostname": elsewhere},
-            "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
-            "dnsPolicy": "None",
-            "dnsConfig": {"nameservers": [coredns["status"]["podIP"]]},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": kind_storage(kind_module()).refs["storageHelperImage"],  # Debian's: it has getent
-                    "imagePullPolicy": "Never",
-                    "command": ["getent", "hosts", "kubernetes.default.svc.cluster.local"],
-                }
-            ],
-        },
-    }
+    pod = one_shot_pod(
+        "resolver",
+        ["getent", "hosts", "kubernetes.default.svc.cluster.local"],  # Debian's libc resolver
+        nodeSelector={"kubernetes.io/hostname": elsewhere},
+        tolerations=[{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}],
+        dnsPolicy="None",
+        dnsConfig={"nameservers": [coredns["status"]["podIP"]]},
+    )
     cluster.run_kubectl("apply", "-f", "-", stdin=json.dumps(pod))
-
-    def finished() -> str:
-        phase = cluster.kubectl_json("get", "pod", "resolver")["status"].get("phase")
-        assert phase in ("Succeeded", "Failed"), f"resolver {phase}"
-        return str(phase)
-
-    phase = eventually(finished, timeout=120, what="the resolver pod to finish")
+    phase = finished(cluster, "resolver", timeout=120)["status"]["phase"]
     logs = cluster.run_kubectl("logs", "resolver").stdout
     kubernetes = cluster.kubectl_json("get", "service", "kubernetes")["spec"]["clusterIP"]
     assert (phase, logs.split()[:1]) == ("Succeeded", [kubernetes]), f"{phase} on {elsewhere}: {logs}"
@@ -207,42 +217,25 @@ def test_a_kind_cluster_of_images_built_here_gives_a_guaranteed_pod_an_exclusive
 def test_kinds_default_storage_class_provisions_a_volume_a_pod_writes_to(kind_cluster):
     """kind's default StorageClass (rancher.io/local-path, provisioner and helper images built here) binds a claim
     on first use: its helper pod makes the directory on the worker, and the pod's write lands there."""
-    cluster, helper = kind_cluster, kind_storage(kind_module()).refs["storageHelperImage"]
+    cluster = kind_cluster
     claim = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": {"name": "data", "namespace": "default"},
         "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "16Mi"}}},
     }
-    pod = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "writer", "namespace": "default"},
-        "spec": {
-            "restartPolicy": "Never",
-            "containers": [
-                {
-                    "name": "main",
-                    "image": helper,  # in the node image already: sh is all this needs
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", "echo written-here > /data/proof"],
-                    "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-                }
-            ],
-            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
-        },
-    }
+    pod = one_shot_pod(
+        "writer",
+        ["sh", "-c", "echo written-here > /data/proof"],
+        mounts=[{"name": "data", "mountPath": "/data"}],
+        volumes=[{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}],
+    )
     cluster.run_kubectl(
         "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [claim, pod]})
     )
 
-    def succeeded() -> dict[str, Any]:
-        writer = cluster.kubectl_json("get", "pod", "writer")
-        status = writer["status"]
-        assert status.get("phase") == "Succeeded", f"writer {status.get('phase')}: {status.get('conditions')}"
-        return writer
-
-    writer = eventually(succeeded, timeout=180, what="the writer pod to finish on its provisioned volume")
+    writer = finished(cluster, "writer", timeout=180)
+    assert writer["status"]["phase"] == "Succeeded", writer["status"]
     bound = cluster.kubectl_json("get", "pvc", "data")
     assert (bound["status"]["phase"], bound["spec"]["storageClassName"]) == ("Bound", "standard")
     volume = cluster.kubectl_json("get", "pv", bound["spec"]["volumeName"])
