@@ -14,7 +14,7 @@
   control-plane images, kube-proxy (on the base's root filesystem: it needs iptables), our etcd build (under its own
   version; e2e/kind_cluster.py tells kubeadm), CoreDNS (built from its Go module at kubeadm's version), our pause
   as kind's sandbox image, kind's default storage (kind_storage: the local-path-provisioner built from its Go
-  module, the Debian test image as its helper, and kind's manifest) and kind's default CNI (kind_cni: kind's
+  module, Debian's busybox-static as its helper, and kind's manifest) and kind's default CNI (kind_cni: kind's
   kindnet manifest, its image our kindnetd stand-in e2e/kindnet.py on the base's root filesystem). Kept in
   Docker's image store (~2 GB), keyed by its inputs.
 
@@ -44,7 +44,6 @@ from e2e.images import (
     Image,
     Layer,
     Rootfs,
-    build_debian,
     build_pause,
     cached_image,
     digest_of,
@@ -75,7 +74,8 @@ KIND_BASE_PACKAGES = (
     "containerd",
     "runc",
     "containernetworking-plugins",
-    "python3",  # the runtime wrapper's interpreter (python3-minimal has no json module)
+    "python3",  # the runtime wrapper's and the kindnetd stand-in's interpreter (python3-minimal has no json module)
+    "busybox-static",  # the local-path helper image's one binary (busybox_helper)
 )
 CNI_PLUGINS = ("host-local", "loopback", "ptp", "portmap")
 
@@ -210,6 +210,24 @@ def kind_cni(kind: Path) -> KindManifest:
     return KindManifest.read(kind, "const_cni.go", "defaultCNIManifest", "/kind/manifests/default-cni.yaml")
 
 
+def busybox_helper(ref: str, base: Rootfs) -> Image:
+    """The local-path-provisioner's helper pod runs kind's setup and teardown scripts with /bin/sh, mkdir and rm;
+    kind's helper has Debian's on a distroless base, this one Debian's busybox-static from the base's root
+    filesystem (2 MB; the e2e tests call its other applets, e.g. `busybox nslookup`)."""
+    busybox = base.build() / "bin" / "busybox"
+    staging = CACHE / "busybox-helper-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "bin").mkdir(parents=True)
+    shutil.copy2(busybox, staging / "bin" / "busybox")
+    for applet in ("sh", "mkdir", "rm"):
+        (staging / "bin" / applet).symlink_to("busybox")
+    layer = Layer(digest_of(busybox.read_bytes())[:16], tar_command(staging, "./bin"), "busybox-static: sh, mkdir, rm")
+    key = digest_of(ref, layer.key)[:12]
+    image = cached_image(CACHE / f"kind-busybox-helper-{key}.tar", ref, [layer], {"Env": ["PATH=/bin"]})
+    shutil.rmtree(staging)
+    return image
+
+
 def node_images(tools: dict[str, Path], base: Rootfs, storage: KindManifest, cni: KindManifest) -> list[Image]:
     """Every image a kind node would pull, built here under the reference it would pull."""
     v = tool_version("KUBERNETES")
@@ -229,8 +247,7 @@ def node_images(tools: dict[str, Path], base: Rootfs, storage: KindManifest, cni
     images.append(Image(SANDBOX_IMAGE, pause.tar))  # imported under kind's sandbox_image reference
     provisioner = tools["local_path_provisioner"] / "local-path-provisioner"
     images.append(binary_image("local-path-provisioner", storage.refs["storageProvisionerImage"], [provisioner]))
-    # The helper pod runs the ConfigMap's setup/teardown scripts: sh, mkdir and rm (kind's is Debian's, distroless).
-    images.append(Image(storage.refs["storageHelperImage"], build_debian().tar))
+    images.append(busybox_helper(storage.refs["storageHelperImage"], base))
     # On the base's root filesystem (python3, iproute2), whose layer kube-proxy's image has already.
     kindnet = ["/usr/bin/python3", "-I", f"/usr/local/bin/{KINDNET.name}"]
     images.append(binary_image("kindnetd", cni.refs["kindnetdImage"], [KINDNET], base, Entrypoint=kindnet))
