@@ -57,8 +57,9 @@ def install_operator(cluster: KindCluster, helm: Path, worker: str) -> str:
             str(helm),
             *("--kubeconfig", str(cluster.kubeconfig), "install", RELEASE, str(ROOT / "charts" / "cpullm-operator")),
             *("--namespace", NAMESPACE, "--create-namespace", "--wait", "--timeout", "180s"),
-            *("--set", f"image.repository={repository}", "--set", f"image.tag={tag}"),
-            *("--set", "image.pullPolicy=Never", "--set-string", "nodeSelector.cpullm\\.io/operator-host=true"),
+            # --set-string: the tag is hex digits, which `--set` reads as a number when there is no letter among them
+            *("--set-string", f"image.repository={repository},image.tag={tag},image.pullPolicy=Never"),
+            *("--set-string", "nodeSelector.cpullm\\.io/operator-host=true"),
         ],
         check=True,
         stdout=sys.stderr,

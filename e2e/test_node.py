@@ -159,7 +159,8 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
         "--namespace",
         OPERATOR_NAMESPACE,
         "--create-namespace",
-        *("--set", f"image.repository={repository},image.tag={tag},image.pullPolicy=Never"),
+        # --set-string: the tag is hex digits, which `--set` reads as a number when there is no letter among them
+        *("--set-string", f"image.repository={repository},image.tag={tag},image.pullPolicy=Never"),
         *("--set-string", "resources.requests.cpu=0"),
         *("--set-string", f"nodeSelector.kubernetes\\.io/hostname={real_node.name}"),
         *("--wait", "--timeout", "180s"),
