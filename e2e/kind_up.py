@@ -11,6 +11,7 @@ environment of the real-node tests exists, CPULLM_E2E_KIND_VLLM_IMAGE and CPULLM
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +43,20 @@ def install_kwok(cluster: KindCluster, kwok_bin: Path) -> None:
         rendered = cluster.run_kubectl("kustomize", str(module / kustomization)).stdout
         cluster.run_kubectl("apply", "-f", "-", stdin=rendered.replace(f"image: {KWOK_IMAGE}\n", f"image: {ref}\n"))
     cluster.run_kubectl("-n", "kube-system", "rollout", "status", "deployment/kwok-controller", "--timeout=120s")
+    # kind's kindnet DaemonSet tolerates every taint: it is kept off KWOK's fake nodes (labelled type=kwok, like
+    # KWOK's example nodes), which have no network to set up and whose whole capacity some of the suite's plans
+    # take (kindnet requests 100m CPU and 50Mi on each node it runs on).
+    off_fake_nodes = {"key": "type", "operator": "NotIn", "values": ["kwok"]}
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [off_fake_nodes]}]
+            }
+        }
+    }
+    patch = json.dumps({"spec": {"template": {"spec": {"affinity": affinity}}}})
+    cluster.run_kubectl("-n", "kube-system", "patch", "daemonset", "kindnet", "--type", "merge", "--patch", patch)
+    cluster.run_kubectl("-n", "kube-system", "rollout", "status", "daemonset/kindnet", "--timeout=120s")
 
 
 def install_operator(cluster: KindCluster, helm: Path, worker: str) -> str:
