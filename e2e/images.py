@@ -30,6 +30,7 @@ Usage (root, for mmdebstrap, buildah and the chroot check): scripts/build-images
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 import os
@@ -89,8 +90,11 @@ def vllm_image_ref() -> str:
     return f"{c['DEFAULT_IMAGE_REPOSITORY']}:{c['VLLM_VERSION']}-{c['IMAGE_ARCH_SUFFIX'][arch()]}"
 
 
+@functools.cache
 def go_module_dir(module: str, version: str) -> Path:
-    """A Go module's source at `version`, from Go's module cache (fetched from the module proxy if missing)."""
+    """A Go module's source at `version`, from Go's module cache (fetched from the module proxy if missing); looked
+    up once per process (a `go mod download` each time otherwise: the kind tests read the pinned kind module's
+    image references for every pod they make)."""
     result = subprocess.run(
         ["go", "mod", "download", "-json", f"{module}@{version}"], check=True, capture_output=True, text=True
     )
