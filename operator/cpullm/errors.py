@@ -53,6 +53,12 @@ class KVCacheTooSmall(PlanRefusal):
     reason = "KVCacheTooSmall"
 
 
+class ContextTooLong(PlanRefusal):
+    """spec.maxModelLen is beyond the model's own context length."""
+
+    reason = "MaxModelLenTooLong"
+
+
 class UnsupportedModel(PlanRefusal):
     reason = "UnsupportedModel"
 

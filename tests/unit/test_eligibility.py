@@ -12,7 +12,7 @@ from cpullm.errors import InvalidSpec, NodeLabelError, NoEligibleNode
 
 from .builders import llama_8b, node, node_object, spec
 
-ORDER = ["schedulable", "image", "isa", "nodeSelector", "nodeAffinity", "taints"]
+ORDER = ["schedulable", "image", "isa", "kernels", "nodeSelector", "nodeAffinity", "taints"]
 REQUIRED = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
 
 ZONE_AFFINITY = {
@@ -27,6 +27,7 @@ FAILURES = {
     "schedulable": ({"unschedulable": True}, {}, "unschedulable (cordoned)"),
     "image": ({"arch": "s390x"}, {}, "arch s390x has no default vLLM CPU image (set spec.image)"),
     "isa": ({}, {"cpu": {"requiredISA": ["sve"]}}, "lacks ISA sve"),
+    "kernels": ({"flags": ("AVX2",)}, {"kvCacheDtype": "fp8"}, "lacks avx512f for an fp8 KV cache"),
     "nodeSelector": ({}, {"nodeSelector": {"pool": "llm"}}, "nodeSelector pool=llm does not match"),
     "nodeAffinity": ({}, {"affinity": ZONE_AFFINITY}, "required node affinity does not match"),
     "taints": (

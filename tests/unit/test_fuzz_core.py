@@ -23,7 +23,7 @@ from cpullm.controller.gather import gather
 from cpullm.core import topology as t
 from cpullm.core.decision import NamespaceFacts, decide
 from cpullm.core.planner import plan_service
-from cpullm.core.sizing import DENSE_FAMILIES, ModelFiles, ModelSize, count_parameters, size_model
+from cpullm.core.sizing import FAMILIES, ModelFiles, ModelSize, anatomy_of, size_model
 from cpullm.errors import InvalidSpec, NodeLabelError, PlanRefusal, UnsupportedModel
 from cpullm.io.files import load_nodes
 
@@ -70,7 +70,7 @@ _KEEP, _MISSING = "keep", "missing"
 # Plausible sizes too, so that many fuzzed configs get past sizing into the planner.
 _SIZES = st.one_of(st.integers(1, 4096), JUNK)
 _CONFIG_FIELDS: dict[str, st.SearchStrategy[Any]] = {
-    "model_type": st.one_of(st.sampled_from([*sorted(DENSE_FAMILIES), "gemma", "mixtral", "", "LLAMA"]), JUNK),
+    "model_type": st.one_of(st.sampled_from([*sorted(FAMILIES), "gemma3", "", "LLAMA"]), JUNK),
     "hidden_size": _SIZES,
     "intermediate_size": _SIZES,
     "num_hidden_layers": _SIZES,
@@ -102,7 +102,7 @@ def broken_configs(draw: st.DrawFn) -> dict[str, Any]:
 _ODD = st.one_of(st.integers(1, 64), st.sampled_from([1, 2, 3, 7, 4096, 2**14, 2**20, 2**24, 2**30]))
 odd_configs = st.fixed_dictionaries(
     {
-        "model_type": st.sampled_from(sorted(DENSE_FAMILIES)),
+        "model_type": st.sampled_from(["llama", "mistral", "qwen2", "qwen3", "granite", "phi3"]),
         "hidden_size": _ODD,
         "intermediate_size": _ODD,
         "num_hidden_layers": _ODD,
@@ -132,8 +132,10 @@ PLANNING_SPECS = (
 def _check_size(size: ModelSize) -> None:
     assert size.weights_bytes >= 1
     assert size.parameters is None or size.parameters >= 1
-    for part in (size.num_layers, size.num_attention_heads, size.num_kv_heads, size.head_dim, size.dtype_bytes):
+    for part in (size.num_layers, size.num_attention_heads, size.dtype_bytes):
         assert type(part) is int and part >= 1
+    for group in size.anatomy.kv_groups:
+        assert group.layers >= 1 and group.kv_heads >= 1 and group.entry >= 1
     assert size.kv_bytes_per_token >= 1
     assert size.max_position_embeddings is None or size.max_position_embeddings >= 1
 
@@ -160,7 +162,7 @@ def test_fuzzed_model_config_is_sized_or_unsupported_and_then_planned_or_refused
         event("unsupported model")
         return
     _check_size(size)
-    parameters = count_parameters(config)
+    parameters = anatomy_of(config).parameters
     assert type(parameters) is int and parameters >= 1
     assert size.weights_bytes == parameters * size.dtype_bytes
     for service in PLANNING_SPECS:
@@ -436,7 +438,7 @@ NO_KV_HEADS = {k: v for k, v in QWEN25_05B.items() if k != "num_key_value_heads"
         ),
         # Was ValueError (Exceeds the limit (4300 digits) for integer string conversion) building the message.
         pytest.param(
-            {**LLAMA_8B, "model_type": 10**5000}, None, "model_type (a 16610-bit integer) is not", id="huge-type"
+            {**LLAMA_8B, "model_type": 10**5000}, None, "model_type=(a 16610-bit integer) is not", id="huge-type"
         ),
         pytest.param({**LLAMA_8B, "hidden_size": 0}, None, "hidden_size=0 is not a positive integer", id="zero-hidden"),
         pytest.param(

@@ -57,7 +57,7 @@ def test_inline_config_wins_and_neither_source_nor_secret_is_read():
     inline = spec(model={"name": "org/any", "config": QWEN25_05B}, hfTokenSecret={"name": "hf"})
     size = resolve_model(inline, "serving", cluster, source)
     assert size == size_model(QWEN25_05B, inline.model.dtype)
-    assert (size.num_layers, size.weights_source) == (24, "config.json")
+    assert (size.num_layers, size.weights_source) == (24, "config.json (qwen2 formula)")
     assert (source.calls, cluster.reads) == ([], [])
 
 
@@ -109,8 +109,8 @@ def test_the_checkpoint_size_from_the_source_sizes_the_weights():
     """The safetensors index's total, when the source has one, beats counting parameters."""
     source = Source(ModelFiles(config=LLAMA_8B, checkpoint_total_bytes=16_000_000_000))
     size = resolve_model(spec(), "serving", Cluster(), source)
-    assert (size.weights_bytes, size.weights_source) == (16_000_000_000, "model.safetensors.index.json")
-    assert size.parameters == 8_000_000_000
+    assert (size.weights_bytes, size.weights_source) == (16_000_000_000, "model.safetensors.index.json total_size")
+    assert size.parameters == 8_030_261_248  # counted by the formula; the bytes come from the checkpoint
 
 
 def test_the_sources_error_propagates_from_resolve_model():

@@ -93,7 +93,6 @@ def test_throughput_accepts_an_explicit_single_rank(fields, tp):
     "fields",
     [
         pytest.param({"tensorParallelSize": 2}, id="explicit-tp2"),
-        pytest.param({"tensorParallelSize": 14}, id="explicit-tp14"),  # valid for 14 heads, 2 KV heads
         pytest.param({"cpu": {"threadsBind": "0-7|8-15"}}, id="two-rank-bind-list"),
     ],
 )
@@ -157,13 +156,17 @@ def test_tensor_parallel_is_one_pod_per_node_and_never_caps_replicas(fields, mod
         pytest.param({}, "llama", 1, "256Gi", "throughput", 1, id="1numa-node"),
         # One TP=1 server's KV cache (1 GiB = 87381 tokens at TP 1) cannot hold 131072 tokens; TP 2 halves the
         # KV heads per rank and can.
-        pytest.param({**QWEN, "maxModelLen": 131072}, "qwen", 2, "512Gi", "tensorParallel", 2, id="kv-needs-tp2"),
+        pytest.param({**QWEN, "maxModelLen": 131072}, "qwen-128k", 2, "512Gi", "tensorParallel", 2, id="kv-needs-tp2"),
     ],
 )
 def test_auto_picks_throughput_when_one_tp1_server_fits_a_numa_node(fields, model, numa, memory, placement, tp):
     """The `auto` rule: throughput when one TP=1 server (weights, KV cache for the context, runtime, server
     processes and /dev/shm) fits one NUMA node's memory; otherwise tensorParallel across the node."""
-    sized = llama_8b() if model == "llama" else qwen_05b()
+    sized = {
+        "llama": llama_8b,
+        "qwen": qwen_05b,
+        "qwen-128k": lambda: size_model({**QWEN25_05B, "max_position_embeddings": 131072}, spec().model.dtype),
+    }[model]()
     plan = plan_service(spec(placement="auto", **fields), sized, pool(numa=numa, memory=memory))
     assert (plan.placement, plan.tensor_parallel_size) == (placement, tp)
     assert plan.summary.startswith(f"{placement}: TP {tp} (")

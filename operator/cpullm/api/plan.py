@@ -27,6 +27,33 @@ class NodeProfileSummary(_Model):
     isa: list[str] = Field(default_factory=list)
 
 
+class ModelSizing(_Model):
+    """How the model was sized: each figure with where it came from."""
+
+    family: str = Field(description="The model family (config.json model_type) whose rules sized it.")
+    parameters: int | None = Field(
+        default=None, description="Parameters the family's formula counts in config.json (absent with weightsBytes)."
+    )
+    experts: str | None = Field(default=None, description="A mixture-of-experts model's experts and active experts.")
+    weights_source: str = Field(
+        description="Where weightsBytes came from: the checkpoint's safetensors headers, the safetensors index's "
+        "total_size, the family formula over config.json, or spec.model.weightsBytes."
+    )
+    quantization: str | None = Field(
+        default=None, description="The checkpoint's quantization as vLLM CPU serves it (method, bits, grouping)."
+    )
+    kv_layout: str = Field(
+        description="The KV cache's layers as vLLM's KV specs count them: full attention, sliding window (holding "
+        "at most the window per sequence) or MLA (one latent per token, the same on every rank)."
+    )
+    kv_cache_dtype: str = Field(description="The KV cache's element type (vLLM's --kv-cache-dtype).")
+    kv_window_bytes_per_sequence: int = Field(
+        default=0,
+        description="Per rank and sequence: what the sliding-window layers hold (at most their window), on top of "
+        "kvBytesPerToken for each token of context.",
+    )
+
+
 class Plan(_Model):
     placement: str = Field(default="tensorParallel", description="The placement strategy that made this plan.")
     replicas: int = Field(default=1, description="vLLM pods planned (spec.replicas, capped by throughput placement).")
@@ -49,7 +76,10 @@ class Plan(_Model):
     cpu: int = Field(description="Whole CPUs requested and limited for the container.")
     weights_bytes: int
     weight_shard_bytes: int = Field(description="Weight bytes per rank.")
-    kv_bytes_per_token: int = Field(description="KV bytes per token for the whole model.")
+    kv_bytes_per_token: int = Field(
+        description="KV bytes per token of context for the whole model (TP 1): the full-attention and MLA layers; "
+        "sliding-window layers hold at most their window (sizing.kvWindowBytesPerSequence)."
+    )
     rank_overhead_bytes: int
     shm_bytes: int
     memory_limit_bytes: int = Field(description="Container memory request and limit.")
@@ -64,6 +94,7 @@ class Plan(_Model):
         description="Required node affinity the pods get: the labels that made the chosen nodes eligible.",
     )
     image: str
+    sizing: ModelSizing
     node_profile: NodeProfileSummary
     eligible_nodes: list[str]
     summary: str = Field(description="One line: what was chosen and why.")

@@ -69,6 +69,11 @@ class DType(StrEnum):
     FLOAT32 = "float32"
 
 
+class KVCacheDType(StrEnum):
+    AUTO = "auto"
+    FP8 = "fp8"
+
+
 class Placement(StrEnum):
     TENSOR_PARALLEL = "tensorParallel"
     THROUGHPUT = "throughput"
@@ -94,15 +99,18 @@ class ModelSource(_Model):
     )
     config: dict[str, Any] | None = Field(
         default=None,
-        description="Inline Hugging Face config.json fields used for sizing (model_type, hidden_size, "
-        "intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, "
-        "vocab_size, tie_word_embeddings, max_position_embeddings). When absent the operator fetches "
-        "config.json from the Hugging Face Hub.",
+        description="The model's Hugging Face config.json (or the fields that size it: model_type, hidden_size, "
+        "intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim, vocab_size, "
+        "tie_word_embeddings, max_position_embeddings, the MoE, MLA and sliding-window fields, "
+        "quantization_config; a multimodal model's text_config and vision_config). Sized by the family's "
+        "formula. When absent the operator reads config.json and the safetensors headers from the Hugging Face "
+        "Hub, and sizes the weights from the checkpoint's real bytes.",
     )
     weights_bytes: int | None = Field(
         default=None,
         ge=1,
-        description="Total weight bytes in the serving dtype; overrides the size computed from the config.",
+        description="Total weight bytes as vLLM holds them (the serving dtype, or the quantized checkpoint's "
+        "bytes); overrides the size computed from the checkpoint or the config.",
     )
 
 
@@ -315,11 +323,18 @@ class CpuLLMServiceSpec(_Model):
         description="KV cache per rank in whole GiB (VLLM_CPU_KVCACHE_SPACE). Default: derived from "
         "maxModelLen x maxNumSeqs.",
     )
+    kv_cache_dtype: KVCacheDType = Field(
+        default=KVCacheDType.AUTO,
+        description="KV cache element type (vLLM's --kv-cache-dtype). auto: the model's dtype. fp8: one byte per "
+        "element, half the KV memory of bfloat16; vLLM CPU runs it on x86 nodes with AVX-512 (or AMX) and not for "
+        "MLA models (DeepSeek), so it narrows the eligible nodes.",
+    )
     max_model_len: int | None = Field(
         default=None,
         ge=1,
-        description="Context length (--max-model-len). Unset with an explicit kvCacheGiB: the model's own, or "
-        "the longest the KV cache holds (in vLLM's 128-token blocks) when that is shorter.",
+        description="Context length (--max-model-len), at most the model's own (its config's "
+        "max_position_embeddings). Unset with an explicit kvCacheGiB: the model's own, or the longest the KV "
+        "cache holds (in vLLM's 128-token blocks) when that is shorter.",
     )
     max_num_seqs: int | None = Field(default=None, ge=1, description="Concurrent sequences (--max-num-seqs).")
     cpu: CpuSettings = Field(default_factory=CpuSettings)

@@ -55,6 +55,9 @@ SHM_PER_RANK_BYTES = 256 * MiB
 # a context length capped to the KV cache is a whole number of blocks.
 KV_BLOCK_TOKENS = 128
 
+# vLLM CPU runs an fp8 KV cache (--kv-cache-dtype fp8) on x86 with AVX-512; AMX nodes have it too.
+FP8_KV_CACHE_ISA = frozenset({"avx512f"})
+
 # vLLM's CPU backend documents TP=6 as unsupported.
 UNSUPPORTED_TENSOR_PARALLEL_SIZES = frozenset({6})
 

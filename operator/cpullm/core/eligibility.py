@@ -12,8 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cpullm.api.spec import CpuLLMServiceSpec, Toleration
+from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType, Toleration
 from cpullm.core import constants as c
+from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile, Taint
 from cpullm.errors import InvalidSpec
 
@@ -27,13 +28,16 @@ class Needs:
     node_selector: Mapping[str, str]
     required_terms: list[Mapping[str, Any]]  # the user's required node affinity terms, ORed
     tolerations: tuple[Toleration, ...]
+    model: ModelSize | None = None  # None: the model is not known yet (a node event's first look)
+    fp8_kv_cache: bool = False
 
     @classmethod
-    def of(cls, spec: CpuLLMServiceSpec) -> Needs:
+    def of(cls, spec: CpuLLMServiceSpec, model: ModelSize | None = None) -> Needs:
         """Raises InvalidSpec for a malformed spec.affinity."""
         terms = required_node_terms(spec.affinity)
         isa = frozenset(spec.cpu.required_isa)
-        return cls(spec.image, isa, spec.node_selector, terms, tuple(spec.tolerations))
+        fp8 = spec.kv_cache_dtype == KVCacheDType.FP8
+        return cls(spec.image, isa, spec.node_selector, terms, tuple(spec.tolerations), model, fp8)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,14 @@ def _has_image(needs: Needs, node: NodeProfile) -> str | None:
 def _has_isa(needs: Needs, node: NodeProfile) -> str | None:
     missing = sorted(needs.required_isa - node.isa)
     return "lacks ISA " + ",".join(missing) if missing else None
+
+
+def _runs_the_kernels(needs: Needs, node: NodeProfile) -> str | None:
+    """vLLM CPU's kernels for the model's quantization and for an fp8 KV cache need some ISA."""
+    problem = needs.model.node_problem(node.isa) if needs.model else None
+    if problem is None and needs.fp8_kv_cache and not node.isa & c.FP8_KV_CACHE_ISA:
+        problem = f"lacks {' or '.join(sorted(c.FP8_KV_CACHE_ISA))} for an fp8 KV cache"
+    return problem
 
 
 def _matches_node_selector(needs: Needs, node: NodeProfile) -> str | None:
@@ -82,6 +94,7 @@ ELIGIBILITY_CHECKS: tuple[EligibilityCheck, ...] = (
     EligibilityCheck("schedulable", _schedulable),
     EligibilityCheck("image", _has_image),
     EligibilityCheck("isa", _has_isa),
+    EligibilityCheck("kernels", _runs_the_kernels),
     EligibilityCheck("nodeSelector", _matches_node_selector),
     EligibilityCheck("nodeAffinity", _matches_required_affinity),
     EligibilityCheck("taints", _taints_tolerated),

@@ -26,16 +26,24 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpullm.api.plan import NodeProfileSummary, Plan
-from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, Placement, ThreadsBindMode
+from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan
+from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, Placement, ThreadsBindMode
 from cpullm.core import constants as c
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
-from cpullm.core.placement.base import shapes_of, tensor_parallel_problem
-from cpullm.core.sizing import ModelSize
+from cpullm.core.placement.base import shapes_of
+from cpullm.core.sizing import KVLayout, ModelSize
 from cpullm.core.topology import NUMA_ALIGNING_POLICIES, NodeProfile
-from cpullm.errors import InvalidTensorParallelSize, KVCacheTooSmall, ModelTooLarge, NoEligibleNode, PlanRefusal
+from cpullm.errors import (
+    ContextTooLong,
+    InvalidTensorParallelSize,
+    KVCacheTooSmall,
+    ModelTooLarge,
+    NoEligibleNode,
+    PlanRefusal,
+    UnsupportedModel,
+)
 
 
 def plan_service(
@@ -47,10 +55,10 @@ def plan_service(
     """`current`: the plan the service runs (status.plan), so an equally good shape does not replace it."""
     explicit_tp = _explicit_tensor_parallel_size(spec)
     if explicit_tp is not None:
-        problem = tensor_parallel_problem(explicit_tp, model)
+        problem = model.tensor_parallel_problem(explicit_tp)
         if problem:
             raise InvalidTensorParallelSize(problem)
-    needs = Needs.of(spec)  # a malformed affinity is an InvalidSpec before any node is judged
+    needs = Needs.of(spec, model)  # a malformed affinity is an InvalidSpec before any node is judged
 
     eligible: list[NodeProfile] = []
     rejections: dict[str, str] = {}
@@ -172,32 +180,50 @@ class _KVCache:
     tokens_per_rank: int
     max_model_len: int | None
     max_model_len_source: str  # spec | model | kv-cache
+    layout: KVLayout
+
+
+def kv_element_bytes(spec: CpuLLMServiceSpec, model: ModelSize) -> int:
+    if spec.kv_cache_dtype != KVCacheDType.FP8:
+        return model.dtype_bytes
+    if model.uses_mla:
+        raise UnsupportedModel("kvCacheDtype fp8 is not supported by vLLM CPU for MLA models; use auto")
+    return 1
 
 
 def _kv_cache(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _KVCache:
-    per_token = model.kv_bytes_per_token_per_rank(tp)
+    layout = model.kv(kv_element_bytes(spec, model))
+    model_max = model.max_position_embeddings
+    if spec.max_model_len is not None and model_max is not None and spec.max_model_len > model_max:
+        raise ContextTooLong(
+            f"maxModelLen {spec.max_model_len} is longer than the model's context of {model_max} tokens "
+            "(max_position_embeddings); lower it"
+        )
+    per_token = layout.bytes_per_token(tp)
     if spec.kv_cache_gi_b is not None:
         kv_gib, source = spec.kv_cache_gi_b, "explicit"
     else:
         assert spec.max_model_len is not None and spec.max_num_seqs is not None  # spec validation
-        kv_gib = max(1, math.ceil(spec.max_model_len * spec.max_num_seqs * per_token / c.GiB))
-        source = "derived"
-    tokens = kv_gib * c.GiB // per_token
+        need = spec.max_num_seqs * layout.sequence_bytes(tp, spec.max_model_len)
+        kv_gib, source = max(1, math.ceil(need / c.GiB)), "derived"
+    kv_bytes = kv_gib * c.GiB
+    tokens = kv_bytes // max(per_token, 1)
     context: int | None
     if spec.max_model_len is not None:
         context, context_source = spec.max_model_len, "spec"
     else:
-        context, context_source = model.max_position_embeddings, "model"
-    if context is None or tokens >= context:
-        return _KVCache(kv_gib, source, tokens, spec.max_model_len, context_source)
-    capped = tokens // c.KV_BLOCK_TOKENS * c.KV_BLOCK_TOKENS
+        context, context_source = model_max, "model"
+    if context is None or layout.sequence_bytes(tp, context) <= kv_bytes:
+        return _KVCache(kv_gib, source, tokens, spec.max_model_len, context_source, layout)
+    capped = layout.longest_context(kv_bytes, tp, context) // c.KV_BLOCK_TOKENS * c.KV_BLOCK_TOKENS
     if context_source == "model" and capped > 0:
         # The user left the context length open: serve the longest context the KV cache holds.
-        return _KVCache(kv_gib, source, tokens, capped, "kv-cache")
-    need = math.ceil(context * per_token / c.GiB)
+        return _KVCache(kv_gib, source, tokens, capped, "kv-cache", layout)
+    need_gib = math.ceil(layout.sequence_bytes(tp, context) / c.GiB)
+    holds = layout.longest_context(kv_bytes, tp, context)
     raise KVCacheTooSmall(
-        f"kvCacheGiB {kv_gib} holds {tokens} tokens per rank, less than one sequence of {context} "
-        f"(max model length); set kvCacheGiB >= {need} or maxModelLen <= {tokens}"
+        f"kvCacheGiB {kv_gib} holds {holds} tokens per rank, less than one sequence of {context} "
+        f"(max model length); set kvCacheGiB >= {need_gib} or maxModelLen <= {holds}"
     )
 
 
@@ -279,13 +305,14 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         cpu=layout.cpus_per_rank * tp,
         weights_bytes=model.weights_bytes,
         weight_shard_bytes=shard,
-        kv_bytes_per_token=model.kv_bytes_per_token,
+        kv_bytes_per_token=kv.layout.bytes_per_token(1),
         rank_overhead_bytes=budget.rank_overhead_bytes,
         shm_bytes=budget.shm_bytes,
         memory_limit_bytes=budget.limit_bytes,
         max_model_len=kv.max_model_len,
         max_model_len_source=kv.max_model_len_source,
         image=image,
+        sizing=_sizing(spec, model, kv),
         node_profile=NodeProfileSummary(
             arch=node.arch,
             numa_nodes=node.numa_nodes,
@@ -299,6 +326,21 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         ),
         eligible_nodes=shape.names,
         summary=summary,
+    )
+
+
+def _sizing(spec: CpuLLMServiceSpec, model: ModelSize, kv: _KVCache) -> ModelSizing:
+    anatomy = model.anatomy
+    context = kv.max_model_len or model.max_position_embeddings or 0
+    return ModelSizing(
+        family=anatomy.family,
+        parameters=model.parameters,
+        experts=f"{anatomy.experts} experts, {anatomy.active_experts} active" if anatomy.experts else None,
+        weights_source=model.weights_source,
+        quantization=model.quantization.describe() if model.quantization else None,
+        kv_layout=kv.layout.describe(),
+        kv_cache_dtype=spec.kv_cache_dtype.value,
+        kv_window_bytes_per_sequence=kv.layout.window_bytes(1, context),
     )
 
 

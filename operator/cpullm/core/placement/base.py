@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec
-from cpullm.core import constants as c
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import name_list
@@ -60,20 +59,8 @@ class PlacementStrategy(Protocol):
     def layout(self, spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> PodLayout: ...
 
 
-def tensor_parallel_problem(tp: int, model: ModelSize) -> str | None:
-    """Why vLLM cannot run this TP for this model, or None."""
-    if tp in c.UNSUPPORTED_TENSOR_PARALLEL_SIZES:
-        return f"tensor parallel size {tp} is not supported by vLLM's CPU backend"
-    if model.num_attention_heads % tp:
-        return f"tensor parallel size {tp} does not divide the {model.num_attention_heads} attention heads"
-    kv = model.num_kv_heads
-    if kv % tp and tp % kv:
-        return f"tensor parallel size {tp} neither divides nor is a multiple of the {kv} KV heads"
-    return None
-
-
 def largest_valid_tensor_parallel_size(at_most: int, model: ModelSize) -> int:
-    return next(t for t in range(at_most, 0, -1) if tensor_parallel_problem(t, model) is None)
+    return next(t for t in range(at_most, 0, -1) if model.tensor_parallel_problem(t) is None)
 
 
 def shapes_of(nodes: Sequence[NodeProfile]) -> list[Shape]:

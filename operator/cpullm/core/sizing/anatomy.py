@@ -1,0 +1,92 @@
+"""A model's anatomy as vLLM builds it: its weight matrices (what quantization and tensor parallelism act on), the
+parameters kept in the serving dtype (embeddings, norms, biases, routers), and its attention layers as the KV
+cache holds them. Families (families.py) describe a config as an Anatomy; sizing reads only the Anatomy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Split(StrEnum):
+    """How tensor parallelism splits a weight matrix between ranks (vLLM's parallel linear layers)."""
+
+    HEADS = "heads"  # output features split by attention heads (q, k, v; MLA's q and kv_b): the head rules apply,
+    # and KV heads are replicated when TP exceeds them
+    COLUMN = "column"  # output features split: gate/up, an expert's gate/up
+    ROW = "row"  # input features split: o, down, an expert's down
+    REPLICATED = "replicated"  # whole on every rank: MLA's latent projections
+
+
+@dataclass(frozen=True)
+class Linear:
+    """`count` weight matrices of in_features x out_features (one per layer, or per layer and expert)."""
+
+    name: str  # module path within a layer, as checkpoints name it ("self_attn.q_proj", "mlp.experts.down_proj")
+    in_features: int
+    out_features: int
+    count: int
+    split: Split
+    expert: bool = False
+
+    @property
+    def parameters(self) -> int:
+        return self.in_features * self.out_features * self.count
+
+
+@dataclass(frozen=True)
+class Params:
+    """Parameters no quantization method touches, held in the serving dtype."""
+
+    name: str
+    count: int
+
+
+class LayerKind(StrEnum):
+    FULL = "full"
+    SLIDING = "sliding"
+    MLA = "mla"
+
+
+@dataclass(frozen=True)
+class KVGroup:
+    """Attention layers that cache alike: per token and layer, `kv_heads` entries of `entry` elements each
+    (K and V: 2 x head_dim; MLA: one latent of kv_lora_rank + qk_rope_head_dim, the same on every rank)."""
+
+    kind: LayerKind
+    layers: int
+    kv_heads: int
+    entry: int
+    window: int | None = None
+
+    def heads_per_rank(self, tensor_parallel_size: int) -> int:
+        """A rank holds K/TP KV heads; with TP > K vLLM replicates and each rank holds one. MLA's latent is one
+        entry on every rank."""
+        if self.kind == LayerKind.MLA:
+            return 1
+        return max(1, self.kv_heads // tensor_parallel_size)
+
+    def bytes_per_token(self, tensor_parallel_size: int, dtype_bytes: int) -> int:
+        return self.layers * self.heads_per_rank(tensor_parallel_size) * self.entry * dtype_bytes
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    family: str
+    linears: tuple[Linear, ...]
+    params: tuple[Params, ...]
+    kv_groups: tuple[KVGroup, ...]
+    attention_heads: int
+    kv_heads: int | None  # None for MLA: no KV head count constrains tensor parallelism
+    max_context: int | None
+    experts: int | None = None
+    active_experts: int | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def parameters(self) -> int:
+        return sum(linear.parameters for linear in self.linears) + sum(p.count for p in self.params)
+
+    @property
+    def layers(self) -> int:
+        return sum(group.layers for group in self.kv_groups)

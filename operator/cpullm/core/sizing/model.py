@@ -1,0 +1,203 @@
+"""Sizing a model as vLLM CPU serves it: weight bytes (from the checkpoint's real bytes where they are known, else
+the family formula with the checkpoint's quantization), the KV cache per layer kind, and the tensor-parallel
+sizes and CPUs it can run on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from cpullm.api.spec import DType
+from cpullm.core.constants import DTYPE_BYTES, UNSUPPORTED_TENSOR_PARALLEL_SIZES
+from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split
+from cpullm.core.sizing.checkpoint import CheckpointTensors
+from cpullm.core.sizing.config import show
+from cpullm.core.sizing.families import anatomy_of
+from cpullm.core.sizing.quantization import WeightFormat, weight_format
+from cpullm.errors import UnsupportedModel
+
+# A safetensors index's total_size beyond this (4 EiB) is no checkpoint.
+MAX_CHECKPOINT_BYTES = 2**62
+# Fields that only size the weights: with spec.model.weightsBytes they may be missing, the KV cache needs none.
+_WEIGHTS_ONLY = {"intermediate_size": 1, "vocab_size": 1, "moe_intermediate_size": 1, "ffn_dim": 1}
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a model repository says about its size: config.json, the safetensors index's total size, and the
+    tensors of its safetensors headers."""
+
+    config: dict[str, Any]
+    checkpoint_total_bytes: int | None = None
+    tensors: CheckpointTensors | None = None
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """The KV cache of one model in one element size (the serving dtype, or fp8)."""
+
+    groups: tuple[KVGroup, ...]
+    element_bytes: int
+
+    def bytes_per_token(self, tensor_parallel_size: int = 1) -> int:
+        """Per rank, for each token of context: the layers that keep every token (full attention, MLA)."""
+        return sum(g.bytes_per_token(tensor_parallel_size, self.element_bytes) for g in self.groups if g.window is None)
+
+    def window_bytes(self, tensor_parallel_size: int, context: int) -> int:
+        """Per rank and sequence: the sliding-window layers, which keep at most their window of a sequence."""
+        return sum(
+            min(g.window, context) * g.bytes_per_token(tensor_parallel_size, self.element_bytes)
+            for g in self.groups
+            if g.window is not None
+        )
+
+    def sequence_bytes(self, tensor_parallel_size: int, context: int) -> int:
+        """Per rank: one sequence of `context` tokens."""
+        return context * self.bytes_per_token(tensor_parallel_size) + self.window_bytes(tensor_parallel_size, context)
+
+    def longest_context(self, kv_bytes: int, tensor_parallel_size: int, at_most: int) -> int:
+        """The longest sequence (at most `at_most` tokens) a KV cache of kv_bytes per rank holds."""
+        low, high = 0, at_most
+        while low < high:  # sequence_bytes grows with the context: bisect
+            middle = (low + high + 1) // 2
+            if self.sequence_bytes(tensor_parallel_size, middle) <= kv_bytes:
+                low = middle
+            else:
+                high = middle - 1
+        return low
+
+    def describe(self) -> str:
+        parts = []
+        for g in self.groups:
+            if g.kind == LayerKind.MLA:
+                parts.append(f"{g.layers} MLA layers, latent {g.entry}")
+            elif g.kind == LayerKind.SLIDING:
+                parts.append(f"{g.layers} sliding (window {g.window})")
+            else:
+                parts.append(f"{g.layers} full")
+        heads = next((g for g in self.groups if g.kind != LayerKind.MLA), None)
+        shape = f", {heads.kv_heads} KV heads x {heads.entry // 2}" if heads else ""
+        sliding = any(g.kind == LayerKind.SLIDING for g in self.groups)
+        if heads and not sliding:
+            parts.append("0 sliding")
+        return " + ".join(parts) + (" layers" if heads else "") + shape + f", {self.element_bytes} B/element"
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    anatomy: Anatomy
+    parameters: int | None
+    weights_bytes: int
+    weights_source: str
+    quantization: WeightFormat | None
+    dtype_bytes: int
+
+    @property
+    def num_layers(self) -> int:
+        return self.anatomy.layers
+
+    @property
+    def num_attention_heads(self) -> int:
+        return self.anatomy.attention_heads
+
+    @property
+    def max_position_embeddings(self) -> int | None:
+        return self.anatomy.max_context
+
+    def kv(self, element_bytes: int | None = None) -> KVLayout:
+        return KVLayout(self.anatomy.kv_groups, element_bytes or self.dtype_bytes)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.kv().bytes_per_token(1)
+
+    def kv_bytes_per_token_per_rank(self, tensor_parallel_size: int) -> int:
+        return self.kv().bytes_per_token(tensor_parallel_size)
+
+    @property
+    def uses_mla(self) -> bool:
+        return any(g.kind == LayerKind.MLA for g in self.anatomy.kv_groups)
+
+    def tensor_parallel_problem(self, tp: int) -> str | None:
+        """Why vLLM cannot split this model into `tp` ranks, or None: TP divides the attention heads, divides or
+        is a multiple of the KV heads, divides every dimension a parallel layer splits, keeps whole quantization
+        groups per rank, and is never 6."""
+        if tp in UNSUPPORTED_TENSOR_PARALLEL_SIZES:
+            return f"tensor parallel size {tp} is not supported by vLLM's CPU backend"
+        anatomy = self.anatomy
+        if anatomy.attention_heads % tp:
+            return f"tensor parallel size {tp} does not divide the {anatomy.attention_heads} attention heads"
+        kv = anatomy.kv_heads
+        if kv is not None and kv % tp and tp % kv:
+            return f"tensor parallel size {tp} neither divides nor is a multiple of the {kv} KV heads"
+        for linear in anatomy.linears:
+            size = {Split.COLUMN: linear.out_features, Split.ROW: linear.in_features}.get(linear.split)
+            if size is not None and size % tp:
+                side = "outputs" if linear.split == Split.COLUMN else "inputs"
+                return f"tensor parallel size {tp} does not divide the {size} {side} of {linear.name}"
+        return self.quantization.tensor_parallel_problem(tp, anatomy) if self.quantization else None
+
+    def node_problem(self, isa: frozenset[str]) -> str | None:
+        """Why a node with these CPU flags cannot run this model's kernels, or None."""
+        return self.quantization.kernel_problem(isa) if self.quantization else None
+
+    def describe_weights(self) -> str:
+        quantized = f", {self.quantization.describe()}" if self.quantization else ""
+        return f"{self.weights_source}{quantized}"
+
+
+def size_model(
+    config: Mapping[str, Any],
+    dtype: DType,
+    *,
+    weights_bytes: int | None = None,
+    checkpoint_total_bytes: int | None = None,
+    tensors: CheckpointTensors | None = None,
+) -> ModelSize:
+    """Size a model. Weight bytes come from, in order: the explicit override, the checkpoint's safetensors
+    headers, the safetensors index's total size, the family formula."""
+    if not isinstance(config, Mapping):
+        raise UnsupportedModel(f"model config is {type(config).__name__}, not an object")
+    dtype_bytes = DTYPE_BYTES[dtype]
+    quantization = weight_format(config)
+    if weights_bytes is not None:
+        anatomy = anatomy_of(config, placeholders=_WEIGHTS_ONLY)
+        return ModelSize(anatomy, None, weights_bytes, "spec.model.weightsBytes", quantization, dtype_bytes)
+    anatomy = anatomy_of(config)
+    parameters = anatomy.parameters
+    if tensors is not None:
+        loaded = tensors.weights_bytes(anatomy.layers, dtype_bytes)
+        return ModelSize(anatomy, parameters, loaded, tensors.describe(), quantization, dtype_bytes)
+    if checkpoint_total_bytes is not None:
+        total = _checkpoint_total(config, checkpoint_total_bytes, dtype_bytes, quantization)
+        return ModelSize(
+            anatomy, parameters, total, "model.safetensors.index.json total_size", quantization, dtype_bytes
+        )
+    formula = formula_bytes(anatomy, quantization, dtype_bytes)
+    return ModelSize(anatomy, parameters, formula, f"config.json ({anatomy.family} formula)", quantization, dtype_bytes)
+
+
+def formula_bytes(anatomy: Anatomy, quantization: WeightFormat | None, dtype_bytes: int) -> int:
+    total = sum(p.count for p in anatomy.params) * dtype_bytes
+    for linear in anatomy.linears:
+        if quantization is not None and quantization.quantizes(linear):
+            total += quantization.linear_bytes(linear) * linear.count
+        else:
+            total += linear.parameters * dtype_bytes
+    return total
+
+
+def _checkpoint_total(
+    config: Mapping[str, Any], total: int, dtype_bytes: int, quantization: WeightFormat | None
+) -> int:
+    """The index's total size: a quantized checkpoint is served as stored; a floating point one is rescaled from
+    its stored dtype to the serving dtype."""
+    torch_dtype = config.get("torch_dtype", config.get("dtype"))
+    stored = DTYPE_BYTES.get(torch_dtype, 2) if isinstance(torch_dtype, str) else 2
+    if isinstance(total, bool) or not isinstance(total, int) or not stored <= total <= MAX_CHECKPOINT_BYTES:
+        raise UnsupportedModel(
+            f"model.safetensors.index.json total_size={show(total)} is not a checkpoint size "
+            f"({stored} to {MAX_CHECKPOINT_BYTES} bytes); set spec.model.weightsBytes to size the model"
+        )
+    return total if quantization is not None else total // stored * dtype_bytes
