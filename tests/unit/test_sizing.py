@@ -66,6 +66,23 @@ def test_parameter_count_of_the_field_subsets_the_tests_use(builder, parameters)
     assert size_model(builder, DType.BFLOAT16).parameters == parameters
 
 
+@pytest.mark.parametrize(
+    ("name", "total_size", "stored_bytes"),
+    [
+        # model.safetensors.index.json metadata.total_size of the published checkpoints.
+        ("gemma-2-9b-it", 18_483_411_968, 2),
+        ("gemma-2b", 5_012_344_832, 2),
+        ("mistral-7b-instruct-v0.2", 14_483_464_192, 2),
+        ("mistral-7b-instruct-v0.3", 14_496_047_104, 2),
+        ("mixtral-8x7b", 93_405_585_408, 2),
+        ("phi-3-mini-128k", 7_642_159_104, 2),
+        ("granite-3.1-1b-a400m", 5_338_513_408, 4),  # a float32 revision
+    ],
+)
+def test_family_formula_equals_the_checkpoints_own_total(name, total_size, stored_bytes):
+    assert size_model(config(name), DType.BFLOAT16).parameters * stored_bytes == total_size
+
+
 def _share(part: int, whole: int) -> float:
     return abs(part - whole) / whole
 
@@ -80,6 +97,8 @@ def _share(part: int, whole: int) -> float:
         ("gpt-oss-120b", 65.25 * GB),
         ("qwen3-30b-a3b-fp8", 31.2 * GB),  # fp8 with 128x128 fp32 block scales
         ("deepseek-v3", 673 * GB),  # fp8; the checkpoint's 689 GB include the MTP layer, not served
+        ("llama-2-13b-chat-gptq", 7.26 * GB),  # int4 group 128
+        ("kimi-k2.5", 595 * GB),  # compressed-tensors int4 group 32 experts, in text_config
     ],
 )
 def test_quantized_weights_are_the_bytes_served_not_bf16(name, checkpoint_bytes):
@@ -124,13 +143,33 @@ def test_kv_cache_per_layer_kind(name, kv_bytes_per_token, layout):
     assert size.kv().describe().startswith(layout)
 
 
-def test_sliding_layers_hold_at_most_their_window_per_sequence():
+def test_sliding_layers_hold_their_window_and_the_tokens_in_flight_per_sequence():
+    """vLLM's SlidingWindowSpec: min(window - 1 + max_num_batched_tokens, context) tokens in 128-token blocks, and
+    one block more; the full layers hold the whole context in blocks."""
     kv = size_model(config("gemma-2-2b"), DType.BFLOAT16).kv()
     per_layer_token = 2 * 4 * 256 * 2
-    assert kv.window_bytes(1, 1000) == 13 * 1000 * per_layer_token
-    assert kv.window_bytes(1, 8192) == 13 * 4096 * per_layer_token
-    assert kv.sequence_bytes(1, 8192) == 8192 * 13 * per_layer_token + 13 * 4096 * per_layer_token
-    assert kv.longest_context(kv.sequence_bytes(1, 6000), 1, 8192) == 6000
+    assert kv.window_bytes(1, 1000) == 13 * (1024 + 128) * per_layer_token
+    assert kv.window_bytes(1, 8192) == 13 * (6144 + 128) * per_layer_token  # 4096 - 1 + 2048 in flight
+    assert kv.window_bytes(2, 8192) == 13 * (8192 + 128) * per_layer_token // 2  # 2048 x TP in flight
+    assert kv.sequence_bytes(1, 8192) == 8192 * 13 * per_layer_token + kv.window_bytes(1, 8192)
+    assert kv.longest_context(kv.sequence_bytes(1, 6000), 1, 8192) == 6016  # whole blocks
+
+
+def test_hybrid_kinds_are_padded_to_whole_groups_as_vllm_allocates_them():
+    """Gemma 3 4B: 5 full and 29 sliding layers make groups of 5, so the sliding kind takes 6 groups (30 slots)."""
+    kv = size_model(config("gemma-3-4b-it"), DType.BFLOAT16).kv()
+    per_layer_token = 2 * 4 * 256 * 2
+    assert kv.bytes_per_token(1) == 5 * per_layer_token
+    # min(1024 - 1 + 2048 in flight, context) in whole blocks (3072), and one block more
+    assert kv.window_bytes(1, 131072) == 30 * (3072 + 128) * per_layer_token
+    assert "1 padding layer" in kv.describe()
+
+
+def test_kv_capacity_in_tokens_as_vllm_logs_it():
+    """vLLM: num_blocks / blocks per request x max_model_len; Llama-3-8B with 4 GiB gives 32,768 tokens."""
+    kv = size_model(LLAMA_8B, DType.BFLOAT16).kv()
+    assert kv.tokens(4 * 2**30, 1, 8192) == 32768
+    assert kv.tokens(4 * 2**30, 1, None) == 32768
 
 
 @pytest.mark.parametrize(
@@ -171,22 +210,36 @@ def test_tensor_parallel_sizes_vllm_can_load(name, tp, problem):
 @pytest.mark.parametrize(
     ("name", "isa", "problem"),
     [
-        ("gpt-oss-20b", {"avx512f", "avx512_bf16"}, "lacks amx_bf16 for mxfp4 group 32 experts only"),
+        ("gpt-oss-20b", {"avx512f", "avx512_bf16"}, "lacks amx_tile for mxfp4 group 32 experts only"),
         ("gpt-oss-20b", {"avx512f", "amx_bf16", "amx_tile"}, None),
-        ("qwen3-30b-a3b-fp8", {"avx2"}, "lacks amx_bf16 for fp8 block 128x128"),
-        ("qwen2.5-7b-instruct-awq", {"avx2"}, None),
+        ("qwen3-30b-a3b-fp8", {"avx2"}, "lacks amx_tile for fp8 block 128x128"),
+        ("qwen2.5-7b-instruct-awq", {"avx2"}, None),  # 4-bit linear layers run without AMX
+        ("deepseek-v2-lite-awq", {"avx512f"}, "lacks amx_tile for awq int4 group 128 experts"),
         ("llama-3.1-8b", set(), None),
     ],
 )
 def test_isa_the_quantized_kernels_need(name, isa, problem):
-    found = size_model(config(name), DType.BFLOAT16).node_problem(frozenset(isa))
+    awq = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+    model = config(name) if name in {p.stem for p in MODELS.glob("*.json")} else {
+        **config("deepseek-v2-lite"), "quantization_config": awq}  # fmt: skip
+    found = size_model(model, DType.BFLOAT16).node_problem(frozenset(isa))
     assert (found is None) if problem is None else (problem in (found or "")), found
 
 
-def test_gptq_8bit_has_no_cpu_kernel_anywhere():
-    gptq8 = config("qwen2.5-1.5b-instruct-gptq-int4")
-    gptq8["quantization_config"] = {**gptq8["quantization_config"], "bits": 8}
-    assert "no GPTQ 8-bit kernel" in (size_model(gptq8, DType.BFLOAT16).node_problem(frozenset({"amx_bf16"})) or "")
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"bits": 8}, "bits=8 is not a valid gptq value (one of 4: vLLM CPU runs GPTQ at 4 bits only"),
+        ({"sym": False}, "sym=false is not served"),
+        ({"desc_act": True}, "desc_act=true with groups is refused by vLLM"),
+        ({"group_size": 256}, "group_size=256 is not a valid gptq value (one of -1, 32, 64, 128"),
+    ],
+)
+def test_gptq_vllm_cpu_cannot_load_is_refused(change, message):
+    gptq = config("qwen2.5-1.5b-instruct-gptq-int4")
+    gptq["quantization_config"] = {**gptq["quantization_config"], **change}
+    with pytest.raises(UnsupportedModel, match=re.escape(message)):
+        size_model(gptq, DType.BFLOAT16)
 
 
 def test_every_family_in_the_table_has_a_fixture_or_a_field_subset():
@@ -281,6 +334,7 @@ def test_quantization_config_errors_name_the_field():
     for bad, message in (
         ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not one vLLM CPU serves"),
         ({"quant_method": "gptq", "bits": 5}, "bits=5 is not a valid gptq value"),
+        ({"quant_method": "awq", "bits": 8}, "bits=8 is not a valid awq value (one of 4: vLLM CPU runs AWQ at 4"),
         ({"quant_method": "compressed-tensors", "config_groups": {}}, "config_groups is missing or empty"),
         ([1, 2], "quantization_config=[1, 2] is not an object"),
     ):
@@ -302,10 +356,10 @@ def test_quantization_config_errors_name_the_field():
                 "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}}}},
             "compressed-tensors int4 group 128",
         ),
-        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True}, "gptq int4 group 128 act-order"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": -1}, "gptq int4 per-channel"),
     ],
 )  # fmt: skip
-def test_compressed_tensors_and_act_order_are_read(quantization, described):
+def test_compressed_tensors_and_gptq_schemes_are_read(quantization, described):
     size = size_model({**LLAMA_8B, "quantization_config": quantization}, DType.BFLOAT16)
     assert size.quantization is not None and size.quantization.describe() == described
     assert size.weights_bytes < 8_030_261_248 * 2 * (0.6 if "int8" in described else 0.4)

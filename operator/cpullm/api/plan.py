@@ -64,7 +64,10 @@ class Plan(_Model):
     tensor_parallel_size: int
     kv_cache_gi_b: int = Field(alias="kvCacheGiB", description="VLLM_CPU_KVCACHE_SPACE, per rank.")
     kv_cache_source: str = Field(description="'explicit' (spec.kvCacheGiB) or 'derived' (maxModelLen x maxNumSeqs).")
-    kv_tokens_per_rank: int = Field(description="Tokens the per-rank KV cache holds.")
+    kv_tokens_per_rank: int = Field(
+        description='Tokens the per-rank KV cache holds, as vLLM logs it ("KV cache size: N tokens"): the sequences '
+        "of the context length it holds, times the context length."
+    )
     threads_bind: str = Field(description="VLLM_CPU_OMP_THREADS_BIND.")
     launcher: bool = Field(
         default=False,

@@ -46,8 +46,13 @@ def resolve_model(
         if token is None:
             raise ModelConfigUnavailable(f"secret {namespace}/{ref.name} has no key {ref.key}")
     files = models.fetch(model.name, model.revision, token)
-    total = files.checkpoint_total_bytes
-    return size_model(files.config, model.dtype, weights_bytes=model.weights_bytes, checkpoint_total_bytes=total)
+    return size_model(
+        files.config,
+        model.dtype,
+        weights_bytes=model.weights_bytes,
+        checkpoint_total_bytes=files.checkpoint_total_bytes,
+        tensors=files.tensors,
+    )
 
 
 def gather(

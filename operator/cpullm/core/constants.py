@@ -54,6 +54,9 @@ SHM_PER_RANK_BYTES = 256 * MiB
 # KV cache block size of vLLM's CPU backend for dense models (vllm/platforms/cpu.py, check_and_update_config):
 # a context length capped to the KV cache is a whole number of blocks.
 KV_BLOCK_TOKENS = 128
+# Tokens one scheduler step may prefill per rank: vLLM CPU's default max_num_batched_tokens for the OpenAI server
+# is 2048 x TP (vllm/engine/arg_utils.py). A sliding-window layer keeps its window plus these in flight.
+SERVER_BATCHED_TOKENS_PER_RANK = 2048
 
 # vLLM CPU runs an fp8 KV cache (--kv-cache-dtype fp8) on x86 with AVX-512; AMX nodes have it too.
 FP8_KV_CACHE_ISA = frozenset({"avx512f"})

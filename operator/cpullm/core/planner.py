@@ -199,7 +199,6 @@ def _kv_cache(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _KVCache:
             f"maxModelLen {spec.max_model_len} is longer than the model's context of {model_max} tokens "
             "(max_position_embeddings); lower it"
         )
-    per_token = layout.bytes_per_token(tp)
     if spec.kv_cache_gi_b is not None:
         kv_gib, source = spec.kv_cache_gi_b, "explicit"
     else:
@@ -207,18 +206,18 @@ def _kv_cache(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _KVCache:
         need = spec.max_num_seqs * layout.sequence_bytes(tp, spec.max_model_len)
         kv_gib, source = max(1, math.ceil(need / c.GiB)), "derived"
     kv_bytes = kv_gib * c.GiB
-    tokens = kv_bytes // max(per_token, 1)
     context: int | None
     if spec.max_model_len is not None:
         context, context_source = spec.max_model_len, "spec"
     else:
         context, context_source = model_max, "model"
     if context is None or layout.sequence_bytes(tp, context) <= kv_bytes:
+        tokens = layout.tokens(kv_bytes, tp, context)
         return _KVCache(kv_gib, source, tokens, spec.max_model_len, context_source, layout)
     capped = layout.longest_context(kv_bytes, tp, context) // c.KV_BLOCK_TOKENS * c.KV_BLOCK_TOKENS
     if context_source == "model" and capped > 0:
         # The user left the context length open: serve the longest context the KV cache holds.
-        return _KVCache(kv_gib, source, tokens, capped, "kv-cache", layout)
+        return _KVCache(kv_gib, source, layout.tokens(kv_bytes, tp, capped), capped, "kv-cache", layout)
     need_gib = math.ceil(layout.sequence_bytes(tp, context) / c.GiB)
     holds = layout.longest_context(kv_bytes, tp, context)
     raise KVCacheTooSmall(

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from huggingface_hub import get_local_safetensors_metadata
 
 from cpullm.core.decision import NamespaceFacts
-from cpullm.core.sizing import ModelFiles
+from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles, summarize
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError
 
@@ -71,9 +72,36 @@ class OfflineCluster:
 
 @dataclass(frozen=True)
 class ConfigFile:
-    """A local config.json answering for whichever model the spec names (`--model-config`)."""
+    """A local config.json, or a model directory (config.json and its safetensors files), answering for whichever
+    model the spec names (`--model-config`). A directory's safetensors headers size the weights, as the Hub's do."""
 
     path: str
 
     def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
-        return ModelFiles(config=json.loads(Path(self.path).read_text()), checkpoint_total_bytes=None)
+        path = Path(self.path)
+        config_path = path / "config.json" if path.is_dir() else path
+        try:
+            config = json.loads(config_path.read_text())
+        except ValueError as err:
+            raise InvalidSpec(f"{config_path}: not JSON ({err})") from None
+        if not isinstance(config, dict):
+            raise InvalidSpec(f"{config_path}: a JSON {type(config).__name__}, not a config object")
+        return ModelFiles(config=config, tensors=_local_tensors(path) if path.is_dir() else None)
+
+
+def _local_tensors(directory: Path) -> CheckpointTensors | None:
+    """The directory's safetensors headers, or None when it has none (or one cannot be read)."""
+    if not any(directory.glob("*.safetensors")):
+        return None
+    try:
+        metadata = get_local_safetensors_metadata(directory)
+    except (OSError, ValueError):
+        return None
+    files = metadata.files_metadata.values()
+    try:
+        return summarize(
+            ((tensor, info.dtype, info.shape) for header in files for tensor, info in header.tensors.items()),
+            files=len(metadata.files_metadata),
+        )
+    except CheckpointUnreadable:
+        return None

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.launcher import launcher_config_map_name
@@ -36,6 +36,8 @@ def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
         args += ["--distributed-executor-backend", "mp"]
     if plan.max_model_len is not None:
         args += ["--max-model-len", str(plan.max_model_len)]
+    if spec.kv_cache_dtype != KVCacheDType.AUTO:
+        args += ["--kv-cache-dtype", spec.kv_cache_dtype.value]
     if spec.max_num_seqs is not None:
         args += ["--max-num-seqs", str(spec.max_num_seqs)]
     args += ["--host", "0.0.0.0", "--port", str(spec.service.port)]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Linear, Params, Split
-from cpullm.core.sizing.config import ConfigView, model_type, show, text_config
+from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, model_type, show, text_config
 from cpullm.errors import UnsupportedModel
 
 COMMON_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
@@ -172,7 +172,9 @@ def add_embeddings(parts: _Parts, config: ConfigView, h: int, tied_default: bool
 
 
 def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, int], bool] | None) -> list[LayerKind]:
-    """Each layer's attention: `layer_types` when the config lists them, else the family's pattern, else full."""
+    """Each layer's attention, as vLLM decides it: `layer_types` when the config lists them, else the family's
+    pattern, else every layer slides when the config sets a sliding_window (vLLM's cache-wide window: Mistral
+    v0.1, Phi-3), else full."""
     types = config.strings("layer_types")
     if types is not None:
         if len(types) < layers:
@@ -185,37 +187,58 @@ def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, 
             )
         return [LAYER_TYPES[t] for t in types[:layers]]
     if sliding is None:
-        return [LayerKind.FULL] * layers
+        window = config.count("sliding_window")  # 0 or absent: no window
+        return [LayerKind.SLIDING if window else LayerKind.FULL] * layers
     return [LayerKind.SLIDING if sliding(config, i) else LayerKind.FULL for i in range(layers)]
 
 
 def kv_groups(config: ConfigView, kinds: list[LayerKind], kv_heads: int, entry: int) -> tuple[KVGroup, ...]:
+    """Layers of one kind make one group. A window at least as long as the model's context never slides
+    (Phi-3-mini-128k's 262144): those layers keep every token, as full ones do."""
+    sliding = kinds.count(LayerKind.SLIDING)
+    window = config.positive("sliding_window") if sliding else None
+    context = max_context(config)
+    if window is not None and context is not None and window >= context:
+        sliding, window = 0, None
     groups = []
-    full = kinds.count(LayerKind.FULL)
-    if full:
-        groups.append(KVGroup(LayerKind.FULL, full, kv_heads, entry))
-    if len(kinds) - full:
-        groups.append(KVGroup(LayerKind.SLIDING, len(kinds) - full, kv_heads, entry, config.positive("sliding_window")))
+    if len(kinds) - sliding:
+        groups.append(KVGroup(LayerKind.FULL, len(kinds) - sliding, kv_heads, entry))
+    if sliding:
+        groups.append(KVGroup(LayerKind.SLIDING, sliding, kv_heads, entry, window))
     return tuple(groups)
 
 
-# vLLM reads a model's context length from the first of these its config has (ModelConfig's max length keys).
+# vLLM derives a model's context length from the smallest of these its config sets (model_max_length, when set,
+# overrides them), then multiplies it by a RoPE scaling factor for the scaling types that do not already count it.
 CONTEXT_KEYS = (
     "max_position_embeddings",
     "n_positions",
     "max_seq_len",
     "seq_length",
-    "model_max_length",
+    "max_target_positions",
     "max_sequence_length",
     "max_seq_length",
     "seq_len",
 )
+ROPE_TYPES_ALREADY_SCALED = frozenset({"su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling"})
 
 
 def max_context(config: ConfigView) -> int | None:
-    """The longest context vLLM serves without an override: the smallest length key the config sets."""
-    lengths = [config.positive(key) for key in CONTEXT_KEYS if config.has(key)]
-    return min(lengths) if lengths else None
+    """The longest context vLLM serves without VLLM_ALLOW_LONG_MAX_MODEL_LEN."""
+    if config.has("model_max_length"):
+        length = config.positive("model_max_length")
+    else:
+        lengths = [config.positive(key) for key in CONTEXT_KEYS if config.has(key)]
+        if not lengths:
+            return None
+        length = min(lengths)
+    rope = config.mapping("rope_scaling") or config.mapping("rope_parameters") or {}
+    kind = rope.get("rope_type", rope.get("type"))
+    factor = rope.get("factor")
+    scales = isinstance(kind, str) and kind not in ROPE_TYPES_ALREADY_SCALED and "gemma3" not in config.family
+    if scales and isinstance(factor, int | float) and not isinstance(factor, bool) and 1 < factor <= 2**20:
+        length = int(length * factor)
+    return min(length, MAX_CONFIG_VALUES["max_position_embeddings"])
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -448,17 +471,24 @@ def anatomy_of(config: Mapping[str, Any], placeholders: Mapping[str, Any] | None
         return anatomy
     if not isinstance(vision, Mapping):
         raise UnsupportedModel(f"model config vision_config={show(vision)} is not an object")
-    tower = vision_tower(ConfigView(vision, _SIGLIP, "vision_config"), view.positive("hidden_size"))
+    try:
+        towers: tuple[Params, ...] = (
+            vision_tower(ConfigView(vision, _SIGLIP, "vision_config"), view.positive("hidden_size")),
+        )
+        notes = anatomy.notes
+    except UnsupportedModel as err:  # a vision encoder of another shape: the language model is still sized
+        towers, notes = (), (*anatomy.notes, f"vision tower not counted ({err.message.split(';')[0]})")
     return Anatomy(
         family=family or anatomy.family,
         linears=anatomy.linears,
-        params=(*anatomy.params, tower),
+        params=(*anatomy.params, *towers),
         kv_groups=anatomy.kv_groups,
         attention_heads=anatomy.attention_heads,
         kv_heads=anatomy.kv_heads,
         max_context=anatomy.max_context,
         experts=anatomy.experts,
         active_experts=anatomy.active_experts,
+        notes=notes,
     )
 
 

@@ -4,11 +4,13 @@ sizes and CPUs it can run on."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.spec import DType
+from cpullm.core import constants as c
 from cpullm.core.constants import DTYPE_BYTES, UNSUPPORTED_TENSOR_PARALLEL_SIZES
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split
 from cpullm.core.sizing.checkpoint import CheckpointTensors
@@ -35,26 +37,65 @@ class ModelFiles:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """The KV cache of one model in one element size (the serving dtype, or fp8)."""
+    """The KV cache of one model in one element size (the serving dtype, or fp8), as vLLM's hybrid KV cache
+    manager lays it out: every attention kind of a hybrid model is cut into groups of the same layer count (the
+    smaller kind's count, or the larger's when it is under 1.5x the smaller), padded up to whole groups; a full
+    or MLA layer keeps every token of a sequence in 128-token blocks; a sliding-window layer keeps at most its
+    window plus the tokens in flight (max_num_batched_tokens) and one more block."""
 
     groups: tuple[KVGroup, ...]
     element_bytes: int
 
+    @functools.cached_property
+    def _slots(self) -> dict[LayerKind, int]:
+        """Layers per kind as allocated: padded to whole groups when kinds are mixed."""
+        counts = {g.kind: g.layers for g in self.groups}
+        if len(counts) < 2:
+            return counts
+        small, large = min(counts.values()), max(counts.values())
+        size = large if large < 1.5 * small else small
+        return {kind: -(-layers // size) * size for kind, layers in counts.items()}
+
+    def _layer_bytes(self, group: KVGroup, tensor_parallel_size: int) -> int:
+        """Per layer slot and token."""
+        return group.heads_per_rank(tensor_parallel_size) * group.entry * self.element_bytes
+
     def bytes_per_token(self, tensor_parallel_size: int = 1) -> int:
-        """Per rank, for each token of context: the layers that keep every token (full attention, MLA)."""
-        return sum(g.bytes_per_token(tensor_parallel_size, self.element_bytes) for g in self.groups if g.window is None)
+        """Per rank, for each token of context: the layers that keep every token (full attention, MLA); 0 when
+        every layer slides."""
+        return sum(
+            self._slots[g.kind] * self._layer_bytes(g, tensor_parallel_size) for g in self.groups if g.window is None
+        )
 
     def window_bytes(self, tensor_parallel_size: int, context: int) -> int:
-        """Per rank and sequence: the sliding-window layers, which keep at most their window of a sequence."""
+        """Per rank and sequence: what the sliding-window layers hold of it."""
         return sum(
-            min(g.window, context) * g.bytes_per_token(tensor_parallel_size, self.element_bytes)
+            self._slots[g.kind]
+            * self._layer_bytes(g, tensor_parallel_size)
+            * self._window_tokens(g, tensor_parallel_size, context)
             for g in self.groups
             if g.window is not None
         )
 
+    @staticmethod
+    def _window_tokens(group: KVGroup, tensor_parallel_size: int, context: int) -> int:
+        assert group.window is not None
+        in_flight = c.SERVER_BATCHED_TOKENS_PER_RANK * tensor_parallel_size
+        return _blocks(min(group.window - 1 + in_flight, context)) + c.KV_BLOCK_TOKENS
+
     def sequence_bytes(self, tensor_parallel_size: int, context: int) -> int:
-        """Per rank: one sequence of `context` tokens."""
-        return context * self.bytes_per_token(tensor_parallel_size) + self.window_bytes(tensor_parallel_size, context)
+        """Per rank: what one sequence of `context` tokens takes."""
+        return _blocks(context) * self.bytes_per_token(tensor_parallel_size) + self.window_bytes(
+            tensor_parallel_size, context
+        )
+
+    def tokens(self, kv_bytes: int, tensor_parallel_size: int, context: int | None) -> int:
+        """The KV cache's capacity in tokens as vLLM logs it ("KV cache size: N tokens"): how many sequences of
+        `context` tokens it holds, times `context`."""
+        if context is None:
+            per_token = self.bytes_per_token(tensor_parallel_size)
+            return kv_bytes // per_token if per_token else 0
+        return kv_bytes * context // self.sequence_bytes(tensor_parallel_size, context)
 
     def longest_context(self, kv_bytes: int, tensor_parallel_size: int, at_most: int) -> int:
         """The longest sequence (at most `at_most` tokens) a KV cache of kv_bytes per rank holds."""
@@ -77,11 +118,17 @@ class KVLayout:
             else:
                 parts.append(f"{g.layers} full")
         heads = next((g for g in self.groups if g.kind != LayerKind.MLA), None)
-        shape = f", {heads.kv_heads} KV heads x {heads.entry // 2}" if heads else ""
-        sliding = any(g.kind == LayerKind.SLIDING for g in self.groups)
-        if heads and not sliding:
+        if heads and all(g.kind == LayerKind.FULL for g in self.groups):
             parts.append("0 sliding")
-        return " + ".join(parts) + (" layers" if heads else "") + shape + f", {self.element_bytes} B/element"
+        shape = f" layers, {heads.kv_heads} KV heads x {heads.entry // 2}" if heads else ""
+        padded = sum(self._slots.values()) - sum(g.layers for g in self.groups)
+        padding = f", {padded} padding layer{'s' * (padded != 1)}" if padded else ""
+        return " + ".join(parts) + shape + padding + f", {self.element_bytes} B/element"
+
+
+def _blocks(tokens: int) -> int:
+    """Tokens rounded up to whole KV blocks."""
+    return -(-tokens // c.KV_BLOCK_TOKENS) * c.KV_BLOCK_TOKENS
 
 
 @dataclass(frozen=True)
@@ -140,7 +187,7 @@ class ModelSize:
 
     def node_problem(self, isa: frozenset[str]) -> str | None:
         """Why a node with these CPU flags cannot run this model's kernels, or None."""
-        return self.quantization.kernel_problem(isa) if self.quantization else None
+        return self.quantization.kernel_problem(isa, self.anatomy) if self.quantization else None
 
     def describe_weights(self) -> str:
         quantized = f", {self.quantization.describe()}" if self.quantization else ""

@@ -1,5 +1,5 @@
 """Quantized checkpoints as vLLM's CPU backend serves them: the bytes a quantized weight matrix keeps resident
-(packed weights, scales, zero points, GPTQ's act-order index), which matrices a method leaves in the serving
+(packed weights, scales, zero points), which matrices a method leaves in the serving
 dtype, what a node's CPU must have for the method's kernels, and the shapes tensor parallelism must keep.
 
 One WeightFormat describes every method read here (AWQ, GPTQ, compressed-tensors, FP8, MXFP4): bits per weight,
@@ -18,17 +18,10 @@ from cpullm.core.sizing.anatomy import Anatomy, Linear, Split
 from cpullm.core.sizing.config import show
 from cpullm.errors import UnsupportedModel
 
-AMX = "amx_bf16"
-AVX512 = "avx512f"
-# What vLLM CPU (0.32) needs on the node to run a method's kernels: (flag, why), per method and bits.
-# MXFP4 MoE and FP8 linear layers run on AMX tiles only; the rest has AVX-512 and AVX2 paths.
-_KERNEL_NEEDS: dict[str, tuple[str, str]] = {
-    "mxfp4": (AMX, "vLLM CPU runs MXFP4 MoE layers on AMX only"),
-    "fp8": (AMX, "vLLM CPU runs FP8 linear layers on AMX only"),
-}
-# Methods (and bit widths) vLLM CPU has no kernel for at all, whatever the node.
-_NO_CPU_KERNEL = {(method, bits): f"vLLM CPU has no {method.upper()} {bits}-bit kernel" for method, bits in
-                  (("gptq", 2), ("gptq", 3), ("gptq", 8), ("awq", 8))}  # fmt: skip
+# vLLM CPU (0.32) gates kernels on AMX tiles (torch's _is_amx_tile_supported; NFD's AMXTILE): MXFP4 MoE, FP8
+# linear and MoE layers, and quantized MoE experts of every method run on AMX only. 4-bit linear layers (AWQ, GPTQ,
+# compressed-tensors W4A16) and int8 W8A8 linear layers also run without it.
+AMX = "amx_tile"
 METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")
 
 
@@ -42,7 +35,6 @@ class WeightFormat:
     per_channel: bool = True  # one scale per output (when no group); False: one per tensor
     zero_points: bool = False  # stored at `bits` per group and output
     scale_bytes: int = 2
-    act_order: bool = False  # GPTQ desc_act: an int32 group index per input
     block: tuple[int, int] | None = None  # FP8 block quantization: one fp32 scale per (out, in) block
     experts_only: bool = False  # MXFP4 (gpt-oss): attention stays in the serving dtype
     excluded: tuple[str, ...] = ()  # module patterns left unquantized (modules_to_not_convert, ignore)
@@ -58,8 +50,6 @@ class WeightFormat:
             parts.append(f"group {self.group_size}")
         else:
             parts.append("per-channel" if self.per_channel else "per-tensor")
-        if self.act_order:
-            parts.append("act-order")
         if self.experts_only:
             parts.append("experts only")
         return " ".join(parts)
@@ -80,32 +70,51 @@ class WeightFormat:
         else:
             scales = fan_out if self.per_channel else 1
         zeros = math.ceil(scales * self.bits / 8) if self.zero_points else 0
-        index = 4 * fan_in if self.act_order else 0
-        return weights + scales * self.scale_bytes + zeros + index
+        return weights + scales * self.scale_bytes + zeros
 
-    def kernel_problem(self, isa: frozenset[str]) -> str | None:
+    def kernel_problem(self, isa: frozenset[str], anatomy: Anatomy) -> str | None:
         """Why a node with these CPU flags cannot run this format in vLLM CPU, or None."""
-        never = _NO_CPU_KERNEL.get((self.method, self.bits))
-        if never:
-            return never
-        need = _KERNEL_NEEDS.get(self.method)
-        if need and need[0] not in isa:
-            return f"lacks {need[0]} for {self.describe()} ({need[1]})"
+        if AMX in isa:
+            return None
+        if self.method in ("fp8", "mxfp4"):
+            return f"lacks {AMX} for {self.describe()} (vLLM CPU runs {self.method.upper()} layers on AMX only)"
+        if any(linear.expert and self.quantizes(linear) for linear in anatomy.linears):
+            return f"lacks {AMX} for {self.describe()} experts (vLLM CPU runs quantized MoE layers on AMX only)"
         return None
 
     def tensor_parallel_problem(self, tp: int, anatomy: Anatomy) -> str | None:
-        """vLLM's quantized linear layers need each rank's slice to hold whole groups: a layer split by its
-        inputs (o_proj, down_proj) keeps in/TP a multiple of the group size."""
-        if tp == 1 or not self.group_size:
+        """The shapes vLLM CPU's quantized kernels need on each rank: whole quantization groups (or FP8 blocks) of
+        a layer's inputs, and for the 4-bit kernels (CPUWNA16) slices that are multiples of 32."""
+        if tp == 1:
             return None
         for linear in anatomy.linears:
-            if linear.split == Split.ROW and self.quantizes(linear) and (linear.in_features // tp) % self.group_size:
-                return (
-                    f"tensor parallel size {tp} splits {linear.name}'s {linear.in_features} inputs into "
-                    f"{linear.in_features // tp} per rank, not a multiple of the {self.method} group size "
-                    f"{self.group_size}"
-                )
+            if linear.split not in (Split.ROW, Split.COLUMN) or not self.quantizes(linear):
+                continue
+            side, size = (
+                ("inputs", linear.in_features) if linear.split == Split.ROW else ("outputs", linear.out_features)
+            )
+            part = size // tp
+            for multiple, what in self._slice_multiples(linear.split):
+                if part % multiple:
+                    return (
+                        f"tensor parallel size {tp} splits {linear.name}'s {size} {side} into {part} per rank, not a "
+                        f"multiple of the {what}"
+                    )
         return None
+
+    def _slice_multiples(self, split: Split) -> list[tuple[int, str]]:
+        if self.block:
+            return [(self.block[1] if split == Split.ROW else self.block[0], f"{self.method} block size")]
+        multiples = []
+        if self.group_size and split == Split.ROW:
+            multiples.append((self.group_size, f"{self.method} group size {self.group_size}"))
+        if self.bits == 4 and not self.experts_only:
+            multiples.append((WNA16_SLICE, f"{WNA16_SLICE} the 4-bit CPU kernel needs"))
+        return multiples
+
+
+# vLLM CPU's 4-bit linear kernel (CPUWNA16) takes input and output slices in multiples of 32.
+WNA16_SLICE = 32
 
 
 def _matches(pattern: str, name: str) -> bool:
@@ -144,12 +153,12 @@ class _Quant:
     raw: Mapping[str, Any]
     method: str
 
-    def positive(self, key: str, default: int, allowed: tuple[int, ...] = ()) -> int:
+    def integer(self, key: str, default: int, allowed: tuple[int, ...] = (), why: str = "") -> int:
         value = self.raw.get(key, default)
         if value is None:
             value = default
         if isinstance(value, bool) or not isinstance(value, int) or (allowed and value not in allowed):
-            choices = f" (one of {', '.join(map(str, allowed))})" if allowed else ""
+            choices = f" (one of {', '.join(map(str, allowed))}{': ' + why if why else ''})" if allowed else ""
             raise UnsupportedModel(
                 f"quantization_config.{key}={show(value)} is not a valid {self.method} value{choices}"
             )
@@ -175,15 +184,16 @@ class _Quant:
 
 def _group(quant: _Quant, key: str = "group_size") -> int | None:
     """A group size: -1 (or 0) means one group over all inputs, i.e. per output channel."""
-    size = quant.positive(key, 128)
+    size = quant.integer(key, 128)
     if size < -1:
         raise UnsupportedModel(f"quantization_config.{key}={size} is not a group size")
     return size if size > 0 else None
 
 
 def _awq(quant: _Quant) -> WeightFormat:
-    # AWQ stores int4 weights packed eight to an int32, fp16 scales and packed zero points per group.
-    bits = quant.positive("bits", quant.positive("w_bit", 4), allowed=(4, 8))
+    # AWQ stores int4 weights packed eight to an int32, fp16 scales and packed zero points per group; vLLM CPU
+    # repacks them at the same size.
+    bits = quant.integer("bits", quant.integer("w_bit", 4), allowed=(4,), why="vLLM CPU runs AWQ at 4 bits only")
     group = _group(quant, "group_size" if "group_size" in quant.raw else "q_group_size")
     return WeightFormat(
         "awq",
@@ -195,17 +205,20 @@ def _awq(quant: _Quant) -> WeightFormat:
 
 
 def _gptq(quant: _Quant) -> WeightFormat:
-    # GPTQ stores packed weights, fp16 scales and packed zero points (also when symmetric), and with desc_act
-    # an int32 g_idx per input row.
-    bits = quant.positive("bits", 4, allowed=(2, 3, 4, 8))
-    return WeightFormat(
-        "gptq",
-        bits,
-        _group(quant),
-        zero_points=True,
-        act_order=quant.flag("desc_act", False),
-        excluded=quant.patterns("modules_to_not_convert"),
-    )
+    # GPTQ stores packed weights, fp16 scales and packed zero points (also when symmetric). vLLM CPU runs 4-bit
+    # symmetric GPTQ only, with groups of 32, 64 or 128 inputs (or one per column), and refuses act-order with
+    # groups; it drops the zero points of symmetric weights.
+    why = "vLLM CPU runs GPTQ at 4 bits only (its 4-bit symmetric Marlin types)"
+    bits = quant.integer("bits", 4, allowed=(4,), why=why)
+    if not quant.flag("sym", True):
+        raise UnsupportedModel(f"quantization_config.sym=false is not served: {why}")
+    group = quant.integer("group_size", 128, allowed=(-1, 32, 64, 128), why="vLLM CPU's GPTQ group sizes")
+    if quant.flag("desc_act", False) and group != -1:
+        raise UnsupportedModel(
+            "quantization_config.desc_act=true with groups is refused by vLLM (group activation ordering is no longer "
+            "supported): use a checkpoint with desc_act=false"
+        )
+    return WeightFormat("gptq", bits, group if group > 0 else None, excluded=quant.patterns("modules_to_not_convert"))
 
 
 def _fp8(quant: _Quant) -> WeightFormat:
@@ -242,7 +255,7 @@ def _compressed_tensors(quant: _Quant) -> WeightFormat:
     if not isinstance(weights, Mapping):
         raise UnsupportedModel("quantization_config.config_groups has no weights scheme (compressed-tensors)")
     scheme = _Quant(weights, "compressed-tensors")
-    bits = scheme.positive("num_bits", 8, allowed=(4, 8))
+    bits = scheme.integer("num_bits", 8, allowed=(4, 8), why="vLLM CPU's W4A16 and W8A8 kernels")
     kind = weights.get("type", "int")
     strategy = weights.get("strategy", "tensor")
     if kind not in ("int", "float") or strategy not in ("tensor", "channel", "group", "block"):
@@ -253,6 +266,10 @@ def _compressed_tensors(quant: _Quant) -> WeightFormat:
     activations = None
     if isinstance(inputs, Mapping) and inputs.get("num_bits") == 8:
         activations = "int8" if inputs.get("type", "int") == "int" else "fp8"
+    if kind == "int" and bits == 8 and activations != "int8":
+        raise UnsupportedModel(
+            "compressed-tensors 8-bit weights without int8 activations (W8A16) have no vLLM CPU kernel"
+        )
     block = weights.get("block_structure") if strategy == "block" else None
     if kind == "float":
         return WeightFormat(
