@@ -65,7 +65,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sub.add_argument("service", help="CpuLLMService YAML file ('-' for stdin)")
         sub.add_argument("--nodes", required=True, help="nodes YAML, as `kubectl get nodes -o yaml` prints")
         sub.add_argument(
-            "--model-config", help="Hugging Face config.json to size the model from when the spec has no inline config"
+            "--model-config",
+            help="Hugging Face config.json, or a model directory (config.json and its safetensors files, whose headers "
+            "size the weights), to size the model from when the spec has no inline config",
         )
         sub.add_argument("-o", "--output", choices=("json", "yaml"), default="json" if name == "plan" else "yaml")
     commands.add_parser("crd", help="print the CustomResourceDefinition")

@@ -39,6 +39,14 @@ def qwen_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from tests.vllm.test_sizing_vs_vllm import SIZES
+
+    if SIZES:
+        terminalreporter.section("sizing against vLLM: weights (bytes) and KV cache capacity (tokens), side by side")
+        columns = list(next(iter(SIZES.values())))
+        terminalreporter.write_line("kind     " + "".join(f"{c:>20}" for c in columns))
+        for kind, row in SIZES.items():
+            terminalreporter.write_line(f"{kind:<9}" + "".join(f"{row[c]:>20,}" for c in columns))
     if MEMORY:
         terminalreporter.section("the vLLM server's memory cgroup: peaks against its limit (the planned one)")
         for case, m in sorted(MEMORY.items()):

@@ -321,11 +321,13 @@ def server_for_container(
     model: Path,
     log_name: str = "vllm.log",
     taskset: Sequence[str] = (),
+    extra_env: dict[str, str] | None = None,
 ) -> LocalServer:
     """The rendered container (rendered into `workdir` by render_service) as a local command on a free port,
     logging to `workdir/log_name`: `python3` resolves to the vLLM environment (it is first on PATH), the
     command and env values are taken as rendered with the pod's mount paths mapped to local directories
-    (pod_mounts). `taskset` (e.g. ["taskset", "-c", "1"]) starts it inside a smaller cpuset, as a pod's. Its
+    (pod_mounts). `taskset` (e.g. ["taskset", "-c", "1"]) starts it inside a smaller cpuset, as a pod's;
+    `extra_env` adds variables the pod does not have (a test probe's PYTHONPATH). Its
     memory cgroup is limited to the container's memory limit, as the kubelet limits the container's, and the
     model's and the runtime's files are dropped from the page cache first (see LocalServer)."""
 
@@ -339,6 +341,7 @@ def server_for_container(
 
     env = {"PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
     env.update({entry["name"]: local(entry["value"]) for entry in container["env"] if "value" in entry})
+    env.update(extra_env or {})
     command = [*map(local, container["command"]), *substitute(container["args"], str(model), port)]
     limit = container["resources"]["limits"]["memory"]
     return LocalServer(

@@ -59,6 +59,8 @@ def summarize(tensors: Iterable[tuple[str, str, Iterable[int]]], files: int) -> 
         dims = list(shape)
         if not all(type(d) is int and 0 <= d < 2**40 for d in dims) or len(dims) > 8:
             raise CheckpointUnreadable(f"tensor {name[:80]!r} has shape {str(dims)[:60]}")
+        if name.endswith(".g_idx"):
+            continue  # GPTQ's act-order index: vLLM creates none (it refuses act-order with groups)
         match = _DECODER_LAYER.search(name)
         key = (dtype, int(match.group(1)) if match else -1)
         sums[key] = sums.get(key, 0) + math.prod(dims)

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Linear, Params, Split
-from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, model_type, show, text_config
+from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, first_present, model_type, show, text_config
 from cpullm.errors import UnsupportedModel
 
+EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 COMMON_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 # transformers' names for the layer kinds of `layer_types`.
 LAYER_TYPES = {"full_attention": LayerKind.FULL, "sliding_attention": LayerKind.SLIDING}
@@ -122,8 +123,11 @@ class MoE:
         return layers
 
     def add(self, parts: _Parts, config: ConfigView, h: int, moe_layers: int) -> tuple[int, int]:
-        config.require(self.experts_key, self.expert_size_key)
-        experts, size = config.positive(self.experts_key), config.positive(self.expert_size_key)
+        # transformers writes a family's expert count under its own name or an alias (Qwen3-MoE saved by
+        # transformers 5 has num_local_experts): any of them counts.
+        experts_key = first_present(config, (self.experts_key, *EXPERT_COUNT_KEYS)) or self.experts_key
+        config.require(experts_key, self.expert_size_key)
+        experts, size = config.positive(experts_key), config.positive(self.expert_size_key)
         for name, fan_in, fan_out, split in _gated_mlp(h, size):
             parts.linear(f"mlp.experts.{name}", fan_in, fan_out, moe_layers * experts, split, expert=True)
         parts.param("router", moe_layers * (h * experts + experts * (self.router_bias + self.score_bias)))
@@ -439,7 +443,7 @@ def _generic(family: str, config: ConfigView) -> Anatomy:
     Mixtral/Qwen/DeepSeek expert fields and MLA where the config has them."""
     if config.has("kv_lora_rank"):
         return _mla(family, config, _DEEPSEEK_MOE)
-    for experts_key in ("num_local_experts", "num_experts", "n_routed_experts"):
+    for experts_key in EXPERT_COUNT_KEYS:
         if config.count(experts_key):
             size_key = "moe_intermediate_size" if config.has("moe_intermediate_size") else "intermediate_size"
             return Decoder(moe=MoE(experts_key, expert_size_key=size_key)).build(family, config)

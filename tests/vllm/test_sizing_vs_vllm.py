@@ -1,0 +1,119 @@
+"""Sizing against vLLM itself. For a tiny random-weight model of each kind sizing tells apart (dense GQA, MoE,
+hybrid sliding-window attention, MLA with the 576-wide latent, GPTQ int4), the rendered command is started and the
+plan's figures are compared with what vLLM reports for the same model, each within 5%:
+- KV: vLLM's "CPU KV cache size: N tokens" (the sequences of the max model length its KV cache holds, times that
+  length) for the plan's VLLM_CPU_KVCACHE_SPACE, against the plan's kvTokensPerRank;
+- weights: the parameter bytes vLLM's loader holds once the checkpoint is loaded, before the CPU kernels repack
+  them (tests/vllm/probe: vLLM CPU 0.32 logs no model-load memory), against the plan's weightsBytes sized both
+  ways: the family formula over the inline config (as offline), and the checkpoint's safetensors headers."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+from contextlib import redirect_stdout
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from cpullm.cli import main as cpullm
+from tests.vllm.harness import ROOT, render_service, server_for_container, this_machine
+
+pytestmark = pytest.mark.vllm
+PROBE = ROOT / "tests" / "vllm" / "probe"
+TOLERANCE = 0.05
+SIZES: dict[str, dict[str, Any]] = {}
+
+
+@pytest.fixture(scope="session")
+def models(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("sizing-models")
+    for kind in ("dense", "moe", "hybrid", "mla", "gptq"):
+        script = ROOT / "tests" / "vllm" / "make_models.py"
+        subprocess.run([str(vllm_python), str(script), kind, str(out / kind)], check=True, capture_output=True)
+    return {kind: out / kind for kind in ("dense", "moe", "hybrid", "mla", "gptq")}
+
+
+def plan_from_headers(workdir: Path, model: Path, max_model_len: int) -> dict[str, Any]:
+    """`cpullm plan --model-config DIR`: the service names the model directory, which holds config.json and the
+    safetensors files whose headers size the weights."""
+    service = {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "metadata": {"name": "headers"},
+        "spec": {"model": {"name": f"/models/{model.name}"}, "kvCacheGiB": 1, "maxModelLen": max_model_len},
+    }
+    (workdir / "headers.yaml").write_text(yaml.safe_dump(service))
+    (workdir / "nodes.yaml").write_text(yaml.safe_dump(this_machine(1)))
+    buffer = io.StringIO()
+    with redirect_stdout(buffer):
+        code = cpullm(
+            [
+                "plan",
+                str(workdir / "headers.yaml"),
+                "--nodes",
+                str(workdir / "nodes.yaml"),
+                "--model-config",
+                str(model),
+            ]
+        )
+    assert code == 0
+    plan: dict[str, Any] = json.loads(buffer.getvalue())
+    return plan
+
+
+def vllm_reports(log: str) -> tuple[int, int]:
+    """(loaded parameter bytes, KV cache size in tokens) from the server's log."""
+    loaded = re.search(r"cpullm-probe: loaded parameter bytes (\d+)", log)
+    tokens = re.search(r"CPU KV cache size: ([\d,]+) tokens", log)
+    assert loaded and tokens, "the probe's or vLLM's KV line is missing from the log"
+    return int(loaded.group(1)), int(tokens.group(1).replace(",", ""))
+
+
+def within(planned: int, served: int) -> bool:
+    return abs(planned - served) <= TOLERANCE * served
+
+
+@pytest.mark.parametrize(
+    ("kind", "max_model_len", "layout"),
+    [
+        ("dense", 1024, "2 full + 0 sliding layers, 2 KV heads x 64"),
+        ("moe", 1024, "2 full + 0 sliding layers, 2 KV heads x 64"),
+        # 4096 tokens exceed the 256-token window plus the 2048 tokens in flight: the window bites.
+        ("hybrid", 4096, "2 full + 2 sliding (window 256) layers, 2 KV heads x 64"),
+        ("mla", 1024, "2 MLA layers, latent 576"),
+        ("gptq", 1024, "4 full + 0 sliding layers, 2 KV heads x 64"),
+    ],
+)
+def test_plan_matches_what_vllm_serves(kind, max_model_len, layout, models, vllm_python: Path, tmp_path: Path):
+    model = models[kind]
+    plan, container = render_service(tmp_path, model, 1, maxModelLen=max_model_len)
+    from_headers = plan_from_headers(tmp_path, model, max_model_len)
+    assert plan["sizing"]["kvLayout"].startswith(layout)
+    assert from_headers["sizing"]["weightsSource"].startswith("safetensors headers (1 file, ")
+    server = server_for_container(
+        container, workdir=tmp_path, python=vllm_python, model=model, extra_env={"PYTHONPATH": str(PROBE)}
+    )
+    try:
+        server.start(timeout=900)
+        assert server.complete("The quick brown fox", max_tokens=4)["usage"]["completion_tokens"] == 4
+    finally:
+        server.stop()
+    loaded, tokens = vllm_reports(server.log.read_text(errors="replace"))
+    SIZES[kind] = {
+        "vLLM loaded bytes": loaded,
+        "formula bytes": plan["weightsBytes"],
+        "header bytes": from_headers["weightsBytes"],
+        "vLLM KV tokens": tokens,
+        "plan KV tokens": plan["kvTokensPerRank"],
+        "start-up s": round(server.measured.startup_seconds),
+    }
+    assert within(plan["weightsBytes"], loaded), SIZES[kind]
+    assert within(from_headers["weightsBytes"], loaded), SIZES[kind]
+    assert within(plan["kvTokensPerRank"], tokens), SIZES[kind]
+    if kind != "hybrid":  # every layer keeps every token: KV bytes per token is the KV space over its tokens
+        assert within(plan["kvBytesPerToken"], 2**30 // tokens), SIZES[kind]
