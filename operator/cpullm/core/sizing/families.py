@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from cpullm.core import constants as c
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Linear, Params, Split
 from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, first_present, model_type, show, text_config
 from cpullm.errors import UnsupportedModel
@@ -198,13 +199,16 @@ def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, 
 
 
 def kv_groups(config: ConfigView, kinds: list[LayerKind], kv_heads: int, entry: int) -> tuple[KVGroup, ...]:
-    """Layers of one kind make one group. A window at least as long as the model's context never slides
-    (Phi-3-mini-128k's 262144): those layers keep every token, as full ones do."""
+    """Layers of one kind make one group. A window that with the tokens in flight covers the model's whole context
+    never slides (Phi-3-mini-128k's 262144; Phi-3-mini-4k's 2047 + 2048 in 128-token blocks for a 4096 context):
+    those layers keep every token, as full ones do."""
     sliding = kinds.count(LayerKind.SLIDING)
     window = config.positive("sliding_window") if sliding else None
     context = max_context(config)
-    if window is not None and context is not None and window >= context:
-        sliding, window = 0, None
+    if window is not None and context is not None:
+        held = min(window - 1 + c.SERVER_BATCHED_TOKENS_PER_RANK, context)
+        if -(-held // c.KV_BLOCK_TOKENS) * c.KV_BLOCK_TOKENS >= context:
+            sliding, window = 0, None
     groups = []
     if len(kinds) - sliding:
         groups.append(KVGroup(LayerKind.FULL, len(kinds) - sliding, kv_heads, entry))
