@@ -38,3 +38,25 @@ def test_schema_is_structural_and_explained():
 def test_chart_crd_is_identical():
     chart_copy = ROOT / "charts" / "cpullm-operator" / "crds" / CRD_FILE.name
     assert chart_copy.read_bytes() == CRD_FILE.read_bytes()
+
+
+def test_env_and_args_the_operator_owns_are_refused_naming_the_field_to_use():
+    from cpullm.api.spec import parse_spec
+    from cpullm.errors import InvalidSpec
+
+    base = {"model": {"name": "org/model"}, "kvCacheGiB": 1}
+    ok = parse_spec({**base, "env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}], "extraArgs": ["--seed=1"]})
+    assert ok.extra_args == ["--seed=1"]
+    bad = {**base, "env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "64"}], "extraArgs": ["--port=9000", "-tp", "4"]}
+    try:
+        parse_spec(bad)
+    except InvalidSpec as err:
+        assert "env VLLM_CPU_KVCACHE_SPACE (set spec.kvCacheGiB)" in err.message
+        assert "extraArgs --port (set spec.service.port)" in err.message
+        assert "extraArgs -tp (set spec.tensorParallelSize)" in err.message
+    else:
+        raise AssertionError("accepted")
+    rules = [r["rule"] for r in build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
+        "x-kubernetes-validations"]]  # fmt: skip
+    assert any("VLLM_CPU_KVCACHE_SPACE" in rule for rule in rules)
+    assert any("'--port'" in rule and "startsWith" in rule for rule in rules)

@@ -139,6 +139,29 @@ def test_a_node_failing_several_checks_is_rejected_by_the_first(first, later):
             "DoesNotExist, Gt, Lt",
             id="unknown-operator",
         ),
+        *[
+            pytest.param(
+                {
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": op, **values}]}]
+                        }
+                    }
+                },
+                f"{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].values must be {what} for operator {op}",
+                id=f"{op}-{'-'.join(values.get('values', ['none']))}",
+            )
+            # The API server stores these (spec.affinity passes through the CRD unchecked); a pod refuses them.
+            # Gt with "abc" raised ValueError in the eligibility chain before (every node event's check with it).
+            for op, values, what in (
+                ("Gt", {"values": ["abc"]}, "one integer"),
+                ("Lt", {"values": ["1", "2"]}, "one integer"),
+                ("Gt", {}, "one integer"),
+                ("Lt", {"values": ["99999999999999999999"]}, "one integer"),
+                ("In", {}, "non-empty"),
+                ("Exists", {"values": ["x"]}, "empty"),
+            )
+        ],
     ],
 )
 def test_malformed_affinity_is_an_invalid_spec_naming_the_path(affinity, message):
@@ -170,6 +193,16 @@ def test_malformed_affinity_is_an_invalid_spec_naming_the_path(affinity, message
 )
 def test_well_formed_affinity_gives_its_required_terms(affinity, terms):
     assert required_node_terms(affinity) == terms
+
+
+@pytest.mark.parametrize(("operator", "bound", "label", "matches"), [
+    ("Gt", "4", "8", True), ("Gt", "4", "4", False), ("Lt", "-1", "-2", True), ("Gt", "4", "eight", False),
+])  # fmt: skip
+def test_gt_and_lt_compare_integers(operator, bound, label, matches):
+    term = {"matchExpressions": [{"key": "cores", "operator": operator, "values": [bound]}]}
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
+    why = node_rejection(Needs.of(spec(affinity=affinity)), node("n", labels={"cores": label}))
+    assert (why is None) == matches
 
 
 TOPOLOGY = "cpullm.io/topology-manager-policy"

@@ -44,7 +44,7 @@ def test_deployment_whole_manifest():
         modelCache={"persistentVolumeClaim": {"claimName": "weights"}},
         tolerations=[{"key": "dedicated", "operator": "Exists"}],
         nodeSelector={"pool": "llm"},
-        env=[{"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"}, {"name": "EXTRA", "value": "1"}],
+        env=[{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}, {"name": "EXTRA", "value": "1"}],
         extraArgs=["--enable-prefix-caching"],
     )
     plan = plan_service(
@@ -110,12 +110,13 @@ def test_deployment_whole_manifest():
                             ],
                             "env": [
                                 {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "4"},
+                                {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "auto"},
                                 # A total over the ranks in vLLM 0.32: 1 per rank x 2 ranks.
                                 {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": "2"},
                                 {"name": "LD_PRELOAD", "value": f"{TCMALLOC_X86}:/opt/venv/lib/libiomp5.so"},
                                 {"name": "HF_HOME", "value": "/models/huggingface"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
-                                {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": "nobind"},
+                                {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
                                 {"name": "EXTRA", "value": "1"},
                             ],
                             "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],

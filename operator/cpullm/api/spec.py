@@ -276,6 +276,59 @@ class Autoscaling(_Model):
         return self
 
 
+# What the operator renders itself, each with the spec field that sets it: a spec.env entry or spec.extraArgs flag
+# of these names would silently override the plan (the KV size, the binding, the port the probes call, ...).
+OWNED_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "kvCacheGiB",
+    "VLLM_CPU_OMP_THREADS_BIND": "cpu.threadsBind",
+    "VLLM_CPU_NUM_OF_RESERVED_CPU": "cpu.reservedCpusPerRank",
+    "OMP_NUM_THREADS": "cpu.threadsBind",
+    "CPU_VISIBLE_MEMORY_NODES": "cpu.launcher",
+    "LD_PRELOAD": "image",
+    "HF_HOME": "modelCache",
+    "HF_TOKEN": "hfTokenSecret",
+}
+OWNED_FLAGS = {
+    "--model": "model.name",
+    "--revision": "model.revision",
+    "--dtype": "model.dtype",
+    "--tensor-parallel-size": "tensorParallelSize",
+    "-tp": "tensorParallelSize",
+    "--distributed-executor-backend": "tensorParallelSize",
+    "--max-model-len": "maxModelLen",
+    "--max-num-seqs": "maxNumSeqs",
+    "--kv-cache-dtype": "kvCacheDtype",
+    "--host": "service",
+    "--port": "service.port",
+}
+
+
+def owned_collisions(env_names: list[str], args: list[str]) -> list[str]:
+    """The spec.env names and spec.extraArgs flags the operator sets itself, each with the field to use instead."""
+    found = [f"env {name} (set spec.{OWNED_ENV[name]})" for name in env_names if name in OWNED_ENV]
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in OWNED_FLAGS:
+            found.append(f"extraArgs {flag} (set spec.{OWNED_FLAGS[flag]})")
+    return found
+
+
+def _cel_list(items: list[str]) -> str:
+    return "[" + ", ".join(f"'{item}'" for item in items) + "]"
+
+
+_CEL_OWNED_ENV: dict[str, JsonValue] = {
+    "rule": f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(sorted(OWNED_ENV))}))",
+    "message": "env sets a variable the operator owns: "
+    + ", ".join(f"{name} (use spec.{field})" for name, field in sorted(OWNED_ENV.items())),
+}
+_CEL_OWNED_FLAGS: dict[str, JsonValue] = {
+    "rule": "!has(self.extraArgs) || self.extraArgs.all(a, !"
+    + _cel_list(sorted(OWNED_FLAGS))
+    + ".exists(f, a == f || a.startsWith(f + '=')))",
+    "message": "extraArgs sets a flag the operator owns: "
+    + ", ".join(f"{flag} (use spec.{field})" for flag, field in sorted(OWNED_FLAGS.items())),
+}
 _CEL_KV_SOURCE: dict[str, JsonValue] = {
     "rule": "has(self.kvCacheGiB) || (has(self.maxModelLen) && has(self.maxNumSeqs))",
     "message": "set kvCacheGiB, or maxModelLen and maxNumSeqs to derive it",
@@ -287,7 +340,9 @@ _CEL_CACHE_ONE_OF: dict[str, JsonValue] = {
 
 
 class CpuLLMServiceSpec(_Model):
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_KV_SOURCE]})
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [_CEL_KV_SOURCE, _CEL_OWNED_ENV, _CEL_OWNED_FLAGS]}
+    )
 
     model: ModelSource
     replicas: int = Field(
@@ -345,8 +400,18 @@ class CpuLLMServiceSpec(_Model):
         description="Pod affinity as in a pod spec. Its required node affinity also narrows the eligible "
         "nodes; the operator adds the nodes it chose.",
     )
-    env: list[EnvVar] = Field(default_factory=list, description="Extra container env; wins over the operator's.")
-    extra_args: list[str] = Field(default_factory=list, description="Extra `vllm serve` arguments, appended.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra container env. The variables the operator sets (VLLM_CPU_KVCACHE_SPACE, "
+        "VLLM_CPU_OMP_THREADS_BIND, LD_PRELOAD, HF_TOKEN, ...) are refused: set the spec field that owns them.",
+    )
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=128,
+        description="Extra `vllm serve` arguments, appended. The flags the operator sets (--model, --port, "
+        "--tensor-parallel-size, --max-model-len, ...) are refused: set the spec field that owns them.",
+    )
     hf_token_secret: SecretKeyRef | None = Field(
         default=None, description="Secret with a Hugging Face token, for gated models (pod and operator)."
     )
@@ -371,6 +436,14 @@ class CpuLLMServiceSpec(_Model):
     def _kv_source(self) -> CpuLLMServiceSpec:
         if self.kv_cache_gi_b is None and (self.max_model_len is None or self.max_num_seqs is None):
             raise ValueError(str(_CEL_KV_SOURCE["message"]))
+        return self
+
+    @model_validator(mode="after")
+    def _nothing_the_operator_owns(self) -> CpuLLMServiceSpec:
+        """The CEL rules on env and extraArgs, again for the CLI and for objects stored before them."""
+        collisions = owned_collisions([e.name for e in self.env], self.extra_args)
+        if collisions:
+            raise ValueError("sets what the operator owns: " + "; ".join(collisions))
         return self
 
 

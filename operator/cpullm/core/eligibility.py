@@ -8,6 +8,7 @@ The checks read the spec as `Needs`, worked out once per spec, not once per node
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -136,15 +137,28 @@ def required_node_terms(affinity: Mapping[str, Any] | None) -> list[Mapping[str,
 
 
 def _check_expression(expression: Any, path: str) -> None:
-    """As the API server validates a node selector requirement: a key, a known operator, string values."""
+    """As the API server validates a node selector requirement in a pod (ValidateNodeSelectorRequirement): a key, a
+    known operator, string values, and as many of them as the operator takes (Gt and Lt: one integer). The CRD
+    passes spec.affinity through unchecked, so this is where a malformed one becomes an InvalidSpec."""
     _object(expression, path)
     if not isinstance(expression.get("key"), str) or not expression["key"]:
         raise InvalidSpec(f"{path}.key must be a non-empty string")
-    if expression.get("operator") not in _OPERATORS:
+    operator = expression.get("operator")
+    if operator not in _OPERATORS:
         raise InvalidSpec(f"{path}.operator must be one of {', '.join(_OPERATORS)}")
     values = expression.get("values", [])
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
         raise InvalidSpec(f"{path}.values must be a list of strings")
+    if operator in ("In", "NotIn") and not values:
+        raise InvalidSpec(f"{path}.values must be non-empty for operator {operator}")
+    if operator in ("Exists", "DoesNotExist") and values:
+        raise InvalidSpec(f"{path}.values must be empty for operator {operator}")
+    if operator in ("Gt", "Lt") and (len(values) != 1 or not _is_int64(values[0])):
+        raise InvalidSpec(f"{path}.values must be one integer for operator {operator}")
+
+
+def _is_int64(text: str) -> bool:
+    return re.fullmatch(r"[+-]?[0-9]{1,19}", text) is not None and -(2**63) <= int(text) < 2**63
 
 
 _OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
@@ -187,7 +201,7 @@ def _matches_expression(expression: Mapping[str, Any], value: str | None) -> boo
         return value is not None
     if operator == "DoesNotExist":
         return value is None
-    if operator in ("Gt", "Lt") and value is not None and value.lstrip("-").isdigit() and values:
+    if operator in ("Gt", "Lt") and value is not None and _is_int64(value) and values and _is_int64(values[0]):
         bound = int(values[0])
         return int(value) > bound if operator == "Gt" else int(value) < bound
     return False

@@ -45,7 +45,7 @@ def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
 
 
 def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
-    """The operator's env, then the user's: a user entry replaces the operator's entry of the same name."""
+    """The operator's env, then the user's."""
     env: list[dict[str, Any]] = [
         {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(plan.kv_cache_gi_b)},
         {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": plan.threads_bind},
@@ -61,9 +61,8 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     if spec.hf_token_secret is not None:
         ref = spec.hf_token_secret
         env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    user = [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
-    overridden = {e["name"] for e in user}
-    return [e for e in env if e["name"] not in overridden] + user
+    # spec.env cannot name what the operator sets (api/spec.py OWNED_ENV): the user's entries come after.
+    return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
 
 
 def _probes(plan: Plan) -> dict[str, Any]:
