@@ -160,6 +160,16 @@ def test_a_bad_spec_is_an_observation_and_the_model_is_not_looked_up(raw_spec, r
     assert (obs.model, obs.requested_replicas, source.calls) == (None, requested, [])
 
 
+@pytest.mark.parametrize("name", ["qwen.small", "Qwen", "1qwen", "q" * 64, "qwen-"])
+def test_a_name_its_children_cannot_take_is_an_invalid_spec(name):
+    """Objects stored before the CRD's CEL rule on metadata.name: the Service (DNS-1035) and the instance label
+    (63 characters) take the name, so nothing is created and the condition says why."""
+    source = Source()
+    obs = observe(service(name=name), source=source)
+    assert isinstance(obs.spec, InvalidSpec) and "must be a DNS-1035 label of at most 63 characters" in obs.spec.message
+    assert source.calls == []
+
+
 def test_an_unavailable_model_is_an_observation_not_raised():
     error = ModelConfigUnavailable("hub down")
     obs = observe(service(), source=Source(error=error))

@@ -9,7 +9,18 @@ from __future__ import annotations
 from typing import Any
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import GROUP, KIND, PLURAL, SHORT_NAME, SINGULAR, VERSION, CpuLLMServiceSpec
+from cpullm.api.spec import (
+    GROUP,
+    KIND,
+    MAX_NAME_LENGTH,
+    NAME_PATTERN,
+    NAME_RULE,
+    PLURAL,
+    SHORT_NAME,
+    SINGULAR,
+    VERSION,
+    CpuLLMServiceSpec,
+)
 
 _DROP = {"title", "$defs"}
 
@@ -132,6 +143,13 @@ def build_crd() -> dict[str, Any]:
                         "openAPIV3Schema": {
                             "type": "object",
                             "required": ["spec"],
+                            "x-kubernetes-validations": [
+                                {
+                                    "rule": f"self.metadata.name.matches('{NAME_PATTERN}') && "
+                                    f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+                                    "message": NAME_RULE,
+                                }
+                            ],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

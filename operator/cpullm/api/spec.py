@@ -7,6 +7,7 @@ again in pydantic when the CLI parses a file.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any
@@ -29,6 +30,23 @@ _CPU_LIST = r"\d+(-\d+)?(,\d+(-\d+)?)*"
 EXPLICIT_BIND_PATTERN = rf"^{_CPU_LIST}(\|{_CPU_LIST})*$"
 # lscpu flag names: lower case letters, digits and '_'.
 ISA_FLAG_PATTERN = r"^[a-z0-9_]+$"
+
+
+# Every child takes the service's name (the Deployment, the Service, the `app.kubernetes.io/instance` label), and a
+# Service name is a DNS-1035 label: so is a CpuLLMService's name (a CEL rule on metadata.name, api/crd.py).
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_NAME_LENGTH = 63
+NAME_RULE = (
+    f"a CpuLLMService name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters (lower-case letters, "
+    "digits and '-', starting with a letter): its Service and labels take the name"
+)
+
+
+def name_problem(name: str) -> str | None:
+    """Why the children cannot take this name (objects stored before the CRD's rule), or None."""
+    if len(name) > MAX_NAME_LENGTH or re.match(NAME_PATTERN, name) is None:
+        return f"metadata.name {name[:80]!r}: {NAME_RULE}"
+    return None
 
 
 # The API server stores integers as int64; a larger one can only come from a file the CLI reads, and would

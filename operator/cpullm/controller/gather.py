@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from cpullm.api.spec import CpuLLMServiceSpec, parse_spec
+from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
 from cpullm.core.decision import NamespaceFacts, Observed
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.core.topology import NodeProfile
-from cpullm.errors import CpuLLMError, ModelConfigUnavailable
+from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable
 
 
 class ClusterFacts(Protocol):
@@ -74,6 +74,9 @@ def gather(
     namespace = cluster.read_namespace(owner.namespace)
     spec: CpuLLMServiceSpec | CpuLLMError
     try:
+        problem = name_problem(owner.name)
+        if problem:
+            raise InvalidSpec(problem)
         spec = parse_spec(raw_spec)
     except CpuLLMError as err:
         spec = err
