@@ -75,6 +75,12 @@ class ChildRejected(PlanRefusal):
     reason = "ChildRejected"
 
 
+class ChildConflict(PlanRefusal):
+    """A child's name is taken by an object this CpuLLMService does not control: it is left untouched."""
+
+    reason = "Conflict"
+
+
 class ModelConfigUnavailable(CpuLLMError):
     """The model's config could not be had (Hub down, gated, path without inline config). Retried."""
 

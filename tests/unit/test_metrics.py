@@ -3,6 +3,7 @@ global (other tests count into it too), so every check reads the value before an
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -53,8 +54,11 @@ class StubKube:
             raise self.fail_apply
         return manifest
 
-    def delete(self, api_version, kind, namespace, name):
+    def delete(self, api_version, kind, namespace, name, owner_uid):
         pass
+
+    def ownership(self, api_version, kind, namespace, name):
+        return None
 
     def read_namespace(self, namespace):
         if self.fail_read is not None:
@@ -204,7 +208,7 @@ def _apply(k: Kube) -> None:
 
 
 def _delete(k: Kube) -> None:
-    k.delete("autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")
+    k.delete("autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama", "u1")
 
 
 def _read_namespace(k: Kube) -> None:
@@ -230,7 +234,7 @@ def _read_secret(k: Kube) -> None:
         pytest.param(_delete, 503, None, TransientApiError, [0, 0, 1, 0, 0], id="delete-503"),
         pytest.param(_delete, 0, RESET, TransientApiError, [0, 0, 1, 0, 0], id="delete-connection-reset"),
         pytest.param(_delete, 404, None, None, [0, 0, 0, 0, 0], id="delete-404-already-gone-not-an-error"),
-        pytest.param(_delete, 200, None, None, [0, 0, 0, 0, 0], id="delete-ok"),
+        pytest.param(_delete, 200, None, None, [0, 0, 0, 0, 0], id="delete-not-the-services-left-alone"),
         pytest.param(_read_namespace, 403, None, PermissionDenied, [1, 0, 0, 0, 0], id="namespace-403"),
         pytest.param(_read_namespace, 503, None, TransientApiError, [0, 0, 1, 0, 0], id="namespace-503"),
         pytest.param(_read_namespace, 0, RESET, TransientApiError, [0, 0, 1, 0, 0], id="namespace-reset"),
@@ -249,16 +253,30 @@ def test_api_errors_are_counted_by_the_typed_error(call, status, error, raised, 
     assert len(transport.requests) == 1  # one request, no retry inside the client
 
 
-def test_delete_goes_to_the_childs_own_api():
-    transport = FakeTransport(200)
-    kube(transport).delete("keda.sh/v1alpha1", "ScaledObject", "serving", "llama")
-    kube(transport).delete("monitoring.coreos.com/v1", "PodMonitor", "serving", "llama")
-    kube(transport).delete("autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")
-    assert [(r["method"], r["url"]) for r in transport.requests] == [
-        ("DELETE", "http://api.invalid/apis/keda.sh/v1alpha1/namespaces/serving/scaledobjects/llama"),
-        ("DELETE", "http://api.invalid/apis/monitoring.coreos.com/v1/namespaces/serving/podmonitors/llama"),
-        ("DELETE", "http://api.invalid/apis/autoscaling/v2/namespaces/serving/horizontalpodautoscalers/llama"),
+OWNED = {"metadata": {"uid": "h1", "ownerReferences": [{"controller": True, "uid": "u1"}]}}
+
+
+def test_delete_reads_the_controller_then_deletes_with_the_uid_precondition_at_the_childs_own_api():
+    transport = FakeTransport(200, pages=[OWNED, {}] * 3)
+    kube(transport).delete("keda.sh/v1alpha1", "ScaledObject", "serving", "llama", "u1")
+    kube(transport).delete("monitoring.coreos.com/v1", "PodMonitor", "serving", "llama", "u1")
+    kube(transport).delete("autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama", "u1")
+    urls = [
+        "http://api.invalid/apis/keda.sh/v1alpha1/namespaces/serving/scaledobjects/llama",
+        "http://api.invalid/apis/monitoring.coreos.com/v1/namespaces/serving/podmonitors/llama",
+        "http://api.invalid/apis/autoscaling/v2/namespaces/serving/horizontalpodautoscalers/llama",
     ]
+    assert [(r["method"], r["url"]) for r in transport.requests] == [
+        (method, url) for url in urls for method in ("GET", "DELETE")
+    ]
+    assert json.loads(transport.requests[1]["body"])["preconditions"] == {"uid": "h1"}
+
+
+def test_delete_leaves_a_same_name_object_another_controller_owns():
+    other = {"metadata": {"uid": "x", "ownerReferences": [{"controller": True, "uid": "someone-else"}]}}
+    transport = FakeTransport(200, pages=[other])
+    kube(transport).delete("autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama", "u1")
+    assert [r["method"] for r in transport.requests] == ["GET"]
 
 
 def test_a_failed_event_is_counted_but_not_raised():

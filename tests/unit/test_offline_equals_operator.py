@@ -43,6 +43,9 @@ class RecordingKube:
         self.applied.append(manifest)
         return manifest
 
+    def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> None:
+        return None
+
     def patch_service_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.status_patches.append(dict(status))
 

@@ -572,8 +572,11 @@ class RecordingKube:
         self.calls.append(("apply", manifest["apiVersion"], manifest["kind"]))
         return manifest
 
-    def delete(self, api_version, kind, namespace, name):
+    def delete(self, api_version, kind, namespace, name, owner_uid):
         self.calls.append(("delete", api_version, kind, namespace, name))
+
+    def ownership(self, api_version, kind, namespace, name):
+        return None
 
     def read_namespace(self, namespace):
         return NamespaceFacts()
@@ -716,10 +719,10 @@ def test_switching_hpa_to_keda_survives_the_keda_webhook():
             )
         return applied(manifest)
 
-    def delete(api_version, kind, namespace, name):
+    def delete(api_version, kind, namespace, name, owner_uid):
         nonlocal hpa_alive
         hpa_alive = hpa_alive and kind != "HorizontalPodAutoscaler"
-        deleted(api_version, kind, namespace, name)
+        deleted(api_version, kind, namespace, name, owner_uid)
 
     kube.apply, kube.delete = apply, delete
     for _ in range(2):  # the first attempt and one retry

@@ -9,8 +9,9 @@ from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.decision import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
-from cpullm.errors import ModelConfigUnavailable, NoEligibleNode, PermissionDenied
+from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied
 from cpullm.io.hub import HubClient
+from cpullm.io.kube import Ownership
 
 from .builders import LLAMA_8B, node
 
@@ -26,6 +27,7 @@ class StubKube:
         self.present: set[tuple[str, str]] = set()  # what list_owned finds, of any kind
         self.unlisted: set[tuple[str, str]] = set()  # what exists though list_owned misses it
         self.reads: list[tuple[str, str, str]] = []
+        self.owners: dict[tuple[str, str, str], Ownership] = {}  # objects that exist, by kind, namespace, name
 
     def list_owned(self, kind, namespaces):
         return set(self.present)
@@ -37,6 +39,9 @@ class StubKube:
     def apply(self, manifest):
         self.applied.append(manifest)
         return manifest
+
+    def ownership(self, api_version, kind, namespace, name):
+        return self.owners.get((kind, namespace, name))
 
     def read_namespace(self, namespace):
         return NamespaceFacts(labels=self.namespace_labels, terminating=self.terminating)
@@ -94,6 +99,26 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES, READY)
     assert len(kube.status_patches) == 1 and len(kube.events) == 2  # nothing changed: no patch, no event
     assert len(kube.applied) == 3  # the children did not change and nobody touched them: no second write
+
+
+@pytest.mark.parametrize(
+    ("controller", "adopted"),
+    [(None, False), ("someone-else", False), ("u1", True)],
+    ids=["unowned", "another-controller", "its-own"],
+)
+def test_a_child_name_taken_by_someone_else_is_a_conflict_and_nothing_is_touched(controller, adopted):
+    """A same-name Service made by someone else is neither adopted nor changed, and no other child is applied
+    either; the service's own (a restart of the operator) is applied as usual."""
+    rec, kube = reconciler()
+    kube.owners[("Service", "serving", "llama")] = Ownership(uid="s1", controller_uid=controller)
+    outcome = rec.reconcile(service({}), NODES, READY)
+    if adopted:
+        assert [m["kind"] for m in kube.applied] == ["ConfigMap", "Deployment", "Service"]
+        return
+    assert isinstance(outcome, ChildConflict) and kube.applied == []
+    planned = kube.status_patches[0]["conditions"][0]
+    assert (planned["reason"], planned["status"]) == ("Conflict", "False")
+    assert planned["message"].startswith("Service serving/llama exists and is not controlled by this CpuLLMService")
 
 
 def test_refusal_becomes_condition_and_warning_event_not_an_exception():

@@ -30,6 +30,11 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [cpullm.io]
   resources: [cpullmservices/status]
   verbs: [patch]
+# Children carry blockOwnerDeletion: where OwnerReferencesPermissionEnforcement runs (OpenShift), setting it needs
+# update on the owner's finalizers.
+- apiGroups: [cpullm.io]
+  resources: [cpullmservices/finalizers]
+  verbs: [update]
 - apiGroups: [apps]
   resources: [deployments]
   verbs: [get, list, watch, create, patch]
@@ -46,13 +51,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
+# get: a child is read before its first apply and before a delete, so one the service does not control is left
+# untouched.
 - apiGroups: [autoscaling]
   resources: [horizontalpodautoscalers]
-  verbs: [create, patch, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors]
-  verbs: [create, patch, delete]
+  verbs: [get, create, patch, delete]
 - apiGroups: [keda.sh]
   resources: [scaledobjects]
-  verbs: [create, patch, delete]
+  verbs: [get, create, patch, delete]
 {{- end -}}

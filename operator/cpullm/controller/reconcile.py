@@ -24,6 +24,7 @@ from cpullm.core.decision import Decision, NamespaceFacts, decide, regarding
 from cpullm.core.status import READY, replica_counts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
+    ChildConflict,
     ChildRejected,
     CpuLLMError,
     InvalidSpec,
@@ -31,6 +32,7 @@ from cpullm.errors import (
     PlanRefusal,
     TransientApiError,
 )
+from cpullm.io.kube import Ownership
 from cpullm.metrics import PLAN_REFUSALS, RECONCILE_SECONDS, RECONCILES
 
 log = logging.getLogger(__name__)
@@ -40,7 +42,8 @@ class KubeGateway(ClusterFacts, Protocol):
     """The API calls a reconcile makes: the reads of gather, then the writes of apply."""
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None: ...
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> None: ...
+    def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> Ownership | None: ...
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]: ...
     def child_exists(self, kind: str, namespace: str, name: str) -> bool: ...
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
@@ -208,6 +211,20 @@ class Reconciler:
                 owners.add((key[1], applied.owner))
         return sorted(owners)
 
+    def _check_ownership(self, children: Sequence[Mapping[str, Any]], owner_uid: str) -> None:
+        """Before anything is applied: each child this process has not applied yet has a free name or is the
+        service's own (its controller owner reference). An object someone else made is never adopted."""
+        for child in children:
+            meta = child["metadata"]
+            if (child["kind"], meta["namespace"], meta["name"]) in self._applied:
+                continue
+            found = self.kube.ownership(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+            if found is not None and found.controller_uid != owner_uid:
+                raise ChildConflict(
+                    f"{child['kind']} {meta['namespace']}/{meta['name']} exists and is not controlled by this "
+                    "CpuLLMService: it is left untouched; delete or rename it, or give the CpuLLMService another name"
+                )
+
     def _apply(self, child: Mapping[str, Any]) -> None:
         meta = child["metadata"]
         key = (child["kind"], meta["namespace"], meta["name"])
@@ -285,11 +302,12 @@ class Reconciler:
             try:
                 # Obsolete children go first: a new autoscaler may be refused while the old one still
                 # targets the service (KEDA's admission webhook refuses a ScaledObject beside an HPA).
+                self._check_ownership(decision.children, uid)
                 for gone in decision.obsolete:
-                    self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"])
+                    self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], uid)
                 for child in decision.children:
                     self._apply(child)
-            except (ChildRejected, PermissionDenied) as err:
+            except (ChildRejected, ChildConflict, PermissionDenied) as err:
                 decision = decide(replace(observed, apply_error=err), self.clock())
             self._report(decision, observed.owner, uid)
         except (TransientApiError, PermissionDenied) as err:  # cannot read or report: the caller retries

@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -89,11 +90,37 @@ class Kube:
                 )
         return _json(response)
 
-    def delete(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        """Delete an optional child the spec no longer asks for; one already gone is not an error."""
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> None:
+        """Delete an optional child the spec no longer asks for, only if the service `owner_uid` controls it, with
+        its UID as precondition (a same-name object made meanwhile is not deleted); one already gone, or not the
+        service's, is left as it is."""
+        found = self.ownership(api_version, kind, namespace, name)
+        if found is None or found.controller_uid != owner_uid:
+            return
         group, version, plural = _resource(api_version, kind)
+        body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=found.uid))
         with _api_errors(f"delete {kind} {namespace}/{name}", absent_ok=True):
-            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name)
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name, body=body)
+
+    def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> Ownership | None:
+        """The object's UID and its controller's (a read of its metadata only), or None when it does not exist."""
+        meta: dict[str, Any] | None = None
+        with _api_errors(f"read {kind} {namespace}/{name}", absent_ok=True):
+            headers = {"Accept": METADATA_ONLY}
+            if kind in ("Deployment", "Service", "ConfigMap"):
+                api, plural = self._child_api(kind)
+                call = getattr(api, f"read_namespaced_{plural}")
+                response = call(name, namespace, _headers=headers, _preload_content=False)
+            else:
+                group, version, plural = _resource(api_version, kind)
+                response = self.custom.get_namespaced_custom_object(
+                    group, version, namespace, plural, name, _headers=headers, _preload_content=False
+                )
+            meta = _json(response).get("metadata") or {}
+        if meta is None:
+            return None
+        controller: dict[str, Any] = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
+        return Ownership(uid=str(meta.get("uid") or ""), controller_uid=controller.get("uid"))
 
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]:
         """(namespace, name) of each Deployment, Service or ConfigMap that carries the operator's managed-by
@@ -211,6 +238,12 @@ _PLURALS = {
     "PodMonitor": "podmonitors",
     "ScaledObject": "scaledobjects",
 }
+
+
+@dataclass(frozen=True)
+class Ownership:
+    uid: str
+    controller_uid: str | None
 
 
 def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
