@@ -109,11 +109,12 @@ def in_container(kubectl: Kubectl, namespace: str, pod: str) -> dict[str, Any]:
 
 def assert_as_planned(seen: dict[str, Any], plan: dict[str, Any]) -> None:
     """What in_container saw matches the plan: as many CPUs as planned, not the reserved CPU 0, holding every
-    thread; seccomp off and SYS_NICE; /dev/shm and the memory limit as planned; no OOM kill."""
+    thread; the runtime's seccomp filter and SYS_NICE as the only capability; /dev/shm and the memory limit as
+    planned; no OOM kill."""
     allowed = set(launcher.parse_cpu_list(seen["Cpus_allowed_list"]))
     assert len(allowed) == plan["cpu"] and 0 not in allowed, seen
     assert seen["threads"] and all(set(launcher.parse_cpu_list(t)) <= allowed for t in seen["threads"]), seen
-    assert seen["Seccomp"] == "0" and int(seen["CapEff"], 16) >> CAP_SYS_NICE & 1, seen
+    assert seen["Seccomp"] == "2" and int(seen["CapEff"], 16) == 1 << CAP_SYS_NICE, seen  # 2: filtered
     assert int(seen["shm_kib"]) * 1024 == plan["shmBytes"], seen
     assert int(seen["limit"]) == plan["memoryLimitBytes"] and int(seen["oom_kills"] or 0) == 0, seen
 

@@ -72,6 +72,7 @@ def test_deployment_whole_manifest():
                     },
                 },
                 "spec": {
+                    "automountServiceAccountToken": False,
                     "containers": [
                         {
                             "name": "vllm",
@@ -149,8 +150,9 @@ def test_deployment_whole_manifest():
                                 "failureThreshold": 5,
                             },
                             "securityContext": {
-                                "seccompProfile": {"type": "Unconfined"},
-                                "capabilities": {"add": ["SYS_NICE"]},
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"], "add": ["SYS_NICE"]},
+                                "seccompProfile": {"type": "RuntimeDefault"},
                             },
                         }
                     ],
@@ -191,7 +193,11 @@ def test_tp1_nobind_and_opt_out_of_numa_privileges():
     service_spec = spec(numaPrivileges=False, tensorParallelSize=1, service={"port": 9000})
     plan = plan_service(service_spec, llama_8b(), [node(numa=2, policy="none", cpu="32", memory="512Gi")])
     container = build_deployment(Owner("x", "ns"), service_spec, plan)["spec"]["template"]["spec"]["containers"][0]
-    assert "securityContext" not in container
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     assert "--distributed-executor-backend" not in container["args"]
     assert container["args"][-4:] == ["--host", "0.0.0.0", "--port", "9000"]
     env = {e["name"]: e.get("value") for e in container["env"]}

@@ -169,6 +169,7 @@ def test_inline_config_needs_no_hub():
         ("privileged", {}, None),
         ("baseline", {}, "set spec.numaPrivileges: false"),
         ("baseline", {"numaPrivileges": False}, None),
+        ("baseline", {"numaPrivileges": False, "seccompProfile": "Unconfined"}, "seccompProfile: RuntimeDefault"),
         ("restricted", {"numaPrivileges": False}, "cannot meet"),
     ],
 )

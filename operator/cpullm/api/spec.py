@@ -92,6 +92,11 @@ class KVCacheDType(StrEnum):
     FP8 = "fp8"
 
 
+class SeccompProfile(StrEnum):
+    RUNTIME_DEFAULT = "RuntimeDefault"
+    UNCONFINED = "Unconfined"
+
+
 class Placement(StrEnum):
     TENSOR_PARALLEL = "tensorParallel"
     THROUGHPUT = "throughput"
@@ -445,9 +450,16 @@ class CpuLLMServiceSpec(_Model):
     )
     numa_privileges: bool = Field(
         default=True,
-        description="Give the vLLM container seccomp Unconfined and SYS_NICE, which vLLM needs for "
-        "get_mempolicy/migrate_pages (NUMA memory binding). Pod Security baseline and restricted reject "
-        "them: set false there, and vLLM runs without NUMA memory migration.",
+        description="Add the SYS_NICE capability (every other one is dropped), which vLLM's NUMA memory binding "
+        "needs: the container runtime's default seccomp profile allows get_mempolicy, set_mempolicy and mbind "
+        "only to a process that has it. Pod Security baseline and restricted reject SYS_NICE: set false there, "
+        "and vLLM runs without NUMA memory binding.",
+    )
+    seccomp_profile: SeccompProfile = Field(
+        default=SeccompProfile.RUNTIME_DEFAULT,
+        description="The vLLM container's seccomp profile. RuntimeDefault (the container runtime's profile) is "
+        "enough for vLLM's NUMA calls with SYS_NICE; Unconfined lifts every syscall filter (what vLLM's own "
+        "Kubernetes recipe sets), for a kernel or runtime whose default profile blocks a call vLLM needs.",
     )
 
     @model_validator(mode="after")

@@ -65,6 +65,19 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
 
 
+def security_context(spec: CpuLLMServiceSpec) -> dict[str, Any]:
+    """Least privilege: every capability dropped but SYS_NICE (vLLM's NUMA memory binding; spec.numaPrivileges),
+    no privilege escalation, the runtime's seccomp profile unless the spec opts out."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if spec.numa_privileges:
+        capabilities["add"] = ["SYS_NICE"]
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": capabilities,
+        "seccompProfile": {"type": spec.seccomp_profile.value},
+    }
+
+
 def _probes(plan: Plan) -> dict[str, Any]:
     def http(**extra: int) -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": PORT_NAME}, **extra}
@@ -136,13 +149,10 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         ],
         **_probes(plan),
     }
-    if spec.numa_privileges:
-        container["securityContext"] = {
-            "seccompProfile": {"type": "Unconfined"},
-            "capabilities": {"add": ["SYS_NICE"]},
-        }
     pod_spec: dict[str, Any] = {
-        "containers": [container],
+        # The server calls no Kubernetes API: no token of the namespace's service account in its filesystem.
+        "automountServiceAccountToken": False,
+        "containers": [{**container, "securityContext": security_context(spec)}],
         "affinity": _affinity(spec, plan),
         "volumes": _volumes(owner, spec, plan),
         "enableServiceLinks": False,
