@@ -26,6 +26,12 @@ class Settings(BaseSettings):
         description="Offline only (`cpullm plan/render`): the Hub token standing in for a spec's "
         "hfTokenSecret. The operator reads the secret the spec names instead.",
     )
+    read_any_secret: bool = Field(
+        default=False,
+        description="Read whichever Secret a spec's hfTokenSecret names. By default the operator reads only "
+        "Secrets labelled cpullm.io/hf-token=true, so whoever may create a CpuLLMService cannot have the "
+        "operator read a Secret of their namespace they could not read themselves.",
+    )
     hub_timeout_seconds: float = Field(default=10.0, gt=0, description="Timeout of one Hub request.")
     hub_cache_seconds: float = Field(
         default=3600.0, ge=0, description="How long a fetched model config is reused before it is fetched again."

@@ -12,6 +12,7 @@ from kubernetes import client
 
 from cpullm.core.decision import NamespaceFacts
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
+from cpullm.io.kube import Kube
 
 from .fake_api import RESET, FakeTransport, kube
 
@@ -155,14 +156,17 @@ def test_status_patch(status, expected):
             kube(transport).patch_service_status("serving", "llama", {"readyReplicas": 1})
 
 
+OPTED_IN = {"labels": {"cpullm.io/hf-token": "true"}}
+
+
 @pytest.mark.parametrize(
     ("status", "body", "key", "expected"),
     [
-        (200, {"data": {"HF_TOKEN": "aGZfc2VjcmV0"}}, "HF_TOKEN", "hf_secret"),
-        (200, {"data": {"OTHER": "eA=="}}, "HF_TOKEN", None),
+        (200, {"metadata": OPTED_IN, "data": {"HF_TOKEN": "aGZfc2VjcmV0"}}, "HF_TOKEN", "hf_secret"),
+        (200, {"metadata": OPTED_IN, "data": {"OTHER": "eA=="}}, "HF_TOKEN", None),
         (404, None, "HF_TOKEN", None),
         (403, None, "HF_TOKEN", PermissionDenied),
-        (200, {"data": {"HF_TOKEN": "//79"}}, "HF_TOKEN", ModelConfigUnavailable),  # bytes ff fe fd
+        (200, {"metadata": OPTED_IN, "data": {"HF_TOKEN": "//79"}}, "HF_TOKEN", ModelConfigUnavailable),  # ff fe fd
     ],
     ids=["value", "no-such-key", "no-such-secret", "403", "not-utf8"],
 )
@@ -198,3 +202,22 @@ def test_event_body():
     assert body["involvedObject"] == regarding and body["metadata"]["generateName"] == "llama."
     assert (body["type"], body["reason"], len(body["message"])) == ("Normal", "Planned", 1024)
     assert body["reportingComponent"] == body["source"]["component"] == "cpullm-operator"
+
+
+@pytest.mark.parametrize(
+    ("labels", "read_any", "readable"),
+    [({}, False, False), ({"cpullm.io/hf-token": "false"}, False, False), ({}, True, True)],
+    ids=["no-label", "label-false", "read-any-secret"],
+)
+def test_only_secrets_that_opt_in_are_read(labels, read_any, readable):
+    """A tenant may name any Secret of the namespace in hfTokenSecret (a TLS key, say): without the opt-in
+    label it is not read into the operator, and the message never shows a value."""
+    body = {"metadata": {"labels": labels}, "data": {"tls.key": "c2VjcmV0LWtleQ=="}}
+    gateway = Kube(kube(FakeTransport(200, body)).core.api_client, read_any_secret=read_any)
+    if readable:
+        assert gateway.read_secret_key("serving", "tls", "tls.key") == "secret-key"
+    else:
+        with pytest.raises(ModelConfigUnavailable) as caught:
+            gateway.read_secret_key("serving", "tls", "tls.key")
+        assert "is not labelled cpullm.io/hf-token=true" in caught.value.message
+        assert "secret-key" not in caught.value.message

@@ -188,8 +188,18 @@ class EnvVar(_Model):
     value_from: dict[str, Any] | None = Field(default=None, description="As in a container's env[].valueFrom.")
 
 
+# The label a Secret carries to let the operator read it for a spec's hfTokenSecret (unless it is installed with
+# readAnySecret): a tenant cannot point the operator at a Secret that did not opt in.
+HF_TOKEN_SECRET_LABEL = "cpullm.io/hf-token"
+
+
 class SecretKeyRef(_Model):
-    name: str = Field(min_length=1, description="Secret in the service's namespace.")
+    name: str = Field(
+        min_length=1,
+        max_length=253,
+        description=f"Secret in the service's namespace, labelled {HF_TOKEN_SECRET_LABEL}=true (the operator "
+        "reads no other Secret unless installed with readAnySecret).",
+    )
     key: str = Field(default="HF_TOKEN", description="Key holding the Hugging Face token.")
 
 

@@ -76,7 +76,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         config: Settings = memo.get("settings") or Settings()
         hub = HubClient(config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds)
         # One API connection per reconcile thread, and one for the resync's lists.
-        kube = Kube.from_environment(connections=config.reconcile_workers + 1)
+        kube = Kube.from_environment(connections=config.reconcile_workers + 1, read_any_secret=config.read_any_secret)
         memo["reconciler"] = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds)
         memo["workers"] = ReconcileWorkers(config.reconcile_workers)
         track_services(memo["reconciler"].services_by_readiness)

@@ -25,7 +25,7 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from cpullm.api.spec import GROUP, PLURAL, VERSION
+from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
 from cpullm.core.decision import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
@@ -42,13 +42,14 @@ log = logging.getLogger(__name__)
 
 
 class Kube:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, read_any_secret: bool = False) -> None:
+        self.read_any_secret = read_any_secret
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
-    def from_environment(cls, connections: int | None = None) -> Kube:
+    def from_environment(cls, connections: int | None = None, read_any_secret: bool = False) -> Kube:
         """In-cluster service account, else $KUBECONFIG / ~/.kube/config; at most `connections` kept open
         (the client's default: 5 per CPU of the machine, whatever the callers' concurrency)."""
         configuration = client.Configuration()
@@ -61,7 +62,7 @@ class Kube:
         # No silent retries inside urllib3 (its default: 3, each a warning line): a failed request is one
         # TransientApiError, and the caller's jittered retry (controller/outcomes.py) is the only retry policy.
         configuration.retries = False
-        return cls(client.ApiClient(configuration))
+        return cls(client.ApiClient(configuration), read_any_secret)
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply an owned child (the kinds of core/children); returns the object as stored."""
@@ -200,6 +201,12 @@ class Kube:
             secret = self.core.read_namespaced_secret(name, namespace)
         if secret is None:
             return None
+        labels = (secret.metadata.labels if secret.metadata else None) or {}
+        if not self.read_any_secret and labels.get(HF_TOKEN_SECRET_LABEL) != "true":
+            raise ModelConfigUnavailable(
+                f"secret {namespace}/{name} is not labelled {HF_TOKEN_SECRET_LABEL}=true: the operator reads only "
+                "Secrets that opt in (label it, or install the operator with readAnySecret)"
+            )
         value = (secret.data or {}).get(key)
         if value is None:
             return None
