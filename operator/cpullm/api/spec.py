@@ -28,6 +28,8 @@ API_VERSION = f"{GROUP}/{VERSION}"
 # One range list per rank, ranks separated by '|': "0-31|32-63", "0,2,4|1,3,5".
 _CPU_LIST = r"\d+(-\d+)?(,\d+(-\d+)?)*"
 EXPLICIT_BIND_PATTERN = rf"^{_CPU_LIST}(\|{_CPU_LIST})*$"
+# A Kubernetes resource quantity (as the API server's own OpenAPI schemas write it).
+QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 # lscpu flag names: lower case letters, digits and '_'.
 ISA_FLAG_PATTERN = r"^[a-z0-9_]+$"
 
@@ -111,10 +113,13 @@ class ThreadsBindMode(StrEnum):
 class ModelSource(_Model):
     name: str = Field(
         min_length=1,
+        max_length=1024,
         description="Hugging Face model id (org/name) or an absolute path inside the container "
         "(for example on the model cache volume, which is mounted at /models).",
     )
-    revision: str | None = Field(default=None, description="Hugging Face revision (branch, tag or commit).")
+    revision: str | None = Field(
+        default=None, max_length=256, description="Hugging Face revision (branch, tag or commit)."
+    )
     dtype: DType = Field(
         default=DType.BFLOAT16,
         description="Weight and activation dtype passed to vLLM (--dtype). bfloat16 is recommended on CPU; "
@@ -138,8 +143,9 @@ class ModelSource(_Model):
 
 
 class CpuSettings(_Model):
-    required_isa: list[Annotated[str, Field(pattern=ISA_FLAG_PATTERN)]] = Field(
+    required_isa: list[Annotated[str, Field(pattern=ISA_FLAG_PATTERN, max_length=64)]] = Field(
         default_factory=list,
+        max_length=64,
         alias="requiredISA",
         description="CPU flags every chosen node must have, as lscpu names (avx512f, avx512_bf16, amx_bf16, "
         "avx2, ...). Read from Node Feature Discovery labels or cpullm.io/isa.<flag> labels.",
@@ -157,6 +163,7 @@ class CpuSettings(_Model):
     )
     threads_bind: str = Field(
         default=ThreadsBindMode.AUTO.value,
+        max_length=4096,
         description="VLLM_CPU_OMP_THREADS_BIND. 'auto' binds rank N to the N-th NUMA node of the pod's "
         "cpuset (nodes labelled cpullm.io/cpu-manager-policy=none get 'nobind' instead); 'nobind' uses "
         "OMP_NUM_THREADS; an explicit list gives each rank's CPUs, ranks separated by '|' (e.g. "
@@ -173,9 +180,9 @@ class CpuSettings(_Model):
 
 
 class Toleration(_Model):
-    key: str | None = None
+    key: str | None = Field(default=None, max_length=317)
     operator: str | None = Field(default=None, json_schema_extra={"enum": ["Exists", "Equal"]})
-    value: str | None = None
+    value: str | None = Field(default=None, max_length=63)
     effect: str | None = Field(
         default=None, json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]}
     )
@@ -183,8 +190,8 @@ class Toleration(_Model):
 
 
 class EnvVar(_Model):
-    name: str = Field(min_length=1)
-    value: str | None = None
+    name: str = Field(min_length=1, max_length=256)
+    value: str | None = Field(default=None, max_length=32768)
     value_from: dict[str, Any] | None = Field(default=None, description="As in a container's env[].valueFrom.")
 
 
@@ -200,15 +207,17 @@ class SecretKeyRef(_Model):
         description=f"Secret in the service's namespace, labelled {HF_TOKEN_SECRET_LABEL}=true (the operator "
         "reads no other Secret unless installed with readAnySecret).",
     )
-    key: str = Field(default="HF_TOKEN", description="Key holding the Hugging Face token.")
+    key: str = Field(default="HF_TOKEN", max_length=253, description="Key holding the Hugging Face token.")
 
 
 class PersistentVolumeClaimRef(_Model):
-    claim_name: str = Field(min_length=1)
+    claim_name: str = Field(min_length=1, max_length=253)
 
 
 class EmptyDirCache(_Model):
-    size_limit: str | None = Field(default=None, description="Quantity, e.g. 50Gi.")
+    size_limit: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN, max_length=64, description="Quantity, e.g. 50Gi."
+    )
 
 
 class ModelCache(_Model):
@@ -290,11 +299,14 @@ class Autoscaling(_Model):
     scale_down_stabilization_seconds: int = Field(
         default=900,
         ge=0,
+        le=3600,  # the HPA's own bound
         description="How long the wanted replica count must stay lower before scaling down: CPU servers take "
         "minutes to start, so scale down slowly.",
     )
     prometheus_address: str | None = Field(
-        default=None, description="Prometheus URL for KEDA's trigger, e.g. http://prometheus.monitoring:9090."
+        default=None,
+        max_length=2048,
+        description="Prometheus URL for KEDA's trigger, e.g. http://prometheus.monitoring:9090.",
     )
 
     @model_validator(mode="after")
@@ -395,6 +407,7 @@ class CpuLLMServiceSpec(_Model):
     )
     image: str | None = Field(
         default=None,
+        max_length=1024,
         description="vLLM CPU image. Default: the pinned vllm/vllm-openai-cpu image for the chosen nodes' arch.",
     )
     tensor_parallel_size: int | None = Field(
@@ -426,8 +439,12 @@ class CpuLLMServiceSpec(_Model):
     )
     max_num_seqs: int | None = Field(default=None, ge=1, description="Concurrent sequences (--max-num-seqs).")
     cpu: CpuSettings = Field(default_factory=CpuSettings)
-    node_selector: dict[str, str] = Field(default_factory=dict)
-    tolerations: list[Toleration] = Field(default_factory=list)
+    node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=64, description="Labels every chosen node must have (as a pod's)."
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, max_length=64, description="Taints the pods tolerate (as a pod's)."
+    )
     affinity: dict[str, Any] | None = Field(
         default=None,
         description="Pod affinity as in a pod spec. Its required node affinity also narrows the eligible "
