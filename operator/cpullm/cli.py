@@ -34,7 +34,12 @@ def decide_from_files(service_path: str, nodes_path: str, model_config: str | No
     models: ModelConfigSource = (
         ConfigFile(model_config)
         if model_config
-        else HubClient(settings.hf_endpoint, settings.hub_timeout_seconds, settings.hub_cache_seconds)
+        else HubClient(
+            settings.hf_endpoint,
+            settings.hub_timeout_seconds,
+            settings.hub_cache_seconds,
+            allow_http=settings.hub_allow_http,
+        )
     )
     observed = gather(
         load_service(service_path),

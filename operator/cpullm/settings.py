@@ -32,6 +32,10 @@ class Settings(BaseSettings):
         "Secrets labelled cpullm.io/hf-token=true, so whoever may create a CpuLLMService cannot have the "
         "operator read a Secret of their namespace they could not read themselves.",
     )
+    hub_allow_http: bool = Field(
+        default=False,
+        description="Accept an http:// Hub endpoint (a mirror on a trusted network); by default only https.",
+    )
     hub_timeout_seconds: float = Field(default=10.0, gt=0, description="Timeout of one Hub request.")
     hub_cache_seconds: float = Field(
         default=3600.0, ge=0, description="How long a fetched model config is reused before it is fetched again."

@@ -118,7 +118,7 @@ def endpoint() -> Iterator[str]:
 
 
 def test_sharded_checkpoint_is_sized_from_its_headers_and_cached(endpoint):
-    hub = HubClient(endpoint=endpoint)
+    hub = HubClient(endpoint=endpoint, allow_http=True)
     Hub.requests.clear()
     files = hub.fetch("org/sharded", None, TOKEN)
     assert files.config == CONFIG and files.checkpoint_total_bytes == 1234
@@ -131,24 +131,24 @@ def test_sharded_checkpoint_is_sized_from_its_headers_and_cached(endpoint):
 
 
 def test_single_file_checkpoint_and_a_revision(endpoint):
-    files = HubClient(endpoint=endpoint).fetch("org/single", "v1", None)
+    files = HubClient(endpoint=endpoint, allow_http=True).fetch("org/single", "v1", None)
     assert files.tensors is not None and files.tensors.files == 1 and files.checkpoint_total_bytes is None
 
 
 def test_no_safetensors_leaves_the_formula(endpoint):
-    files = HubClient(endpoint=endpoint).fetch("org/configonly", None, None)
+    files = HubClient(endpoint=endpoint, allow_http=True).fetch("org/configonly", None, None)
     assert (files.tensors, files.checkpoint_total_bytes) == (None, None)
 
 
 @pytest.mark.parametrize("name", ["org/badindex", "org/junkheader"])
 def test_a_malformed_index_or_header_falls_back(endpoint, name):
-    files = HubClient(endpoint=endpoint).fetch(name, None, None)
+    files = HubClient(endpoint=endpoint, allow_http=True).fetch(name, None, None)
     assert (files.tensors, files.checkpoint_total_bytes) == (None, None)
 
 
 def test_token_is_not_sent_to_another_host_on_redirect(endpoint):
     Hub.requests.clear()
-    files = HubClient(endpoint=endpoint).fetch("redirect/sharded", None, TOKEN)
+    files = HubClient(endpoint=endpoint, allow_http=True).fetch("redirect/sharded", None, TOKEN)
     assert files.tensors is not None
     cdn_port = Hub.cdn.rsplit(":", 1)[1]
     assert Hub.requests  # both servers log to the same list; the CDN's requests carry no token
@@ -157,14 +157,14 @@ def test_token_is_not_sent_to_another_host_on_redirect(endpoint):
 
 
 def test_cache_is_keyed_by_the_credential(endpoint):
-    hub = HubClient(endpoint=endpoint)
+    hub = HubClient(endpoint=endpoint, allow_http=True)
     assert hub.fetch("private/sharded", None, TOKEN).config == CONFIG
     with pytest.raises(ModelConfigUnavailable, match="no such model or revision"):
         hub.fetch("private/sharded", None, None)  # not served from the token's cache entry
 
 
 def test_cache_is_bounded(endpoint):
-    hub = HubClient(endpoint=endpoint, cache_entries=2)
+    hub = HubClient(endpoint=endpoint, allow_http=True, cache_entries=2)
     for name in ("org/sharded", "org/configonly", "org/badindex"):
         hub.fetch(name, None, None)
     assert [key[0] for key in hub._cache] == ["org/configonly", "org/badindex"]
@@ -182,20 +182,20 @@ def test_cache_is_bounded(endpoint):
 )
 def test_hub_answers_that_are_not_a_model_are_typed(endpoint, name, message):
     with pytest.raises(ModelConfigUnavailable, match=re.escape(message)):
-        HubClient(endpoint=endpoint).fetch(name, None, None)
+        HubClient(endpoint=endpoint, allow_http=True).fetch(name, None, None)
 
 
 @pytest.mark.parametrize("name", ["org/with space", "org/new\nline", "a/b/c", "org/" + "x" * 200])
 def test_a_name_that_is_no_repo_id_is_an_invalid_spec(name):
     with pytest.raises(InvalidSpec, match="neither a Hugging Face repo id"):
-        HubClient(endpoint="http://127.0.0.1:9").fetch(name, None, None)
+        HubClient(endpoint="http://127.0.0.1:9", allow_http=True).fetch(name, None, None)
 
 
 def test_unreachable_endpoint_is_typed():
     with pytest.raises(
         ModelConfigUnavailable, match=re.escape("cannot reach http://127.0.0.1:9 for org/model: Connect")
     ):
-        HubClient(endpoint="http://127.0.0.1:9", timeout_seconds=2).fetch("org/model", None, None)
+        HubClient(endpoint="http://127.0.0.1:9", allow_http=True, timeout_seconds=2).fetch("org/model", None, None)
 
 
 @pytest.mark.parametrize(
@@ -211,3 +211,10 @@ def test_a_token_a_header_cannot_carry_is_refused_without_showing_it(raw):
     with pytest.raises(ModelConfigUnavailable) as caught:
         checked_token(raw)
     assert "abc" not in caught.value.message and "is not a token" in caught.value.message
+
+
+@pytest.mark.parametrize(("endpoint", "allow_http"), [("http://hub.example", False), ("ftp://hub.example", True)])
+def test_a_hub_endpoint_that_is_not_https_is_refused_unless_allowed(endpoint, allow_http):
+    with pytest.raises(ValueError, match="is not https://"):
+        HubClient(endpoint=endpoint, allow_http=allow_http)
+    assert HubClient(endpoint="https://hub.example").endpoint == "https://hub.example"

@@ -144,7 +144,11 @@ def test_invalid_spec_is_reported():
         ({}, StubHub(fail=True), "cannot reach the hub"),
         ({"hfTokenSecret": {"name": "missing"}}, StubHub(), "has no key HF_TOKEN"),
         # The real Hub client: it refuses a path before any request (nothing listens on port 9).
-        ({"model": {"name": "/models/llama"}}, HubClient("http://127.0.0.1:9"), "give spec.model.config"),
+        (
+            {"model": {"name": "/models/llama"}},
+            HubClient("http://127.0.0.1:9", allow_http=True),
+            "give spec.model.config",
+        ),
     ],
 )
 def test_unavailable_model_config_is_reported_and_retried_with_backoff(spec, hub, message):

@@ -74,7 +74,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         settings.watching.label_selectors[resource] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
     if "reconciler" not in memo:
         config: Settings = memo.get("settings") or Settings()
-        hub = HubClient(config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds)
+        hub = HubClient(
+            config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds, allow_http=config.hub_allow_http
+        )
         # One API connection per reconcile thread, and one for the resync's lists.
         kube = Kube.from_environment(connections=config.reconcile_workers + 1, read_any_secret=config.read_any_secret)
         memo["reconciler"] = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds)

@@ -46,8 +46,16 @@ class HubClient:
     cache_seconds: float = 3600.0
     max_json_bytes: int = 16 * 2**20  # a 1T-parameter model's index is ~6 MiB
     cache_entries: int = 64
+    allow_http: bool = False
     _cache: OrderedDict[tuple[str, str, str], tuple[float, ModelFiles]] = field(default_factory=OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if not self.endpoint.startswith("https://") and not (self.allow_http and self.endpoint.startswith("http://")):
+            raise ValueError(
+                f"the Hub endpoint {self.endpoint[:200]!r} is not https:// (tokens would travel in the clear): "
+                "use https, or allow http explicitly (CPULLM_HUB_ALLOW_HTTP=true) for a mirror on a trusted network"
+            )
 
     def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
         if name.startswith("/"):
