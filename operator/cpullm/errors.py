@@ -87,6 +87,13 @@ class ModelConfigUnavailable(CpuLLMError):
     reason = "ModelConfigUnavailable"
 
 
+class UnexpectedError(CpuLLMError):
+    """A fault of the operator's own while reading a service's facts (a bug): reported and retried with backoff,
+    so one service's odd input never stops the others; the traceback goes to the debug log only."""
+
+    reason = "InternalError"
+
+
 class NodeLabelError(CpuLLMError):
     """A node's topology labels cannot be parsed; the node is skipped."""
 

@@ -8,10 +8,11 @@ from typing import Any
 import pytest
 
 from cpullm.controller.gather import gather, resolve_model
+from cpullm.controller.outcomes import retry_delay
 from cpullm.core.children.common import Owner
 from cpullm.core.decision import NamespaceFacts
 from cpullm.core.sizing import ModelFiles, size_model
-from cpullm.errors import InvalidSpec, ModelConfigUnavailable
+from cpullm.errors import InvalidSpec, ModelConfigUnavailable, UnexpectedError
 
 from .builders import LLAMA_8B, QWEN25_05B, node, spec
 
@@ -168,6 +169,14 @@ def test_a_name_its_children_cannot_take_is_an_invalid_spec(name):
     obs = observe(service(name=name), source=source)
     assert isinstance(obs.spec, InvalidSpec) and "must be a DNS-1035 label of at most 63 characters" in obs.spec.message
     assert source.calls == []
+
+
+def test_an_unexpected_fault_while_sizing_is_an_observation_retried_not_raised():
+    """A bug on some odd input must not stop the reconcile of every service: it is this service's condition."""
+    obs = observe(service(), source=Source(error=ZeroDivisionError("division by zero")))
+    assert isinstance(obs.model, UnexpectedError) and obs.model.reason == "InternalError"
+    assert obs.model.message == "sizing the model failed unexpectedly (ZeroDivisionError); retried"
+    assert retry_delay(obs.model, 0) == 10
 
 
 def test_an_unavailable_model_is_an_observation_not_raised():

@@ -9,6 +9,7 @@ from files (io/files.py). Both go through `gather`, so a model is resolved by on
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -17,7 +18,9 @@ from cpullm.core.children.common import Owner
 from cpullm.core.decision import NamespaceFacts, Observed
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.core.topology import NodeProfile
-from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable
+from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError
+
+log = logging.getLogger(__name__)
 
 
 class ClusterFacts(Protocol):
@@ -86,6 +89,9 @@ def gather(
             model = resolve_model(spec, owner.namespace, cluster, models)
         except CpuLLMError as err:
             model = err
+        except Exception as err:  # a bug on some input: this service reports it, the others go on
+            log.debug("sizing %s/%s failed", owner.namespace, owner.name, exc_info=True)
+            model = UnexpectedError(f"sizing the model failed unexpectedly ({type(err).__name__}); retried")
     replicas = raw_spec.get("replicas", 0)
     return Observed(
         owner=owner,
