@@ -214,3 +214,59 @@ def test_peering_mode_runs_with_the_charts_rbac(
         peer.stop()
         helm.run("uninstall", release, "--namespace", RELEASE_NAMESPACE, "--wait")
         kubectl.run("delete", "namespace", namespace, "--wait=false")
+
+
+def test_image_allowlist_policy_refuses_other_images_at_admission(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl):
+    """The chart's optional ValidatingAdmissionPolicy, on the real API server: an image outside the prefixes is
+    refused with the policy's message; the default image (spec.image unset) and an allowed one are admitted."""
+    rendered = objects(
+        helm.template("--set", "imageAllowlist.enabled=true,imageAllowlist.prefixes={registry.example/vllm}")
+    )
+    policy = [o for o in rendered if o["kind"].startswith("ValidatingAdmissionPolicy")]
+    assert {o["kind"] for o in policy} == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    namespace = f"e2e-allow-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", namespace)
+    kubectl.apply(*policy)
+    try:
+
+        def refused() -> bool:
+            result = kubectl.apply(tiny_service("evil", namespace, image="evil.example/miner:1"), check=False)
+            assert result.returncode != 0, "the policy is not enforced yet"
+            return "images must start with one of registry.example/vllm" in result.stderr
+
+        assert eventually(refused, timeout=60, what="the policy refuses an image outside the allowlist")
+        kubectl.apply(tiny_service("allowed", namespace, image="registry.example/vllm/cpu:1"))
+        kubectl.apply(tiny_service("default-image", namespace))
+    finally:
+        for obj in policy:
+            kubectl.run("delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found")
+        kubectl.run("delete", "namespace", namespace, "--wait=false")
+
+
+def test_namespace_editors_manage_cpullmservices_and_viewers_read_them(
+    helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl
+):
+    """The chart's user roles aggregate into the built-in edit and view roles (the controller-manager's
+    aggregation, on the real cluster)."""
+    roles = [o for o in objects(helm.template()) if o["metadata"]["name"].endswith(("-edit", "-view"))]
+    assert len(roles) == 2
+    namespace = f"e2e-roles-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", namespace)
+    kubectl.apply(*roles)
+    try:
+        for role, user in (("edit", "alice"), ("view", "bob")):
+            kubectl.run(
+                "create", "rolebinding", f"{user}-{role}", f"--clusterrole={role}", f"--user={user}", "-n", namespace
+            )
+
+        def can(user: str, verb: str) -> str:
+            args = ("auth", "can-i", verb, "cpullmservices.cpullm.io", "-n", namespace, f"--as={user}")
+            return kubectl.run(*args, check=False).stdout.strip()
+
+        assert eventually(lambda: can("alice", "create") == "yes", what="edit aggregates the CpuLLMService rules")
+        assert eventually(lambda: can("bob", "list") == "yes", what="view aggregates the CpuLLMService rules")
+        assert can("bob", "create") == "no"
+    finally:
+        for role in roles:
+            kubectl.run("delete", "clusterrole", role["metadata"]["name"], "--ignore-not-found")
+        kubectl.run("delete", "namespace", namespace, "--wait=false")
