@@ -41,6 +41,7 @@ def test_deployment_whole_manifest():
         replicas=2,
         maxNumSeqs=8,
         hfTokenSecret={"name": "hf"},
+        apiKeySecret={"name": "llama-api"},
         modelCache={"persistentVolumeClaim": {"claimName": "weights"}},
         tolerations=[{"key": "dedicated", "operator": "Exists"}],
         nodeSelector={"pool": "llm"},
@@ -117,6 +118,10 @@ def test_deployment_whole_manifest():
                                 {"name": "LD_PRELOAD", "value": f"{TCMALLOC_X86}:/opt/venv/lib/libiomp5.so"},
                                 {"name": "HF_HOME", "value": "/models/huggingface"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
+                                {
+                                    "name": "VLLM_API_KEY",
+                                    "valueFrom": {"secretKeyRef": {"name": "llama-api", "key": "api-key"}},
+                                },
                                 {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
                                 {"name": "EXTRA", "value": "1"},
                             ],
@@ -273,3 +278,11 @@ def test_launcher_only_turns_auto_into_lists(cpu, policy, launcher_used, bind):
     assert ("launcher" in {v["name"] for v in pod["volumes"]}) is launcher_used
     assert {e["name"]: e.get("value") for e in container["env"]}["VLLM_CPU_OMP_THREADS_BIND"] == bind
     assert ("launcher binding" in plan.summary) is launcher_used
+
+
+def test_default_model_cache_is_bounded_by_the_models_size():
+    """An emptyDir without a limit lets a pod fill the node's disk: the default is twice the served weights (a
+    float32 checkpoint served in bfloat16) and 2 GiB, in whole GiB; Llama-3.1-8B: 2 x 16.06 GB + 2 GiB -> 32Gi."""
+    plan = plan_service(spec(), llama_8b(), [node(memory="512Gi")])
+    volumes = build_deployment(Owner("x", "ns"), spec(), plan)["spec"]["template"]["spec"]["volumes"]
+    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "32Gi"}} in volumes

@@ -210,6 +210,11 @@ class SecretKeyRef(_Model):
     key: str = Field(default="HF_TOKEN", max_length=253, description="Key holding the Hugging Face token.")
 
 
+class ApiKeySecretRef(_Model):
+    name: str = Field(min_length=1, max_length=253, description="Secret in the service's namespace.")
+    key: str = Field(default="api-key", max_length=253, description="Key holding the API key.")
+
+
 class PersistentVolumeClaimRef(_Model):
     claim_name: str = Field(min_length=1, max_length=253)
 
@@ -332,6 +337,7 @@ OWNED_ENV = {
     "LD_PRELOAD": "image",
     "HF_HOME": "modelCache",
     "HF_TOKEN": "hfTokenSecret",
+    "VLLM_API_KEY": "apiKeySecret",
 }
 OWNED_FLAGS = {
     "--model": "model.name",
@@ -464,6 +470,12 @@ class CpuLLMServiceSpec(_Model):
     )
     hf_token_secret: SecretKeyRef | None = Field(
         default=None, description="Secret with a Hugging Face token, for gated models (pod and operator)."
+    )
+    api_key_secret: ApiKeySecretRef | None = Field(
+        default=None,
+        description="Secret holding an API key the OpenAI-compatible endpoint requires (vLLM's VLLM_API_KEY: "
+        "requests to /v1 need 'Authorization: Bearer <key>'; /health and /metrics stay open for probes and "
+        "scraping). Read by the pod only, never by the operator.",
     )
     model_cache: ModelCache | None = Field(
         default=None,

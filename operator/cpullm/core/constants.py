@@ -74,4 +74,6 @@ LAUNCHER_MOUNT = "/opt/cpullm"
 LAUNCHER_FILE = "launcher.py"
 
 MODEL_CACHE_MOUNT = "/models"
+# Beside the weights in the default model cache: tokenizer, configs, the Hub cache's own files.
+MODEL_CACHE_SPARE_BYTES = 2 * GiB
 HF_HOME = f"{MODEL_CACHE_MOUNT}/huggingface"

@@ -58,9 +58,9 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     if preload:
         env.append({"name": "LD_PRELOAD", "value": preload})
     env.append({"name": "HF_HOME", "value": c.HF_HOME})
-    if spec.hf_token_secret is not None:
-        ref = spec.hf_token_secret
-        env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
+        if ref is not None:
+            env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     # spec.env cannot name what the operator sets (api/spec.py OWNED_ENV): the user's entries come after.
     return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
 
@@ -116,8 +116,15 @@ def _scrape(spec: CpuLLMServiceSpec) -> dict[str, str]:
     }
 
 
+def model_cache_limit(plan: Plan) -> int:
+    """The default model cache's size limit: room for the checkpoint as downloaded (up to twice the served
+    bytes, a float32 checkpoint served in bfloat16) and its tokenizer and configs, in whole GiB. A pod that
+    fills more is evicted instead of filling the node's disk."""
+    return math.ceil((2 * plan.weights_bytes + c.MODEL_CACHE_SPARE_BYTES) / c.GiB) * c.GiB
+
+
 def _volumes(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
-    cache: dict[str, Any] = {"emptyDir": {}}
+    cache: dict[str, Any] = {"emptyDir": {"sizeLimit": binary_quantity(model_cache_limit(plan))}}
     if spec.model_cache and spec.model_cache.persistent_volume_claim:
         cache = {"persistentVolumeClaim": {"claimName": spec.model_cache.persistent_volume_claim.claim_name}}
     elif spec.model_cache and spec.model_cache.empty_dir and spec.model_cache.empty_dir.size_limit:
