@@ -75,8 +75,9 @@ class ChildRejected(PlanRefusal):
     reason = "ChildRejected"
 
 
-class ChildConflict(PlanRefusal):
-    """A child's name is taken by an object this CpuLLMService does not control: it is left untouched."""
+class ChildConflict(CpuLLMError):
+    """A child's name is taken by an object this CpuLLMService does not control: it is left untouched. Retried
+    with backoff: the operator does not watch the other object, and whoever removes it ends the conflict."""
 
     reason = "Conflict"
 

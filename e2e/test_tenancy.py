@@ -1,0 +1,128 @@
+"""Many tenants, one operator, against the real API server: what a tenant who may create a CpuLLMService must not
+be able to do (adopt another's object, name what the children cannot take, override what the operator owns,
+point it at a Secret that did not opt in), and that one tenant's bad spec never stops another's service."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from e2e.conftest import tiny_service
+from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.test_faults import LogMark
+from e2e.test_operator import conditions, not_planned, ready
+
+
+def test_a_same_name_service_someone_else_made_is_not_adopted(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """The operator used to server-side apply over it with force: its selector then routed to the new pods and
+    it carried an owner reference, so it went with the CpuLLMService. Now it is a Conflict, left untouched, and
+    the service is served as soon as the name is free."""
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "taken", "namespace": namespace},
+        "spec": {"selector": {"app": "theirs"}, "ports": [{"port": 80}]},
+    }
+    kubectl.apply(theirs)
+    kubectl.apply(tiny_service("taken", namespace))
+    refused = not_planned(kubectl, namespace, "taken", "Conflict")
+    assert conditions(refused)["Planned"]["message"].startswith(
+        f"Service {namespace}/taken exists and is not controlled by this CpuLLMService"
+    )
+    service = kubectl.get("service", "taken", namespace)
+    assert service["spec"]["selector"] == {"app": "theirs"} and "ownerReferences" not in service["metadata"]
+    assert kubectl.get("deployment", "taken", namespace) is None  # nothing applied at all
+    kubectl.run("delete", "service", "taken", "-n", namespace)
+    ready(kubectl, namespace, "taken", 1, timeout=120)  # retried with backoff: the name is free now
+
+
+@pytest.mark.parametrize("name", ["qwen.small", "q" * 64, "Qwen"])
+def test_a_name_the_children_cannot_take_is_refused_at_admission(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, name: str
+):
+    result = kubectl.apply(tiny_service(name, namespace), check=False)
+    assert result.returncode != 0 and "must be a DNS-1035 label of at most 63 characters" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"env": [{"name": "VLLM_CPU_KVCACHE_SPACE", "value": "64"}]}, "VLLM_CPU_KVCACHE_SPACE (use spec.kvCacheGiB)"),
+        ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}]}, "env sets a variable the operator owns"),
+        ({"extraArgs": ["--port=9999"]}, "extraArgs sets a flag the operator owns"),
+        ({"extraArgs": ["--tensor-parallel-size", "8"]}, "--tensor-parallel-size (use spec.tensorParallelSize)"),
+    ],
+)
+def test_env_and_args_the_operator_owns_are_refused_at_admission(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, spec, message
+):
+    result = kubectl.apply(tiny_service("owned", namespace, **spec), check=False)
+    assert result.returncode != 0 and message in result.stderr
+
+
+def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """hfTokenSecret may name any Secret of the namespace: a TLS key's value must not reach status, events or
+    the log. Without the opt-in label it is refused; with it, a token with a trailing newline (kubectl create
+    secret --from-file) is trimmed, and a value a header cannot carry is refused without being shown."""
+    secret_value = "-----BEGIN PRIVATE KEY----- do-not-leak-4e1f"
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "tls", "namespace": namespace},
+            "data": {"tls.key": base64.b64encode(secret_value.encode()).decode()},
+        }
+    )
+    mark = LogMark(operator) if isinstance(operator, Operator) else None
+    hub_model = {"name": "org/gated-model"}  # no inline config: the token would be read for the Hub
+    kubectl.apply(tiny_service("leaky", namespace, model=hub_model, hfTokenSecret={"name": "tls", "key": "tls.key"}))
+
+    def refused_without_the_value() -> bool:
+        service = kubectl.get("cpullm", "leaky", namespace)
+        planned = conditions(service).get("Planned", {})
+        assert planned.get("reason") == "ModelConfigUnavailable", planned
+        return "is not labelled cpullm.io/hf-token=true" in planned["message"]
+
+    eventually(refused_without_the_value, timeout=60, what="the unlabelled Secret refused")
+    kubectl.run("label", "secret", "tls", "-n", namespace, "cpullm.io/hf-token=true")
+    kubectl.apply(
+        tiny_service("leaky", namespace, model=hub_model, hfTokenSecret={"name": "tls", "key": "tls.key"}, replicas=2)
+    )  # fmt: skip  (a spec change: reconciled again)
+
+    def refused_as_no_token() -> bool:
+        planned = conditions(kubectl.get("cpullm", "leaky", namespace)).get("Planned", {})
+        return planned.get("reason") == "ModelConfigUnavailable" and "is not a token" in planned["message"]
+
+    eventually(refused_as_no_token, timeout=60, what="a value a header cannot carry refused")
+    events = kubectl.run("get", "events", "-n", namespace, "-o", "yaml").stdout
+    everything = events + str(kubectl.get("cpullm", "leaky", namespace)) + (mark.text() if mark else "")
+    assert "do-not-leak" not in everything and "PRIVATE KEY" not in everything
+    if mark:
+        mark.assert_quiet()
+
+
+def test_one_bad_affinity_never_stops_another_services_reconcile(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """Gt with a non-integer passed the API server (spec.affinity is passed through) and raised ValueError in the
+    eligibility chain: that service got no status, and every node event's check aborted."""
+    bad = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "cores", "operator": "Gt", "values": ["many"]}]}]
+            }
+        }
+    }
+    mark = LogMark(operator) if isinstance(operator, Operator) else None
+    kubectl.apply(tiny_service("odd", namespace, affinity=bad))
+    refused = not_planned(kubectl, namespace, "odd", "InvalidSpec")
+    assert "values must be one integer for operator Gt" in conditions(refused)["Planned"]["message"]
+    kubectl.apply(tiny_service("healthy", namespace))
+    ready(kubectl, namespace, "healthy", 1)
+    if mark:
+        mark.assert_quiet()
