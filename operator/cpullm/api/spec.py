@@ -479,7 +479,8 @@ class CpuLLMServiceSpec(_Model):
     )
     model_cache: ModelCache | None = Field(
         default=None,
-        description="Volume for downloaded weights, mounted at /models. Default: an emptyDir.",
+        description="Volume for downloaded weights, mounted at /models. Default: an emptyDir limited to twice "
+        "the model's weights and 2 GiB.",
         json_schema_extra={"x-kubernetes-validations": [_CEL_CACHE_ONE_OF]},
     )
     service: ServiceSettings = Field(default_factory=ServiceSettings)
