@@ -14,7 +14,7 @@ Shared shapes, with h = hidden_size, H = attention heads, K = KV heads, d = head
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cpullm.core import constants as c
@@ -487,18 +487,7 @@ def anatomy_of(config: Mapping[str, Any], placeholders: Mapping[str, Any] | None
         notes = anatomy.notes
     except UnsupportedModel as err:  # a vision encoder of another shape: the language model is still sized
         towers, notes = (), (*anatomy.notes, f"vision tower not counted ({err.message.split(';')[0]})")
-    return Anatomy(
-        family=family or anatomy.family,
-        linears=anatomy.linears,
-        params=(*anatomy.params, *towers),
-        kv_groups=anatomy.kv_groups,
-        attention_heads=anatomy.attention_heads,
-        kv_heads=anatomy.kv_heads,
-        max_context=anatomy.max_context,
-        experts=anatomy.experts,
-        active_experts=anatomy.active_experts,
-        notes=notes,
-    )
+    return replace(anatomy, family=family or anatomy.family, params=(*anatomy.params, *towers), notes=notes)
 
 
 # SigLIP's defaults (transformers' SiglipVisionConfig), which Gemma 3's vision_config leaves out.
