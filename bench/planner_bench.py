@@ -1,6 +1,6 @@
 """Benchmark, not a test: the planner alone (plan_service, no I/O) for one service against N node profiles, best
-of --runs, for this checkout and for each --vs checkout (e.g. a worktree of an earlier commit), side by side in
-one run. Each checkout is measured in its own process with its own `operator/` on PYTHONPATH, on the same nodes
+of --runs x --rounds (processes taken in turns), for this checkout and for each --vs checkout (e.g. a worktree of an
+earlier commit), side by side in one run. Each checkout is measured in its own process with its own `operator/` on PYTHONPATH, on the same nodes
 and spec (Llama-3.1-8B's config inline; four node shapes, 2 and 4 NUMA nodes, with and without AMX).
 
     git worktree add /tmp/before 82751ef
@@ -66,12 +66,19 @@ def measure(checkout: Path, nodes: int, runs: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=5000)
-    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--runs", type=int, default=5, help="plans per process (the best counts)")
+    parser.add_argument("--rounds", type=int, default=3, help="processes per checkout, taken in turns")
     parser.add_argument("--vs", type=Path, action="append", default=[], help="another checkout to measure beside")
     args = parser.parse_args()
     checkouts = [ROOT, *args.vs]
-    rows = [(str(checkout), measure(checkout, args.nodes, args.runs)) for checkout in checkouts]
-    print(f"plan_service against {args.nodes} node profiles, best of {args.runs}")
+    best: dict[Path, dict[str, float]] = {}
+    for _ in range(args.rounds):  # in turns, so a busy moment of the machine does not fall on one checkout
+        for checkout in checkouts:
+            row = measure(checkout, args.nodes, args.runs)
+            if checkout not in best or row["ms"] < best[checkout]["ms"]:
+                best[checkout] = row
+    rows = [(str(checkout), best[checkout]) for checkout in checkouts]
+    print(f"plan_service against {args.nodes} node profiles, best of {args.runs} x {args.rounds} rounds")
     print(f"{'checkout':<40} {'ms per plan':>12} {'TP':>4} {'eligible nodes':>15}")
     for name, row in rows:
         print(f"{name:<40} {row['ms']:>12.1f} {row['tp']:>4.0f} {row['eligible']:>15.0f}")

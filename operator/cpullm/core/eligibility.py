@@ -8,6 +8,7 @@ The checks read the spec as `Needs`, worked out once per spec, not once per node
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,6 +41,13 @@ class Needs:
         fp8 = spec.kv_cache_dtype == KVCacheDType.FP8
         return cls(spec.image, isa, spec.node_selector, terms, tuple(spec.tolerations), model, fp8)
 
+    @functools.cached_property
+    def checks(self) -> tuple[EligibilityCheck, ...]:
+        """The chain for these needs: the kernels check only when the model is quantized or the KV cache fp8
+        (asked once per node of thousands, an idle check is not free)."""
+        kernels = self.fp8_kv_cache or (self.model is not None and self.model.quantization is not None)
+        return tuple(check for check in ELIGIBILITY_CHECKS if kernels or check.reject is not _runs_the_kernels)
+
 
 @dataclass(frozen=True)
 class EligibilityCheck:
@@ -64,8 +72,6 @@ def _has_isa(needs: Needs, node: NodeProfile) -> str | None:
 
 def _runs_the_kernels(needs: Needs, node: NodeProfile) -> str | None:
     """vLLM CPU's kernels for the model's quantization and for an fp8 KV cache need some ISA."""
-    if not needs.fp8_kv_cache and (needs.model is None or needs.model.quantization is None):
-        return None  # the common case, once per node of thousands: nothing to ask
     problem = needs.model.node_problem(node.isa) if needs.model else None
     if problem is None and needs.fp8_kv_cache and not node.isa & c.FP8_KV_CACHE_ISA:
         problem = f"lacks {' or '.join(sorted(c.FP8_KV_CACHE_ISA))} for an fp8 KV cache"
@@ -106,7 +112,7 @@ ELIGIBILITY_CHECKS: tuple[EligibilityCheck, ...] = (
 
 def node_rejection(needs: Needs, node: NodeProfile) -> str | None:
     """Why a node cannot run the service that has these needs at all (the first check that fails), or None."""
-    for check in ELIGIBILITY_CHECKS:
+    for check in needs.checks:
         why = check.reject(needs, node)
         if why is not None:
             return why
