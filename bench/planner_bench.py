@@ -1,7 +1,8 @@
 """Benchmark, not a test: the planner alone (plan_service, no I/O) for one service against N node profiles, best
 of --runs x --rounds (processes taken in turns), for this checkout and for each --vs checkout (e.g. a worktree of
-an earlier commit), side by side in one run. Each checkout is measured in its own process with its own `operator/` on PYTHONPATH, on the same nodes
-and spec (Llama-3.1-8B's config inline; four node shapes, 2 and 4 NUMA nodes, with and without AMX).
+an earlier commit), side by side in one run. Each checkout is measured in its own process with its own
+`operator/` on PYTHONPATH, on the same nodes and spec (Llama-3.1-8B's config inline; four node shapes, 2 and 4
+NUMA nodes, with and without AMX).
 
     git worktree add /tmp/before 82751ef
     .venv/bin/python bench/planner_bench.py --nodes 5000 --vs /tmp/before
