@@ -100,4 +100,5 @@ def test_the_plan_says_where_each_figure_came_from():
         "kvLayout": "32 full + 0 sliding layers, 8 KV heads x 128, 2 B/element",
         "kvCacheDtype": "auto",
         "kvWindowBytesPerSequence": 0,
+        "notes": [],
     }

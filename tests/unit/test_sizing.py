@@ -374,3 +374,14 @@ def test_layer_kinds_of_every_fixture_are_known():
     for path in MODELS.glob("*.json"):
         for group in size_model(config(path.stem), DType.BFLOAT16).anatomy.kv_groups:
             assert group.kind in LayerKind
+
+
+def test_a_vision_tower_beside_top_level_text_fields_is_counted_and_an_unknown_one_noted():
+    """Qwen2.5-VL writes its language model at the top level and its ViT (depth, not num_hidden_layers) in
+    vision_config; Kimi K2.5's MoonViT has other names: the language model is sized, the tower left with a note."""
+    text_only = size_model(LLAMA_8B, DType.BFLOAT16).parameters
+    vision = {"depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "patch_size": 14}
+    with_tower = size_model({**LLAMA_8B, "vision_config": vision}, DType.BFLOAT16)
+    assert with_tower.parameters is not None and with_tower.parameters - text_only > 32 * 4 * 1280 * 1280
+    kimi = size_model(config("kimi-k2.5"), DType.BFLOAT16)
+    assert kimi.anatomy.notes and kimi.anatomy.notes[0].startswith("vision tower not counted")

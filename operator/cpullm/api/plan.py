@@ -52,6 +52,9 @@ class ModelSizing(_Model):
         description="Per rank and sequence: what the sliding-window layers hold (at most their window), on top of "
         "kvBytesPerToken for each token of context.",
     )
+    notes: list[str] = Field(
+        default_factory=list, description="What sizing could not count (e.g. a vision encoder of an unknown shape)."
+    )
 
 
 class Plan(_Model):

@@ -340,6 +340,7 @@ def _sizing(spec: CpuLLMServiceSpec, model: ModelSize, kv: _KVCache) -> ModelSiz
         kv_layout=kv.layout.describe(),
         kv_cache_dtype=spec.kv_cache_dtype.value,
         kv_window_bytes_per_sequence=kv.layout.window_bytes(1, context),
+        notes=list(anatomy.notes),
     )
 
 

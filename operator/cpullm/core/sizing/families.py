@@ -476,7 +476,7 @@ def anatomy_of(config: Mapping[str, Any], placeholders: Mapping[str, Any] | None
     view = ConfigView(text, defaults, text_family or "(missing)")
     anatomy = entry.build(text_family or "", view) if entry else _generic(text_family or "(missing)", view)
     vision = config.get("vision_config")
-    if vision is None or text is config:
+    if vision is None:
         return anatomy
     if not isinstance(vision, Mapping):
         raise UnsupportedModel(f"model config vision_config={show(vision)} is not an object")
@@ -498,9 +498,10 @@ def vision_tower(config: ConfigView, text_hidden: int) -> Params:
     """A ViT encoder (SigLIP/CLIP shape: patch and position embeddings; per layer biased q, k, v, o, an fc1/fc2
     MLP and two LayerNorms; a final LayerNorm) and a projection into the language model (Gemma 3's: a norm and
     one matrix). Kept in the serving dtype: vLLM loads it whole, and quantized checkpoints leave it out."""
-    config.require("hidden_size", "intermediate_size", "num_hidden_layers", why="or drop vision_config")
+    layers_key = first_present(config, ("num_hidden_layers", "depth")) or "num_hidden_layers"  # Qwen-VL: depth
+    config.require("hidden_size", "intermediate_size", layers_key, why="or drop vision_config")
     h, i = config.positive("hidden_size"), config.positive("intermediate_size")
-    layers, patch = config.positive("num_hidden_layers"), config.positive("patch_size")
+    layers, patch = config.positive(layers_key), config.positive("patch_size")
     image, channels = config.positive("image_size"), config.positive("num_channels")
     embeddings = channels * patch * patch * h + h + (image // patch) ** 2 * h
     per_layer = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h
