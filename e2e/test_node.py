@@ -224,6 +224,7 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     assigned = state["entries"][pod["metadata"]["uid"]]["vllm"]
     assert seen["Cpus_allowed_list"] == assigned, (seen, assigned)
     assert_as_planned(seen, plan)
+    print(f"real node, RuntimeDefault seccomp + SYS_NICE: migrate_pages {seen['numa_migrate_pages']}")  # recorded
     limit = int(seen["limit"])
     working_set = int(seen["usage"]) - int(seen["inactive_file"])
     # Usage includes page cache, which may grow to the limit and be reclaimed there (seen with a 0.5B model in
