@@ -8,6 +8,7 @@ every time; each crash they found is pinned as a row of the regression tables be
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -228,6 +229,11 @@ JSON = st.recursive(
         st.floats(allow_nan=True, allow_infinity=True),
         st.text(max_size=8),
         st.sampled_from(["auto", "nobind", "0-3|4-7", "keda", "hpa", "Exists", "In", "64Gi", "float32"]),
+        # Shapes the API server stores that once crashed or were taken silently: affinity operators and their
+        # values, what the operator owns in env and args, the seccomp and KV cache choices.
+        st.sampled_from(["Gt", "Lt", "NotIn", "DoesNotExist", "many", "-1", "99999999999999999999"]),
+        st.sampled_from(["VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD", "HF_TOKEN", "--port=1", "-tp", "--model"]),
+        st.sampled_from(["RuntimeDefault", "Unconfined", "fp8", "qwen.small"]),
     ),
     lambda children: st.one_of(
         st.lists(children, max_size=3), st.dictionaries(st.text(max_size=6), children, max_size=3)
@@ -290,8 +296,8 @@ class _Hub:
         return ModelFiles(config=dict(LLAMA_8B), checkpoint_total_bytes=None)
 
 
-def _decide(raw_spec: Any) -> Mapping[str, Any]:
-    service = {"metadata": {"name": "fuzz", "namespace": "default", "uid": "u-1", "generation": 3}, "spec": raw_spec}
+def _decide(raw_spec: Any, name: str = "fuzz") -> Mapping[str, Any]:
+    service = {"metadata": {"name": name, "namespace": "default", "uid": "u-1", "generation": 3}, "spec": raw_spec}
     observed = gather(
         service, nodes=NODES, deployment=None, last_status=None, cluster=_Cluster(), models=_Hub(), installed_crds=None
     )
@@ -317,6 +323,28 @@ def test_fuzzed_spec_is_parsed_or_invalid_and_decided_without_raising(raw):
     except InvalidSpec as err:
         assert err.message.startswith(("spec.", "spec: "))
     event(f"Planned: {_decide(raw)['Planned']['reason']}")
+
+
+@fuzz(max_examples=60)
+@given(name=st.one_of(st.text(max_size=70), st.sampled_from(["qwen.small", "q" * 64, "Qwen", "-a", "a-", "a"])))
+def test_any_name_is_decided_without_raising_and_one_the_children_cannot_take_is_invalid(name):
+    planned = _decide(BASE_SPEC, name)["Planned"]
+    fits = re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) is not None and len(name) <= 63
+    assert (planned["reason"] != "InvalidSpec") == fits, (name, planned)
+
+
+@fuzz(max_examples=40)
+@given(
+    operator=st.sampled_from(["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]),
+    values=st.one_of(st.none(), st.lists(st.one_of(st.text(max_size=4), st.integers(-5, 5).map(str)), max_size=3)),
+)
+def test_any_node_selector_requirement_is_decided_without_raising(operator, values):
+    requirement: dict[str, Any] = {"key": "kubernetes.io/arch", "operator": operator}
+    if values is not None:
+        requirement["values"] = values
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": [requirement]}]}}}  # fmt: skip
+    event(f"Planned: {_decide({**BASE_SPEC, 'affinity': affinity})['Planned']['reason']}")
 
 
 @fuzz(max_examples=25)
