@@ -152,6 +152,7 @@ def test_fuzzed_specs_are_rejected_by_the_schema_or_answered_with_a_condition(
         kubectl.run("delete", "cpullm", name, "-n", namespace, "--wait=false")
 
 
+LONG_CONTEXT = {"max_position_embeddings": 2**21}  # a context one 1 GiB KV cache cannot hold a sequence of
 HUGE = {  # a 25 TB dense model: no node holds its weights
     "num_hidden_layers": 16000,
     "hidden_size": 8192,
@@ -171,7 +172,20 @@ HUGE = {  # a 25 TB dense model: no node holds its weights
             id="model-too-large-is-not-no-eligible-node",
         ),
         pytest.param(
-            {"kvCacheGiB": 1, "maxModelLen": 10**6}, "KVCacheTooSmall", "less than one sequence", id="kv-too-small"
+            {
+                "model": {"name": "long", "config": {**QWEN_SMALL["spec"]["model"]["config"], **LONG_CONTEXT}},
+                "kvCacheGiB": 1,
+                "maxModelLen": 10**6,
+            },
+            "KVCacheTooSmall",
+            "less than one sequence",
+            id="kv-too-small",
+        ),
+        pytest.param(
+            {"kvCacheGiB": 1, "maxModelLen": 10**6},
+            "MaxModelLenTooLong",
+            "longer than the model's context of 32768 tokens",
+            id="context-beyond-the-model",
         ),
         pytest.param(
             {"model": {"name": "bad", "config": {**QWEN_SMALL["spec"]["model"]["config"], "hidden_size": 8}}},
