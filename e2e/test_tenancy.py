@@ -5,6 +5,7 @@ point it at a Secret that did not opt in), and that one tenant's bad spec never 
 from __future__ import annotations
 
 import base64
+import urllib.request
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
 ):
     """hfTokenSecret may name any Secret of the namespace: a TLS key's value must not reach status, events or
-    the log. Without the opt-in label it is refused; with it, a token with a trailing newline (kubectl create
+    the log or the metrics. Without the opt-in label it is refused; with it, a token with a trailing newline (kubectl create
     secret --from-file) is trimmed, and a value a header cannot carry is refused without being shown."""
     secret_value = "-----BEGIN PRIVATE KEY----- do-not-leak-4e1f"
     kubectl.apply(
@@ -100,7 +101,11 @@ def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(
 
     eventually(refused_as_no_token, timeout=60, what="a value a header cannot carry refused")
     events = kubectl.run("get", "events", "-n", namespace, "-o", "yaml").stdout
-    everything = events + str(kubectl.get("cpullm", "leaky", namespace)) + (mark.text() if mark else "")
+    metrics = ""
+    if isinstance(operator, Operator) and operator.metrics_url:
+        with urllib.request.urlopen(operator.metrics_url, timeout=10) as response:
+            metrics = response.read().decode()
+    everything = events + str(kubectl.get("cpullm", "leaky", namespace)) + (mark.text() if mark else "") + metrics
     assert "do-not-leak" not in everything and "PRIVATE KEY" not in everything
     if mark:
         mark.assert_quiet()
