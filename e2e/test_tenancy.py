@@ -67,9 +67,10 @@ def test_env_and_args_the_operator_owns_are_refused_at_admission(
 def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
 ):
-    """hfTokenSecret may name any Secret of the namespace: a TLS key's value must not reach status, events or
-    the log or the metrics. Without the opt-in label it is refused; with it, a token with a trailing newline (kubectl create
-    secret --from-file) is trimmed, and a value a header cannot carry is refused without being shown."""
+    """hfTokenSecret may name any Secret of the namespace: a TLS key's value must not reach status, events, the
+    log or the metrics. Without the opt-in label it is refused; with it, a value a header cannot carry is refused
+    without being shown (a token's trailing newline, as kubectl create secret --from-file leaves it, is trimmed:
+    tests/unit/test_hub.py)."""
     secret_value = "-----BEGIN PRIVATE KEY----- do-not-leak-4e1f"
     kubectl.apply(
         {
