@@ -37,14 +37,16 @@ def sample_nodes() -> list[dict[str, Any]]:
     return nodes
 
 
-def fake_node(name: str, *, numa: int = 2, cpu: str = "32", memory: str = "128Gi", **labels: str) -> dict[str, Any]:
+def fake_node(
+    name: str, *, numa: int = 2, cpu: str = "32", memory: str = "128Gi", disk: str = "900Gi", **labels: str
+) -> dict[str, Any]:
     """A KWOK node shaped for one test (AMX Xeon by default), annotated kwok.x-k8s.io/node=fake (from
-    sample_nodes())."""
+    sample_nodes()); `disk` is its ephemeral storage."""
     node = copy.deepcopy(sample_nodes()[0])
     node["metadata"]["name"] = name
     node["metadata"]["labels"].update({"kubernetes.io/hostname": name, "cpullm.io/numa-nodes": str(numa), **labels})
-    node["status"]["capacity"].update(cpu=cpu, memory=memory)
-    node["status"]["allocatable"].update(cpu=cpu, memory=memory)
+    for amounts in (node["status"]["capacity"], node["status"]["allocatable"]):
+        amounts.update({"cpu": cpu, "memory": memory, "ephemeral-storage": disk})
     return node
 
 

@@ -412,3 +412,26 @@ def test_a_pod_the_scheduler_cannot_place_says_why_in_ready(
     assert "/2 replicas ready; a pod cannot be scheduled: 0/" in message and "Insufficient cpu" in message
     kubectl.run("scale", "cpullm", "tight", "-n", namespace, "--replicas=1")
     ready(kubectl, namespace, "tight", 1)
+
+
+def test_a_model_cache_the_nodes_disk_cannot_hold_is_unschedulable_until_it_fits(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    """The model cache's emptyDir limit is the pod's ephemeral-storage request: on a node with 20Gi of ephemeral
+    storage a 50Gi cache is the scheduler's refusal, said in Ready; a cache that fits is served."""
+    nodes.add(fake_node(f"small-disk-{namespace[-5:]}", numa=1, disk="20Gi", pool=namespace))
+    service = tiny_service(
+        "disk", namespace, nodeSelector={"pool": namespace}, modelCache={"emptyDir": {"sizeLimit": "50Gi"}}
+    )
+    kubectl.apply(service)
+
+    def unschedulable() -> dict[str, Any]:
+        found = conditions(kubectl.get("cpullm", "disk", namespace)).get("Ready", {})
+        assert (found.get("status"), found.get("reason")) == ("False", "Unschedulable"), found
+        return found
+
+    message = eventually(unschedulable, timeout=90, what="Ready=False Unschedulable")["message"]
+    assert "Insufficient ephemeral-storage" in message, message
+    service["spec"]["modelCache"] = {"emptyDir": {"sizeLimit": "10Gi"}}
+    kubectl.apply(service)
+    ready(kubectl, namespace, "disk", 1)

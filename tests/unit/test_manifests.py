@@ -280,9 +280,27 @@ def test_launcher_only_turns_auto_into_lists(cpu, policy, launcher_used, bind):
     assert ("launcher binding" in plan.summary) is launcher_used
 
 
-def test_default_model_cache_is_bounded_by_the_models_size():
-    """An emptyDir without a limit lets a pod fill the node's disk: the default is twice the served weights (a
-    float32 checkpoint served in bfloat16) and 2 GiB, in whole GiB; Llama-3.1-8B: 2 x 16.06 GB + 2 GiB -> 32Gi."""
-    plan = plan_service(spec(), llama_8b(), [node(memory="512Gi")])
-    volumes = build_deployment(Owner("x", "ns"), spec(), plan)["spec"]["template"]["spec"]["volumes"]
-    assert {"name": "model-cache", "emptyDir": {"sizeLimit": "32Gi"}} in volumes
+CLAIM = {"persistentVolumeClaim": {"claimName": "weights"}}
+
+
+@pytest.mark.parametrize(
+    ("model_cache", "volume", "ephemeral_request"),
+    [
+        # Llama-3.1-8B: 2 x 16.06 GB (a float32 checkpoint served in bfloat16) + 2 GiB, in whole GiB -> 32Gi.
+        (None, {"emptyDir": {"sizeLimit": "32Gi"}}, "32Gi"),
+        ({"emptyDir": {"sizeLimit": "50Gi"}}, {"emptyDir": {"sizeLimit": "50Gi"}}, "50Gi"),
+        (CLAIM, CLAIM, None),
+    ],
+    ids=["default", "emptyDir", "claim"],
+)
+def test_model_cache_is_bounded_and_requested_as_ephemeral_storage(model_cache, volume, ephemeral_request):
+    """An emptyDir without a limit lets a pod fill the node's disk; with one, the pod requests that much ephemeral
+    storage, so the scheduler puts it only where the disk can hold the model. A claim's storage is not the node's."""
+    service_spec = spec(modelCache=model_cache) if model_cache else spec()
+    plan = plan_service(service_spec, llama_8b(), [node(memory="512Gi")])
+    pod = build_deployment(Owner("x", "ns"), service_spec, plan)["spec"]["template"]["spec"]
+    resources = pod["containers"][0]["resources"]
+    assert {"name": "model-cache", **volume} in pod["volumes"]
+    assert resources["requests"].get("ephemeral-storage") == ephemeral_request
+    assert "ephemeral-storage" not in resources["limits"]  # the sizeLimit bounds it; cpu and memory stay Guaranteed
+    assert {k: v for k, v in resources["requests"].items() if k != "ephemeral-storage"} == resources["limits"]

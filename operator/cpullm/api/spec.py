@@ -480,7 +480,7 @@ class CpuLLMServiceSpec(_Model):
     model_cache: ModelCache | None = Field(
         default=None,
         description="Volume for downloaded weights, mounted at /models. Default: an emptyDir limited to twice "
-        "the model's weights and 2 GiB.",
+        "the model's weights and 2 GiB. An emptyDir's sizeLimit is also the pod's ephemeral-storage request.",
         json_schema_extra={"x-kubernetes-validations": [_CEL_CACHE_ONE_OF]},
     )
     service: ServiceSettings = Field(default_factory=ServiceSettings)

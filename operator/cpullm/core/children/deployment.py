@@ -123,12 +123,24 @@ def model_cache_limit(plan: Plan) -> int:
     return math.ceil((2 * plan.weights_bytes + c.MODEL_CACHE_SPARE_BYTES) / c.GiB) * c.GiB
 
 
-def _volumes(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
-    cache: dict[str, Any] = {"emptyDir": {"sizeLimit": binary_quantity(model_cache_limit(plan))}}
+def model_cache_source(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
+    """The model cache volume's source: the spec's claim or emptyDir, else an emptyDir bounded by the model."""
     if spec.model_cache and spec.model_cache.persistent_volume_claim:
-        cache = {"persistentVolumeClaim": {"claimName": spec.model_cache.persistent_volume_claim.claim_name}}
-    elif spec.model_cache and spec.model_cache.empty_dir and spec.model_cache.empty_dir.size_limit:
-        cache = {"emptyDir": {"sizeLimit": spec.model_cache.empty_dir.size_limit}}
+        return {"persistentVolumeClaim": {"claimName": spec.model_cache.persistent_volume_claim.claim_name}}
+    if spec.model_cache and spec.model_cache.empty_dir and spec.model_cache.empty_dir.size_limit:
+        return {"emptyDir": {"sizeLimit": spec.model_cache.empty_dir.size_limit}}
+    return {"emptyDir": {"sizeLimit": binary_quantity(model_cache_limit(plan))}}
+
+
+def ephemeral_storage_request(cache: dict[str, Any]) -> dict[str, str]:
+    """An emptyDir cache with a size limit is requested as ephemeral storage, so the scheduler places the pod
+    only where the node's disk can hold the model (a node that cannot shows as the Ready condition's
+    Unschedulable message)."""
+    limit = (cache.get("emptyDir") or {}).get("sizeLimit")
+    return {"ephemeral-storage": limit} if limit else {}
+
+
+def _volumes(owner: Owner, cache: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:
     volumes = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": binary_quantity(plan.shm_bytes)}},
         {"name": "model-cache", **cache},
@@ -140,6 +152,7 @@ def _volumes(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str
 
 def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
     resources = {"cpu": str(plan.cpu), "memory": binary_quantity(plan.memory_limit_bytes)}
+    cache = model_cache_source(spec, plan)
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": plan.image,
@@ -147,8 +160,9 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "args": vllm_args(spec, plan),
         "env": vllm_env(spec, plan),
         "ports": [{"name": PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"}],
-        # Guaranteed QoS (requests == limits, whole CPUs): the static CPU manager gives exclusive cores.
-        "resources": {"requests": dict(resources), "limits": dict(resources)},
+        # Guaranteed QoS (cpu and memory requests == limits, whole CPUs): the static CPU manager gives exclusive
+        # cores.
+        "resources": {"requests": {**resources, **ephemeral_storage_request(cache)}, "limits": dict(resources)},
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": c.MODEL_CACHE_MOUNT},
@@ -161,7 +175,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "automountServiceAccountToken": False,
         "containers": [{**container, "securityContext": security_context(spec)}],
         "affinity": _affinity(spec, plan),
-        "volumes": _volumes(owner, spec, plan),
+        "volumes": _volumes(owner, cache, plan),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 60,
     }
