@@ -26,6 +26,8 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -135,6 +137,7 @@ class RealNode:
         self.workdir = self.workdir.resolve()
         if len(str(self.kubelet_dir / "pod-resources" / "kubelet.sock")) > 100:
             raise RuntimeError(f"workdir {self.workdir} is too long for the kubelet's unix sockets")
+        self._clear_an_earlier_run()
         self._netns_before = {p.name for p in NETNS_DIR.glob("cni-*")}
         started = time.monotonic()
         tools = setup_node()
@@ -251,12 +254,15 @@ class RealNode:
             # the record meanwhile); the same import after removing the old record succeeded.
             self._ctr("images", "rm", image.ref)
         address = ["--address", str(self.socket), "-n", "k8s.io"]
-        result = subprocess.run(
-            [ctr, *address, "images", "import", "--index-name", image.ref, str(image.tar)],
-            capture_output=True,
-            text=True,
-            timeout=1800,
-        )
+        command = [ctr, *address, "images", "import", "--index-name", image.ref, str(image.tar)]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        if result.returncode != 0 and "content digest" in result.stderr and "not found" in result.stderr:
+            # containerd 1.6.20's ctr releases its import lease before it unpacks; a CI run that started right after
+            # an interrupted one (its mounts and network namespaces left behind) failed here with "content digest
+            # <the new index>: not found". The import is idempotent: one more, from a clean record.
+            print(f"ctr images import {image.ref}: {result.stderr.strip()}; importing once more", file=sys.stderr)
+            self._ctr("images", "rm", image.ref, check=False)
+            result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if result.returncode != 0:
             raise RuntimeError(f"ctr images import {image.tar} failed: {result.stderr.strip()}")
         marker.parent.mkdir(parents=True, exist_ok=True)
@@ -430,6 +436,31 @@ class RealNode:
                 self._ctr("tasks", "delete", "-f", task, check=False)
             for container in self._ctr("containers", "ls", "-q", check=False).stdout.split():
                 self._ctr("containers", "delete", container, check=False)
+
+    def _clear_an_earlier_run(self) -> None:
+        """What a run that never reached stop() (killed, or its session restarted) left: its bridge is the sign.
+        Its processes, its pods' network namespaces (their addresses would be handed out again on the same
+        bridge) and the mounts under its work directory go; the node's CRI is the only one on this host."""
+        if subprocess.run(["ip", "link", "show", self.bridge], capture_output=True, check=False).returncode != 0:
+            return
+        ours, temp = str(self.workdir), tempfile.gettempdir() + "/"
+        earlier = {
+            mount.split("/node/", 1)[0]
+            for mount in (line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines())
+            if mount.startswith(temp) and "/node/" in mount and not mount.startswith(ours)
+        }
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError, ProcessLookupError):
+                if any(directory.encode() in cmdline.read_bytes() for directory in earlier):
+                    os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        for directory in earlier:
+            self._unmount_under(Path(directory))
+            shutil.rmtree(directory, ignore_errors=True)
+        for namespace in NETNS_DIR.glob("cni-*"):
+            _unmount(namespace)
+            namespace.unlink(missing_ok=True)
+        subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
+        print(f"real node: cleared an earlier run's bridge, namespaces and mounts ({sorted(earlier)})", file=sys.stderr)
 
     def _terminate(self, name: str) -> None:
         process = self._processes.pop(name, None)
