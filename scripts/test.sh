@@ -6,8 +6,15 @@
 # scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1 skips them), then the kind
 # path (root: a Docker engine from scripts/docker.sh, kind's images built here; its own tests, then the e2e suite
 # on a kind cluster against the in-cluster operator, e2e/kind/run.sh; CPULLM_SKIP_KIND=1 skips them).
+# `scripts/test.sh --fast`: lint, types, the layer contract and the unit tests only (seconds, no cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [[ ${1:-} == --fast ]]; then
+  export CPULLM_SKIP_E2E=1 CPULLM_SKIP_VLLM=1 CPULLM_SKIP_NODE=1 CPULLM_SKIP_KIND=1
+elif [[ $# -gt 0 ]]; then
+  echo "usage: scripts/test.sh [--fast]" >&2
+  exit 2
+fi
 scripts/setup.sh
 .venv/bin/ruff check operator tests e2e bench
 .venv/bin/ruff format --check operator tests e2e bench

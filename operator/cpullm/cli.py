@@ -8,6 +8,7 @@ import platform
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,7 @@ def _dump(obj: Any, output: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cpullm", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"cpullm {version('cpullm-operator')}")
     commands = parser.add_subparsers(dest="command", required=True)
     for name, help_ in (("plan", "print the plan for a CpuLLMService"), ("render", "print its Deployment and Service")):
         sub = commands.add_parser(name, help=help_)
@@ -115,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CpuLLMError as err:
         print(f"cpullm: {err.reason}: {err.message}", file=sys.stderr)
         return 1
-    except (OSError, yaml.YAMLError, json.JSONDecodeError) as err:
+    except OSError as err:
         print(f"cpullm: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     return 0

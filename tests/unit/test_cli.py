@@ -1,3 +1,4 @@
+import importlib.metadata
 import json
 import logging
 from pathlib import Path
@@ -145,6 +146,31 @@ def test_impossible_plans_exit_non_zero_with_one_line(tmp_path, capsys, spec_pat
 def test_missing_file_is_a_one_line_error(capsys):
     assert main(["plan", "/nonexistent.yaml", "--nodes", NODES]) == 2
     assert capsys.readouterr().err.startswith("cpullm: FileNotFoundError")
+
+
+@pytest.mark.parametrize(
+    ("which", "text", "error"),
+    [
+        ("service", "spec: [\n", "svc.yaml: not YAML: line 2, column 1: expected the node content"),
+        ("nodes", "kind: Node\n  bad: : x\n", "nodes.yaml: not YAML: line 2, column 6: mapping values are not allowed"),
+        ("service", "- just\n- a list\n", "svc.yaml: expected objects, found list"),
+    ],
+)
+def test_a_file_that_is_no_yaml_is_named_with_the_line(tmp_path, capsys, which, text, error):
+    service, nodes = tmp_path / "svc.yaml", tmp_path / "nodes.yaml"
+    service.write_text((ROOT / "manifests" / "examples" / "qwen-small.yaml").read_text())
+    nodes.write_text(Path(NODES).read_text())
+    (service if which == "service" else nodes).write_text(text)
+    assert main(["plan", str(service), "--nodes", str(nodes)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"cpullm: InvalidSpec: {tmp_path}/") and error in err and err.count("\n") == 1, err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"cpullm {importlib.metadata.version('cpullm-operator')}\n"
 
 
 @pytest.mark.parametrize(

@@ -65,6 +65,22 @@ def test_throughput_runs_one_tp1_server_per_numa_node(
     assert plan.eligible_nodes == ["n0", "n1"]
 
 
+@pytest.mark.parametrize(
+    ("labels", "numa", "noted"),
+    [
+        ({}, None, True),  # no label at all: planned as one NUMA node, and said so
+        ({}, 2, False),
+        ({"feature.node.kubernetes.io/memory-numa.node_count": "2"}, None, False),
+    ],
+    ids=["unlabelled", "cpullm-label", "nfd-label"],
+)
+def test_a_node_without_a_numa_count_is_planned_as_one_numa_node_with_a_note(labels, numa, noted):
+    plan = plan_service(spec(**QWEN), qwen_05b(), [node("n0", numa=numa, cpu="64", labels=labels)])
+    unknown = "NUMA count unknown: 1 assumed (no cpullm.io/numa-nodes or feature.node.kubernetes.io/memory-numa."
+    assert plan.node_profile.numa_nodes == (numa or (2 if labels else 1))
+    assert any(part.startswith(unknown) for part in note_parts(plan)) is noted, plan.placement_note
+
+
 def test_throughput_summary_in_full():
     plan = plan_service(spec(placement="throughput", replicas=3, **QWEN), qwen_05b(), pool())
     assert plan.summary == (

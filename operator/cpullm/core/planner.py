@@ -34,7 +34,13 @@ from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
 from cpullm.core.sizing import KVLayout, ModelSize
-from cpullm.core.topology import NUMA_ALIGNING_POLICIES, NodeProfile
+from cpullm.core.topology import (
+    NFD_NUMA_COUNT,
+    NUMA_ALIGNING_POLICIES,
+    NUMA_NODES_LABEL,
+    NUMA_SOURCE_DEFAULT,
+    NodeProfile,
+)
 from cpullm.errors import (
     ContextTooLong,
     InvalidTensorParallelSize,
@@ -254,6 +260,11 @@ def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shap
 
 def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, capacity: int) -> str | None:
     notes = []
+    if shape.node.numa_source == NUMA_SOURCE_DEFAULT:
+        notes.append(
+            f"NUMA count unknown: 1 assumed (no {NUMA_NODES_LABEL} or {NFD_NUMA_COUNT} label on the nodes; install "
+            "Node Feature Discovery or label them)"
+        )
     if strategy.name == Placement.THROUGHPUT:
         if replicas > capacity:
             notes.append(f"replicas capped: {replicas} requested, {capacity} NUMA nodes on the chosen nodes")

@@ -28,6 +28,7 @@ NFD_CPUID_PREFIX = NFD_PREFIX + "cpu-cpuid."
 NFD_NUMA_COUNT = NFD_PREFIX + "memory-numa.node_count"
 NFD_SMT = NFD_PREFIX + "cpu-hardware_multithreading"
 NUMA_NODES_LABEL = "cpullm.io/numa-nodes"
+NUMA_SOURCE_DEFAULT = "default"  # no label gave the NUMA count: 1 is assumed
 ISA_LABEL_PREFIX = "cpullm.io/isa."
 CPU_MANAGER_POLICY_LABEL = "cpullm.io/cpu-manager-policy"
 TOPOLOGY_MANAGER_POLICY_LABEL = "cpullm.io/topology-manager-policy"
@@ -157,7 +158,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
     cpus = _allocatable(allocatable, "cpu", fail)
     memory_bytes = _allocatable(allocatable, "memory", fail)
 
-    numa_nodes, numa_source = 1, "default"
+    numa_nodes, numa_source = 1, NUMA_SOURCE_DEFAULT
     for label in (NUMA_NODES_LABEL, NFD_NUMA_COUNT):
         if label in labels:
             value = labels[label]

@@ -22,11 +22,19 @@ from cpullm.errors import InvalidSpec, NodeLabelError
 def read_objects(path: str) -> Iterator[dict[str, Any]]:
     """Every object in a YAML/JSON file: several documents, or `kind: List` items (kubectl get -o yaml)."""
     text = sys.stdin.read() if path == "-" else Path(path).read_text()
-    for doc in yaml.safe_load_all(text):
+    shown = "stdin" if path == "-" else path
+    try:
+        docs = list(yaml.safe_load_all(text))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or type(err).__name__
+        raise InvalidSpec(f"{shown}: not YAML: {where}{problem}") from None
+    for doc in docs:
         if not doc:
             continue
         if not isinstance(doc, dict):
-            raise InvalidSpec(f"{path}: expected objects, found {type(doc).__name__}")
+            raise InvalidSpec(f"{shown}: expected objects, found {type(doc).__name__}")
         if doc.get("kind", "").endswith("List") and "items" in doc:
             yield from doc["items"]
         else:
