@@ -14,7 +14,7 @@ from tests.vllm.harness import vllm_python as setup_vllm_python
 
 MEMORY: dict[str, Measured] = {}
 BINDINGS: dict[str, tuple[str, list[list[int]]]] = {}
-WAITING_PEAKS: dict[str, float] = {}
+WAITING_PEAKS: dict[str, tuple[float, int, float]] = {}  # peak, scrapes, burst seconds
 
 
 @pytest.fixture(scope="session")
@@ -72,5 +72,5 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
             terminalreporter.write_line(f"{case}: threadsBind={bind}; pinned CPUs per process: {pinned}")
     if WAITING_PEAKS:
         terminalreporter.section("vllm:num_requests_waiting, peak during a burst of 12 requests (maxNumSeqs 4)")
-        for case, peak in sorted(WAITING_PEAKS.items()):
-            terminalreporter.write_line(f"{case}: {peak:g}")
+        for case, (peak, scrapes, seconds) in sorted(WAITING_PEAKS.items()):
+            terminalreporter.write_line(f"{case}: {peak:g} (highest of {scrapes} scrapes in a {seconds:.1f} s burst)")

@@ -59,28 +59,34 @@ METRICS_RELIED_ON = (
 )
 
 
+BURST_TOKENS = 256
+
+
 def series_named(samples: dict[str, float], name: str) -> list[float]:
     return [value for series, value in samples.items() if series.split("{")[0] == name]
 
 
 def check_the_metrics_autoscaling_reads(server: LocalServer, plan: dict[str, object]) -> None:
     """Every metric name the autoscaler, the PodMonitor and the docs rely on is served, and the queue gauge
-    moves: with more requests in flight than maxNumSeqs (4), some wait."""
+    moves: with more requests in flight than maxNumSeqs (4), some wait. Each request is long (256 tokens): with 48,
+    one CI run's scrapes all saw the gauge at 0 (the summary prints scrapes and the burst's length)."""
     samples = server.metrics()
     missing = [name for name in METRICS_RELIED_ON if not series_named(samples, name)]
     assert not missing, f"vLLM does not serve {missing}"
     queued = [f"Request {i} of a burst" for i in range(12)]
+    started, scrapes = time.monotonic(), 0
     with ThreadPoolExecutor(len(queued)) as pool:
-        requests = [pool.submit(server.complete, prompt, 48) for prompt in queued]
+        requests = [pool.submit(server.complete, prompt, BURST_TOKENS) for prompt in queued]
         peak = 0.0
         while not all(r.done() for r in requests):
             peak = max(peak, *series_named(server.metrics(), "vllm:num_requests_waiting"))
+            scrapes += 1
             time.sleep(0.2)
-        assert all(r.result()["usage"]["completion_tokens"] == 48 for r in requests)
-    WAITING_PEAKS["tp1"] = peak
+        assert all(r.result()["usage"]["completion_tokens"] == BURST_TOKENS for r in requests)
+    WAITING_PEAKS["tp1"] = (peak, scrapes, time.monotonic() - started)
     assert peak > 0, "vllm:num_requests_waiting stayed 0 with 12 requests and maxNumSeqs 4"
     after = server.metrics()
-    assert max(series_named(after, "vllm:generation_tokens_total")) >= 12 * 48
+    assert max(series_named(after, "vllm:generation_tokens_total")) >= len(queued) * BURST_TOKENS
     assert max(series_named(after, "vllm:num_requests_waiting")) == 0
 
 
