@@ -394,6 +394,17 @@ def test_node_churn_of_the_same_shape_leaves_running_servers_alone(
     untouched()
 
 
+def unschedulable_message(kubectl: Kubectl, namespace: str, name: str) -> str:
+    """The service's Ready message once it is False for a pod the scheduler cannot place."""
+
+    def unschedulable() -> dict[str, Any]:
+        found = conditions(kubectl.get("cpullm", name, namespace)).get("Ready", {})
+        assert (found.get("status"), found.get("reason")) == ("False", "Unschedulable"), found
+        return found
+
+    return str(eventually(unschedulable, timeout=90, what="Ready=False Unschedulable")["message"])
+
+
 def test_a_pod_the_scheduler_cannot_place_says_why_in_ready(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
 ):
@@ -402,13 +413,7 @@ def test_a_pod_the_scheduler_cannot_place_says_why_in_ready(
     nodes.add(fake_node(f"tight-{namespace[-5:]}", numa=1, cpu="8", memory="64Gi", pool=namespace))
     service = tiny_service("tight", namespace, nodeSelector={"pool": namespace}, cpu={"cpusPerRank": 5}, replicas=2)
     kubectl.apply(service)
-
-    def unschedulable() -> dict[str, Any]:
-        found = conditions(kubectl.get("cpullm", "tight", namespace)).get("Ready", {})
-        assert (found.get("status"), found.get("reason")) == ("False", "Unschedulable"), found
-        return found
-
-    message = eventually(unschedulable, timeout=90, what="Ready=False Unschedulable")["message"]
+    message = unschedulable_message(kubectl, namespace, "tight")
     assert "/2 replicas ready; a pod cannot be scheduled: 0/" in message and "Insufficient cpu" in message
     kubectl.run("scale", "cpullm", "tight", "-n", namespace, "--replicas=1")
     ready(kubectl, namespace, "tight", 1)
@@ -424,13 +429,7 @@ def test_a_model_cache_the_nodes_disk_cannot_hold_is_unschedulable_until_it_fits
         "disk", namespace, nodeSelector={"pool": namespace}, modelCache={"emptyDir": {"sizeLimit": "50Gi"}}
     )
     kubectl.apply(service)
-
-    def unschedulable() -> dict[str, Any]:
-        found = conditions(kubectl.get("cpullm", "disk", namespace)).get("Ready", {})
-        assert (found.get("status"), found.get("reason")) == ("False", "Unschedulable"), found
-        return found
-
-    message = eventually(unschedulable, timeout=90, what="Ready=False Unschedulable")["message"]
+    message = unschedulable_message(kubectl, namespace, "disk")
     assert "Insufficient ephemeral-storage" in message, message
     service["spec"]["modelCache"] = {"emptyDir": {"sizeLimit": "10Gi"}}
     kubectl.apply(service)
