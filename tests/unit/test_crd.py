@@ -35,6 +35,25 @@ def test_schema_is_structural_and_explained():
     assert [c["name"] for c in version["additionalPrinterColumns"]][:3] == ["Model", "Placement", "TP"]
 
 
+def _walk_maps(schema, path):
+    yield from _walk(schema, path)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        yield from _walk_maps(extra, f"{path}{{}}")
+    for name, prop in (schema.get("properties") or {}).items():
+        if isinstance(prop.get("additionalProperties"), dict):
+            yield from _walk_maps(prop["additionalProperties"], f"{path}.{name}{{}}")
+
+
+def test_every_field_kubectl_explain_shows_has_a_description():
+    """`kubectl explain cpullmservice.spec...` documents every field: the spec, the status and the plan (a list's
+    items and a map's values are no fields of their own)."""
+    root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    fields = {path: node for path, node in _walk_maps(root, "") if path and not path.endswith(("[]", "{}"))}
+    undescribed = sorted(path for path, node in fields.items() if "description" not in node)
+    assert undescribed == []
+
+
 def test_chart_crd_is_identical():
     chart_copy = ROOT / "charts" / "cpullm-operator" / "crds" / CRD_FILE.name
     assert chart_copy.read_bytes() == CRD_FILE.read_bytes()

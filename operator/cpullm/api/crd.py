@@ -71,24 +71,42 @@ def status_schema() -> dict[str, Any]:
         "type": "object",
         "required": ["type", "status", "reason", "message", "lastTransitionTime"],
         "properties": {
-            "type": {"type": "string"},
-            "status": {"type": "string", "enum": ["True", "False", "Unknown"]},
-            "reason": {"type": "string"},
-            "message": {"type": "string"},
-            "observedGeneration": {"type": "integer", "format": "int64"},
-            "lastTransitionTime": {"type": "string", "format": "date-time"},
+            "type": {"type": "string", "description": "Planned, Ready, Monitoring or Autoscaling."},
+            "status": {
+                "type": "string",
+                "enum": ["True", "False", "Unknown"],
+                "description": "True, False or Unknown.",
+            },
+            "reason": {"type": "string", "description": "One CamelCase word for machines (e.g. KVCacheTooSmall)."},
+            "message": {"type": "string", "description": "What happened and, when False, what to change."},
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "The spec's generation this condition was computed for.",
+            },
+            "lastTransitionTime": {
+                "type": "string",
+                "format": "date-time",
+                "description": "When the status last changed.",
+            },
         },
     }
     return {
         "type": "object",
+        "description": "What the operator planned and observed; written by the operator only.",
         "properties": {
-            "observedGeneration": {"type": "integer", "format": "int64"},
+            "observedGeneration": {
+                "type": "integer",
+                "format": "int64",
+                "description": "The spec's generation the status was last computed for.",
+            },
             "replicas": {"type": "integer", "description": "Pods of the Deployment."},
             "readyReplicas": {"type": "integer", "description": "Ready pods of the Deployment."},
             "selector": {"type": "string", "description": "Label selector of the pods (scale subresource)."},
             "conditions": {
                 "type": "array",
                 "items": condition,
+                "description": "Planned, Ready, and Monitoring/Autoscaling when the spec asks for them.",
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
             },
@@ -151,9 +169,9 @@ def build_crd() -> dict[str, Any]:
                                 }
                             ],
                             "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
+                                "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
+                                "kind": {"type": "string", "description": KIND},
+                                "metadata": {"type": "object", "description": "Standard object metadata."},
                                 "spec": spec,
                                 "status": status_schema(),
                             },

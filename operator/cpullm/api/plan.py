@@ -16,15 +16,17 @@ class _Model(BaseModel):
 class NodeProfileSummary(_Model):
     """The shape shared by the nodes the plan runs on."""
 
-    arch: str
-    numa_nodes: int
+    arch: str = Field(description="CPU architecture (kubernetes.io/arch).")
+    numa_nodes: int = Field(description="NUMA nodes of each node.")
     numa_source: str = Field(description="Label the NUMA count came from, or 'default' (1).")
     cpus: int = Field(description="Allocatable whole CPUs of each node.")
     memory_bytes: int = Field(description="Smallest allocatable memory among the profile's nodes.")
-    smt: bool | None = None
-    cpu_manager_policy: str | None = None
-    topology_manager_policy: str | None = None
-    isa: list[str] = Field(default_factory=list)
+    smt: bool | None = Field(default=None, description="Whether SMT is on (unset: not labelled).")
+    cpu_manager_policy: str | None = Field(default=None, description="The kubelets' CPU manager policy, as labelled.")
+    topology_manager_policy: str | None = Field(
+        default=None, description="The kubelets' topology manager policy, as labelled."
+    )
+    isa: list[str] = Field(default_factory=list, description="CPU flags all the nodes have (lscpu names).")
 
 
 class ModelSizing(_Model):
@@ -64,7 +66,7 @@ class Plan(_Model):
     placement_note: str | None = Field(
         default=None, description="What the placement needs or could not do (a cap, best-effort NUMA alignment)."
     )
-    tensor_parallel_size: int
+    tensor_parallel_size: int = Field(description="vLLM ranks per pod (--tensor-parallel-size).")
     kv_cache_gi_b: int = Field(alias="kvCacheGiB", description="VLLM_CPU_KVCACHE_SPACE, per rank.")
     kv_cache_source: str = Field(description="'explicit' (spec.kvCacheGiB) or 'derived' (maxModelLen x maxNumSeqs).")
     kv_tokens_per_rank: int = Field(
@@ -76,18 +78,18 @@ class Plan(_Model):
         default=False,
         description="The in-pod launcher turns 'auto' into explicit per-rank CPU lists from the pod's cpuset.",
     )
-    reserved_cpus_per_rank: int
+    reserved_cpus_per_rank: int = Field(description="Cores per rank kept off OpenMP for the HTTP front end.")
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")
-    cpus_per_rank: int
+    cpus_per_rank: int = Field(description="Whole CPUs per rank.")
     cpu: int = Field(description="Whole CPUs requested and limited for the container.")
-    weights_bytes: int
+    weights_bytes: int = Field(description="The served weights' bytes, all ranks together.")
     weight_shard_bytes: int = Field(description="Weight bytes per rank.")
     kv_bytes_per_token: int = Field(
         description="KV bytes per token of context for the whole model (TP 1): the full-attention and MLA layers; "
         "sliding-window layers hold at most their window (sizing.kvWindowBytesPerSequence)."
     )
-    rank_overhead_bytes: int
-    shm_bytes: int
+    rank_overhead_bytes: int = Field(description="Measured runtime memory per rank beside weights and KV cache.")
+    shm_bytes: int = Field(description="Size of the memory-backed /dev/shm.")
     memory_limit_bytes: int = Field(description="Container memory request and limit.")
     max_model_len: int | None = Field(default=None, description="--max-model-len, when rendered.")
     max_model_len_source: str = Field(
@@ -99,8 +101,8 @@ class Plan(_Model):
         default_factory=list,
         description="Required node affinity the pods get: the labels that made the chosen nodes eligible.",
     )
-    image: str
+    image: str = Field(description="The vLLM CPU image the pods run.")
     sizing: ModelSizing
     node_profile: NodeProfileSummary
-    eligible_nodes: list[str]
+    eligible_nodes: list[str] = Field(description="Nodes of the plan's shape that can run a pod of it.")
     summary: str = Field(description="One line: what was chosen and why.")

@@ -180,18 +180,24 @@ class CpuSettings(_Model):
 
 
 class Toleration(_Model):
-    key: str | None = Field(default=None, max_length=317)
-    operator: str | None = Field(default=None, json_schema_extra={"enum": ["Exists", "Equal"]})
-    value: str | None = Field(default=None, max_length=63)
-    effect: str | None = Field(
-        default=None, json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]}
+    key: str | None = Field(default=None, max_length=317, description="Taint key to tolerate (empty: any).")
+    operator: str | None = Field(
+        default=None, json_schema_extra={"enum": ["Exists", "Equal"]}, description="Exists or Equal (default)."
     )
-    toleration_seconds: int | None = None
+    value: str | None = Field(default=None, max_length=63, description="Taint value, with operator Equal.")
+    effect: str | None = Field(
+        default=None,
+        json_schema_extra={"enum": ["NoSchedule", "PreferNoSchedule", "NoExecute"]},
+        description="Taint effect to tolerate (empty: any).",
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="With NoExecute: how long the pod stays bound after the taint appears."
+    )
 
 
 class EnvVar(_Model):
-    name: str = Field(min_length=1, max_length=256)
-    value: str | None = Field(default=None, max_length=32768)
+    name: str = Field(min_length=1, max_length=256, description="Variable name (not one the operator owns).")
+    value: str | None = Field(default=None, max_length=32768, description="Variable value.")
     value_from: dict[str, Any] | None = Field(default=None, description="As in a container's env[].valueFrom.")
 
 
@@ -216,7 +222,7 @@ class ApiKeySecretRef(_Model):
 
 
 class PersistentVolumeClaimRef(_Model):
-    claim_name: str = Field(min_length=1, max_length=253)
+    claim_name: str = Field(min_length=1, max_length=253, description="PersistentVolumeClaim in the namespace.")
 
 
 class EmptyDirCache(_Model):
@@ -228,8 +234,12 @@ class EmptyDirCache(_Model):
 class ModelCache(_Model):
     """Where downloaded weights live (mounted at /models, HF_HOME=/models/huggingface)."""
 
-    persistent_volume_claim: PersistentVolumeClaimRef | None = None
-    empty_dir: EmptyDirCache | None = None
+    persistent_volume_claim: PersistentVolumeClaimRef | None = Field(
+        default=None, description="A claim that keeps downloaded weights across pod restarts."
+    )
+    empty_dir: EmptyDirCache | None = Field(
+        default=None, description="A pod-local directory; its sizeLimit is also the ephemeral-storage request."
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelCache:
@@ -240,7 +250,11 @@ class ModelCache(_Model):
 
 class ServiceSettings(_Model):
     port: int = Field(default=8000, ge=1, le=65535, description="Port of the OpenAI-compatible API.")
-    type: str = Field(default="ClusterIP", json_schema_extra={"enum": ["ClusterIP", "NodePort", "LoadBalancer"]})
+    type: str = Field(
+        default="ClusterIP",
+        json_schema_extra={"enum": ["ClusterIP", "NodePort", "LoadBalancer"]},
+        description="The Service's type.",
+    )
 
 
 class Monitoring(_Model):
@@ -395,7 +409,7 @@ class CpuLLMServiceSpec(_Model):
         json_schema_extra={"x-kubernetes-validations": [_CEL_KV_SOURCE, _CEL_OWNED_ENV, _CEL_OWNED_FLAGS]}
     )
 
-    model: ModelSource
+    model: ModelSource = Field(description="The model to serve, and where its config comes from.")
     replicas: int = Field(
         default=1,
         ge=0,
@@ -444,7 +458,9 @@ class CpuLLMServiceSpec(_Model):
         "cache holds (in vLLM's 128-token blocks) when that is shorter.",
     )
     max_num_seqs: int | None = Field(default=None, ge=1, description="Concurrent sequences (--max-num-seqs).")
-    cpu: CpuSettings = Field(default_factory=CpuSettings)
+    cpu: CpuSettings = Field(
+        default_factory=CpuSettings, description="CPUs per rank, thread binding and the ISA the nodes must have."
+    )
     node_selector: dict[str, Annotated[str, Field(max_length=63)]] = Field(
         default_factory=dict, max_length=64, description="Labels every chosen node must have (as a pod's)."
     )
@@ -483,8 +499,10 @@ class CpuLLMServiceSpec(_Model):
         "the model's weights and 2 GiB. An emptyDir's sizeLimit is also the pod's ephemeral-storage request.",
         json_schema_extra={"x-kubernetes-validations": [_CEL_CACHE_ONE_OF]},
     )
-    service: ServiceSettings = Field(default_factory=ServiceSettings)
-    monitoring: Monitoring = Field(default_factory=Monitoring)
+    service: ServiceSettings = Field(
+        default_factory=ServiceSettings, description="The Service in front of the vLLM pods."
+    )
+    monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus scraping of the vLLM pods.")
     autoscaling: Autoscaling | None = Field(
         default=None, description="Scale on vLLM's queue with an HPA or a KEDA ScaledObject. Unset: no autoscaler."
     )
