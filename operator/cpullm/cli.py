@@ -70,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, help_ in (("plan", "print the plan for a CpuLLMService"), ("render", "print its Deployment and Service")):
         sub = commands.add_parser(name, help=help_)
         sub.add_argument("service", help="CpuLLMService YAML file ('-' for stdin)")
-        sub.add_argument("--nodes", required=True, help="nodes YAML, as `kubectl get nodes -o yaml` prints")
+        sub.add_argument(
+            "--nodes", required=True, help="nodes YAML, as `kubectl get nodes -o yaml` prints ('-' for stdin)"
+        )
         sub.add_argument(
             "--model-config",
             help="Hugging Face config.json, or a model directory (config.json and its safetensors files, whose headers "
@@ -107,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "plan":
                 sys.stdout.write(_dump(plan.model_dump(by_alias=True, mode="json", exclude_none=True), args.output))
             else:
-                objects = list(decision.children)
+                # People read the Deployment first: the launcher's ConfigMap (its Python source) goes last.
+                objects = sorted(decision.children, key=lambda obj: obj["kind"] == "ConfigMap")
                 if args.output == "json":
                     sys.stdout.write(
                         json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
