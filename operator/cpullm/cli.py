@@ -109,8 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.command == "plan":
                 sys.stdout.write(_dump(plan.model_dump(by_alias=True, mode="json", exclude_none=True), args.output))
             else:
-                # People read the Deployment first: the launcher's ConfigMap (its Python source) goes last.
-                objects = sorted(decision.children, key=lambda obj: obj["kind"] == "ConfigMap")
+                objects = list(decision.children)
                 if args.output == "json":
                     sys.stdout.write(
                         json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
