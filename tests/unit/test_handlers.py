@@ -198,7 +198,7 @@ async def retries_settled(memo: kopf.Memo) -> None:
 def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monkeypatch):
     """A child event's reconcile that could not reach the API server is tried again (with the latest service),
     so a status cannot stay stale after a fault; retries stop once it succeeds."""
-    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt: 0.01 if outcome is not None else None)
+    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt, **_: 0.01 if outcome is not None else None)
     memo = handler_memo(FlakyReconciler(failures=2))
 
     async def scenario() -> None:
@@ -524,7 +524,7 @@ def test_a_service_event_reconciles_the_indexed_service_when_the_reconciler_find
 def test_failed_reconciles_of_one_service_leave_one_retry_pending_the_soonest(monkeypatch):
     memo = handler_memo(FlakyReconciler(failures=100))
     delays = iter([30.0, 0.01, 60.0])
-    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt: next(delays, None))
+    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt, **_: next(delays, None))
 
     async def scenario() -> None:
         for _ in range(3):

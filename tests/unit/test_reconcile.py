@@ -9,7 +9,7 @@ from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.decision import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
-from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied
+from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Ownership
 
@@ -398,3 +398,22 @@ def test_a_service_event_asks_for_a_reconcile_only_for_a_spec_no_reconcile_read(
     assert rec.service_event({**first, "metadata": {**first["metadata"], "uid": "u2"}})
     rec.forget("serving", "llama", "u1")
     assert rec.service_event(first)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "retry", "spread", "delay"),
+    [
+        (ModelConfigUnavailable("hub down"), 0, 0.5, 10.0),  # the band's middle: 10 s x 2^n
+        (ModelConfigUnavailable("hub down"), 0, 0.0, 8.0),  # -20%
+        (ModelConfigUnavailable("hub down"), 0, 0.75, 11.0),
+        (ModelConfigUnavailable("hub down"), 3, 0.5, 80.0),
+        (ModelConfigUnavailable("hub down"), 9, 0.0, 240.0),  # capped at 300 s, then jittered
+        (TransientApiError("reset"), 7, 0.5, 5.0),  # soon, whatever the attempt
+        (TransientApiError("reset"), 0, 0.0, 4.0),
+        (NoEligibleNode({"n0": "too small"}), 0, 0.9, None),  # a refusal waits for a change
+        (None, 0, 0.5, None),
+    ],
+)
+def test_retry_delays_back_off_within_a_jitter_band(outcome, retry, spread, delay):
+    """Services one outage failed together retry spread over ±20% of the delay, not all at once."""
+    assert retry_delay(outcome, retry, spread) == (pytest.approx(delay) if delay is not None else None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import random
 from collections.abc import Mapping
 from typing import Any
 
@@ -307,7 +308,7 @@ async def _reconcile_quietly(
         except Exception:  # an event handler must not stop the watch; the error is in the log
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
             continue
-        delay = retry_delay(outcome, attempt)
+        delay = retry_delay(outcome, attempt, spread=random.random())
         if delay is not None:
             _later(memo, (meta["namespace"], meta["name"]), kwargs, attempt + 1, delay)
 

@@ -7,6 +7,8 @@ delays (controller/handlers.py) until one finishes, so none is left behind after
 - a transient API failure (TransientApiError) is retried soon: the API server is usually back in seconds;
 - anything else the operator reports (Hub unreachable, permission denied) is retried with exponential
   backoff, 10 s x 2^n capped at 5 minutes: these take a person or an outage to end.
+
+Every delay is jittered by up to ±20%, so the services one outage failed together do not retry together.
 """
 
 from __future__ import annotations
@@ -19,10 +21,16 @@ MAX_BACKOFF_SECONDS = 300
 TRANSIENT_RETRY_SECONDS = 5
 
 
-def retry_delay(outcome: Plan | CpuLLMError | None, retry: int) -> float | None:
-    """Seconds until the next attempt of a reconcile with this outcome, or None when it waits for a change."""
+JITTER = 0.2
+
+
+def retry_delay(outcome: Plan | CpuLLMError | None, retry: int, spread: float = 0.5) -> float | None:
+    """Seconds until the next attempt of a reconcile with this outcome, or None when it waits for a change.
+    `spread` in [0, 1) places the delay in its jitter band (a random draw; 0.5 is the band's middle)."""
     if not isinstance(outcome, CpuLLMError) or isinstance(outcome, PlanRefusal | InvalidSpec):
         return None
     if isinstance(outcome, TransientApiError):
-        return TRANSIENT_RETRY_SECONDS
-    return float(min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * 2**retry))
+        delay: float = TRANSIENT_RETRY_SECONDS
+    else:
+        delay = min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * 2**retry)
+    return delay * (1 - JITTER + 2 * JITTER * spread)
