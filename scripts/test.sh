@@ -15,23 +15,32 @@ elif [[ $# -gt 0 ]]; then
   echo "usage: scripts/test.sh [--fast]" >&2
   exit 2
 fi
+stage() { echo "== test.sh [$((SECONDS / 60))m$((SECONDS % 60))s] $*" >&2; }
+stage "setup, lint, types, layer contract"
 scripts/setup.sh
 .venv/bin/ruff check operator tests e2e bench
 .venv/bin/ruff format --check operator tests e2e bench
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layer contract (pyproject.toml, [tool.importlinter])
 # Unit tests: warnings are errors (pyproject.toml); line+branch coverage must stay at 90% or more (95% now).
+stage "unit tests"
 .venv/bin/python -m pytest tests -q --cov --cov-report=term:skip-covered --cov-fail-under=90
 if [[ ${CPULLM_SKIP_E2E:-0} != 1 ]]; then
+  stage "e2e suite on a local control plane"
   .venv/bin/python -m pytest e2e -q -p no:logging
 fi
 if [[ ${CPULLM_SKIP_VLLM:-0} != 1 ]]; then
+  stage "real-vLLM tests"
   .venv/bin/python -m pytest tests/vllm -m vllm -q -p no:logging
 fi
 if [[ ${CPULLM_SKIP_NODE:-0} != 1 ]]; then
+  stage "real-node tests"
   .venv/bin/python -m pytest e2e/test_node.py -m node -q -p no:logging
 fi
 if [[ ${CPULLM_SKIP_KIND:-0} != 1 ]]; then
+  stage "kind tests"
   .venv/bin/python -m pytest e2e/test_kind.py -m kind -q -p no:logging
+  stage "e2e suite on kind (e2e/kind/run.sh)"
   e2e/kind/run.sh
 fi
+stage "done"
