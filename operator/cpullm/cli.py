@@ -19,8 +19,9 @@ from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ModelConfigSource, gather
 from cpullm.core.decision import Decision, decide
+from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
-from cpullm.io.files import ConfigFile, OfflineCluster, load_nodes, load_service
+from cpullm.io.files import ConfigFile, OfflineCluster, load_nodes, load_service, profile_nodes
 from cpullm.io.hub import HubClient
 from cpullm.settings import Settings
 
@@ -29,8 +30,28 @@ def _warn(message: str) -> None:
     print(f"cpullm: warning: {message}", file=sys.stderr)
 
 
-def decide_from_files(service_path: str, nodes_path: str, model_config: str | None) -> tuple[Plan, Decision]:
-    """The operator's gather and decision, fed from files: what it would plan and apply for this service."""
+class NoCluster(Exception):
+    """--from-cluster without a kubeconfig or in-cluster credentials."""
+
+
+def _nodes(nodes_path: str | None) -> list[NodeProfile]:
+    """The nodes to plan on: a file's, or (None) the current kubeconfig context's cluster's."""
+    if nodes_path is not None:
+        return load_nodes(nodes_path, _warn)
+    from kubernetes.config import ConfigException  # the Kubernetes client: only for --from-cluster (slow import)
+
+    from cpullm.io.kube import Kube
+
+    try:
+        kube = Kube.from_environment()
+    except ConfigException as err:
+        raise NoCluster(f"--from-cluster: no cluster to read ({err})") from None
+    return profile_nodes(kube.list_nodes(), _warn)
+
+
+def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
+    """The operator's gather and decision, fed from files (the nodes from a file, or None: from the cluster):
+    what it would plan and apply for this service."""
     settings = Settings()
     models: ModelConfigSource = (
         ConfigFile(model_config)
@@ -44,7 +65,7 @@ def decide_from_files(service_path: str, nodes_path: str, model_config: str | No
     )
     observed = gather(
         load_service(service_path),
-        nodes=load_nodes(nodes_path, _warn),
+        nodes=_nodes(nodes_path),
         deployment=None,
         last_status={},
         cluster=OfflineCluster(settings.hf_token),
@@ -70,8 +91,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, help_ in (("plan", "print the plan for a CpuLLMService"), ("render", "print its Deployment and Service")):
         sub = commands.add_parser(name, help=help_)
         sub.add_argument("service", help="CpuLLMService YAML file ('-' for stdin)")
-        sub.add_argument(
-            "--nodes", required=True, help="nodes YAML, as `kubectl get nodes -o yaml` prints ('-' for stdin)"
+        source = sub.add_mutually_exclusive_group(required=True)
+        source.add_argument("--nodes", help="nodes YAML, as `kubectl get nodes -o yaml` prints ('-' for stdin)")
+        source.add_argument(
+            "--from-cluster",
+            action="store_true",
+            help="read the nodes from the cluster of the current kubeconfig context (read-only: list nodes)",
         )
         sub.add_argument(
             "--model-config",
@@ -119,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CpuLLMError as err:
         print(f"cpullm: {err.reason}: {err.message}", file=sys.stderr)
         return 1
-    except OSError as err:
+    except (OSError, NoCluster) as err:
         print(f"cpullm: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
     return 0

@@ -194,3 +194,24 @@ def test_run_hands_kopf_the_scope_and_quiets_chatty_loggers(
     assert (call["clusterwide"], call["namespaces"], call["standalone"]) == (False, ["team-a"], True)
     assert logging.getLogger("kopf.objects").level == handler_runs
     assert logging.getLogger("aiohttp.access").level == probe_lines
+
+
+@pytest.mark.parametrize(
+    ("flags", "error"),
+    [
+        ([], "one of the arguments --nodes --from-cluster is required"),
+        (["--nodes", NODES, "--from-cluster"], "argument --from-cluster: not allowed with argument --nodes"),
+    ],
+)
+def test_the_nodes_come_from_a_file_or_from_the_cluster(capsys, flags, error):
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", str(EXAMPLES[0]), *flags])
+    assert exited.value.code == 2 and error in capsys.readouterr().err
+
+
+def test_from_cluster_without_a_kubeconfig_is_one_line(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["plan", str(EXAMPLES[0]), "--from-cluster"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cpullm: NoCluster: --from-cluster: no cluster to read") and err.count("\n") == 1

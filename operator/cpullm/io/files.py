@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,9 +43,14 @@ def read_objects(path: str) -> Iterator[dict[str, Any]]:
 
 def load_nodes(path: str, warn: Callable[[str], None]) -> list[NodeProfile]:
     """The usable nodes of a file; each node whose labels cannot be parsed is skipped with a warning."""
+    return profile_nodes(read_objects(path), warn)
+
+
+def profile_nodes(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[NodeProfile]:
+    """The usable nodes among these objects (a file's, or the cluster's); unparsable labels: skipped, warned."""
     profiles = []
-    for obj in read_objects(path):
-        if obj.get("kind") != "Node":
+    for obj in objects:
+        if obj.get("kind", "Node") != "Node":
             continue
         try:
             profiles.append(parse_node(obj))

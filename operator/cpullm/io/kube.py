@@ -153,6 +153,18 @@ class Kube:
                     break
         return found
 
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """Every Node of the cluster as the API returns it, read in pages (`cpullm plan --from-cluster`)."""
+        nodes: list[dict[str, Any]] = []
+        token: str | None = None
+        while True:
+            with _api_errors("list nodes"):
+                page = _json(self.core.list_node(limit=LIST_PAGE, _continue=token, _preload_content=False))
+            nodes += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return nodes
+
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether one Deployment, Service or ConfigMap exists (a read of its metadata only): a listing's word
         that a child is gone is confirmed by this before the child is taken for deleted."""
