@@ -31,4 +31,3 @@ def test_plan_from_the_cluster_equals_the_plan_from_its_node_listing(cluster_rea
     plan = json.loads(from_cluster.stdout)
     assert plan == json.loads(from_file.stdout)
     assert plan["eligibleNodes"]  # the suite's sample nodes
-
