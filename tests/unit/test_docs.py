@@ -14,36 +14,57 @@ ROOMS = {p.name for p in PACKAGE.iterdir() if p.is_dir() and not p.name.startswi
 MENTION = re.compile(r"`([A-Za-z0-9_.-]+/[A-Za-z0-9_./{},-]*)`|\]\(([^)#:]+)\)")
 
 
-def named_paths(doc: Path) -> list[str]:
-    """Mentions that are paths of this repository: under a top-level entry, or under a room of the package
-    (core/..., controller/...), which the docs name relative to operator/cpullm/."""
+def named_paths(doc: Path) -> list[Path]:
+    """The files the doc names: in backticks, paths under a top-level entry of the repository or under a room of
+    the package (core/..., controller/..., which the docs name relative to operator/cpullm/); as links, paths
+    relative to the doc itself. `{a,b}` alternatives stand for each."""
     found = []
     for match in MENTION.finditer(doc.read_text()):
-        mention = match.group(1) or match.group(2)
+        if match.group(2):
+            found += [doc.parent / link for link in expand(match.group(2))]
+            continue
+        mention = match.group(1)
         first = mention.split("/", 1)[0]
         if first in TOP_LEVEL or first in ROOMS:
-            found.append(mention)
+            base = PACKAGE if first in ROOMS else ROOT
+            found += [base / path.rstrip("/") for path in expand(mention)]
     return found
 
 
-def resolve(mention: str) -> list[Path]:
-    """The files a mention stands for; `{a,b}` alternatives expand to each."""
+def expand(mention: str) -> list[str]:
     braces = re.search(r"\{([^}]*)\}", mention)
-    if braces:
-        head, tail = mention[: braces.start()], mention[braces.end() :]
-        return [p for option in braces.group(1).split(",") for p in resolve(head + option + tail)]
-    base = PACKAGE if mention.split("/", 1)[0] in ROOMS else ROOT
-    return [base / mention.rstrip("/")]
+    if not braces:
+        return [mention]
+    head, tail = mention[: braces.start()], mention[braces.end() :]
+    return [path for option in braces.group(1).split(",") for path in expand(head + option + tail)]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_path_the_docs_name_exists(doc: Path):
-    mentions = named_paths(doc)
-    missing = sorted({m for m in mentions for path in resolve(m) if not path.exists()})
+    missing = sorted({str(path) for path in named_paths(doc) if not path.exists()})
     assert missing == [], f"{doc.relative_to(ROOT)} names paths that do not exist"
 
 
 def test_the_docs_name_paths_at_all():
-    """The check above would pass on docs that name nothing: the README names the scripts and the core."""
-    mentions = set(named_paths(ROOT / "README.md"))
-    assert {"scripts/test.sh", "examples/nodes.yaml", "core/constants.py"} <= mentions
+    """The check above would pass on docs that name nothing: the README names the scripts and links every page
+    of docs/; docs/planning.md names the constants."""
+    readme = set(named_paths(ROOT / "README.md"))
+    assert {ROOT / "scripts/test.sh", ROOT / "scripts/demo.sh"} <= readme
+    assert {ROOT / "docs" / page.name for page in (ROOT / "docs").glob("*.md")} <= readme
+    assert PACKAGE / "core/constants.py" in set(named_paths(ROOT / "docs" / "planning.md"))
+
+
+def test_the_readmes_sample_plan_is_what_the_cli_prints(capsys: pytest.CaptureFixture[str]):
+    """The README's `cpullm plan` sample (its lines other than `...`) appears, in order, in what the command
+    prints today."""
+    from cpullm.cli import main
+
+    command = "$ .venv/bin/cpullm plan "
+    block = (ROOT / "README.md").read_text().split(command, 1)[1].split("```", 1)[0]
+    args, *sample = block.splitlines()
+    assert main(["plan", *args.split()]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    shown = [line for line in sample if line != "..."]
+    assert len(shown) >= 5
+    positions = [printed.index(line) for line in shown]  # ValueError: a line the CLI no longer prints
+    assert positions == sorted(positions)
