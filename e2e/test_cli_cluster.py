@@ -24,8 +24,8 @@ def test_plan_from_the_cluster_equals_the_plan_from_its_node_listing(cluster_rea
     example = str(ROOT / "manifests" / "examples" / "qwen-small.yaml")
     listing = tmp_path / "nodes.yaml"
     listing.write_text(cluster_ready.run("get", "nodes", "-o", "yaml").stdout)
-    from_file = cpullm("plan", example, "--nodes", str(listing), kubeconfig=cluster_ready.kubeconfig)
-    from_cluster = cpullm("plan", example, "--from-cluster", kubeconfig=cluster_ready.kubeconfig)
+    from_file = cpullm("plan", example, "--nodes", str(listing), "-o", "json", kubeconfig=cluster_ready.kubeconfig)
+    from_cluster = cpullm("plan", example, "--from-cluster", "-o", "json", kubeconfig=cluster_ready.kubeconfig)
     assert from_file.returncode == 0, from_file.stderr
     assert from_cluster.returncode == 0, from_cluster.stderr
     plan = json.loads(from_cluster.stdout)

@@ -97,7 +97,9 @@ def test_examples_run_as_planned(
     name = service["metadata"]["name"]
     (tmp_path / "svc.yaml").write_text(yaml.safe_dump(service))
     (tmp_path / "nodes.yaml").write_text(yaml.safe_dump_all(private))
-    expected_plan = json.loads(cli("plan", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml")))
+    expected_plan = json.loads(
+        cli("plan", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml"), "-o", "json")
+    )
     rendered = {
         obj["kind"]: obj
         for obj in yaml.safe_load_all(

@@ -18,6 +18,7 @@ from cpullm import launcher, metrics
 from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ModelConfigSource, gather
+from cpullm.core.constants import GiB
 from cpullm.core.decision import Decision, decide
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
@@ -78,6 +79,44 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
     return decision.outcome, decision
 
 
+def plan_table(plan: Plan) -> str:
+    """The plan for people: where the ranks go, what each holds, and why these nodes (-o json|yaml for machines)."""
+    node, sizing, tp = plan.node_profile, plan.sizing, plan.tensor_parallel_size
+    nodes = ", ".join(plan.eligible_nodes[:5]) + (", ..." if len(plan.eligible_nodes) > 5 else "")
+    numa = {rank: str(rank) for rank in range(tp)} if tp == node.numa_nodes else {}
+    if plan.placement == "throughput":
+        numa = {0: f"one per pod ({node.numa_nodes} per node)"}
+    shard, overhead = f"{plan.weight_shard_bytes / GiB:.2f}", f"{plan.rank_overhead_bytes / GiB:.2f}"
+    rows = [["rank", "NUMA node", "CPUs", "weights GiB", "KV GiB", "overhead GiB"]]
+    rows += [
+        [str(rank), numa.get(rank, "-"), str(plan.cpus_per_rank), shard, str(plan.kv_cache_gi_b), overhead]
+        for rank in range(tp)
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    table = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    parameters = f", {sizing.parameters / 1e9:.2f}B parameters" if sizing.parameters else ""
+    lines = [
+        f"plan    {plan.placement}, TP {tp}: {plan.replicas} pod(s), the eligible nodes hold {plan.capacity}",
+        f"nodes   {len(plan.eligible_nodes)} eligible: {nodes} ({node.arch}, {node.numa_nodes} NUMA node(s), "
+        f"{node.cpus} CPUs, {node.memory_bytes / GiB:.1f} GiB)",
+        f"model   {sizing.family}{parameters}, weights {plan.weights_bytes / GiB:.2f} GiB from {sizing.weights_source}"
+        + (f", {sizing.quantization}" if sizing.quantization else ""),
+        f"KV      {plan.kv_cache_gi_b} GiB per rank ({plan.kv_cache_source}), {plan.kv_tokens_per_rank:,} tokens; "
+        f"{sizing.kv_layout}",
+        "",
+        *table,
+        "",
+        f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, /dev/shm "
+        f"{plan.shm_bytes / GiB:.2f} GiB and the API server's processes; threads: "
+        + ("launcher binding" if plan.launcher else plan.threads_bind),
+        f"image   {plan.image}",
+        f"why     {plan.summary}",
+        *([f"note    {plan.placement_note}"] if plan.placement_note else []),
+        *[f"note    {note}" for note in sizing.notes],
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def _dump(obj: Any, output: str) -> str:
     if output == "json":
         return json.dumps(obj, indent=2) + "\n"
@@ -103,7 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             help="Hugging Face config.json, or a model directory (config.json and its safetensors files, whose headers "
             "size the weights), to size the model from when the spec has no inline config",
         )
-        sub.add_argument("-o", "--output", choices=("json", "yaml"), default="json" if name == "plan" else "yaml")
+        if name == "plan":
+            sub.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+        else:
+            sub.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
     commands.add_parser("crd", help="print the CustomResourceDefinition")
     launch = commands.add_parser(
         "launch-plan", help="what the in-pod launcher would bind, from a copy of a node's /proc and /sys"
@@ -131,7 +173,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         else:
             plan, decision = decide_from_files(args.service, args.nodes, args.model_config)
-            if args.command == "plan":
+            if args.command == "plan" and args.output == "table":
+                sys.stdout.write(plan_table(plan))
+            elif args.command == "plan":
                 sys.stdout.write(_dump(plan.model_dump(by_alias=True, mode="json", exclude_none=True), args.output))
             else:
                 objects = list(decision.children)

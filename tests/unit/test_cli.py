@@ -42,7 +42,7 @@ def test_the_expected_table_covers_every_example():
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_plans_on_the_sample_nodes(example, capsys):
-    assert main(["plan", str(example), "--nodes", NODES]) == 0
+    assert main(["plan", str(example), "--nodes", NODES, "-o", "json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     for key in (
         "tensorParallelSize",
@@ -67,7 +67,7 @@ def test_every_example_plans_on_the_sample_nodes(example, capsys):
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
 def test_plan_as_yaml_equals_plan_as_json(example, capsys):
     """`-o` changes the encoding only."""
-    assert main(["plan", str(example), "--nodes", NODES]) == 0
+    assert main(["plan", str(example), "--nodes", NODES, "-o", "json"]) == 0
     as_json = json.loads(capsys.readouterr().out)
     assert main(["plan", str(example), "--nodes", NODES, "-o", "yaml"]) == 0
     assert yaml.safe_load(capsys.readouterr().out) == as_json
@@ -215,3 +215,20 @@ def test_from_cluster_without_a_kubeconfig_is_one_line(tmp_path, capsys, monkeyp
     assert main(["plan", str(EXAMPLES[0]), "--from-cluster"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("cpullm: NoCluster: --from-cluster: no cluster to read") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_plan_prints_a_table_for_people_by_default(example, capsys):
+    """One row per rank (its NUMA node where the ranks map one-to-one onto them), the nodes, and why."""
+    assert main(["plan", str(example), "--nodes", NODES]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    plan = direct_plan(example)
+    tp, kv_gib, cpu, _, eligible = EXPECTED_PLANS[example.name]
+    header = next(i for i, line in enumerate(lines) if line.startswith("rank  NUMA node"))
+    ranks = [line.split() for line in lines[header + 1 : header + 1 + tp]]
+    assert [row[0] for row in ranks] == [str(rank) for rank in range(tp)] and lines[header + 1 + tp] == ""
+    if plan["placement"] == "tensorParallel" and tp == plan["nodeProfile"]["numaNodes"]:
+        assert [row[1] for row in ranks] == [str(rank) for rank in range(tp)]
+    assert all(row[-2] == str(kv_gib) and str(plan["cpusPerRank"]) in row for row in ranks)
+    assert lines[1].startswith(f"nodes   {len(eligible)} eligible: {', '.join(eligible)}")
+    assert f"pod     {cpu} CPU" in "\n".join(lines) and f"why     {plan['summary']}" in lines

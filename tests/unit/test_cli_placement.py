@@ -17,7 +17,7 @@ NODES = str(ROOT / "examples" / "nodes.yaml")
 def plan_of(tmp_path: Path, capsys: pytest.CaptureFixture[str], spec: dict) -> dict:
     service = {"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "metadata": {"name": "s"}, "spec": spec}
     (tmp_path / "svc.yaml").write_text(yaml.safe_dump(service))
-    assert main(["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES]) == 0
+    assert main(["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES, "-o", "json"]) == 0
     return json.loads(capsys.readouterr().out)
 
 

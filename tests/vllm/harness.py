@@ -100,7 +100,8 @@ def render_service(workdir: Path, model: Path, numa_nodes: int, **spec: Any) -> 
     for command in ("plan", "render"):
         buffer = io.StringIO()
         with redirect_stdout(buffer):
-            code = cpullm([command, str(workdir / "svc.yaml"), "--nodes", str(workdir / "nodes.yaml")])
+            output = ["-o", "json"] if command == "plan" else ["-o", "yaml"]
+            code = cpullm([command, str(workdir / "svc.yaml"), "--nodes", str(workdir / "nodes.yaml"), *output])
         if code != 0:
             raise RuntimeError(f"cpullm {command} exited {code}")
         outputs.append(buffer.getvalue())

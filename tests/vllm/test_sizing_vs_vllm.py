@@ -57,6 +57,8 @@ def plan_from_headers(workdir: Path, model: Path, max_model_len: int) -> dict[st
                 str(workdir / "headers.yaml"),
                 "--nodes",
                 str(workdir / "nodes.yaml"),
+                "-o",
+                "json",
                 "--model-config",
                 str(model),
             ]
