@@ -257,9 +257,9 @@ class RealNode:
         command = [ctr, *address, "images", "import", "--index-name", image.ref, str(image.tar)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if result.returncode != 0 and "content digest" in result.stderr and "not found" in result.stderr:
-            # containerd 1.6.20's ctr releases its import lease before it unpacks; a CI run that started right after
-            # an interrupted one (its mounts and network namespaces left behind) failed here with "content digest
-            # <the new index>: not found". The import is idempotent: one more, from a clean record.
+            # Seen twice on this machine's runs (once on a CI run right after an interrupted one): "content digest
+            # <the new index>: not found", with no cause found (containerd 1.6.20's ctr releases its import lease
+            # before it unpacks). The import is idempotent: one more, from a clean record.
             print(f"ctr images import {image.ref}: {result.stderr.strip()}; importing once more", file=sys.stderr)
             self._ctr("images", "rm", image.ref, check=False)
             result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
