@@ -1,6 +1,11 @@
 """Container images for the test-only real node (e2e/realnode.py), built here because no registry is reachable:
-OCI image layout tars (oci-layout, index.json, blobs/sha256/...) that `ctr -n k8s.io images import --index-name REF`
-loads into containerd, cached under ~/.cache/cpullm-operator/images/ keyed by their inputs.
+OCI image layout tars (oci-layout, index.json, blobs/sha256/...) that `ctr -n k8s.io images import TAR` loads into
+containerd, cached under ~/.cache/cpullm-operator/images/ keyed by their inputs. Each index names its one manifest
+REF (org.opencontainers.image.ref.name), which ctr takes as the image's name. Not `--index-name REF` as well: ctr
+then makes two records of that name, the index's and the manifest's; the second replaces the first, so the index
+blob is unreferenced once ctr's import lease ends and containerd's collector may remove it before ctr unpacks the
+first record ("content digest <index>: not found", seen three times on this machine, the last in the kind
+stage's import of CoreDNS, whose log shows the two `unpacking` lines of one name).
 
 - pause: the pod sandbox image, a static Go program (e2e/node/pause/main.go) that sleeps until SIGTERM/SIGINT.
 - vllm: a LOCAL STAND-IN for the published vLLM CPU image, under the exact reference the operator renders by

@@ -304,7 +304,7 @@ def _assemble(
         import_into_node = ("exec", "-i", builder, "ctr", "-n", "k8s.io", "images", "import", "--all-platforms")
         for image in images:
             with image.tar.open("rb") as tar:
-                _docker(docker_env, *import_into_node, "--index-name", image.ref, "-", stdin=tar)
+                _docker(docker_env, *import_into_node, "-", stdin=tar)  # named by its index: see e2e/images.py
         _docker(docker_env, "exec", builder, "sh", "-c", "pkill containerd; while pgrep containerd; do sleep 0.2; done")
         # The base's Env and StopSignal carry over; the entrypoint and command the build overrode are restored.
         changes = ['ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]', "CMD []"]

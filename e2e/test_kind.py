@@ -81,8 +81,6 @@ def test_a_kind_node_container_of_the_local_base_image_boots_and_runs_a_nested_c
             "k8s.io",
             "images",
             "import",
-            "--index-name",
-            inner.ref,
             "-",
             stdin=inner.tar,
         )

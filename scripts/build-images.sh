@@ -12,7 +12,7 @@
 #   scripts/build-images.sh [pause] [debian] [vllm] [python-base] [operator]     (default: all)
 #
 # Prints NAME_IMAGE_REF=... and NAME_IMAGE_TAR=... lines; import with
-#   ctr -n k8s.io images import --index-name "$REF" "$TAR"
+#   ctr -n k8s.io images import "$TAR"       (the tar's index names the image REF)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 exec python3 -m e2e.images "$@"
