@@ -50,6 +50,7 @@ def test_every_field_kubectl_explain_shows_has_a_description():
     items and a map's values are no fields of their own)."""
     root = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     fields = {path: node for path, node in _walk_maps(root, "") if path and not path.endswith(("[]", "{}"))}
+    del fields[".metadata"]  # the API server refuses a description there; kubectl explain has ObjectMeta's own
     undescribed = sorted(path for path, node in fields.items() if "description" not in node)
     assert undescribed == []
 

@@ -171,7 +171,9 @@ def build_crd() -> dict[str, Any]:
                             "properties": {
                                 "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
                                 "kind": {"type": "string", "description": KIND},
-                                "metadata": {"type": "object", "description": "Standard object metadata."},
+                                # The API server takes nothing but a type here ("must not specify anything
+                                # other than name and generateName"): kubectl explain describes metadata itself.
+                                "metadata": {"type": "object"},
                                 "spec": spec,
                                 "status": status_schema(),
                             },
