@@ -27,6 +27,8 @@ def test_schema_is_structural_and_explained():
     for path, node in _walk(root["properties"]["spec"]):
         assert "type" in node, f"{path} has no type"
         assert not {"anyOf", "$ref", "title", "exclusiveMinimum"} & set(node), path
+    # The API server's rule for a CRD's metadata: a type and nothing else (not even a description).
+    assert root["properties"]["metadata"] == {"type": "object"}
     spec = root["properties"]["spec"]
     assert spec["required"] == ["model"]
     assert spec["x-kubernetes-validations"][0]["rule"].startswith("has(self.kvCacheGiB)")
