@@ -1,7 +1,8 @@
 """Container images for the test-only real node (e2e/realnode.py), built here because no registry is reachable:
 OCI image layout tars (oci-layout, index.json, blobs/sha256/...) that `ctr -n k8s.io images import TAR` loads into
 containerd, cached under ~/.cache/cpullm-operator/images/ keyed by their inputs. Each index names its one manifest
-REF (org.opencontainers.image.ref.name), which ctr takes as the image's name. Not `--index-name REF` as well: ctr
+REF (org.opencontainers.image.ref.name), which ctr takes as the image's name; an image imported under another
+reference gets it with `ctr images tag` (Image.ctr_tag). Not `--index-name REF` as well: ctr
 then makes two records of that name, the index's and the manifest's; the second replaces the first, so the index
 blob is unreferenced once ctr's import lease ends and containerd's collector may remove it before ctr unpacks the
 first record ("content digest <index>: not found", seen three times on this machine, the last in the kind
@@ -331,6 +332,16 @@ class Image:
     def manifest(self) -> str:
         """The manifest digest write_image recorded (what an import of this tar provides)."""
         return str(json.loads(self.tar.with_suffix(".json").read_text())["manifest"])
+
+    @property
+    def stored_ref(self) -> str:
+        """The reference the tar's index names its manifest with: what `ctr images import` calls the image."""
+        return str(json.loads(self.tar.with_suffix(".json").read_text())["ref"])
+
+    def ctr_tag(self) -> tuple[str, ...]:
+        """The `ctr images` arguments that give the imported image this reference when it is not the tar's own
+        (kind's sandbox image is our pause under kind's name), a record of the same manifest; () when it is."""
+        return () if self.ref == self.stored_ref else ("images", "tag", "--force", self.stored_ref, self.ref)
 
 
 def build_pause() -> Image:

@@ -254,6 +254,10 @@ def node_images(tools: dict[str, Path], base: Rootfs, storage: KindManifest, cni
     return images
 
 
+# How _assemble makes a node image, in the image's key: a change to it must not reuse an image made the old way.
+ASSEMBLY = "2: each image imported under its tar's own name, then tagged with its reference where that differs"
+
+
 def build_kind_node(docker_env: dict[str, str]) -> str:
     """kind's node image for our Kubernetes, assembled as kind's builder does (a container of the base image gets
     kubeadm, the kubelet and kubectl, /kind/version and every image imported into its containerd, then is
@@ -266,7 +270,7 @@ def build_kind_node(docker_env: dict[str, str]) -> str:
     manifests = [kind_storage(kind), kind_cni(kind)]
     images = node_images(tools, base_recipe, *manifests)
     binaries = [tools["kubeadm"] / "kubeadm", tools["kubelet"] / "kubelet", tools["kubernetes"] / "kubectl"]
-    inputs = [base.ref, *(f"{i.ref}={i.manifest}" for i in images), *(m.text for m in manifests)]
+    inputs = [ASSEMBLY, base.ref, *(f"{i.ref}={i.manifest}" for i in images), *(m.text for m in manifests)]
     inputs += [f"{b.name}:{b.stat().st_size}:{b.stat().st_mtime_ns}" for b in binaries]
     ref = f"localhost/cpullm-kind-node:{digest_of(*inputs)[:12]}"
     if _docker(docker_env, "image", "inspect", ref, check=False).returncode != 0:
@@ -305,6 +309,8 @@ def _assemble(
         for image in images:
             with image.tar.open("rb") as tar:
                 _docker(docker_env, *import_into_node, "-", stdin=tar)  # named by its index: see e2e/images.py
+            if image.ctr_tag():
+                _docker(docker_env, "exec", builder, "ctr", "-n", "k8s.io", *image.ctr_tag())
         _docker(docker_env, "exec", builder, "sh", "-c", "pkill containerd; while pgrep containerd; do sleep 0.2; done")
         # The base's Env and StopSignal carry over; the entrypoint and command the build overrode are restored.
         changes = ['ENTRYPOINT ["/usr/local/bin/entrypoint", "/sbin/init"]', "CMD []"]

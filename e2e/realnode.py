@@ -258,6 +258,8 @@ class RealNode:
         result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if result.returncode != 0:
             raise RuntimeError(f"ctr images import {image.tar} failed: {result.stderr.strip()}")
+        if image.ctr_tag():
+            self._ctr(*image.ctr_tag())
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
 
