@@ -17,6 +17,7 @@ import yaml
 from cpullm import launcher, metrics
 from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
+from cpullm.api.spec import Placement
 from cpullm.controller.gather import ModelConfigSource, gather
 from cpullm.core.constants import GiB
 from cpullm.core.decision import Decision, decide
@@ -84,7 +85,7 @@ def plan_table(plan: Plan) -> str:
     node, sizing, tp = plan.node_profile, plan.sizing, plan.tensor_parallel_size
     nodes = ", ".join(plan.eligible_nodes[:5]) + (", ..." if len(plan.eligible_nodes) > 5 else "")
     numa = {rank: str(rank) for rank in range(tp)} if tp == node.numa_nodes else {}
-    if plan.placement == "throughput":
+    if plan.placement == Placement.THROUGHPUT:  # one TP=1 server on each NUMA node: any of them
         numa = {0: f"one per pod ({node.numa_nodes} per node)"}
     shard, overhead = f"{plan.weight_shard_bytes / GiB:.2f}", f"{plan.rank_overhead_bytes / GiB:.2f}"
     rows = [["rank", "NUMA node", "CPUs", "weights GiB", "KV GiB", "overhead GiB"]]
