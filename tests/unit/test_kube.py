@@ -70,6 +70,19 @@ def test_listing_owned_children_reads_labelled_metadata_page_by_page():
     assert first["headers"]["Accept"].startswith("application/json;as=PartialObjectMetadataList;")
 
 
+def test_listing_nodes_reads_every_page_whole():
+    """`cpullm plan --from-cluster`: the nodes as the API returns them (labels and status, not metadata only)."""
+    nodes = [{"kind": "Node", "metadata": {"name": f"n{i}", "labels": {"a": "b"}}, "status": {}} for i in range(3)]
+    transport = FakeTransport(pages=[{"metadata": {"continue": "c"}, "items": nodes[:2]}, {"items": nodes[2:]}])
+    assert kube(transport).list_nodes() == nodes
+    first, second = transport.requests
+    assert urlsplit(first["url"]).path == "/api/v1/nodes" and parse_qs(urlsplit(first["url"]).query) == {
+        "limit": ["500"]
+    }
+    assert parse_qs(urlsplit(second["url"]).query)["continue"] == ["c"]
+    assert "PartialObjectMetadata" not in first["headers"].get("Accept", "")
+
+
 def test_listing_owned_children_of_watched_namespaces_lists_each_of_them():
     transport = FakeTransport(pages=[{"metadata": {}, "items": _items(("a", "x"))}, {"metadata": {}, "items": []}])
     assert kube(transport).list_owned("ConfigMap", ["a", "b"]) == {("a", "x")}

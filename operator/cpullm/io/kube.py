@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -132,38 +132,16 @@ class Kube:
             if namespaces
             else [(getattr(api, f"list_{plural}_for_all_namespaces"), ())]
         )
-        found: set[tuple[str, str]] = set()
-        for call, args in calls:
-            token: str | None = None
-            while True:
-                with _api_errors(f"list {kind}s"):
-                    page = _json(
-                        call(
-                            *args,
-                            label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}",
-                            limit=LIST_PAGE,
-                            _continue=token,
-                            _headers={"Accept": METADATA_ONLY_LIST},
-                            _preload_content=False,
-                        )
-                    )
-                found |= {(o["metadata"]["namespace"], o["metadata"]["name"]) for o in page.get("items") or []}
-                token = (page.get("metadata") or {}).get("continue")
-                if not token:
-                    break
-        return found
+        selector, accept = f"{MANAGED_BY_LABEL}={MANAGED_BY}", {"Accept": METADATA_ONLY_LIST}
+        return {
+            (o["metadata"]["namespace"], o["metadata"]["name"])
+            for call, args in calls
+            for o in _paged(f"list {kind}s", call, *args, label_selector=selector, _headers=accept)
+        }
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        """Every Node of the cluster as the API returns it, read in pages (`cpullm plan --from-cluster`)."""
-        nodes: list[dict[str, Any]] = []
-        token: str | None = None
-        while True:
-            with _api_errors("list nodes"):
-                page = _json(self.core.list_node(limit=LIST_PAGE, _continue=token, _preload_content=False))
-            nodes += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return nodes
+        """Every Node of the cluster as the API returns it (`cpullm plan --from-cluster`)."""
+        return list(_paged("list nodes", self.core.list_node))
 
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether one Deployment, Service or ConfigMap exists (a read of its metadata only): a listing's word
@@ -292,6 +270,18 @@ def _api_errors(action: str, *, absent_ok: bool = False, absent_is_transient: bo
     except urllib3.exceptions.HTTPError as err:
         API_ERRORS.labels(error=TransientApiError.reason).inc()
         raise TransientApiError(f"cannot {action}: {type(err).__name__}: {err}") from err
+
+
+def _paged(action: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+    """The items of a list call, read LIST_PAGE at a time."""
+    token: str | None = None
+    while True:
+        with _api_errors(action):
+            page = _json(call(*args, limit=LIST_PAGE, _continue=token, _preload_content=False, **kwargs))
+        yield from page.get("items") or []
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return
 
 
 def _json(response: Any) -> dict[str, Any]:
