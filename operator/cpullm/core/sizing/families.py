@@ -43,6 +43,28 @@ class _Parts:
         if count:
             self.params.append(Params(name, count))
 
+    def anatomy(
+        self,
+        family: str,
+        config: ConfigView,
+        kv_groups: tuple[KVGroup, ...],
+        heads: int,
+        kv_heads: int | None,
+        experts: tuple[int | None, int | None] = (None, None),
+    ) -> Anatomy:
+        """The model these parts make, with its attention and the context its config gives."""
+        return Anatomy(
+            family=family,
+            linears=tuple(self.linears),
+            params=tuple(self.params),
+            kv_groups=kv_groups,
+            attention_heads=heads,
+            kv_heads=kv_heads,
+            max_context=max_context(config),
+            experts=experts[0],
+            active_experts=experts[1],
+        )
+
 
 @dataclass(frozen=True)
 class Decoder:
@@ -85,17 +107,8 @@ class Decoder:
             parts.param("mlp biases", (layers - moe_layers) * (2 * i + h) * mlp_bias)
         add_embeddings(parts, config, h, self.tied_default)
         kinds = layer_kinds(config, layers, self.sliding)
-        return Anatomy(
-            family=family,
-            linears=tuple(parts.linears),
-            params=tuple(parts.params),
-            kv_groups=kv_groups(config, kinds, kv_heads, 2 * d),
-            attention_heads=heads,
-            kv_heads=kv_heads,
-            max_context=max_context(config),
-            experts=experts,
-            active_experts=active,
-        )
+        groups = kv_groups(config, kinds, kv_heads, 2 * d)
+        return parts.anatomy(family, config, groups, heads, kv_heads, (experts, active))
 
 
 @dataclass(frozen=True)
@@ -282,17 +295,8 @@ def _mla(family: str, config: ConfigView, moe: MoE) -> Anatomy:
         for name, fan_in, fan_out, split in _gated_mlp(h, config.positive("intermediate_size")):
             parts.linear(f"mlp.{name}", fan_in, fan_out, layers - moe_layers, split)
     add_embeddings(parts, config, h, False)
-    return Anatomy(
-        family=family,
-        linears=tuple(parts.linears),
-        params=tuple(parts.params),
-        kv_groups=(KVGroup(LayerKind.MLA, layers, 1, latent + rope),),
-        attention_heads=heads,
-        kv_heads=None,
-        max_context=max_context(config),
-        experts=experts,
-        active_experts=active,
-    )
+    groups = (KVGroup(LayerKind.MLA, layers, 1, latent + rope),)
+    return parts.anatomy(family, config, groups, heads, None, (experts, active))
 
 
 def _opt(family: str, config: ConfigView) -> Anatomy:
@@ -321,15 +325,7 @@ def _opt(family: str, config: ConfigView) -> Anatomy:
     vocab = config.positive("vocab_size")
     parts.param("embed_tokens", vocab * embed)
     parts.param("lm_head", vocab * embed * (not config.flag("tie_word_embeddings", True)))
-    return Anatomy(
-        family=family,
-        linears=tuple(parts.linears),
-        params=tuple(parts.params),
-        kv_groups=(KVGroup(LayerKind.FULL, layers, heads, 2 * (h // heads)),),
-        attention_heads=heads,
-        kv_heads=heads,
-        max_context=max_context(config),
-    )
+    return parts.anatomy(family, config, (KVGroup(LayerKind.FULL, layers, heads, 2 * (h // heads)),), heads, heads)
 
 
 def _every_other_from_first(config: ConfigView, layer: int) -> bool:
