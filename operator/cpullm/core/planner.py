@@ -34,13 +34,7 @@ from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
 from cpullm.core.sizing import KVLayout, ModelSize
-from cpullm.core.topology import (
-    NFD_NUMA_COUNT,
-    NUMA_ALIGNING_POLICIES,
-    NUMA_NODES_LABEL,
-    NUMA_SOURCE_DEFAULT,
-    NodeProfile,
-)
+from cpullm.core.topology import NUMA_ALIGNING_POLICIES, NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
     ContextTooLong,
     InvalidTensorParallelSize,
@@ -262,7 +256,7 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
     notes = []
     if shape.node.numa_source == NUMA_SOURCE_DEFAULT:
         notes.append(
-            f"NUMA count unknown: 1 assumed (no {NUMA_NODES_LABEL} or {NFD_NUMA_COUNT} label on the nodes; install "
+            f"NUMA count unknown: 1 assumed (no {' or '.join(NUMA_COUNT_LABELS)} label on the nodes; install "
             "Node Feature Discovery or label them)"
         )
     if strategy.name == Placement.THROUGHPUT:

@@ -29,6 +29,7 @@ NFD_NUMA_COUNT = NFD_PREFIX + "memory-numa.node_count"
 NFD_SMT = NFD_PREFIX + "cpu-hardware_multithreading"
 NUMA_NODES_LABEL = "cpullm.io/numa-nodes"
 NUMA_SOURCE_DEFAULT = "default"  # no label gave the NUMA count: 1 is assumed
+NUMA_COUNT_LABELS = (NUMA_NODES_LABEL, NFD_NUMA_COUNT)  # where a node's NUMA count is read from, first wins
 ISA_LABEL_PREFIX = "cpullm.io/isa."
 CPU_MANAGER_POLICY_LABEL = "cpullm.io/cpu-manager-policy"
 TOPOLOGY_MANAGER_POLICY_LABEL = "cpullm.io/topology-manager-policy"
@@ -159,7 +160,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
     memory_bytes = _allocatable(allocatable, "memory", fail)
 
     numa_nodes, numa_source = 1, NUMA_SOURCE_DEFAULT
-    for label in (NUMA_NODES_LABEL, NFD_NUMA_COUNT):
+    for label in NUMA_COUNT_LABELS:
         if label in labels:
             value = labels[label]
             if not value.isdigit() or not 1 <= int(value) <= MAX_NUMA_NODES:
