@@ -14,9 +14,10 @@ import yaml
 from huggingface_hub import get_local_safetensors_metadata
 
 from cpullm.core.decision import NamespaceFacts
-from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles, summarize
+from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError
+from cpullm.io.hub import summarize_headers
 
 
 def read_objects(path: str) -> Iterator[dict[str, Any]]:
@@ -110,11 +111,7 @@ def _local_tensors(directory: Path) -> CheckpointTensors | None:
         metadata = get_local_safetensors_metadata(directory)
     except (OSError, ValueError):
         return None
-    files = metadata.files_metadata.values()
     try:
-        return summarize(
-            ((tensor, info.dtype, info.shape) for header in files for tensor, info in header.tensors.items()),
-            files=len(metadata.files_metadata),
-        )
+        return summarize_headers(list(metadata.files_metadata.values()))
     except CheckpointUnreadable:
         return None

@@ -12,7 +12,7 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -83,6 +83,12 @@ class HubClient:
         return files
 
 
+def summarize_headers(headers: Sequence[Any]) -> CheckpointTensors:
+    """huggingface_hub's safetensors headers, one per file (a Hub repo's or a local directory's), summed."""
+    tensors = ((name, info.dtype, info.shape) for header in headers for name, info in header.tensors.items())
+    return summarize(tensors, files=len(headers))
+
+
 def checked_token(token: str | None) -> str | None:
     """A token as a Secret holds it: surrounding whitespace (a file's newline) trimmed; anything an HTTP header
     cannot carry refused with a message that never shows it."""
@@ -151,10 +157,7 @@ class _Fetch:
         try:
             with ThreadPoolExecutor(min(HEADER_READERS, len(shards))) as pool:
                 headers = list(pool.map(self._header, shards))
-            return summarize(
-                ((tensor, info.dtype, info.shape) for header in headers for tensor, info in header.tensors.items()),
-                files=len(shards),
-            )
+            return summarize_headers(headers)
         except (SafetensorsParsingError, CheckpointUnreadable, HfHubHTTPError, httpx2.HTTPError, ValueError):
             return None
 
