@@ -146,14 +146,7 @@ class Kube:
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether one Deployment, Service or ConfigMap exists (a read of its metadata only): a listing's word
         that a child is gone is confirmed by this before the child is taken for deleted."""
-        api, plural = self._child_api(kind)
-        found = False
-        with _api_errors(f"read {kind} {namespace}/{name}", absent_ok=True):
-            getattr(api, f"read_namespaced_{plural}")(
-                name, namespace, _headers={"Accept": METADATA_ONLY}, _preload_content=False
-            )
-            found = True
-        return found
+        return self.ownership("v1", kind, namespace, name) is not None
 
     def _child_api(self, kind: str) -> tuple[Any, str]:
         """The typed client for a watched child kind, and the kind's name in that client's method names."""
