@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import os
 import shutil
-import socket
+import subprocess
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -17,12 +17,14 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.vllm.harness import free_port
 
 from e2e.cluster import FAKE_NODE_ANNOTATION, LocalCluster
 from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
 
 E2E_LABEL = "cpullm.io/e2e"
 SAMPLE_NODES = ROOT / "examples" / "nodes.yaml"
+DOCKER_SCRIPT = ROOT / "scripts" / "docker.sh"
 QWEN_SMALL = yaml.safe_load((ROOT / "manifests" / "examples" / "qwen-small.yaml").read_text())
 
 
@@ -67,12 +69,6 @@ def tiny_service(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         "metadata": {"name": name, "namespace": namespace},
         "spec": body,
     }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
@@ -186,3 +182,15 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             dump.append("operator log:\n" + operator.log_tail())
         report.sections.append(("cluster state", "\n".join(dump)))
     return report
+
+
+@pytest.fixture(scope="session")
+def docker_env() -> Iterator[dict[str, str]]:
+    """The kind tests' environment for `docker` against an engine (root): this machine's, or one scripts/docker.sh
+    starts (and stops at the session's end; its `stop` leaves the machine's own engine alone)."""
+    out = subprocess.run([str(DOCKER_SCRIPT), "start"], check=True, capture_output=True, text=True).stdout
+    host = out.strip().splitlines()[-1].removeprefix("DOCKER_HOST=")
+    try:
+        yield {**os.environ, "DOCKER_HOST": host} if host else dict(os.environ)
+    finally:
+        subprocess.run([str(DOCKER_SCRIPT), "stop"], check=True)

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
+from tests.vllm.harness import free_port
 
 from e2e import machine
 from e2e.helpers import ROOT, Kubectl, eventually
@@ -62,12 +63,6 @@ def setup_node() -> dict[str, str]:
         ["bash", str(ROOT / "scripts" / "setup-node.sh")], check=True, stdout=subprocess.PIPE, text=True
     ).stdout
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def resolve(name: str) -> str | None:

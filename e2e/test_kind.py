@@ -24,19 +24,6 @@ from e2e.kind_cluster import KindCluster
 from e2e.kind_images import build_kind_base, build_kind_node, kind_cni, kind_module, kind_storage
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
-DOCKER_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "docker.sh"
-
-
-@pytest.fixture(scope="module")
-def docker_env() -> Iterator[dict[str, str]]:
-    """The environment for `docker` against an engine: this machine's, or one scripts/docker.sh starts (and stops
-    afterwards; its `stop` leaves the machine's own engine alone)."""
-    out = subprocess.run([str(DOCKER_SCRIPT), "start"], check=True, capture_output=True, text=True).stdout
-    host = out.strip().splitlines()[-1].removeprefix("DOCKER_HOST=")
-    try:
-        yield {**os.environ, "DOCKER_HOST": host} if host else dict(os.environ)
-    finally:
-        subprocess.run([str(DOCKER_SCRIPT), "stop"], check=True)
 
 
 def docker(env: dict[str, str], *args: str, stdin: Path | None = None) -> subprocess.CompletedProcess[str]:

@@ -39,7 +39,7 @@ if [[ ${CPULLM_SKIP_NODE:-0} != 1 ]]; then
 fi
 if [[ ${CPULLM_SKIP_KIND:-0} != 1 ]]; then
   stage "kind tests"
-  .venv/bin/python -m pytest e2e/test_kind.py -m kind -q -p no:logging
+  .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py -m kind -q -p no:logging
   stage "e2e suite on kind (e2e/kind/run.sh)"
   e2e/kind/run.sh
 fi

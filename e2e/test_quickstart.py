@@ -1,0 +1,115 @@
+"""The README's quick start, end to end, as a user runs it (pytest marker `kind`; root): `scripts/quickstart.sh
+--offline` from a machine with no cluster, with every image pulled from a real registry on localhost (Debian's
+docker-registry, e2e/registry.py) into which the images built here are pushed first: kind's node image (the kind
+tests' own), the operator's and the stand-in vLLM image (the real-node tests'). The model is the tiny
+random-weight one of the vLLM tests, from a local directory. Needs the vLLM environment (scripts/setup-vllm.sh).
+
+On this machine the cluster config is the kind tests' (e2e/kind_cluster.py: the static CPU manager, and the
+settings a cgroup v1 host or a missing CAP_SYS_RESOURCE need) plus the containerd registry directory the
+quick start's own config sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from tests.vllm.harness import free_port, make_tiny_model, vllm_python
+
+from e2e.cluster import tool_dirs, tool_version
+from e2e.helpers import ROOT
+from e2e.images import VLLM_VENV, build_operator, build_vllm, log
+from e2e.kind_cluster import cgroup_v1_host, cluster_config
+from e2e.kind_images import build_kind_node
+from e2e.realnode import lacks_cap_sys_resource
+from e2e.registry import local_registry, push_archive, push_docker_image
+from e2e.serving import TINY
+
+pytestmark = [
+    pytest.mark.kind,
+    pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root"),
+    pytest.mark.skipif(not (VLLM_VENV / ".complete").exists(), reason="needs the vLLM environment (setup-vllm.sh)"),
+]
+NAME = "cpullm-quickstart-test"
+REGISTRY_DIRECTORY = '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
+PHASES = ("pulling the image", "loading the model", "ready", "completion:")
+
+
+def kind_config(path: Path) -> Path:
+    config = cluster_config(NAME, 1, cgroup_v1=cgroup_v1_host(), lacks_cap=lacks_cap_sys_resource())
+    config["containerdConfigPatches"] = [*config.get("containerdConfigPatches", []), REGISTRY_DIRECTORY]
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
+def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
+    docker_env: dict[str, str], tmp_path: Path
+) -> None:
+    tools = tool_dirs(["kubernetes", "helm", "kind"])
+    make_tiny_model(vllm_python(), tmp_path / TINY)
+    env = {**docker_env, "PATH": os.pathsep.join([*(str(d) for d in tools.values()), docker_env["PATH"]])}
+    with local_registry() as registry:
+        node_image = build_kind_node(docker_env)
+        pushed_node_image = push_docker_image(
+            registry, docker_env, node_image, f"kindest/node:{tool_version('KUBERNETES')}"
+        )
+        push_archive(registry, build_operator(), f"cpullm-operator:{chart_app_version()}")
+        # The stand-in carries the published image's reference: pushed under its path, where the quick start looks
+        # for the image the plan names.
+        vllm_image = build_vllm()
+        vllm = push_archive(registry, vllm_image, vllm_image.ref.split("/", 1)[1])
+        command = [
+            str(ROOT / "scripts" / "quickstart.sh"),
+            *("--offline", "--registry", registry.host, "--model-dir", str(tmp_path / TINY)),
+            *("--name", NAME, "--kind-config", str(kind_config(tmp_path / "kind.json")), "--port", str(free_port())),
+            *("--timeout", "900"),
+        ]
+        try:
+            run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+            log(f"quickstart.sh (exit {run.returncode}):\n{run.stdout}{run.stderr}")
+            assert run.returncode == 0, run.stderr[-2000:]
+            image_id = server_image_id(tools, env, tmp_path / "kubeconfig")
+        finally:
+            subprocess.run([str(tools["kind"] / "kind"), "delete", "cluster", "--name", NAME], env=env, check=False)
+            subprocess.run(["docker", "rmi", pushed_node_image], env=env, check=False, stdout=subprocess.DEVNULL)
+
+    out = run.stdout
+    # Each phase was shown, in order, with its elapsed time.
+    positions = [out.find(f"] {phase}") if phase == "completion:" else out.find(f"]   {phase}") for phase in PHASES]
+    assert -1 not in positions and positions == sorted(positions), out
+    answer = json.loads(next(line for line in out.splitlines() if line.startswith('{"id"')))
+    assert answer["model"] == f"/models/{TINY}" and answer["usage"]["completion_tokens"] >= 1, answer
+    assert "kind delete cluster --name " + NAME in out
+    # The server's image came from the registry (its repo digest names it), not from a preloaded store.
+    assert image_id.startswith(vllm.rsplit(":", 1)[0] + "@sha256:"), image_id
+
+
+def chart_app_version() -> str:
+    chart = (ROOT / "charts" / "cpullm-operator" / "Chart.yaml").read_text()
+    match = re.search(r'^appVersion: "?([^"\n]+)"?$', chart, re.MULTILINE)
+    assert match, "Chart.yaml has no appVersion"
+    return match.group(1)
+
+
+def server_image_id(tools: dict[str, Path], env: dict[str, str], kubeconfig: Path) -> str:
+    """The imageID of the quick start's server container, as the kubelet reports it."""
+    run = subprocess.run(
+        [str(tools["kind"] / "kind"), "get", "kubeconfig", "--name", NAME],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    kubeconfig.write_text(run.stdout)
+    kubectl = [str(tools["kubernetes"] / "kubectl"), "--kubeconfig", str(kubeconfig)]
+    pods = subprocess.run(
+        [*kubectl, "get", "pods", "-l", "cpullm.io/service=quickstart", "-o", "json"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    (pod,) = json.loads(pods.stdout)["items"]
+    return str(pod["status"]["containerStatuses"][0]["imageID"])
