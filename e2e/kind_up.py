@@ -5,8 +5,7 @@ Dockerfile (e2e/images.py) loaded into kind and installed with the chart on one 
 
 Usage (root, a Docker engine in DOCKER_HOST): python3 -m e2e.kind_up WORKDIR NAME; prints KEY=value lines
 (CPULLM_E2E_KUBECONFIG, CPULLM_E2E_KUBECTL, CPULLM_E2E_OPERATOR; for e2e/test_in_kind.py CPULLM_E2E_KIND_SERVER_NODE,
-the worker kept for its servers, CPULLM_E2E_KIND_TEST_IMAGE, the Python base image loaded there, and, where the vLLM
-environment of the real-node tests exists, CPULLM_E2E_KIND_VLLM_IMAGE and CPULLM_E2E_KIND_MODELS) for the suite.
+the worker kept for its servers, and CPULLM_E2E_KIND_TEST_IMAGE, the Python base image loaded there) for the suite.
 """
 
 from __future__ import annotations
@@ -15,18 +14,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from tests.vllm.harness import make_tiny_model, vllm_python
-
 from e2e.cluster import tool_dirs, tool_version
-from e2e.images import ROOT, VLLM_VENV, build_operator, build_python_base, build_vllm, go_module_dir, log
+from e2e.images import ROOT, build_operator, build_python_base, go_module_dir, log
 from e2e.kind_cluster import KindCluster
 from e2e.kind_images import binary_image, build_kind_node
-from e2e.serving import TINY
 
-MODELS_ON_NODE = "/var/lib/cpullm-models"
 KWOK_IMAGE = "registry.k8s.io/kwok/kwok"
 RELEASE = "kind-operator"
 NAMESPACE = "cpullm-operator"
@@ -82,19 +76,6 @@ def install_operator(cluster: KindCluster, helm: Path, worker: str) -> str:
     return f"{NAMESPACE}/{RELEASE}-cpullm-operator"
 
 
-def load_vllm(cluster: KindCluster, worker: str, models: Path) -> str:
-    """The stand-in vLLM image the real-node tests use (e2e/images.py; cached) imported into the server worker
-    alone (6 GB), and the tests' tiny model copied to MODELS_ON_NODE there."""
-    image = build_vllm()
-    log(f"kind: importing {image.ref} into {worker}")
-    started = time.monotonic()
-    cluster.load_archive(image.tar, worker)
-    log(f"kind: imported in {time.monotonic() - started:.0f}s")
-    make_tiny_model(vllm_python(), models / TINY)
-    cluster.copy_to_node(worker, models, MODELS_ON_NODE)
-    return image.ref
-
-
 def main(argv: list[str]) -> int:
     workdir, name = Path(argv[0]), argv[1]
     workdir.mkdir(parents=True, exist_ok=True)
@@ -116,12 +97,6 @@ def main(argv: list[str]) -> int:
     print(f"CPULLM_E2E_OPERATOR={operator}")
     print(f"CPULLM_E2E_KIND_SERVER_NODE={server_worker}")
     print(f"CPULLM_E2E_KIND_TEST_IMAGE={test_image.ref}")
-    if (VLLM_VENV / ".complete").exists():
-        models = workdir / "models"
-        print(f"CPULLM_E2E_KIND_VLLM_IMAGE={load_vllm(cluster, server_worker, models)}")
-        print(f"CPULLM_E2E_KIND_MODELS={models}")
-    else:
-        log(f"kind: no vLLM environment ({VLLM_VENV}; scripts/setup-vllm.sh): the kind vLLM test will skip")
     return 0
 
 

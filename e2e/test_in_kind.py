@@ -1,34 +1,25 @@
 """Only on the kind cluster of e2e/kind/run.sh (it names the worker kept for servers, CPULLM_E2E_KIND_SERVER_NODE):
 the operator's own Deployment on a real kind worker whose kubelet runs the static CPU manager (CPU 0 reserved).
 
-1. With the local Python base as the server image: the pod's launcher reads the cpuset its container really got
-   and logs it before it execs vLLM (missing there, so it then fails); that line and the QoS class are checked.
-2. Where kind_up loaded the real-node tests' stand-in vLLM image (it needs the vLLM environment,
-   scripts/setup-vllm.sh): the tiny model served for real, checked from inside the container and answered through
-   the Service's ClusterIP (kube-proxy in kind)."""
+With the local Python base as the server image, the pod's launcher reads the cpuset its container really got and
+logs it before it execs vLLM (missing there, so it then fails); that line and the QoS class are checked.
+Real vLLM served on kind, checked from inside its container, is e2e/test_quickstart.py's (the quick start's
+cluster, its images pulled from a registry)."""
 
 from __future__ import annotations
 
-import json
 import os
-import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from e2e.conftest import tiny_service
 from e2e.helpers import InClusterOperator, Kubectl, eventually
-from e2e.kind_up import MODELS_ON_NODE
 from e2e.machine import machine_labels
-from e2e.serving import assert_as_planned, completion_request, in_container, model_volume, server_pods, tiny_served
-from e2e.test_operator import ready
 
 SERVER_NODE = os.environ.get("CPULLM_E2E_KIND_SERVER_NODE")
 TEST_IMAGE = os.environ.get("CPULLM_E2E_KIND_TEST_IMAGE")
-VLLM_IMAGE = os.environ.get("CPULLM_E2E_KIND_VLLM_IMAGE")
-MODELS = os.environ.get("CPULLM_E2E_KIND_MODELS")
 pytestmark = pytest.mark.skipif(not SERVER_NODE, reason="runs on the kind cluster of e2e/kind/run.sh only")
 SERVER_LABEL = "cpullm.io/e2e-kind-server"
 
@@ -71,37 +62,3 @@ def test_the_operators_deployment_gets_an_exclusive_cpu_on_a_kind_worker(
     assert pod["status"]["qosClass"] == "Guaranteed"
     cpuset = line.split("saw cpuset ", 1)[1].split(" ", 1)[0]
     assert cpuset.isdigit() and cpuset != "0", f"not one exclusive CPU beside the reserved CPU 0: {line}"
-
-
-@pytest.mark.skipif(not VLLM_IMAGE, reason="kind_up loads the vLLM image only where the vLLM environment exists")
-def test_the_operators_deployment_serves_real_vllm_on_a_kind_worker(
-    kubectl: Kubectl, server_node: str, namespace: str
-) -> None:
-    assert MODELS
-    kubectl.apply(*model_volume(namespace, MODELS_ON_NODE))
-    started = time.monotonic()
-    kubectl.apply(tiny_served(namespace, Path(MODELS), {SERVER_LABEL: "true"}, image=VLLM_IMAGE))
-    service = ready(kubectl, namespace, "tiny", 1, timeout=600, interval=2)
-    to_ready = time.monotonic() - started
-    plan = service["status"]["plan"]
-    (pod,) = server_pods(kubectl, namespace)
-    name = pod["metadata"]["name"]
-    assert pod["spec"]["nodeName"] == server_node and pod["status"]["qosClass"] == "Guaranteed"
-
-    seen = in_container(kubectl, namespace, name)
-    assert plan["cpu"] == 1
-    assert_as_planned(seen, plan)
-
-    # A completion through the Service's ClusterIP, asked from inside the pod (the host has no route to it).
-    cluster_ip = kubectl.get("service", "tiny", namespace)["spec"]["clusterIP"]
-    ask = (
-        "import json, sys, urllib.request; "
-        f"r = urllib.request.Request('http://{cluster_ip}:8000/v1/completions', sys.argv[1].encode(), "
-        "{'Content-Type': 'application/json'}); "
-        "print(urllib.request.urlopen(r, timeout=300).read().decode())"
-    )
-    body = json.dumps(completion_request(16))
-    answer = kubectl.run("exec", name, "-n", namespace, "-c", "vllm", "--", "python3", "-c", ask, body).stdout
-    assert json.loads(answer)["usage"]["completion_tokens"] == 16
-    kubectl.run("delete", "cpullm", "tiny", "-n", namespace, "--wait=false")
-    print(f"\nkind worker: applied to Ready {to_ready:.0f}s, cpuset {seen['Cpus_allowed_list']}, via ClusterIP")

@@ -20,13 +20,13 @@ import pytest
 from tests.vllm.harness import free_port, make_tiny_model, vllm_python
 
 from e2e.cluster import tool_dirs, tool_version
-from e2e.helpers import ROOT
+from e2e.helpers import ROOT, Kubectl
 from e2e.images import VLLM_VENV, build_operator, build_vllm, log
 from e2e.kind_cluster import cgroup_v1_host, cluster_config
 from e2e.kind_images import build_kind_node
 from e2e.realnode import lacks_cap_sys_resource
 from e2e.registry import local_registry, push_archive, push_docker_image
-from e2e.serving import TINY
+from e2e.serving import TINY, assert_as_planned, in_container
 
 pytestmark = [
     pytest.mark.kind,
@@ -71,7 +71,10 @@ def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
             run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
             log(f"quickstart.sh (exit {run.returncode}):\n{run.stdout}{run.stderr}")
             assert run.returncode == 0, run.stderr[-2000:]
-            image_id = server_image_id(tools, env, tmp_path / "kubeconfig")
+            kubectl = cluster_kubectl(tools, env, tmp_path / "kubeconfig")
+            (pod,) = kubectl.get("pods", namespace="default", **{"cpullm.io/service": "quickstart"})
+            plan = kubectl.get("cpullmservice", "quickstart", "default")["status"]["plan"]
+            seen = in_container(kubectl, "default", pod["metadata"]["name"])
         finally:
             subprocess.run([str(tools["kind"] / "kind"), "delete", "cluster", "--name", NAME], env=env, check=False)
             subprocess.run(["docker", "rmi", pushed_node_image], env=env, check=False, stdout=subprocess.DEVNULL)
@@ -84,7 +87,12 @@ def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
     assert answer["model"] == f"/models/{TINY}" and answer["usage"]["completion_tokens"] >= 1, answer
     assert "kind delete cluster --name " + NAME in out
     # The server's image came from the registry (its repo digest names it), not from a preloaded store.
+    image_id = pod["status"]["containerStatuses"][0]["imageID"]
     assert image_id.startswith(vllm.rsplit(":", 1)[0] + "@sha256:"), image_id
+    # As planned, under the kind tests' static CPU manager: one exclusive CPU holding every thread, the runtime's
+    # seccomp filter, SYS_NICE alone, /dev/shm and the memory limit, no OOM kill.
+    assert pod["status"]["qosClass"] == "Guaranteed" and plan["cpu"] == 1
+    assert_as_planned(seen, plan)
 
 
 def chart_app_version() -> str:
@@ -94,8 +102,8 @@ def chart_app_version() -> str:
     return match.group(1)
 
 
-def server_image_id(tools: dict[str, Path], env: dict[str, str], kubeconfig: Path) -> str:
-    """The imageID of the quick start's server container, as the kubelet reports it."""
+def cluster_kubectl(tools: dict[str, Path], env: dict[str, str], kubeconfig: Path) -> Kubectl:
+    """kubectl on the quick start's cluster (the script keeps no kubeconfig behind)."""
     run = subprocess.run(
         [str(tools["kind"] / "kind"), "get", "kubeconfig", "--name", NAME],
         env=env,
@@ -104,12 +112,4 @@ def server_image_id(tools: dict[str, Path], env: dict[str, str], kubeconfig: Pat
         text=True,
     )
     kubeconfig.write_text(run.stdout)
-    kubectl = [str(tools["kubernetes"] / "kubectl"), "--kubeconfig", str(kubeconfig)]
-    pods = subprocess.run(
-        [*kubectl, "get", "pods", "-l", "cpullm.io/service=quickstart", "-o", "json"],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    (pod,) = json.loads(pods.stdout)["items"]
-    return str(pod["status"]["containerStatuses"][0]["imageID"])
+    return Kubectl(str(tools["kubernetes"] / "kubectl"), str(kubeconfig))

@@ -19,7 +19,7 @@ from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
 from cpullm.api.spec import Placement
 from cpullm.controller.gather import ModelConfigSource, gather
-from cpullm.core.constants import GiB
+from cpullm.core.constants import LAUNCHER_FILE, GiB
 from cpullm.core.decision import Decision, decide
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
@@ -118,6 +118,10 @@ def plan_table(plan: Plan) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _is_launcher(child: dict[str, Any]) -> bool:
+    return child["kind"] == "ConfigMap" and LAUNCHER_FILE in child.get("data", {})
+
+
 def _dump(obj: Any, output: str) -> str:
     if output == "json":
         return json.dumps(obj, indent=2) + "\n"
@@ -147,6 +151,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             sub.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
         else:
             sub.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
+            sub.add_argument(
+                "--no-launcher",
+                action="store_true",
+                help="leave out the ConfigMap carrying the in-pod launcher's source (what remains is easier to read)",
+            )
     commands.add_parser("crd", help="print the CustomResourceDefinition")
     launch = commands.add_parser(
         "launch-plan", help="what the in-pod launcher would bind, from a copy of a node's /proc and /sys"
@@ -179,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             elif args.command == "plan":
                 sys.stdout.write(_dump(plan.model_dump(by_alias=True, mode="json", exclude_none=True), args.output))
             else:
-                objects = list(decision.children)
+                objects = [o for o in decision.children if not (args.no_launcher and _is_launcher(o))]
                 if args.output == "json":
                     sys.stdout.write(
                         json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"

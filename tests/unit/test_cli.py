@@ -89,6 +89,15 @@ def test_render_as_json_and_as_yaml_give_the_same_objects(example, capsys):
     assert all("ownerReferences" not in meta for meta in by_kind.values())  # no uid offline: no owner
 
 
+def test_render_without_the_launcher_leaves_out_its_config_map_alone(capsys):
+    args = ["render", str(ROOT / "manifests/examples/llama-8b-amx.yaml"), "--nodes", NODES]
+    assert main(args) == 0
+    whole = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert main([*args, "--no-launcher"]) == 0
+    shorter = [d["kind"] for d in yaml.safe_load_all(capsys.readouterr().out)]
+    assert "ConfigMap" in whole and [k for k in whole if k != "ConfigMap"] == shorter
+
+
 def test_render_prints_deployment_and_service(capsys):
     assert main(["render", str(ROOT / "manifests/examples/llama-8b-amx.yaml"), "--nodes", NODES]) == 0
     docs = {d["kind"]: d for d in yaml.safe_load_all(capsys.readouterr().out)}
