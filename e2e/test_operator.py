@@ -183,6 +183,43 @@ def test_node_label_change_replans(
     eventually(replanned, timeout=60, what="re-plan to TP 1")
 
 
+def test_a_whole_node_plan_leaves_room_for_a_daemonset_and_follows_it(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    """An agent DaemonSet (500m) on the service's node: the whole-node plan takes 7 of its 8 CPUs, says why, and
+    takes all 8 again once the DaemonSet is gone (the operator watches DaemonSets; the chart's RBAC lets it)."""
+    nodes.add(fake_node(f"room-{namespace[-5:]}", numa=1, cpu="8", memory="64Gi", pool=namespace))
+    kubectl.apply(tiny_service("roomy", namespace, nodeSelector={"pool": namespace}, cpu={}))
+    assert ready(kubectl, namespace, "roomy", 1)["status"]["plan"]["cpu"] == 8
+    pod = {
+        "nodeSelector": {"pool": namespace},
+        "tolerations": [{"operator": "Exists"}],
+        "containers": [{"name": "agent", "image": "agent", "resources": {"requests": {"cpu": "500m"}}}],
+    }
+    agent = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "agent", "namespace": namespace},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {"metadata": {"labels": {"app": "agent"}}, "spec": pod},
+        },
+    }
+    kubectl.apply(agent)
+
+    def planned_cpus(cpus: int) -> dict[str, Any]:
+        plan = kubectl.get("cpullm", "roomy", namespace)["status"]["plan"]
+        requested = container(kubectl.get("deployment", "roomy", namespace))["resources"]["requests"]["cpu"]
+        assert (plan["cpu"], str(requested)) == (cpus, str(cpus)), (plan["cpu"], requested)
+        return dict(plan)
+
+    plan = eventually(lambda: planned_cpus(7), timeout=60, what="a plan of 7 CPUs beside the DaemonSet")
+    assert f"left for the DaemonSets on the nodes: {namespace}/agent" in plan["placementNote"]
+    kubectl.run("delete", "daemonset", "agent", "-n", namespace)
+    plan = eventually(lambda: planned_cpus(8), timeout=60, what="all 8 CPUs once the DaemonSet is gone")
+    assert "DaemonSets" not in (plan.get("placementNote") or "")
+
+
 def test_losing_every_eligible_node_and_getting_it_back(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
 ):

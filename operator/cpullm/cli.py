@@ -20,10 +20,18 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import Placement
 from cpullm.controller.gather import ModelConfigSource, gather
 from cpullm.core.constants import LAUNCHER_FILE, GiB
+from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
-from cpullm.io.files import ConfigFile, OfflineCluster, load_nodes, load_service, profile_nodes
+from cpullm.io.files import (
+    ConfigFile,
+    OfflineCluster,
+    load_service,
+    profile_daemonsets,
+    profile_nodes,
+    read_objects,
+)
 from cpullm.io.hub import HubClient
 from cpullm.settings import Settings
 
@@ -36,19 +44,22 @@ class NoCluster(Exception):
     """--from-cluster without a kubeconfig or in-cluster credentials."""
 
 
-def _nodes(nodes_path: str | None) -> list[NodeProfile]:
-    """The nodes to plan on: a file's, or (None) the current kubeconfig context's cluster's."""
+def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods]]:
+    """The nodes to plan on and the DaemonSets whose pods they run: a file's (`kubectl get nodes,daemonsets -A
+    -o yaml` prints both), or (None) the current kubeconfig context's cluster's."""
     if nodes_path is not None:
-        return load_nodes(nodes_path, _warn)
-    from kubernetes.config import ConfigException  # the Kubernetes client: only for --from-cluster (slow import)
+        objects = list(read_objects(nodes_path))
+    else:
+        from kubernetes.config import ConfigException  # the Kubernetes client: only for --from-cluster (slow import)
 
-    from cpullm.io.kube import Kube
+        from cpullm.io.kube import Kube
 
-    try:
-        kube = Kube.from_environment()
-    except ConfigException as err:
-        raise NoCluster(f"--from-cluster: no cluster to read ({err})") from None
-    return profile_nodes(kube.list_nodes(), _warn)
+        try:
+            kube = Kube.from_environment()
+        except ConfigException as err:
+            raise NoCluster(f"--from-cluster: no cluster to read ({err})") from None
+        objects = [*kube.list_nodes(), *kube.list_daemonsets()]
+    return profile_nodes(objects, _warn), profile_daemonsets(objects, _warn)
 
 
 def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
@@ -65,9 +76,11 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
             allow_http=settings.hub_allow_http,
         )
     )
+    nodes, daemons = _nodes(nodes_path)
     observed = gather(
         load_service(service_path),
-        nodes=_nodes(nodes_path),
+        nodes=nodes,
+        daemons=daemons,
         deployment=None,
         last_status={},
         cluster=OfflineCluster(settings.hf_token),

@@ -132,6 +132,33 @@ def test_model_config_file_and_multi_document_nodes(tmp_path, capsys):
     assert from_file == direct_plan(ROOT / "manifests/examples/qwen-small.yaml")
 
 
+def test_daemonsets_in_the_nodes_file_take_their_room(tmp_path, capsys):
+    """`kubectl get nodes,daemonsets -A -o yaml` prints both kinds: the plan leaves the DaemonSets' pods room, and
+    an unreadable DaemonSet is a warning, not a failure."""
+    node = {
+        "kind": "Node",
+        "metadata": {"name": "kind-worker", "labels": {"kubernetes.io/arch": "amd64"}},
+        "status": {"allocatable": {"cpu": "8", "memory": "16Gi"}},
+    }
+
+    def daemonset(name: str, cpu: str) -> dict:
+        pod = {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}
+        return {
+            "kind": "DaemonSet",
+            "metadata": {"name": name, "namespace": "kube-system"},
+            "spec": {"template": {"spec": pod}},
+        }
+
+    listing = {"kind": "List", "items": [node, daemonset("kindnet", "100m"), daemonset("broken", "lots")]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(listing))
+    args = ["plan", str(ROOT / "manifests/examples/qwen-small.yaml"), "--nodes", str(tmp_path / "cluster.yaml")]
+    assert main([*args, "-o", "json"]) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert plan["nodeProfile"]["cpus"] == 7 and "kube-system/kindnet" in plan["placementNote"]
+    assert "DaemonSet kube-system/broken" in err and "DaemonSet skipped" in err
+
+
 @pytest.mark.parametrize(
     ("spec_patch", "error"),
     [

@@ -25,6 +25,7 @@ class RecordingReconciler:
         self.seen: list[tuple[str, str, str | None]] = []
         self.unschedulable: list[str | None] = []
         self.deployments: list[Any] = []
+        self.daemons: list[Any] = []
         self.changed_while_away: set[str] = set()
         self.own_writes: set[str] = set()  # children whose events child_event finds to need no reconcile
         self.specs_read: set[str] = set()  # services whose events service_event finds to need no reconcile
@@ -42,8 +43,10 @@ class RecordingReconciler:
         crds: Any = None,
         pending: Any = None,
         ticket: int | None = None,
+        daemons: Any = (),
     ) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
+        self.daemons.append(daemons)
         self.deployments.append(deployment)
         self.unschedulable.append(pending)
 
@@ -73,7 +76,12 @@ def handler_memo(reconciler: Any, workers: int = 2) -> kopf.Memo:
 
 
 # Kopf passes every index to every handler; these tests fill only the one they are about.
-OTHER_INDEXES: dict[str, Any] = {"owned_deployments": {}, "installed_crds": {}, "unschedulable_pods": {}}
+OTHER_INDEXES: dict[str, Any] = {
+    "owned_deployments": {},
+    "installed_crds": {},
+    "unschedulable_pods": {},
+    "daemonset_pods": {},
+}
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
 SERVICES = {
@@ -116,6 +124,48 @@ def test_node_events_replan_only_when_the_profile_changes():
     assert rec.calls == [("a", ["n1", "n2"])]  # the service being deleted is skipped
     call_node_changed(memo, "DELETED", node_object("n1", numa=2), index)
     assert rec.calls[-1] == ("a", ["n2"])
+
+
+def call_daemonset_changed(
+    memo: kopf.Memo, type_: str | None, obj: dict[str, Any], index: dict[Any, list[Any]]
+) -> None:
+    """As Kopf does: the DaemonSet index is updated from the event first, then the event handler runs."""
+    key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+    index.pop(key, None)
+    if type_ != "DELETED":
+        found = asyncio.run(handlers.daemonset_pods(namespace=key[0], name=key[1], body=kopf.Body(obj)))
+        index.update({k: [v] for k, v in found.items()})
+    others = {k: v for k, v in INDEXES.items() if k != "daemonset_pods"}
+    run = handlers.daemonset_changed(
+        namespace=key[0], name=key[1], type=type_, memo=memo, daemonset_pods=index, services=SERVICES, **others
+    )
+    asyncio.run(run)
+
+
+def agent(cpu: str = "100m", **status: Any) -> dict[str, Any]:
+    pod = {"containers": [{"name": "c", "resources": {"requests": {"cpu": cpu}}}]}
+    meta = {"name": "agent", "namespace": "kube-system"}
+    return {"metadata": meta, "spec": {"template": {"spec": pod}}, "status": status}
+
+
+def test_daemonset_events_replan_every_service_only_when_their_pods_change():
+    memo = handler_memo(RecordingReconciler())
+    rec = memo["reconciler"]
+    index: dict[Any, list[Any]] = {}
+    call_daemonset_changed(memo, None, agent(), index)  # initial listing: the services' own listing plans them
+    call_daemonset_changed(memo, "MODIFIED", agent(numberReady=3), index)  # rolling pods: status noise
+    assert rec.calls == []
+    call_daemonset_changed(memo, "MODIFIED", agent("200m"), index)
+    assert [call[0] for call in rec.calls] == ["a"]  # the service being deleted is skipped
+    assert [d.cpu_millis for d in rec.daemons[-1]] == [200]  # the reconcile reads the new requests
+    call_daemonset_changed(memo, "DELETED", agent("200m"), index)
+    assert len(rec.calls) == 2 and rec.daemons[-1] == ()
+
+
+def test_an_unreadable_daemonset_is_left_out_of_the_index():
+    broken = agent()
+    broken["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "lots"
+    assert asyncio.run(handlers.daemonset_pods(namespace="kube-system", name="agent", body=kopf.Body(broken))) == {}
 
 
 def test_unparseable_node_is_skipped_with_a_warning_event():

@@ -234,3 +234,13 @@ def test_only_secrets_that_opt_in_are_read(labels, read_any, readable):
             gateway.read_secret_key("serving", "tls", "tls.key")
         assert "is not labelled cpullm.io/hf-token=true" in caught.value.message
         assert "secret-key" not in caught.value.message
+
+
+def test_listing_daemonsets_reads_every_namespace_and_names_their_kind():
+    """`cpullm plan --from-cluster` leaves room for their pods: a list's items carry no kind, and a file's
+    objects are told apart by it."""
+    daemonsets = [{"metadata": {"name": f"d{i}", "namespace": "kube-system"}, "spec": {}} for i in range(2)]
+    transport = FakeTransport(pages=[{"items": daemonsets}])
+    assert kube(transport).list_daemonsets() == [{"kind": "DaemonSet", **d} for d in daemonsets]
+    (request,) = transport.requests
+    assert urlsplit(request["url"]).path == "/apis/apps/v1/daemonsets"

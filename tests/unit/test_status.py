@@ -144,3 +144,14 @@ def test_a_new_services_first_ready_is_an_event_unless_it_is_progressing():
         ("Planned", "Planned"),
         ("Ready", "Unschedulable"),
     ]
+
+
+def test_a_key_the_new_status_no_longer_has_is_patched_away():
+    """status is merge-patched: a plan's note that no longer applies must be sent as null, or it stays."""
+    before = {"plan": {"cpu": 7, "placementNote": "left for DaemonSets", "nodeProfile": {"cpus": 7, "smt": True}}}
+    after = {"plan": {"cpu": 8, "nodeProfile": {"cpus": 8}}, "readyReplicas": 1}
+    assert status_changes(before, after) == {
+        "plan": {"cpu": 8, "placementNote": None, "nodeProfile": {"cpus": 8, "smt": None}},
+        "readyReplicas": 1,
+    }
+    assert status_changes(after, after) == {}

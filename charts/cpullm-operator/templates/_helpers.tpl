@@ -41,6 +41,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, list, watch, create, patch]
+# DaemonSets, read only: a whole-node plan leaves their pods' requests free on each node they run on.
+- apiGroups: [apps]
+  resources: [daemonsets]
+  verbs: [list, watch]
 # The server pods, read only: a pod the scheduler cannot place puts its message in the Ready condition.
 - apiGroups: [""]
   resources: [pods]

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
+from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import NamespaceFacts, Observed
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.core.topology import NodeProfile
@@ -68,6 +69,7 @@ def gather(
     models: ModelConfigSource,
     installed_crds: frozenset[str] | None = None,
     unschedulable: str | None = None,
+    daemons: Sequence[DaemonPods] = (),
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised."""
@@ -101,6 +103,7 @@ def gather(
         namespace=namespace,
         model=model,
         nodes=tuple(nodes),
+        daemons=tuple(daemons),
         deployment=deployment,
         unschedulable=unschedulable,
         status=last_status if last_status is not None else service.get("status") or {},

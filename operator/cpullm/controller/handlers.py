@@ -1,14 +1,15 @@
 """Kopf handlers: thin. They turn watch events into Reconciler.reconcile calls and retry those that could not finish.
 
 Triggers: the CpuLLMService itself (new, its spec changed, or first seen); a node whose
-profile changed (the services it can affect are re-planned; only changed plans touch anything); a change
+profile changed (the services it can affect are re-planned; only changed plans touch anything); a DaemonSet
+whose pods' requests or placement changed (every service is re-planned: whole-node plans leave it room); a change
 to a child Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status); a
 server pod the scheduler cannot place, or can again (its message goes into the Ready condition); an
 optional API's CRD (PodMonitor, ScaledObject) installed or removed (the services asking for it are
 reconciled).
 
-Kopf's indexes hold what reconciles read (node profiles, services, the owned Deployments' status, the
-scheduler's messages for unschedulable pods), so
+Kopf's indexes hold what reconciles read (node profiles, the DaemonSets' pods, services, the owned Deployments'
+status, the scheduler's messages for unschedulable pods), so
 handlers start only once they are loaded and no reconcile lists anything. Handlers are async: Kopf mutates
 its indexes on the event loop, so they are read (copied) there, and only then is the blocking reconcile
 handed to a worker thread.
@@ -32,6 +33,7 @@ from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
+from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
@@ -139,6 +141,46 @@ async def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeP
         return {}
 
 
+@kopf.index("apps", "v1", "daemonsets")
+async def daemonset_pods(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], DaemonPods]:
+    """The pods of each DaemonSet that requests CPU or memory: where they run and what they take there."""
+    try:
+        daemons = parse_daemonset(body)
+    except DaemonSetUnreadable as err:
+        log.warning("%s: left out of the room plans leave on nodes", err)
+        return {}
+    return {(namespace, name): daemons} if daemons else {}
+
+
+def daemon_pods(index: kopf.Index[Any, Any]) -> tuple[DaemonPods, ...]:
+    return tuple(daemons for store in index.values() for daemons in store)
+
+
+@kopf.on.event("apps", "v1", "daemonsets")
+async def daemonset_changed(
+    namespace: str,
+    name: str,
+    type: str | None,
+    memo: kopf.Memo,
+    daemonset_pods: kopf.Index[Any, Any],
+    services: kopf.Index[Any, Any],
+    **kwargs: Any,
+) -> None:
+    """Re-plan every service when what a DaemonSet's pods take, or where, changed (a new agent, a bigger
+    request): rare, and any whole-node plan may have to leave it room. Its status (pods rolling) is noise."""
+    seen: dict[tuple[str, str], DaemonPods | None] = memo.setdefault("daemonsets", {})
+    key = (namespace, name)
+    now = _first(daemonset_pods, key) if type != "DELETED" else None
+    first_sight = key not in seen
+    before = seen.pop(key, None)
+    if type != "DELETED":
+        seen[key] = now
+    if (type is None and first_sight) or before == now:
+        return
+    indexes = {"daemonset_pods": daemonset_pods, "services": services, **kwargs}
+    await _reconcile_quietly(memo, [s for store in services.values() for s in store], indexes)
+
+
 def _optional_api(name: str, **_: Any) -> bool:
     return name in OPTIONAL_APIS.values()
 
@@ -200,6 +242,7 @@ class _Facts:
 
     def __init__(self, kwargs: Mapping[str, Any]) -> None:
         self.nodes = usable_nodes(kwargs["node_profiles"])
+        self.daemons = daemon_pods(kwargs["daemonset_pods"])
         self.crds = installed(kwargs["installed_crds"])
         self._deployments: kopf.Index[Any, Any] = kwargs["owned_deployments"]
         self._unschedulable: kopf.Index[Any, Any] = kwargs["unschedulable_pods"]
@@ -208,7 +251,7 @@ class _Facts:
         key = (service["metadata"]["namespace"], service["metadata"]["name"])
         deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
         reconciler, workers = memo["reconciler"], memo["workers"]
-        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment))
+        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
         return await workers.run(reconciler.reconcile, service, *facts)
 
 

@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.core.children.common import SERVICE_LABEL, Owner
+from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, NamespaceFacts, decide, regarding
 from cpullm.core.status import READY, replica_counts
 from cpullm.core.topology import NodeProfile
@@ -244,13 +245,15 @@ class Reconciler:
         installed_crds: frozenset[str] | None = None,
         unschedulable: str | None = None,
         ticket: int | None = None,
+        daemons: Sequence[DaemonPods] = (),
     ) -> Plan | CpuLLMError | None:
         """Bring children and status in line with the spec; returns the plan or the error reported, or None
         when the namespace is being deleted (nothing may be created there; everything goes with it) or the
         reconcile was superseded. `deployment` is the owned Deployment as last seen (Kopf's index), for the
         replica counts; `installed_crds` the optional APIs' CRDs installed (Kopf's index; None: unknown);
         `unschedulable` the scheduler's message for one of its pods it cannot place (Kopf's index); `ticket`
-        what `begin` gave when these facts were read (None: not ordered, as in the CLI and tests)."""
+        what `begin` gave when these facts were read (None: not ordered, as in the CLI and tests); `daemons` the
+        DaemonSets whose pods whole-node plans leave room for (Kopf's index)."""
         meta = service["metadata"]
         key = (meta["namespace"], meta["name"])
         with self._lock(key):
@@ -259,7 +262,7 @@ class Reconciler:
                 RECONCILES.labels(outcome="superseded").inc()
                 return None  # a reconcile that read newer facts (or the service's deletion) came after
             started = time.monotonic()
-            outcome = self._reconcile(service, nodes, deployment, installed_crds, unschedulable)
+            outcome = self._reconcile(service, nodes, deployment, installed_crds, unschedulable, daemons)
         label = _outcome_label(outcome)
         RECONCILES.labels(outcome=label).inc()
         RECONCILE_SECONDS.labels(outcome=label).observe(time.monotonic() - started)
@@ -284,6 +287,7 @@ class Reconciler:
         deployment: Mapping[str, Any] | None,
         installed_crds: frozenset[str] | None,
         unschedulable: str | None,
+        daemons: Sequence[DaemonPods],
     ) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
         uid = str(meta.get("uid"))
@@ -297,6 +301,7 @@ class Reconciler:
                 models=self.hub,
                 installed_crds=installed_crds,
                 unschedulable=unschedulable,
+                daemons=daemons,
             )
             decision = decide(observed, self.clock())
             try:

@@ -20,6 +20,7 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
 from cpullm.core.children import OPTIONAL_APIS, REMOVABLE_KINDS, build_children
 from cpullm.core.children.common import Owner
+from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import check_pod_security
 from cpullm.core.sizing import ModelSize
@@ -60,6 +61,7 @@ class Observed:
     namespace: NamespaceFacts = field(default_factory=NamespaceFacts)
     model: ModelSize | CpuLLMError | None = None
     nodes: Sequence[NodeProfile] = ()
+    daemons: Sequence[DaemonPods] = ()  # the DaemonSets whose pods' requests whole-node plans leave room for
     deployment: Mapping[str, Any] | None = None
     unschedulable: str | None = None
     status: Mapping[str, Any] = field(default_factory=dict)
@@ -105,7 +107,7 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
             return observed.model
         if observed.model is None:
             raise ValueError("decide_plan needs the model's size: gather resolves it for a valid spec")
-        return plan_service(spec, observed.model, observed.nodes, observed.status.get("plan"))
+        return plan_service(spec, observed.model, observed.nodes, observed.status.get("plan"), observed.daemons)
     except CpuLLMError as refusal:
         return refusal
 

@@ -29,6 +29,7 @@ from typing import Any
 from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan
 from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, Placement, ThreadsBindMode
 from cpullm.core import constants as c
+from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
@@ -51,8 +52,10 @@ def plan_service(
     model: ModelSize,
     nodes: Sequence[NodeProfile],
     current: Mapping[str, Any] | None = None,
+    daemons: Sequence[DaemonPods] = (),
 ) -> Plan:
-    """`current`: the plan the service runs (status.plan), so an equally good shape does not replace it."""
+    """`current`: the plan the service runs (status.plan), so an equally good shape does not replace it;
+    `daemons`: the DaemonSets whose pods' requests the eligible nodes leave room for."""
     explicit_tp = _explicit_tensor_parallel_size(spec)
     if explicit_tp is not None:
         problem = model.tensor_parallel_problem(explicit_tp)
@@ -73,7 +76,7 @@ def plan_service(
 
     plans: list[tuple[Plan, Shape]] = []
     refusals: list[tuple[Shape, PlanRefusal]] = []
-    for shape in shapes_of(eligible):
+    for shape in shapes_of(eligible, daemons):
         try:
             plans.append((_plan_for_shape(spec, model, shape, explicit_tp), shape))
         except PlanRefusal as refusal:
@@ -259,6 +262,10 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
             f"NUMA count unknown: 1 assumed (no {' or '.join(NUMA_COUNT_LABELS)} label on the nodes; install "
             "Node Feature Discovery or label them)"
         )
+    daemonsets = shape.room.daemonsets
+    if daemonsets:
+        shown = ", ".join(daemonsets[:3]) + (f" and {len(daemonsets) - 3} more" if len(daemonsets) > 3 else "")
+        notes.append(f"CPU and memory left for the DaemonSets on the nodes: {shown}")
     if strategy.name == Placement.THROUGHPUT:
         if replicas > capacity:
             notes.append(f"replicas capped: {replicas} requested, {capacity} NUMA nodes on the chosen nodes")

@@ -132,7 +132,17 @@ def compute_status(
 
 def status_changes(current: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
     """The top-level status keys whose value differs: the merge patch to send, empty when nothing changed."""
-    return {key: value for key, value in desired.items() if current.get(key) != value}
+    return {key: _merge_patch(current.get(key), value) for key, value in desired.items() if current.get(key) != value}
+
+
+def _merge_patch(old: Any, new: Any) -> Any:
+    """What a JSON merge patch must say to turn `old` into `new`: a merge patch merges objects, so a key `new` no
+    longer has (a plan's note that no longer applies) is removed only by an explicit null."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    patch = {key: _merge_patch(old.get(key), value) for key, value in new.items()}
+    patch.update({key: None for key in old if key not in new})
+    return patch
 
 
 def changed_conditions(current: Mapping[str, Any], desired: Mapping[str, Any]) -> list[dict[str, Any]]:

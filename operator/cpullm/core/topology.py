@@ -80,6 +80,14 @@ class NodeProfile:
     unschedulable: bool = False
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     taints: tuple[Taint, ...] = ()
+    # The allocatable CPU in millicores (None: `cpus` whole), and the DaemonSets whose pods' requests `cpus` and
+    # `memory_bytes` leave room for (core/daemonsets.py).
+    cpu_millis: int | None = None
+    daemonsets: tuple[str, ...] = ()
+
+    @property
+    def allocatable_cpu_millis(self) -> int:
+        return self.cpus * 1000 if self.cpu_millis is None else self.cpu_millis
 
     @functools.cached_property  # a profile lives in the node index, and every reconcile groups nodes by it
     def shape(self) -> tuple[object, ...]:
@@ -156,7 +164,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
         if not isinstance(key, str) or not isinstance(value, str):
             # The API server stores only strings; a node file can hold unquoted YAML numbers or booleans.
             raise fail(f"label {key}={value!r} is not a string (quote it in YAML)")
-    cpus = _allocatable(allocatable, "cpu", fail)
+    cpu_millis = _allocatable(allocatable, "cpu", fail, scale=1000)
     memory_bytes = _allocatable(allocatable, "memory", fail)
 
     numa_nodes, numa_source = 1, NUMA_SOURCE_DEFAULT
@@ -195,7 +203,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
     return NodeProfile(
         name=name,
         arch=arch,
-        cpus=cpus,
+        cpus=cpu_millis // 1000,
         memory_bytes=memory_bytes,
         numa_nodes=numa_nodes,
         numa_source=numa_source,
@@ -206,14 +214,15 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
         unschedulable=bool(spec.get("unschedulable", False)),
         labels=dict(labels),
         taints=taints,
+        cpu_millis=cpu_millis,
     )
 
 
-def _allocatable(allocatable: Mapping[str, Any], resource: str, fail: Any) -> int:
-    """A node's allocatable cpu or memory in whole units (0 when not given)."""
+def _allocatable(allocatable: Mapping[str, Any], resource: str, fail: Any, scale: int = 1) -> int:
+    """A node's allocatable cpu or memory in whole units, or in 1/scale of one (0 when not given)."""
     value = allocatable.get(resource, 0)
     try:
-        amount = math.floor(parse_quantity(value))
+        amount = math.floor(parse_quantity(value) * scale)
     except ValueError as err:
         raise fail(f"allocatable {resource}: {err}") from err
     if amount < 0:

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 from huggingface_hub import get_local_safetensors_metadata
 
+from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.decision import NamespaceFacts
 from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
@@ -58,6 +59,23 @@ def profile_nodes(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], No
         except NodeLabelError as err:
             warn(f"{err.message}; node skipped")
     return profiles
+
+
+def profile_daemonsets(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[DaemonPods]:
+    """The DaemonSets among these objects whose pods request CPU or memory (whole-node plans leave them room);
+    an unreadable one is skipped, warned."""
+    daemons = []
+    for obj in objects:
+        if obj.get("kind") != "DaemonSet":
+            continue
+        try:
+            pods = parse_daemonset(obj)
+        except DaemonSetUnreadable as err:
+            warn(f"{err}; DaemonSet skipped")
+            continue
+        if pods is not None:
+            daemons.append(pods)
+    return daemons
 
 
 def load_service(path: str) -> dict[str, Any]:

@@ -143,6 +143,13 @@ class Kube:
         """Every Node of the cluster as the API returns it (`cpullm plan --from-cluster`)."""
         return list(_paged("list nodes", self.core.list_node))
 
+    def list_daemonsets(self) -> list[dict[str, Any]]:
+        """Every DaemonSet of the cluster (`cpullm plan --from-cluster` leaves room for their pods)."""
+        return [
+            {"kind": "DaemonSet", **item}
+            for item in _paged("list daemonsets", self.apps.list_daemon_set_for_all_namespaces)
+        ]
+
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether one Deployment, Service or ConfigMap exists (a read of its metadata only): a listing's word
         that a child is gone is confirmed by this before the child is taken for deleted."""
