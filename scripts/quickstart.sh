@@ -10,7 +10,8 @@
 #   --name NAME            the kind cluster (default cpullm-quickstart); an existing one is reused
 #   --model ID             a Hugging Face Hub model (default Qwen/Qwen2.5-0.5B-Instruct; vLLM downloads it)
 #   --model-dir DIR        a local model directory (config.json, tokenizer, *.safetensors) copied into the nodes
-#   --cpus N               whole CPUs for the server (default 1)
+#   --cpus N               whole CPUs for the server (default: the planner's, all the worker's CPUs that its
+#                          DaemonSets leave, e.g. 7 on an 8-CPU machine beside kindnet's 100m)
 #   --registry HOST:PORT   take every image from this registry, under the names given below; a registry on this
 #                          machine (localhost, 127.0.0.1) is reached from the kind nodes through the kind network's
 #                          gateway, so it must listen there (e.g. on 0.0.0.0:PORT), over plain HTTP
@@ -36,7 +37,7 @@ say() { printf '[%3ds] %s\n' $((SECONDS - started)) "$*"; }
 die() { echo "quickstart: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
-name=cpullm-quickstart model=Qwen/Qwen2.5-0.5B-Instruct model_dir="" cpus=1 registry="" node_image=""
+name=cpullm-quickstart model=Qwen/Qwen2.5-0.5B-Instruct model_dir="" cpus="" registry="" node_image=""
 operator_image="" vllm_image="" kind_config="" offline=0 port=8000 timeout=1800
 while [[ $# -gt 0 ]]; do
   case $1 in
@@ -56,7 +57,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "quickstart: unknown option $1" >&2; usage ;;
   esac
 done
-[[ $cpus =~ ^[1-9][0-9]*$ ]] || die "--cpus takes a whole number of CPUs, not '$cpus'"
+[[ -z $cpus || $cpus =~ ^[1-9][0-9]*$ ]] || die "--cpus takes a whole number of CPUs, not '$cpus'"
 [[ $timeout =~ ^[1-9][0-9]*$ ]] || die "--timeout takes seconds, not '$timeout'"
 [[ $port =~ ^[1-9][0-9]*$ ]] || die "--port takes a port number, not '$port'"
 if ((offline)); then
@@ -160,8 +161,10 @@ if [[ -n $model_dir ]]; then
 fi
 "$python" - "$models" "$service" "$served" "$model_dir" "$cpus" <<'PY'
 import json, pathlib, sys
-models, service, served, model_dir, cpus = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-spec = {"model": {"name": served}, "cpu": {"cpusPerRank": cpus}, "kvCacheGiB": 1, "maxModelLen": 2048, "maxNumSeqs": 4}
+models, service, served, model_dir, cpus = sys.argv[1:6]
+spec = {"model": {"name": served}, "kvCacheGiB": 1, "maxModelLen": 2048, "maxNumSeqs": 4}
+if cpus:
+    spec["cpu"] = {"cpusPerRank": int(cpus)}
 volumes = []
 if model_dir:
     # The nodes' copy of the model directory, a hostPath volume the operator mounts at /models in the server.

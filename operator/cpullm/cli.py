@@ -33,6 +33,7 @@ from cpullm.io.files import (
     read_objects,
 )
 from cpullm.io.hub import HubClient
+from cpullm.planview import plan_svg
 from cpullm.settings import Settings
 
 
@@ -162,6 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         if name == "plan":
             sub.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
+            sub.add_argument("--svg", metavar="FILE", help="also draw the plan: NUMA nodes, ranks, CPUs, memory")
         else:
             sub.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
             sub.add_argument(
@@ -196,6 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run(args)
         else:
             plan, decision = decide_from_files(args.service, args.nodes, args.model_config)
+            if args.command == "plan" and args.svg:
+                Path(args.svg).write_text(plan_svg(plan))
             if args.command == "plan" and args.output == "table":
                 sys.stdout.write(plan_table(plan))
             elif args.command == "plan":
