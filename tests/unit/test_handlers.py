@@ -10,6 +10,7 @@ import kopf
 from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
 
 from cpullm.controller import handlers
+from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
@@ -72,7 +73,7 @@ class RecordingReconciler:
 
 def handler_memo(reconciler: Any, workers: int = 2) -> kopf.Memo:
     """What configure() puts in Kopf's memo, with the reconciler given."""
-    return kopf.Memo(reconciler=reconciler, workers=ReconcileWorkers(workers))
+    return kopf.Memo(state=ControllerState(reconciler, ReconcileWorkers(workers)))
 
 
 # Kopf passes every index to every handler; these tests fill only the one they are about.
@@ -112,7 +113,7 @@ def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], i
 
 def test_node_events_replan_only_when_the_profile_changes():
     memo = handler_memo(RecordingReconciler())
-    rec = memo["reconciler"]
+    rec = memo["state"].reconciler
     index = {"n1": [node("n1")], "n2": [node("n2")]}
     call_node_changed(memo, None, node_object("n1"), index)  # initial listing: resume handlers cover it
     assert rec.calls == []
@@ -150,7 +151,7 @@ def agent(cpu: str = "100m", **status: Any) -> dict[str, Any]:
 
 def test_daemonset_events_replan_every_service_only_when_their_pods_change():
     memo = handler_memo(RecordingReconciler())
-    rec = memo["reconciler"]
+    rec = memo["state"].reconciler
     index: dict[Any, list[Any]] = {}
     call_daemonset_changed(memo, None, agent(), index)  # initial listing: the services' own listing plans them
     call_daemonset_changed(memo, "MODIFIED", agent(numberReady=3), index)  # rolling pods: status noise
@@ -173,14 +174,14 @@ def test_unparseable_node_is_skipped_with_a_warning_event():
     index = {"n1": [node("n1")], "n2": [node("n2")]}
     call_node_changed(memo, None, node_object("n1"), index)
     call_node_changed(memo, "MODIFIED", node_object("n1", labels={"cpullm.io/numa-nodes": "two"}), index)
-    rec = memo["reconciler"]
+    rec = memo["state"].reconciler
     assert rec.events == [("Node", "Warning", "InvalidNodeLabels")]
     assert rec.calls == [("a", ["n2"])]
 
 
 def test_child_events_reconcile_their_owner_only_when_the_reconciler_finds_the_event_matters():
     memo = handler_memo(RecordingReconciler())
-    rec = memo["reconciler"]
+    rec = memo["state"].reconciler
     index = {"n1": [node("n1")]}
 
     def child_event(labels: dict[str, str], type_: str | None, name: str = "a") -> None:
@@ -241,7 +242,7 @@ class FlakyReconciler(RecordingReconciler):
 async def retries_settled(memo: kopf.Memo) -> None:
     """Waits until every event retry task has run to its end, with any retry it scheduled in turn (the pending map
     empties before a retry's reconcile runs, so it cannot tell)."""
-    while running := [task for task in memo.get("retry_tasks", ()) if not task.done()]:
+    while running := [task for task in memo["state"].retries.running if not task.done()]:
         await asyncio.wait(running)
 
 
@@ -266,7 +267,7 @@ def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monk
         await retries_settled(memo)
 
     asyncio.run(scenario())
-    assert memo["reconciler"].calls == [("a", ["n1"])] * 3  # failed, failed, then planned: no more
+    assert memo["state"].reconciler.calls == [("a", ["n1"])] * 3  # failed, failed, then planned: no more
 
 
 def crd_event(type_: str | None, established: bool) -> dict[str, Any]:
@@ -292,7 +293,7 @@ def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_serv
         asyncio.run(
             handlers.optional_api_changed(**crd_event(type_, established), memo=memo, services=wants, **indexes)
         )
-    assert memo["reconciler"].calls == [("m", ["n1"]), ("m", ["n1"])]  # once served, once gone
+    assert memo["state"].reconciler.calls == [("m", ["n1"]), ("m", ["n1"])]  # once served, once gone
 
 
 def test_children_are_watched_with_a_server_side_label_selector():
@@ -360,7 +361,7 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
     asyncio.run(call)
     # pool-a: n1 can run it; planned-on-n1: its plan runs there; needs-sve: n1 lacks the ISA, so it is left alone;
     # bad-affinity: its spec cannot be judged, so it is reconciled (and reports why).
-    assert sorted(name for name, _ in memo["reconciler"].calls) == ["bad-affinity", "planned-on-n1", "pool-a"]
+    assert sorted(name for name, _ in memo["state"].reconciler.calls) == ["bad-affinity", "planned-on-n1", "pool-a"]
 
 
 def pod(name: str, scheduled: dict[str, str] | None) -> dict[str, Any]:
@@ -398,7 +399,7 @@ def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedu
             **{**OTHER_INDEXES, "unschedulable_pods": index},
         )
         asyncio.run(call)
-    rec = memo["reconciler"]
+    rec = memo["state"].reconciler
     message = INSUFFICIENT["message"]
     assert rec.unschedulable == [message, None, message, None]
 
@@ -418,10 +419,10 @@ def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting
         "resource": DEPLOYMENTS,
     }
     asyncio.run(handlers.child_changed(**listing))
-    assert memo["reconciler"].calls == []
-    memo["reconciler"].changed_while_away.add("a")
+    assert memo["state"].reconciler.calls == []
+    memo["state"].reconciler.changed_while_away.add("a")
     asyncio.run(handlers.child_changed(**listing))
-    assert memo["reconciler"].calls == [("a", [])]
+    assert memo["state"].reconciler.calls == [("a", [])]
 
 
 def test_a_node_changed_while_the_watch_was_down_is_replanned_from_the_relisting():
@@ -429,9 +430,9 @@ def test_a_node_changed_while_the_watch_was_down_is_replanned_from_the_relisting
     index = {"n1": [node("n1")]}
     call_node_changed(memo, None, node_object("n1"), index)  # the first listing
     call_node_changed(memo, None, node_object("n1"), index)  # re-listed, unchanged
-    assert memo["reconciler"].calls == []
+    assert memo["state"].reconciler.calls == []
     call_node_changed(memo, None, node_object("n1", numa=2), index)  # re-listed, changed meanwhile
-    assert memo["reconciler"].calls == [("a", ["n1"])]
+    assert memo["state"].reconciler.calls == [("a", ["n1"])]
 
 
 def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
@@ -448,7 +449,7 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
             **{**OTHER_INDEXES, "unschedulable_pods": {key: [message] for key, message in entry.items()}},
         )
         asyncio.run(call)
-    assert memo["reconciler"].unschedulable == [INSUFFICIENT["message"]]  # once: when it changed
+    assert memo["state"].reconciler.unschedulable == [INSUFFICIENT["message"]]  # once: when it changed
 
 
 def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
@@ -475,15 +476,17 @@ def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
 
 def test_the_resync_runs_in_the_background_until_cleanup():
     async def scenario() -> tuple[bool, bool]:
-        memo = kopf.Memo(settings=Settings(resync_seconds=300), workers=ReconcileWorkers(1))
+        memo = handler_memo(RecordingReconciler(), workers=1)
+        memo["settings"] = Settings(resync_seconds=300)
         await handlers.start_resync(memo=memo, services=SERVICES)
-        task = memo["resync"]
+        task = memo["state"].resync
         await handlers.shut_down(memo=memo)
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        disabled = kopf.Memo(settings=Settings(resync_seconds=0))
+        disabled = handler_memo(RecordingReconciler(), workers=1)
+        disabled["settings"] = Settings(resync_seconds=0)
         await handlers.start_resync(memo=disabled, services=SERVICES)
-        return task.cancelled(), "resync" in disabled
+        return task.cancelled(), disabled["state"].resync is not None
 
     assert asyncio.run(scenario()) == (True, False)
 
@@ -556,7 +559,7 @@ def test_a_service_event_reconciles_the_indexed_service_when_the_reconciler_find
     writers' bookkeeping). Events whose spec was read (the operator's own status patches) and deletions do not
     reconcile; a deletion forgets the service."""
     memo = handler_memo(RecordingReconciler())
-    rec = memo["reconciler"]
+    rec = memo["state"].reconciler
     indexes = {"node_profiles": {"n1": [node("n1")]}, **OTHER_INDEXES}
     event_body = {"metadata": {"name": "a", "namespace": "ns", "managedFields": [{"manager": "kubectl"}]}}
     for type_ in (None, "ADDED"):
@@ -579,8 +582,8 @@ def test_failed_reconciles_of_one_service_leave_one_retry_pending_the_soonest(mo
     async def scenario() -> None:
         for _ in range(3):
             await handlers._reconcile_quietly(memo, SERVICES["ns", "a"], {"services": SERVICES, **INDEXES})
-        assert len(memo["event_retries"]) == 1
+        assert len(memo["state"].retries.pending) == 1
         await retries_settled(memo)
 
     asyncio.run(scenario())
-    assert len(memo["reconciler"].calls) == 4  # three failures, then the 0.01 s retry (its delay runs out: None)
+    assert len(memo["state"].reconciler.calls) == 4  # three failures, then the 0.01 s retry (its delay runs out: None)

@@ -26,18 +26,18 @@ from typing import Any
 
 import kopf
 
-from cpullm.api.spec import GROUP, PLURAL, VERSION, parse_spec
+from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
+from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
+from cpullm.core.affected import affected_by_node, asks_for_api
 from cpullm.core.children import OPTIONAL_APIS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
-from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
-from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.status import scheduling_failure
-from cpullm.core.topology import NodeProfile, NodeState, node_state_changed, parse_node
-from cpullm.errors import CpuLLMError, NodeLabelError, PermissionDenied, TransientApiError
+from cpullm.core.topology import NodeProfile, NodeState, parse_node
+from cpullm.errors import NodeLabelError, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
 from cpullm.metrics import NODE_PROFILES, track_services
@@ -75,16 +75,21 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     # is applied client-side, after the whole stream arrived).
     for resource in (*CHILD_RESOURCES, POD_RESOURCE):
         settings.watching.label_selectors[resource] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
-    if "reconciler" not in memo:
+    if "state" not in memo:
         config: Settings = memo.get("settings") or Settings()
         hub = HubClient(
             config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds, allow_http=config.hub_allow_http
         )
         # One API connection per reconcile thread, and one for the resync's lists.
         kube = Kube.from_environment(connections=config.reconcile_workers + 1, read_any_secret=config.read_any_secret)
-        memo["reconciler"] = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds)
-        memo["workers"] = ReconcileWorkers(config.reconcile_workers)
-        track_services(memo["reconciler"].services_by_readiness)
+        reconciler = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds)
+        memo["state"] = ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers))
+        track_services(reconciler.services_by_readiness)
+
+
+def _state(memo: kopf.Memo) -> ControllerState:
+    state: ControllerState = memo["state"]
+    return state
 
 
 @kopf.on.startup()
@@ -93,7 +98,7 @@ async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
     (Reconciler.find_vanished): the one change a watch can miss for good. Three metadata-only lists."""
     config: Settings = memo.get("settings") or Settings()
     if config.resync_seconds > 0:
-        memo["resync"] = asyncio.get_running_loop().create_task(
+        _state(memo).resync = asyncio.get_running_loop().create_task(
             _resync_forever(memo, indexes, config.resync_seconds, config.namespaces)
         )
 
@@ -101,10 +106,10 @@ async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
 @kopf.on.cleanup()
 async def shut_down(memo: kopf.Memo, **_: Any) -> None:
     """Stop the resync and the reconcile threads (a reconcile not yet started is dropped)."""
-    task: asyncio.Task[None] | None = memo.get("resync")
-    if task is not None:
-        task.cancel()
-    memo["workers"].shutdown()
+    state = _state(memo)
+    if state.resync is not None:
+        state.resync.cancel()
+    state.workers.shutdown()
 
 
 async def _resync_forever(memo: kopf.Memo, indexes: Mapping[str, Any], every: float, namespaces: list[str]) -> None:
@@ -117,7 +122,7 @@ async def resync(memo: kopf.Memo, indexes: Mapping[str, Any], namespaces: list[s
     """One round: per kind, list what exists, and reconcile the owners of what vanished."""
     for kind in CHILD_KINDS:
         try:
-            owners = await asyncio.to_thread(memo["reconciler"].find_vanished, kind, namespaces)
+            owners = await asyncio.to_thread(_state(memo).reconciler.find_vanished, kind, namespaces)
         except (TransientApiError, PermissionDenied) as err:  # the next round tries again
             log.warning("resync of %ss skipped: %s", kind, err.message)
             continue
@@ -168,14 +173,8 @@ async def daemonset_changed(
 ) -> None:
     """Re-plan every service when what a DaemonSet's pods take, or where, changed (a new agent, a bigger
     request): rare, and any whole-node plan may have to leave it room. Its status (pods rolling) is noise."""
-    seen: dict[tuple[str, str], DaemonPods | None] = memo.setdefault("daemonsets", {})
     key = (namespace, name)
-    now = _first(daemonset_pods, key) if type != "DELETED" else None
-    first_sight = key not in seen
-    before = seen.pop(key, None)
-    if type != "DELETED":
-        seen[key] = now
-    if (type is None and first_sight) or before == now:
+    if _state(memo).daemonsets.news(key, type, _first(daemonset_pods, key)) is None:
         return
     indexes = {"daemonset_pods": daemonset_pods, "services": services, **kwargs}
     await _reconcile_quietly(memo, [s for store in services.values() for s in store], indexes)
@@ -250,7 +249,7 @@ class _Facts:
     async def reconcile(self, memo: kopf.Memo, service: Mapping[str, Any]) -> Any:
         key = (service["metadata"]["namespace"], service["metadata"]["name"])
         deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
-        reconciler, workers = memo["reconciler"], memo["workers"]
+        reconciler, workers = _state(memo).reconciler, _state(memo).workers
         facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
         return await workers.run(reconciler.reconcile, service, *facts)
 
@@ -275,8 +274,8 @@ async def service_changed(
     one more write per change and a copy of the whole object per event to compare with it, while the
     generation already says whether the spec changed."""
     if type == "DELETED":
-        memo["reconciler"].forget(namespace, name, uid)
-    elif memo["reconciler"].service_event(body):
+        _state(memo).reconciler.forget(namespace, name, uid)
+    elif _state(memo).reconciler.service_event(body):
         await _reconcile_quietly(memo, list(services.get((namespace, name), ())), {"services": services, **kwargs})
 
 
@@ -293,10 +292,7 @@ async def node_changed(
     """Re-plan the services a node can affect when its profile changed (heartbeats and status noise do not count).
 
     Kopf updates its indexes before event handlers run, so the index already holds this event's profile;
-    what the services were last planned against is remembered per node, to tell a change from noise. A node
-    already known that comes in a re-listing (after a watch failed) is compared like any other event."""
-    planned_against: dict[str, NodeState] = memo.setdefault("node_states", {})
-    first_sight = name not in planned_against
+    what the services were last planned against is remembered per node (ControllerState.nodes)."""
     state: NodeState = None
     if type != "DELETED":
         state = _first(node_profiles, name)
@@ -305,35 +301,19 @@ async def node_changed(
                 parse_node(body)
             except NodeLabelError as err:
                 state = err
-    before = planned_against.pop(name, None)
-    if type != "DELETED":
-        planned_against[name] = state
     NODE_PROFILES.set(sum(len(store) for store in node_profiles.values()))
-    if (type is None and first_sight) or not node_state_changed(before, state):
+    change = _state(memo).nodes.news(name, type, state)
+    if change is None:
         return  # the operator's first listing (service_changed plans every service) or noise
     if isinstance(state, NodeLabelError):
-        memo["reconciler"].kube.emit_event(
+        _state(memo).reconciler.kube.emit_event(
             {"apiVersion": "v1", "kind": "Node", "name": name, "uid": body.metadata.get("uid")},
             "Warning",
             state.reason,
             f"{state.message}; node skipped by the planner",
         )
-    affected = [s for store in services.values() for s in store if _affected(s, name, before, state)]
+    affected = [s for store in services.values() for s in store if affected_by_node(s, name, change.before, state)]
     await _reconcile_quietly(memo, affected, {"node_profiles": node_profiles, "services": services, **kwargs})
-
-
-def _affected(service: Mapping[str, Any], node: str, before: NodeState, after: NodeState) -> bool:
-    """Whether a change of `node` can change this service's plan: the node is among the nodes it is planned on,
-    or could run it before or after the change. Any other node is irrelevant to it, so the other services are
-    not even re-planned (with thousands of services, one node's label change must not touch them all)."""
-    plan = (service.get("status") or {}).get("plan") or {}
-    if node in (plan.get("eligibleNodes") or []):
-        return True
-    try:
-        needs = Needs.of(parse_spec(service.get("spec")))  # a malformed affinity is an InvalidSpec here too
-    except CpuLLMError:
-        return True  # its reconcile reports the spec; nothing to save here
-    return any(isinstance(p, NodeProfile) and node_rejection(needs, p) is None for p in (before, after))
 
 
 async def _reconcile_quietly(
@@ -346,38 +326,20 @@ async def _reconcile_quietly(
     for service in [s for s in services if not s["metadata"].get("deletionTimestamp")]:
         meta = service["metadata"]
         try:
-            async with memo["workers"].slot:
+            async with _state(memo).workers.slot:
                 outcome = await _Facts(kwargs).reconcile(memo, copy.deepcopy(dict(service)))
         except Exception:  # an event handler must not stop the watch; the error is in the log
             log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
             continue
         delay = retry_delay(outcome, attempt, spread=random.random())
         if delay is not None:
-            _later(memo, (meta["namespace"], meta["name"]), kwargs, attempt + 1, delay)
+            key = (meta["namespace"], meta["name"])
 
+            async def again(key: tuple[str, str] = key) -> None:  # from Kopf's indexes as they are then
+                latest = list(kwargs["services"].get(key, ())) if "services" in kwargs else []
+                await _reconcile_quietly(memo, latest, kwargs, attempt + 1)
 
-def _later(memo: kopf.Memo, key: tuple[str, str], kwargs: Mapping[str, Any], attempt: int, delay: float) -> None:
-    """Reconcile the service `key` again after `delay`, from Kopf's indexes as they are then. At most one retry
-    per service is pending, the soonest asked for: it reads the latest facts, whichever events failed before."""
-    pending: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = memo.setdefault("event_retries", {})
-    loop = asyncio.get_running_loop()
-    due = loop.time() + delay
-    if key in pending:
-        if pending[key][0] <= due:
-            return
-        pending[key][1].cancel()
-
-    async def again() -> None:
-        await asyncio.sleep(delay)
-        del pending[key]  # from here on, a failure schedules the next retry
-        latest = list(kwargs["services"].get(key, ())) if "services" in kwargs else []
-        await _reconcile_quietly(memo, latest, kwargs, attempt)
-
-    task = loop.create_task(again())
-    pending[key] = (due, task)
-    running: set[asyncio.Task[None]] = memo.setdefault("retry_tasks", set())
-    running.add(task)  # kept referenced until done (the event loop keeps only weak references)
-    task.add_done_callback(running.discard)
+            _state(memo).retries.later(key, delay, again)
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
@@ -401,7 +363,7 @@ async def child_changed(
         return
     body = kwargs.get("body") or {}
     kind, name = kwargs["resource"].kind, body["metadata"]["name"]
-    if not memo["reconciler"].child_event(kind, namespace, name, type, body, owner):
+    if not _state(memo).reconciler.child_event(kind, namespace, name, type, body, owner):
         return
     await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
 
@@ -419,21 +381,9 @@ async def pod_changed(
 ) -> None:
     """A server pod became unschedulable, or schedulable again (or went): reconcile its service, so its Ready
     condition carries the scheduler's reason. Every other pod change (most of them) does nothing."""
-    failing: dict[tuple[str, str], str] = memo.setdefault("unschedulable", {})
-    known: set[tuple[str, str]] = memo.setdefault("known_pods", set())
-    first_sight = (namespace, name) not in known
-    (known.discard if type == "DELETED" else known.add)((namespace, name))
-    message = scheduling_failure(status) if type != "DELETED" else None
-    if failing.get((namespace, name)) == message:
-        return
-    if message:
-        failing[namespace, name] = message
-    else:
-        failing.pop((namespace, name), None)
     owner = labels.get(SERVICE_LABEL)
-    # The operator's first listing (type None, never seen) is read by service_changed's first reconciles; a pod already
-    # known that comes in a re-listing (after a watch failed) is news like any other event.
-    if not (type is None and first_sight) and (namespace, owner) in services:
+    news = _state(memo).unschedulable_pods.news((namespace, name), type, scheduling_failure(status))
+    if news and (namespace, owner) in services:
         await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
 
 
@@ -448,22 +398,7 @@ async def optional_api_changed(
 ) -> None:
     """An optional API began or stopped being served: reconcile the services that ask for it (a PodMonitor or
     a ScaledObject is applied as soon as its CRD is established)."""
-    served: set[str] = memo.setdefault("served_optional_apis", set())
-    known: set[str] = memo.setdefault("known_optional_apis", set())
-    first_sight = name not in known
-    known.add(name)
-    now = type != "DELETED" and _established(status)
-    if (name in served) == now:
-        return  # no change in what is served (CRD edits, resyncs)
-    (served.add if now else served.discard)(name)
-    if type is None and first_sight:
-        return  # the operator's first listing: service_changed plans every service
-    wanting = [s for store in services.values() for s in store if _asks_for(s, name)]
+    if _state(memo).served_optional_apis.news(name, type, True if _established(status) else None) is None:
+        return  # no change in what is served (CRD edits, resyncs), or the operator's first listing
+    wanting = [s for store in services.values() for s in store if asks_for_api(s, name)]
     await _reconcile_quietly(memo, wanting, {"services": services, **kwargs})
-
-
-def _asks_for(service: Mapping[str, Any], crd: str) -> bool:
-    spec = service.get("spec") or {}
-    if crd == OPTIONAL_APIS[(PODMONITOR_API_VERSION, "PodMonitor")]:
-        return bool((spec.get("monitoring") or {}).get("podMonitor"))
-    return (spec.get("autoscaling") or {}).get("kind") == "keda"

@@ -1,0 +1,91 @@
+"""The operator's state between Kopf events, typed (Kopf's memo holds one ControllerState, nothing else).
+
+One rule tells an event's news from noise for every watch that triggers reconciles of other objects (nodes,
+DaemonSets, server pods, optional APIs' CRDs): LastSeen keeps what each object was when the services were last
+reconciled against it. An event is news when that changed; in the operator's first listing (Kopf's event type
+None for an object it has not seen) it is not, because the services' own first listing reconciles every service.
+A re-listing after a failed watch (type None, object known) is news like any other event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import operator
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from cpullm.controller.reconcile import Reconciler
+from cpullm.controller.workers import ReconcileWorkers
+from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.topology import NodeState, node_state_changed
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass(frozen=True)
+class Change(Generic[V]):
+    before: V | None
+    after: V | None
+
+
+@dataclass
+class LastSeen(Generic[K, V]):
+    """What each watched object was (None: gone, never seen, or nothing worth keeping), and whether an event
+    changed it (`changed`: by default, any difference)."""
+
+    changed: Callable[[V | None, V | None], bool] = operator.ne
+    values: dict[K, V | None] = field(default_factory=dict)
+
+    def news(self, key: K, event_type: str | None, value: V | None) -> Change[V] | None:
+        """Record the object as this event shows it (a DELETED one is None, whatever its last body said); the
+        change, when it is news."""
+        first_sight = key not in self.values
+        before = self.values.pop(key, None)
+        if event_type == "DELETED":
+            value = None
+        else:
+            self.values[key] = value
+        if (event_type is None and first_sight) or not self.changed(before, value):
+            return None
+        return Change(before, value)
+
+
+class RetryScheduler:
+    """At most one pending retry per service, the soonest asked for: it reads the latest facts when it runs,
+    whichever events failed before."""
+
+    def __init__(self) -> None:
+        self.pending: dict[tuple[str, str], tuple[float, asyncio.Task[None]]] = {}
+        self.running: set[asyncio.Task[None]] = set()  # referenced until done (the loop keeps weak references)
+
+    def later(self, key: tuple[str, str], delay: float, retry: Callable[[], Awaitable[None]]) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + delay
+        if key in self.pending:
+            if self.pending[key][0] <= due:
+                return
+            self.pending[key][1].cancel()
+
+        async def again() -> None:
+            await asyncio.sleep(delay)
+            del self.pending[key]  # from here on, a failure schedules the next retry
+            await retry()
+
+        task = loop.create_task(again())
+        self.pending[key] = (due, task)
+        self.running.add(task)
+        task.add_done_callback(self.running.discard)
+
+
+@dataclass
+class ControllerState:
+    reconciler: Reconciler
+    workers: ReconcileWorkers
+    nodes: LastSeen[str, NodeState] = field(default_factory=lambda: LastSeen(node_state_changed))
+    daemonsets: LastSeen[tuple[str, str], DaemonPods] = field(default_factory=LastSeen)
+    unschedulable_pods: LastSeen[tuple[str, str], str] = field(default_factory=LastSeen)  # the scheduler's message
+    served_optional_apis: LastSeen[str, bool] = field(default_factory=LastSeen)  # True: served
+    retries: RetryScheduler = field(default_factory=RetryScheduler)
+    resync: asyncio.Task[None] | None = None

@@ -1,0 +1,36 @@
+"""Whether an event about another object can change a service: pure, so each watch reconciles only the
+services it can affect (with thousands of services, one node's label change must not touch them all)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from cpullm.api.spec import parse_spec
+from cpullm.core.children import OPTIONAL_APIS
+from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION
+from cpullm.core.eligibility import Needs, node_rejection
+from cpullm.core.topology import NodeProfile, NodeState
+from cpullm.errors import CpuLLMError
+
+
+def affected_by_node(service: Mapping[str, Any], node: str, before: NodeState, after: NodeState) -> bool:
+    """Whether a change of `node` can change this service's plan: the node is among the nodes it is planned on,
+    or could run it before or after the change. Any other node is irrelevant to it, so the other services are
+    not even re-planned (with thousands of services, one node's label change must not touch them all)."""
+    plan = (service.get("status") or {}).get("plan") or {}
+    if node in (plan.get("eligibleNodes") or []):
+        return True
+    try:
+        needs = Needs.of(parse_spec(service.get("spec")))  # a malformed affinity is an InvalidSpec here too
+    except CpuLLMError:
+        return True  # its reconcile reports the spec; nothing to save here
+    return any(isinstance(p, NodeProfile) and node_rejection(needs, p) is None for p in (before, after))
+
+
+def asks_for_api(service: Mapping[str, Any], crd: str) -> bool:
+    """Whether the service asks for a child of the optional API this CRD serves (a PodMonitor, a ScaledObject)."""
+    spec = service.get("spec") or {}
+    if crd == OPTIONAL_APIS[(PODMONITOR_API_VERSION, "PodMonitor")]:
+        return bool((spec.get("monitoring") or {}).get("podMonitor"))
+    return (spec.get("autoscaling") or {}).get("kind") == "keda"
