@@ -469,8 +469,9 @@ def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
     }
     asyncio.run(handlers.resync(memo, indexes, []))
     assert [name for name, _ in rec.calls] == ["a", "a"]
-    # The vanished Deployment's last status (still in Kopf's index) is not reported as its replacement's.
-    assert rec.deployments == [None, last_seen]
+    # The vanished Deployment's last status (still in Kopf's index) is not reported as its replacement's; the
+    # kinds are listed in apply order (the ConfigMap's owner is reconciled with the Deployment's status it has).
+    assert rec.deployments == [last_seen, None]
     assert "resync of Services skipped: cannot list Services: HTTP 503" in caplog.text
 
 

@@ -32,7 +32,7 @@ from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.affected import affected_by_node, asks_for_api
-from cpullm.core.children import OPTIONAL_APIS
+from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.status import scheduling_failure
@@ -46,8 +46,7 @@ from cpullm.settings import Settings
 log = logging.getLogger(__name__)
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 # The owned children that are watched (drift reverted, readiness copied), as (group, version, plural).
-CHILD_RESOURCES = (("apps", "v1", "deployments"), ("", "v1", "services"), ("", "v1", "configmaps"))
-CHILD_KINDS = ("Deployment", "Service", "ConfigMap")  # their kinds, as the reconciler keys what it applied
+CHILD_RESOURCES = tuple((k.group, k.version, k.plural) for k in WATCHED_KINDS)
 POD_RESOURCE = ("", "v1", "pods")  # the server pods: only whether the scheduler can place them is read
 
 
@@ -120,7 +119,7 @@ async def _resync_forever(memo: kopf.Memo, indexes: Mapping[str, Any], every: fl
 
 async def resync(memo: kopf.Memo, indexes: Mapping[str, Any], namespaces: list[str]) -> None:
     """One round: per kind, list what exists, and reconcile the owners of what vanished."""
-    for kind in CHILD_KINDS:
+    for kind in (k.kind for k in WATCHED_KINDS):
         try:
             owners = await asyncio.to_thread(_state(memo).reconciler.find_vanished, kind, namespaces)
         except (TransientApiError, PermissionDenied) as err:  # the next round tries again
@@ -342,9 +341,6 @@ async def _reconcile_quietly(
             _state(memo).retries.later(key, delay, again)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=CHILD_LABELS)
-@kopf.on.event("", "v1", "services", labels=CHILD_LABELS)
-@kopf.on.event("", "v1", "configmaps", labels=CHILD_LABELS)
 async def child_changed(
     labels: Mapping[str, str],
     namespace: str,
@@ -366,6 +362,10 @@ async def child_changed(
     if not _state(memo).reconciler.child_event(kind, namespace, name, type, body, owner):
         return
     await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
+
+
+for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CHILD_KINDS)
+    kopf.on.event(*_resource, labels=CHILD_LABELS)(child_changed)
 
 
 @kopf.on.event(*POD_RESOURCE, labels=CHILD_LABELS)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
+from cpullm.core.children import CHILD_KIND, ChildKind
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
 from cpullm.core.decision import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
@@ -68,11 +70,6 @@ class Kube:
         """Server-side apply an owned child (the kinds of core/children); returns the object as stored."""
         meta = manifest["metadata"]
         kind, name, namespace = manifest["kind"], meta["name"], meta["namespace"]
-        typed: Any = {
-            "Deployment": self.apps.patch_namespaced_deployment,
-            "Service": self.core.patch_namespaced_service,
-            "ConfigMap": self.core.patch_namespaced_config_map,
-        }
         options: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
             "force": True,
@@ -82,12 +79,14 @@ class Kube:
         # A server-side apply creates what is absent: a 404 means the kind itself is not served (yet), e.g. a
         # CRD installed a moment ago; that passes.
         with _api_errors(f"apply {kind} {namespace}/{name}", absent_is_transient=True):
-            if kind in typed:
-                response = typed[kind](name, namespace, dict(manifest), **options)
+            child = CHILD_KIND[kind]
+            if (typed := self._typed_api(child)) is not None:
+                response = getattr(typed, f"patch_namespaced_{_snake(kind)}")(
+                    name, namespace, dict(manifest), **options
+                )
             else:
-                group, version, plural = _resource(manifest["apiVersion"], kind)
                 response = self.custom.patch_namespaced_custom_object(
-                    group, version, namespace, plural, name, dict(manifest), **options
+                    child.group, child.version, namespace, child.plural, name, dict(manifest), **options
                 )
         return _json(response)
 
@@ -98,24 +97,25 @@ class Kube:
         found = self.ownership(api_version, kind, namespace, name)
         if found is None or found.controller_uid != owner_uid:
             return
-        group, version, plural = _resource(api_version, kind)
+        child = CHILD_KIND[kind]
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=found.uid))
         with _api_errors(f"delete {kind} {namespace}/{name}", absent_ok=True):
-            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name, body=body)
+            self.custom.delete_namespaced_custom_object(
+                child.group, child.version, namespace, child.plural, name, body=body
+            )
 
     def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> Ownership | None:
         """The object's UID and its controller's (a read of its metadata only), or None when it does not exist."""
         meta: dict[str, Any] | None = None
         with _api_errors(f"read {kind} {namespace}/{name}", absent_ok=True):
             headers = {"Accept": METADATA_ONLY}
-            if kind in ("Deployment", "Service", "ConfigMap"):
-                api, plural = self._child_api(kind)
-                call = getattr(api, f"read_namespaced_{plural}")
+            child = CHILD_KIND[kind]
+            if (typed := self._typed_api(child)) is not None:
+                call = getattr(typed, f"read_namespaced_{_snake(kind)}")
                 response = call(name, namespace, _headers=headers, _preload_content=False)
             else:
-                group, version, plural = _resource(api_version, kind)
                 response = self.custom.get_namespaced_custom_object(
-                    group, version, namespace, plural, name, _headers=headers, _preload_content=False
+                    child.group, child.version, namespace, child.plural, name, _headers=headers, _preload_content=False
                 )
             meta = _json(response).get("metadata") or {}
         if meta is None:
@@ -124,13 +124,13 @@ class Kube:
         return Ownership(uid=str(meta.get("uid") or ""), controller_uid=controller.get("uid"))
 
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]:
-        """(namespace, name) of each Deployment, Service or ConfigMap that carries the operator's managed-by
-        label, in `namespaces` (empty: cluster-wide), read in pages of metadata only."""
-        api, plural = self._child_api(kind)
+        """(namespace, name) of each watched child of `kind` (a Deployment, Service or ConfigMap) that carries the
+        operator's managed-by label, in `namespaces` (empty: cluster-wide), read in pages of metadata only."""
+        api, snake = self._typed_api(CHILD_KIND[kind]), _snake(kind)
         calls = (
-            [(getattr(api, f"list_namespaced_{plural}"), (ns,)) for ns in namespaces]
+            [(getattr(api, f"list_namespaced_{snake}"), (ns,)) for ns in namespaces]
             if namespaces
-            else [(getattr(api, f"list_{plural}_for_all_namespaces"), ())]
+            else [(getattr(api, f"list_{snake}_for_all_namespaces"), ())]
         )
         selector, accept = f"{MANAGED_BY_LABEL}={MANAGED_BY}", {"Accept": METADATA_ONLY_LIST}
         return {
@@ -153,15 +153,12 @@ class Kube:
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether one Deployment, Service or ConfigMap exists (a read of its metadata only): a listing's word
         that a child is gone is confirmed by this before the child is taken for deleted."""
-        return self.ownership("v1", kind, namespace, name) is not None
+        return self.ownership(CHILD_KIND[kind].api_version, kind, namespace, name) is not None
 
-    def _child_api(self, kind: str) -> tuple[Any, str]:
-        """The typed client for a watched child kind, and the kind's name in that client's method names."""
-        return {
-            "Deployment": (self.apps, "deployment"),
-            "Service": (self.core, "service"),
-            "ConfigMap": (self.core, "config_map"),
-        }[kind]
+    def _typed_api(self, child: ChildKind) -> Any:
+        """The Kubernetes client's typed API for a built-in group (core, apps), or None: a CRD's kind (or one the
+        client has no typed API for here) goes through the generic custom-objects calls."""
+        return {"": self.core, "apps": self.apps}.get(child.group)
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
         """A namespace already gone (its services' last events arrive after it) is one going away: nothing may
@@ -229,12 +226,6 @@ class Kube:
 
 
 _TRANSIENT_STATUS = frozenset({409, 429})
-# Owned kinds written through the generic API (group, version, plural), beside the typed core/apps ones.
-_PLURALS = {
-    "HorizontalPodAutoscaler": "horizontalpodautoscalers",
-    "PodMonitor": "podmonitors",
-    "ScaledObject": "scaledobjects",
-}
 
 
 @dataclass(frozen=True)
@@ -243,9 +234,9 @@ class Ownership:
     controller_uid: str | None
 
 
-def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
-    group, _, version = api_version.rpartition("/")
-    return group, version, _PLURALS[kind]
+def _snake(kind: str) -> str:
+    """A kind as the typed client's method names spell it: ConfigMap -> config_map."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", kind).lower()
 
 
 @contextmanager
