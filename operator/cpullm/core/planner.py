@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan
-from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, Placement, ThreadsBindMode
+from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, ThreadsBindMode
 from cpullm.core import constants as c
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
@@ -35,7 +35,7 @@ from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
 from cpullm.core.sizing import KVLayout, ModelSize
-from cpullm.core.topology import NUMA_ALIGNING_POLICIES, NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
+from cpullm.core.topology import NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
     ContextTooLong,
     InvalidTensorParallelSize,
@@ -266,14 +266,7 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
     if daemonsets:
         shown = ", ".join(daemonsets[:3]) + (f" and {len(daemonsets) - 3} more" if len(daemonsets) > 3 else "")
         notes.append(f"CPU and memory left for the DaemonSets on the nodes: {shown}")
-    if strategy.name == Placement.THROUGHPUT:
-        if replicas > capacity:
-            notes.append(f"replicas capped: {replicas} requested, {capacity} NUMA nodes on the chosen nodes")
-        if shape.node.numa_nodes > 1 and shape.node.topology_manager_policy not in NUMA_ALIGNING_POLICIES:
-            notes.append(
-                "NUMA alignment best-effort: the nodes are not labelled cpullm.io/topology-manager-policy="
-                "single-numa-node or restricted, so a pod's CPUs may span NUMA nodes (the launcher binds within them)"
-            )
+    notes += strategy.notes(shape, replicas, capacity)
     return "; ".join(notes) or None
 
 
@@ -289,7 +282,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
     _check_fits(budget, layout, where, "needs")
 
     capacity = layout.pods_per_node * len(shape.members)
-    replicas = min(spec.replicas, capacity) if strategy.name == Placement.THROUGHPUT else spec.replicas
+    replicas = strategy.replicas(spec.replicas, capacity)
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
     launcher = spec.cpu.launcher and threads_bind == ThreadsBindMode.AUTO
     image = spec.image or f"{c.DEFAULT_IMAGE_REPOSITORY}:{c.VLLM_VERSION}-{c.IMAGE_ARCH_SUFFIX[node.arch]}"

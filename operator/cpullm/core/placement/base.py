@@ -69,6 +69,14 @@ class PlacementStrategy(Protocol):
 
     def layout(self, spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> PodLayout: ...
 
+    def replicas(self, requested: int, capacity: int) -> int:
+        """How many pods to run of the `requested`, when the chosen nodes hold `capacity`."""
+        ...
+
+    def notes(self, shape: Shape, requested: int, capacity: int) -> list[str]:
+        """What this placement could not do or needs, for the plan's placementNote."""
+        ...
+
 
 def largest_valid_tensor_parallel_size(at_most: int, model: ModelSize) -> int:
     return next(t for t in range(at_most, 0, -1) if model.tensor_parallel_problem(t) is None)

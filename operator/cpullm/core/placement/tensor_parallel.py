@@ -39,3 +39,9 @@ class TensorParallel:
             pods_per_node=1,
             why=why,
         )
+
+    def replicas(self, requested: int, capacity: int) -> int:
+        return requested  # one pod per node: more than the nodes hold wait Pending, as any Deployment's would
+
+    def notes(self, shape: Shape, requested: int, capacity: int) -> list[str]:
+        return []

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.placement.base import PodLayout, Shape
 from cpullm.core.sizing import ModelSize
+from cpullm.core.topology import NUMA_ALIGNING_POLICIES
 from cpullm.errors import InvalidPlacement, InvalidTensorParallelSize, ModelTooLarge
 
 
@@ -42,3 +43,18 @@ class Throughput:
             pods_per_node=node.numa_nodes,
             why=f"one TP=1 server per NUMA node, {node.numa_nodes} per node",
         )
+
+    def replicas(self, requested: int, capacity: int) -> int:
+        return min(requested, capacity)  # a server per NUMA node: no more than there are
+
+    def notes(self, shape: Shape, requested: int, capacity: int) -> list[str]:
+        notes = []
+        if requested > capacity:
+            notes.append(f"replicas capped: {requested} requested, {capacity} NUMA nodes on the chosen nodes")
+        node = shape.node
+        if node.numa_nodes > 1 and node.topology_manager_policy not in NUMA_ALIGNING_POLICIES:
+            notes.append(
+                "NUMA alignment best-effort: the nodes are not labelled cpullm.io/topology-manager-policy="
+                "single-numa-node or restricted, so a pod's CPUs may span NUMA nodes (the launcher binds within them)"
+            )
+        return notes
