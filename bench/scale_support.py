@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 import yaml
 from e2e.cluster import create_args, kubernetes_version, tool_dirs
-from e2e.conftest import fake_node, tiny_service
+from e2e.objects import fake_node, tiny_service
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 

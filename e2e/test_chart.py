@@ -13,10 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from tests.vllm.harness import free_port
 
 from e2e.cluster import tool_dirs
-from e2e.conftest import free_port, tiny_service
 from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
+from e2e.objects import tiny_service
 from e2e.test_operator import conditions, ready
 
 CHART = ROOT / "charts" / "cpullm-operator"

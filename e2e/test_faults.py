@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.vllm.harness import free_port
 
 from cpullm.core.children.common import SERVICE_LABEL
 from e2e.cluster import LocalCluster
-from e2e.conftest import NodePool, fake_node, free_port, tiny_service
+from e2e.conftest import NodePool
 from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.objects import fake_node, tiny_service
 from e2e.proxy import CuttableProxy
 from e2e.test_operator import conditions
 

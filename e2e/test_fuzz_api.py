@@ -19,8 +19,9 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from cpullm import errors
-from e2e.conftest import E2E_LABEL, QWEN_SMALL, NodePool, fake_node, tiny_service
+from e2e.conftest import NodePool
 from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.objects import E2E_LABEL, QWEN_SMALL, fake_node, tiny_service
 from e2e.test_faults import LogMark
 from e2e.test_operator import conditions, ready
 

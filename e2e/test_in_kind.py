@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import tiny_service
 from e2e.helpers import InClusterOperator, Kubectl, eventually
 from e2e.machine import machine_labels
+from e2e.objects import tiny_service
 
 SERVER_NODE = os.environ.get("CPULLM_E2E_KIND_SERVER_NODE")
 TEST_IMAGE = os.environ.get("CPULLM_E2E_KIND_TEST_IMAGE")

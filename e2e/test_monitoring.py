@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from e2e.conftest import tiny_service
 from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
+from e2e.objects import tiny_service
 from e2e.test_operator import conditions, ready
 
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from e2e.conftest import E2E_LABEL, NodePool, fake_node, sample_nodes, tiny_service
+from e2e.conftest import NodePool
 from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
+from e2e.objects import E2E_LABEL, fake_node, sample_nodes, tiny_service
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 

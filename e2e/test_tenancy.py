@@ -9,8 +9,8 @@ import urllib.request
 
 import pytest
 
-from e2e.conftest import tiny_service
 from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.objects import tiny_service
 from e2e.test_faults import LogMark
 from e2e.test_operator import conditions, not_planned, ready
 
