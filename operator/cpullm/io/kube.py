@@ -27,7 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
-from cpullm.core.children import CHILD_KIND, ChildKind
+from cpullm.core.children import CHILD_KIND
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
 from cpullm.core.decision import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
@@ -79,14 +79,13 @@ class Kube:
         # A server-side apply creates what is absent: a 404 means the kind itself is not served (yet), e.g. a
         # CRD installed a moment ago; that passes.
         with _api_errors(f"apply {kind} {namespace}/{name}", absent_is_transient=True):
-            child = CHILD_KIND[kind]
-            if (typed := self._typed_api(child)) is not None:
-                response = getattr(typed, f"patch_namespaced_{_snake(kind)}")(
-                    name, namespace, dict(manifest), **options
-                )
+            group, version, plural = _resource(manifest["apiVersion"], kind)
+            if (typed := self._typed_api(group)) is not None:
+                patch = getattr(typed, f"patch_namespaced_{_snake(kind)}")
+                response = patch(name, namespace, dict(manifest), **options)
             else:
                 response = self.custom.patch_namespaced_custom_object(
-                    child.group, child.version, namespace, child.plural, name, dict(manifest), **options
+                    group, version, namespace, plural, name, dict(manifest), **options
                 )
         return _json(response)
 
@@ -97,25 +96,23 @@ class Kube:
         found = self.ownership(api_version, kind, namespace, name)
         if found is None or found.controller_uid != owner_uid:
             return
-        child = CHILD_KIND[kind]
+        group, version, plural = _resource(api_version, kind)
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=found.uid))
         with _api_errors(f"delete {kind} {namespace}/{name}", absent_ok=True):
-            self.custom.delete_namespaced_custom_object(
-                child.group, child.version, namespace, child.plural, name, body=body
-            )
+            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name, body=body)
 
     def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> Ownership | None:
         """The object's UID and its controller's (a read of its metadata only), or None when it does not exist."""
         meta: dict[str, Any] | None = None
         with _api_errors(f"read {kind} {namespace}/{name}", absent_ok=True):
             headers = {"Accept": METADATA_ONLY}
-            child = CHILD_KIND[kind]
-            if (typed := self._typed_api(child)) is not None:
+            group, version, plural = _resource(api_version, kind)
+            if (typed := self._typed_api(group)) is not None:
                 call = getattr(typed, f"read_namespaced_{_snake(kind)}")
                 response = call(name, namespace, _headers=headers, _preload_content=False)
             else:
                 response = self.custom.get_namespaced_custom_object(
-                    child.group, child.version, namespace, child.plural, name, _headers=headers, _preload_content=False
+                    group, version, namespace, plural, name, _headers=headers, _preload_content=False
                 )
             meta = _json(response).get("metadata") or {}
         if meta is None:
@@ -126,7 +123,7 @@ class Kube:
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]:
         """(namespace, name) of each watched child of `kind` (a Deployment, Service or ConfigMap) that carries the
         operator's managed-by label, in `namespaces` (empty: cluster-wide), read in pages of metadata only."""
-        api, snake = self._typed_api(CHILD_KIND[kind]), _snake(kind)
+        api, snake = self._typed_api(CHILD_KIND[kind].group), _snake(kind)
         calls = (
             [(getattr(api, f"list_namespaced_{snake}"), (ns,)) for ns in namespaces]
             if namespaces
@@ -155,10 +152,10 @@ class Kube:
         that a child is gone is confirmed by this before the child is taken for deleted."""
         return self.ownership(CHILD_KIND[kind].api_version, kind, namespace, name) is not None
 
-    def _typed_api(self, child: ChildKind) -> Any:
+    def _typed_api(self, group: str) -> Any:
         """The Kubernetes client's typed API for a built-in group (core, apps), or None: a CRD's kind (or one the
         client has no typed API for here) goes through the generic custom-objects calls."""
-        return {"": self.core, "apps": self.apps}.get(child.group)
+        return {"": self.core, "apps": self.apps}.get(group)
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
         """A namespace already gone (its services' last events arrive after it) is one going away: nothing may
@@ -232,6 +229,12 @@ _TRANSIENT_STATUS = frozenset({409, 429})
 class Ownership:
     uid: str
     controller_uid: str | None
+
+
+def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
+    """(group, version, plural) of an owned kind at this API version (core/children's CHILD_KINDS)."""
+    group, _, version = api_version.rpartition("/")
+    return group, version, CHILD_KIND[kind].plural
 
 
 def _snake(kind: str) -> str:

@@ -3,7 +3,7 @@
 A new owned child is a new module here with a `build_*` function added to CHILDREN and its kind's line in
 CHILD_KINDS; what the rest of the operator needs of a kind (the API calls, the watches and their resync, the
 optional APIs' conditions, what a spec can stop asking for) derives from that line. Its RBAC goes into the chart
-(`tests/unit/test_manifests.py` checks that the chart grants what CHILD_KINDS needs).
+(`tests/unit/test_rbac.py` checks that the chart grants what CHILD_KINDS needs).
 """
 
 from __future__ import annotations
