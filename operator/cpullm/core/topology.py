@@ -80,10 +80,9 @@ class NodeProfile:
     unschedulable: bool = False
     labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)
     taints: tuple[Taint, ...] = ()
-    # The allocatable CPU in millicores (None: `cpus` whole), and the DaemonSets whose pods' requests `cpus` and
-    # `memory_bytes` leave room for (core/daemonsets.py).
+    # The allocatable CPU in millicores (None: `cpus` whole): what DaemonSets' requests are taken from
+    # (core/daemonsets.py).
     cpu_millis: int | None = None
-    daemonsets: tuple[str, ...] = ()
 
     @property
     def allocatable_cpu_millis(self) -> int:

@@ -30,9 +30,8 @@ class Shape:
         first, room = self.members[0], self.room
         if room == NO_ROOM:
             return first
-        cpus = max(0, first.allocatable_cpu_millis - room.cpu_millis) // 1000
         memory = max(0, first.memory_bytes - room.memory_bytes)
-        return dataclasses.replace(first, cpus=cpus, memory_bytes=memory, daemonsets=room.daemonsets)
+        return dataclasses.replace(first, cpus=room.cpus_left(first), memory_bytes=memory)
 
     @property
     def memory_bytes(self) -> int:
@@ -93,6 +92,5 @@ def shapes_of(nodes: Sequence[NodeProfile], daemons: Sequence[DaemonPods] = ()) 
         return [Shape(tuple(members)) for members in plain.values()]
     groups: dict[tuple[tuple[object, ...], Room, int], list[NodeProfile]] = {}
     for node, room in zip(nodes, rooms_on(nodes, daemons), strict=True):
-        left = node.cpus if room is NO_ROOM else (node.allocatable_cpu_millis - room.cpu_millis) // 1000
-        groups.setdefault((node.shape, room, left), []).append(node)
+        groups.setdefault((node.shape, room, room.cpus_left(node)), []).append(node)
     return [Shape(tuple(members), room) for (_, room, _), members in groups.items()]
