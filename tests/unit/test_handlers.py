@@ -160,7 +160,7 @@ def test_daemonset_events_replan_every_service_only_when_their_pods_change():
     assert [call[0] for call in rec.calls] == ["a"]  # the service being deleted is skipped
     assert [d.cpu_millis for d in rec.daemons[-1]] == [200]  # the reconcile reads the new requests
     call_daemonset_changed(memo, "DELETED", agent("200m"), index)
-    assert len(rec.calls) == 2 and rec.daemons[-1] == ()
+    assert len(rec.calls) == 2 and rec.daemons[-1] == []
 
 
 def test_an_unreadable_daemonset_is_left_out_of_the_index():
@@ -215,7 +215,7 @@ def test_node_index_keeps_label_errors_out_of_planning():
     for n, labels in [("n1", {}), ("n2", {}), ("n2", {"cpullm.io/numa-nodes": "x"})]:
         body = kopf.Body(node_object(n, labels=labels))
         index._replace((None, n, n), asyncio.run(handlers.node_profiles(name=n, body=body)))
-    assert [p.name for p in handlers.usable_nodes(index)] == ["n1"]
+    assert [p.name for p in handlers.indexed(index)] == ["n1"]
 
 
 def test_a_pod_scheduled_at_last_leaves_the_unschedulable_index():

@@ -156,10 +156,6 @@ async def daemonset_pods(namespace: str, name: str, body: kopf.Body, **_: Any) -
     return {(namespace, name): daemons} if daemons else {}
 
 
-def daemon_pods(index: kopf.Index[Any, Any]) -> tuple[DaemonPods, ...]:
-    return tuple(daemons for store in index.values() for daemons in store)
-
-
 @kopf.on.event("apps", "v1", "daemonsets")
 async def daemonset_changed(
     namespace: str,
@@ -176,7 +172,7 @@ async def daemonset_changed(
     if _state(memo).daemonsets.news(key, type, _first(daemonset_pods, key)) is None:
         return
     indexes = {"daemonset_pods": daemonset_pods, "services": services, **kwargs}
-    await _reconcile_quietly(memo, [s for store in services.values() for s in store], indexes)
+    await _reconcile_quietly(memo, indexed(services), indexes)
 
 
 def _optional_api(name: str, **_: Any) -> bool:
@@ -225,8 +221,9 @@ async def unschedulable_pods(
     return {(namespace, owner): message} if owner and message else {}
 
 
-def usable_nodes(index: kopf.Index[Any, Any]) -> list[NodeProfile]:
-    return [profile for store in index.values() for profile in store]
+def indexed(index: kopf.Index[Any, Any]) -> list[Any]:
+    """Every value a Kopf index holds (the node profiles, the DaemonSets' pods, the services)."""
+    return [value for store in index.values() for value in store]
 
 
 def _first(index: kopf.Index[Any, Any], key: Any) -> Any:
@@ -239,8 +236,8 @@ class _Facts:
     reconcile holds a worker slot (controller/workers.py): a waiting reconcile holds no copies."""
 
     def __init__(self, kwargs: Mapping[str, Any]) -> None:
-        self.nodes = usable_nodes(kwargs["node_profiles"])
-        self.daemons = daemon_pods(kwargs["daemonset_pods"])
+        self.nodes: list[NodeProfile] = indexed(kwargs["node_profiles"])
+        self.daemons: list[DaemonPods] = indexed(kwargs["daemonset_pods"])
         self.crds = installed(kwargs["installed_crds"])
         self._deployments: kopf.Index[Any, Any] = kwargs["owned_deployments"]
         self._unschedulable: kopf.Index[Any, Any] = kwargs["unschedulable_pods"]
@@ -311,7 +308,7 @@ async def node_changed(
             state.reason,
             f"{state.message}; node skipped by the planner",
         )
-    affected = [s for store in services.values() for s in store if affected_by_node(s, name, change.before, state)]
+    affected = [s for s in indexed(services) if affected_by_node(s, name, change.before, state)]
     await _reconcile_quietly(memo, affected, {"node_profiles": node_profiles, "services": services, **kwargs})
 
 
@@ -400,5 +397,5 @@ async def optional_api_changed(
     a ScaledObject is applied as soon as its CRD is established)."""
     if _state(memo).served_optional_apis.news(name, type, True if _established(status) else None) is None:
         return  # no change in what is served (CRD edits, resyncs), or the operator's first listing
-    wanting = [s for store in services.values() for s in store if asks_for_api(s, name)]
+    wanting = [s for s in indexed(services) if asks_for_api(s, name)]
     await _reconcile_quietly(memo, wanting, {"services": services, **kwargs})
