@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from tests.vllm.harness import free_port, make_tiny_model, vllm_python
 
 from cpullm.core.topology import parse_quantity
@@ -106,10 +106,7 @@ def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
 
 
 def chart_app_version() -> str:
-    chart = (ROOT / "charts" / "cpullm-operator" / "Chart.yaml").read_text()
-    match = re.search(r'^appVersion: "?([^"\n]+)"?$', chart, re.MULTILINE)
-    assert match, "Chart.yaml has no appVersion"
-    return match.group(1)
+    return str(yaml.safe_load((ROOT / "charts" / "cpullm-operator" / "Chart.yaml").read_text())["appVersion"])
 
 
 def cluster_kubectl(tools: dict[str, Path], env: dict[str, str], kubeconfig: Path) -> Kubectl:
