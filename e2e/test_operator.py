@@ -215,7 +215,7 @@ def test_a_whole_node_plan_leaves_room_for_a_daemonset_and_follows_it(
         return dict(plan)
 
     plan = eventually(lambda: planned_cpus(7), timeout=60, what="a plan of 7 CPUs beside the DaemonSet")
-    assert f"left for the DaemonSets on the nodes: {namespace}/agent" in plan["placementNote"]
+    assert f"left on the nodes for: {namespace}/agent" in plan["placementNote"]
     kubectl.run("delete", "daemonset", "agent", "-n", namespace)
     plan = eventually(lambda: planned_cpus(8), timeout=60, what="all 8 CPUs once the DaemonSet is gone")
     assert "DaemonSets" not in (plan.get("placementNote") or "")

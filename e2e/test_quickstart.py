@@ -98,7 +98,7 @@ def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
         parse_quantity(c["resources"]["requests"]["cpu"]) for c in kindnet["spec"]["template"]["spec"]["containers"]
     )
     assert plan["cpu"] == math.floor(parse_quantity(worker["status"]["allocatable"]["cpu"]) - kindnet_cpu) >= 1
-    assert "left for the DaemonSets on the nodes: kube-system/kindnet" in plan["placementNote"]
+    assert "left on the nodes for: kube-system/kindnet" in plan["placementNote"]
     # As planned, under the kind tests' static CPU manager: exclusive CPUs holding every thread, the runtime's
     # seccomp filter, SYS_NICE alone, /dev/shm and the memory limit, no OOM kill.
     assert pod["status"]["qosClass"] == "Guaranteed"

@@ -94,6 +94,14 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
     return decision.outcome, decision
 
 
+# How the plan table says each routing (spec.routing.mode).
+ROUTING_SHOWN = {
+    "service": "the Service selects the servers",
+    "router": "an HAProxy router (least connections) in front of the servers",
+    "inferencePool": "an InferencePool for a Gateway's endpoint picker, and the Service",
+}
+
+
 def plan_table(plan: Plan) -> str:
     """The plan for people: where the ranks go, what each holds, and why these nodes (-o json|yaml for machines)."""
     node, sizing, tp = plan.node_profile, plan.sizing, plan.tensor_parallel_size
@@ -125,6 +133,7 @@ def plan_table(plan: Plan) -> str:
         f"{plan.shm_bytes / GiB:.2f} GiB and the API server's processes; threads: "
         + ("launcher binding" if plan.launcher else plan.threads_bind),
         f"image   {plan.image}",
+        f"routing {ROUTING_SHOWN[plan.routing]}; a stopping server drains for up to {plan.drain_seconds} s",
         f"why     {plan.summary}",
         *([f"note    {plan.placement_note}"] if plan.placement_note else []),
         *[f"note    {note}" for note in sizing.notes],

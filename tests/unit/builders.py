@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.core.topology import NodeProfile, parse_node
 
@@ -110,3 +111,14 @@ def spec(**fields: Any) -> CpuLLMServiceSpec:
 
 def llama_8b() -> ModelSize:
     return size_model(LLAMA_8B, spec().model.dtype)
+
+
+def planned_service(name: str = "svc", namespace: str = "ns", **fields: Any) -> dict[str, Any]:
+    """A CpuLLMService as stored once planned (on one default node): its spec and status.plan."""
+    parsed = spec(**fields)
+    plan = plan_service(parsed, llama_8b(), [node("n1")])
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": parsed.model_dump(by_alias=True, mode="json", exclude_none=True),
+        "status": {"plan": plan.model_dump(by_alias=True, mode="json", exclude_none=True)},
+    }

@@ -10,10 +10,12 @@ from cpullm.core.affected import affected_by_node, asks_for_api
 from cpullm.core.children import OPTIONAL_APIS
 from cpullm.errors import NodeLabelError
 
-from .builders import node
+from .builders import node, planned_service
 
 POD_MONITOR_CRD = next(crd for (_, kind), crd in OPTIONAL_APIS.items() if kind == "PodMonitor")
 SCALED_OBJECT_CRD = next(crd for (_, kind), crd in OPTIONAL_APIS.items() if kind == "ScaledObject")
+INFERENCE_POOL_CRD = next(crd for (_, kind), crd in OPTIONAL_APIS.items() if kind == "InferencePool")
+HTTP_ROUTE_CRD = next(crd for (_, kind), crd in OPTIONAL_APIS.items() if kind == "HTTPRoute")
 
 
 def service(planned_on: list[str] | None = None, **spec: Any) -> dict[str, Any]:
@@ -38,15 +40,29 @@ def test_a_node_event_affects_the_services_it_can_change(svc, before, after, aff
     assert affected_by_node(svc, "n1", before, after) is affected
 
 
+POOL = {"mode": "inferencePool", "inferencePool": {"endpointPicker": "epp"}}
+
+
 @pytest.mark.parametrize(
-    ("spec", "crd", "asks"),
+    ("fields", "crd", "asks"),
     [
         ({"monitoring": {"podMonitor": True}}, POD_MONITOR_CRD, True),
         ({"monitoring": {"podMonitor": False}}, POD_MONITOR_CRD, False),
-        ({"autoscaling": {"kind": "keda"}}, SCALED_OBJECT_CRD, True),
-        ({"autoscaling": {"kind": "hpa"}}, SCALED_OBJECT_CRD, False),
+        ({"autoscaling": {"kind": "keda", "maxReplicas": 2, "prometheusAddress": "http://p"}}, SCALED_OBJECT_CRD, True),
+        ({"autoscaling": {"kind": "hpa", "maxReplicas": 2}}, SCALED_OBJECT_CRD, False),
         ({"monitoring": {"podMonitor": True}}, SCALED_OBJECT_CRD, False),
+        ({"routing": POOL}, INFERENCE_POOL_CRD, True),
+        ({"routing": POOL}, HTTP_ROUTE_CRD, False),  # no Gateway named: no HTTPRoute
+        ({"routing": {**POOL, "inferencePool": {"endpointPicker": "epp", "gateway": "gw"}}}, HTTP_ROUTE_CRD, True),
+        ({"routing": {"mode": "router"}}, INFERENCE_POOL_CRD, False),
     ],
 )
-def test_an_optional_api_matters_to_the_services_that_ask_for_its_child(spec, crd, asks):
-    assert asks_for_api({"spec": spec}, crd) is asks
+def test_an_optional_api_matters_to_the_services_that_ask_for_its_child(fields, crd, asks):
+    assert asks_for_api(planned_service(**fields), crd) is asks
+
+
+def test_a_service_without_a_plan_asks_for_nothing_and_a_broken_one_is_reconciled():
+    unplanned = {**planned_service(monitoring={"podMonitor": True}), "status": {}}
+    assert asks_for_api(unplanned, POD_MONITOR_CRD) is False
+    broken = {**planned_service(), "spec": {"replicas": "many"}}
+    assert asks_for_api(broken, POD_MONITOR_CRD) is True

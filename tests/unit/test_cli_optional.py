@@ -68,6 +68,13 @@ HPA = {
         "behavior": {"scaleDown": {"stabilizationWindowSeconds": 600}},
     },
 }
+# A service an autoscaler may scale past one server: its servers get a PodDisruptionBudget.
+PDB = {
+    "apiVersion": "policy/v1",
+    "kind": "PodDisruptionBudget",
+    "metadata": METADATA,
+    "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"cpullm.io/service": "llama-8b"}}},
+}
 SCALED_OBJECT = {
     "apiVersion": "keda.sh/v1alpha1",
     "kind": "ScaledObject",
@@ -112,17 +119,17 @@ def write_service(tmp_path: Path, **fields: object) -> str:
     [
         pytest.param(
             {"monitoring": {"podMonitor": True, "interval": "15s"}, "autoscaling": HPA_SCALING},
-            ["ConfigMap", "Deployment", "Service", "PodMonitor", "HorizontalPodAutoscaler"],
-            [POD_MONITOR, HPA],
+            ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "HorizontalPodAutoscaler"],
+            [PDB, POD_MONITOR, HPA],
             id="podmonitor-and-hpa",
         ),
         pytest.param(
             {"autoscaling": KEDA_SCALING},
-            ["ConfigMap", "Deployment", "Service", "ScaledObject"],
-            [SCALED_OBJECT],
+            ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ScaledObject"],
+            [PDB, SCALED_OBJECT],
             id="keda-scale-to-zero",
         ),
-        pytest.param({}, ["ConfigMap", "Deployment", "Service"], [], id="neither"),
+        pytest.param({}, ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"], [PDB], id="neither"),
     ],
 )
 @pytest.mark.parametrize("output", ["yaml", "json"])
@@ -137,7 +144,7 @@ def test_render_prints_the_optional_children_in_apply_order(tmp_path, capsys, fi
     else:
         objects = list(yaml.safe_load_all(captured.out))
     assert [o["kind"] for o in objects] == kinds
-    assert objects[3:] == optional
+    assert [o for o in objects if o["kind"] not in ("ConfigMap", "Deployment", "Service")] == optional
     assert all("ownerReferences" not in o["metadata"] for o in objects)  # no uid offline: no owner
 
 

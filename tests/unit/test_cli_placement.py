@@ -43,8 +43,10 @@ def test_plan_names_the_placement_and_why(tmp_path, capsys, placement, summary_s
     assert plan["summary"].startswith(summary_start)
     assert (plan["placement"], plan["tensorParallelSize"]) == (summary_start.split(":")[0], tp)
     assert (plan["replicas"], plan["capacity"]) == (replicas, capacity)
-    if summary_start.startswith("throughput"):
-        assert plan["placementNote"].startswith("replicas capped: 6 requested, 4 NUMA nodes on the chosen nodes")
+    if summary_start.startswith("throughput"):  # more than one server: routed through the router, given room
+        assert "replicas capped: 6 requested, 4 NUMA nodes on the chosen nodes" in plan["placementNote"]
+        assert "CPU and memory left on the nodes for: the router" in plan["placementNote"]
+    assert plan["routing"] == ("router" if summary_start.startswith("throughput") else "service")
 
 
 def test_plan_says_it_capped_a_context_length_left_open(tmp_path, capsys):

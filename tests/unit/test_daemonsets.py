@@ -141,7 +141,7 @@ def test_room_is_left_on_the_nodes_the_daemons_run_on(allocatable, requests, cpu
     ]
     (shape,) = shapes_of([node(cpu=allocatable, memory="16Gi")], [d for d in daemons if d])
     assert (shape.node.cpus, shape.node.memory_bytes, shape.memory_bytes) == (cpus, memory_left, memory_left)
-    assert shape.room.daemonsets == tuple(f"kube-system/d{i}" for i in range(len(requests)))
+    assert shape.room.takers == tuple(f"kube-system/d{i}" for i in range(len(requests)))
 
 
 def test_nodes_no_daemon_runs_on_keep_what_they_have():
@@ -177,5 +177,5 @@ def test_a_whole_node_plan_leaves_room_for_the_daemonsets_and_says_so():
     assert (alone.cpu, beside.cpu) == (8, 7)
     assert beside.node_profile.cpus == 7 and beside.node_profile.memory_bytes == 16 * GiB - 50 * MiB
     assert beside.placement_note is not None
-    assert "CPU and memory left for the DaemonSets on the nodes: kube-system/kindnet" in beside.placement_note
+    assert "CPU and memory left on the nodes for: kube-system/kindnet" in beside.placement_note
     assert "DaemonSets" not in (alone.placement_note or "")

@@ -15,7 +15,7 @@ from cpullm.controller.workers import ReconcileWorkers
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
 
-from .builders import LLAMA_8B, node, node_object
+from .builders import LLAMA_8B, node, node_object, planned_service
 
 
 class RecordingReconciler:
@@ -279,9 +279,7 @@ def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_serv
     """A CRD is ADDED before it is Established (an apply would get 404 then): act on the change of what is
     served, once, and not on every edit of the CRD."""
     memo = handler_memo(RecordingReconciler())
-    wants = {
-        ("ns", "m"): [{"metadata": {"name": "m", "namespace": "ns"}, "spec": {"monitoring": {"podMonitor": True}}}]
-    }
+    wants = {("ns", "m"): [planned_service("m", monitoring={"podMonitor": True})]}
     indexes = {**OTHER_INDEXES, "node_profiles": {"n1": [node("n1")]}}
     for type_, established in [
         (None, False),

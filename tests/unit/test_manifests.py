@@ -5,6 +5,7 @@ import pytest
 from cpullm import launcher
 from cpullm.core.children.common import Owner, binary_quantity
 from cpullm.core.children.deployment import build_deployment
+from cpullm.core.children.drain import DRAIN_SCRIPT
 from cpullm.core.children.launcher import build_launcher_config_map
 from cpullm.core.children.service import build_service
 from cpullm.core.planner import plan_service
@@ -154,6 +155,11 @@ def test_deployment_whole_manifest():
                                 "timeoutSeconds": 10,
                                 "failureThreshold": 5,
                             },
+                            # Drained before SIGTERM: 10 s for the endpoints to forget the pod, then until vLLM
+                            # holds nothing (core/children/drain.py, tests/unit/test_drain.py).
+                            "lifecycle": {
+                                "preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT, "8000", "10"]}}
+                            },
                             "securityContext": {
                                 "allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"], "add": ["SYS_NICE"]},
@@ -185,7 +191,9 @@ def test_deployment_whole_manifest():
                         {"name": "launcher", "configMap": {"name": "llama-launcher"}},
                     ],
                     "enableServiceLinks": False,
-                    "terminationGracePeriodSeconds": 60,
+                    # 10 s settle + drainSeconds + 30 s for vLLM to exit; 16384 tokens x a 7.5 GiB shard at
+                    # 4 GB/s is over the 3600 s cap.
+                    "terminationGracePeriodSeconds": 3640,
                     "nodeSelector": {"pool": "llm"},
                     "tolerations": [{"key": "dedicated", "operator": "Exists"}],
                 },

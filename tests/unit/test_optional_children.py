@@ -266,6 +266,7 @@ def test_children_in_apply_order():
     assert [(c["apiVersion"], c["kind"]) for c in build_children(OWNER, service_spec, plan_for(service_spec))] == [
         ("v1", "ConfigMap"),
         ("apps/v1", "Deployment"),
+        ("policy/v1", PDB),
         ("v1", "Service"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
         ("autoscaling/v2", "HorizontalPodAutoscaler"),
@@ -371,6 +372,9 @@ def conditions(decision: Decision) -> dict[str, tuple[str, str, str]]:
 
 
 BASE_KINDS = ["ConfigMap", "Deployment", "Service"]
+# An autoscaler may scale to more than one server: the servers get a PodDisruptionBudget (built-in, no CRD).
+PDB = "PodDisruptionBudget"
+SCALED_KINDS = ["ConfigMap", "Deployment", PDB, "Service"]
 POD_MONITOR_MISSING = (
     "False",
     "PodMonitorCRDMissing",
@@ -394,41 +398,41 @@ SCALED_OBJECT_APPLIED = ("True", "ScaledObjectApplied", "ScaledObject llama")
         pytest.param(
             {"monitoring": MONITORED, "autoscaling": KEDA},
             None,
-            [*BASE_KINDS, "PodMonitor", "ScaledObject"],
+            [*SCALED_KINDS, "PodMonitor", "ScaledObject"],
             {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_APPLIED},
-            ["PodMonitor", "ScaledObject"],
+            [PDB, "PodMonitor", "ScaledObject"],
             id="offline-unknown-crds-every-child",
         ),
         pytest.param(
             {"monitoring": MONITORED, "autoscaling": KEDA},
             ALL_CRDS,
-            [*BASE_KINDS, "PodMonitor", "ScaledObject"],
+            [*SCALED_KINDS, "PodMonitor", "ScaledObject"],
             {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_APPLIED},
-            ["PodMonitor", "ScaledObject"],
+            [PDB, "PodMonitor", "ScaledObject"],
             id="crds-installed",
         ),
         pytest.param(
             {"monitoring": MONITORED, "autoscaling": HPA},
             frozenset(),
-            [*BASE_KINDS, "HorizontalPodAutoscaler"],
+            [*SCALED_KINDS, "HorizontalPodAutoscaler"],
             {"Monitoring": POD_MONITOR_MISSING, "Autoscaling": HPA_APPLIED},
-            ["HorizontalPodAutoscaler"],
+            [PDB, "HorizontalPodAutoscaler"],
             id="podmonitor-crd-missing-hpa-needs-none",
         ),
         pytest.param(
             {"monitoring": MONITORED, "autoscaling": KEDA},
             frozenset({PODMONITOR_CRD}),
-            [*BASE_KINDS, "PodMonitor"],
+            [*SCALED_KINDS, "PodMonitor"],
             {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_MISSING},
-            ["PodMonitor"],
+            [PDB, "PodMonitor"],
             id="keda-crd-missing",
         ),
         pytest.param(
             {"monitoring": MONITORED, "autoscaling": KEDA},
             frozenset(),
-            BASE_KINDS,
+            SCALED_KINDS,
             {"Monitoring": POD_MONITOR_MISSING, "Autoscaling": SCALED_OBJECT_MISSING},
-            [],
+            [PDB],
             id="both-crds-missing",
         ),
         pytest.param({}, frozenset(), BASE_KINDS, {}, [], id="nothing-asked-no-condition"),
@@ -471,38 +475,47 @@ PODMONITOR_GONE = _gone("PodMonitor", "monitoring.coreos.com/v1")
 SCALEDOBJECT_GONE = _gone("ScaledObject", "keda.sh/v1alpha1")
 
 
+ROUTER_REFS = ["Service/llama-servers", "ConfigMap/llama-router", "Deployment/llama-router"]
+ROUTER_GONE = (
+    {**_gone("Service", "v1"), "name": "llama-servers"},
+    {**_gone("ConfigMap", "v1"), "name": "llama-router"},
+    {**_gone("Deployment", "apps/v1"), "name": "llama-router"},
+)
+PDB_GONE = _gone(PDB, "policy/v1")
+
+
 @pytest.mark.parametrize(
     ("before", "fields", "crds", "obsolete", "after"),
     [
         pytest.param(
-            ["HorizontalPodAutoscaler"],
+            [PDB, "HorizontalPodAutoscaler"],
             {"autoscaling": KEDA},
             ALL_CRDS,
             (HPA_GONE,),
-            ["ScaledObject"],
+            [PDB, "ScaledObject"],
             id="hpa-to-keda",
         ),
         pytest.param(
-            ["ScaledObject"],
+            [PDB, "ScaledObject"],
             {"autoscaling": HPA},
             ALL_CRDS,
             (SCALEDOBJECT_GONE,),
-            ["HorizontalPodAutoscaler"],
+            [PDB, "HorizontalPodAutoscaler"],
             id="keda-to-hpa",
         ),
         pytest.param(
-            ["PodMonitor", "HorizontalPodAutoscaler"],
+            [PDB, "PodMonitor", "HorizontalPodAutoscaler"],
             {"autoscaling": HPA},
             ALL_CRDS,
             (PODMONITOR_GONE,),
-            ["HorizontalPodAutoscaler"],
+            [PDB, "HorizontalPodAutoscaler"],
             id="monitoring-removed",
         ),
         pytest.param(
-            ["PodMonitor", "ScaledObject"],
+            [PDB, "PodMonitor", "ScaledObject"],
             {},
             ALL_CRDS,
-            (PODMONITOR_GONE, SCALEDOBJECT_GONE),
+            (PDB_GONE, PODMONITOR_GONE, SCALEDOBJECT_GONE),
             [],
             id="everything-removed",
         ),
@@ -515,14 +528,29 @@ SCALEDOBJECT_GONE = _gone("ScaledObject", "keda.sh/v1alpha1")
             id="crd-uninstalled",
         ),
         pytest.param(
-            ["PodMonitor", "HorizontalPodAutoscaler"],
+            [PDB, "PodMonitor", "HorizontalPodAutoscaler"],
             {"monitoring": MONITORED, "autoscaling": HPA},
             ALL_CRDS,
             (),
-            ["PodMonitor", "HorizontalPodAutoscaler"],
+            [PDB, "PodMonitor", "HorizontalPodAutoscaler"],
             id="unchanged",
         ),
-        pytest.param(["Deployment", "Unknown"], {}, ALL_CRDS, (), [], id="non-removable-kinds-ignored"),
+        pytest.param(
+            [*ROUTER_REFS, PDB],
+            {"replicas": 2, "routing": {"mode": "service"}},
+            ALL_CRDS,
+            ROUTER_GONE,
+            [PDB],
+            id="router-to-service",
+        ),
+        pytest.param(
+            ["Deployment", "Service", "ConfigMap/llama-launcher", "Unknown", "Unknown/x"],
+            {},
+            ALL_CRDS,
+            (),
+            [],
+            id="kept-and-unknown-never-deleted",
+        ),
         pytest.param(None, {"monitoring": MONITORED}, ALL_CRDS, (), ["PodMonitor"], id="no-record-before"),
     ],
 )
@@ -624,7 +652,7 @@ BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment")
             {"autoscaling": KEDA},
             [("apply", "keda.sh/v1alpha1", "ScaledObject")],
             [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")],
-            ["ScaledObject"],
+            [PDB, "ScaledObject"],
             id="hpa-to-keda",
         ),
         pytest.param(
@@ -632,7 +660,7 @@ BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment")
             {"autoscaling": HPA},
             [],  # the HPA is unchanged: not written again
             [("delete", "monitoring.coreos.com/v1", "PodMonitor", "serving", "llama")],
-            ["HorizontalPodAutoscaler"],
+            [PDB, "HorizontalPodAutoscaler"],
             id="monitoring-removed",
         ),
         pytest.param(
@@ -640,6 +668,7 @@ BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment")
             {},
             [],
             [
+                ("delete", "policy/v1", PDB, "serving", "llama"),
                 ("delete", "monitoring.coreos.com/v1", "PodMonitor", "serving", "llama"),
                 ("delete", "keda.sh/v1alpha1", "ScaledObject", "serving", "llama"),
             ],
@@ -729,7 +758,7 @@ def test_switching_hpa_to_keda_survives_the_keda_webhook():
         rec.reconcile(service({"autoscaling": KEDA}, status=first_status), NODES, installed_crds=ALL_CRDS)
     assert writes(kube, "delete") == [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")]
     assert ("apply", "keda.sh/v1alpha1", "ScaledObject") in writes(kube, "apply")
-    assert kube.status_patches[-1]["optionalChildren"] == ["ScaledObject"]
+    assert kube.status_patches[-1]["optionalChildren"] == [PDB, "ScaledObject"]
 
 
 def test_every_status_field_written_is_declared_in_the_crd():

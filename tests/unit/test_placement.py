@@ -11,7 +11,13 @@ from cpullm.errors import InvalidPlacement, InvalidTensorParallelSize, ModelTooL
 from .builders import QWEN25_05B, llama_8b, node, spec
 
 TOPOLOGY = "cpullm.io/topology-manager-policy"
-QWEN = {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "kvCacheGiB": 1, "maxModelLen": 8192}
+# Routing through the Service: these tests are about placement (the router's room is tests/unit/test_routing.py's).
+QWEN = {
+    "model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"},
+    "kvCacheGiB": 1,
+    "maxModelLen": 8192,
+    "routing": {"mode": "service"},
+}
 CAPPED = "replicas capped: {} requested, {} NUMA nodes on the chosen nodes"
 BEST_EFFORT = "NUMA alignment best-effort: "
 

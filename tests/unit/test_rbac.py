@@ -29,8 +29,12 @@ def test_the_chart_grants_what_each_owned_kind_needs(child: ChildKind):
 
 def test_the_verbs_follow_what_the_operator_does_with_a_kind():
     watched = ChildKind("v1", "Service", "services", watched=True)
-    optional = ChildKind("example.com/v1", "Thing", "things", removable=True, crd="things.example.com")
-    assert (watched.group, watched.version, watched.verbs) == ("", "v1", ("get", "create", "patch", "list", "watch"))
+    optional = ChildKind("example.com/v1", "Thing", "things", crd="things.example.com")
+    assert (watched.group, watched.version, watched.verbs) == (
+        "",
+        "v1",
+        ("get", "create", "patch", "delete", "list", "watch"),
+    )
     assert (optional.group, optional.version, optional.verbs) == (
         "example.com",
         "v1",

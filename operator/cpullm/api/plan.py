@@ -101,6 +101,16 @@ class Plan(_Model):
         default_factory=list,
         description="Required node affinity the pods get: the labels that made the chosen nodes eligible.",
     )
+    routing: str = Field(
+        default="service",
+        description="How requests reach the servers: service, router or inferencePool (spec.routing.mode, auto "
+        "resolved).",
+    )
+    drain_seconds: int = Field(
+        default=0,
+        description="The longest a request may run (spec.routing.drainSeconds, or the context length decoded at a "
+        "pessimistic 4 GB/s of weights streamed per rank): a stopping server's drain and the router's timeout.",
+    )
     image: str = Field(description="The vLLM CPU image the pods run.")
     sizing: ModelSizing
     node_profile: NodeProfileSummary

@@ -267,6 +267,97 @@ class Monitoring(_Model):
     interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
 
 
+class RoutingMode(StrEnum):
+    AUTO = "auto"
+    SERVICE = "service"
+    ROUTER = "router"
+    INFERENCE_POOL = "inferencePool"
+
+
+class RouterSettings(_Model):
+    image: str = Field(
+        default="docker.io/library/haproxy:3.2",
+        max_length=1024,
+        description="HAProxy image of the router (any with `haproxy` on its PATH; HAProxy 2.6 or newer).",
+    )
+    replicas: int = Field(default=1, ge=1, le=10, description="Router pods (each balances on its own).")
+    cpu: str = Field(
+        default="100m",
+        pattern=r"^([0-9]{1,6}m|[0-9]{1,3}(\.[0-9]{1,3})?)$",
+        max_length=16,
+        description="CPU each router pod requests (not limited: a throttled proxy delays every token). Whole-node "
+        "plans leave this room on every node, so the router never takes CPUs a server needs.",
+    )
+    memory: str = Field(
+        default="128Mi",
+        pattern=r"^[1-9][0-9]{0,11}(Ki|Mi|Gi|k|M|G)?$",
+        max_length=16,
+        description="Memory each router pod requests and is limited to.",
+    )
+    cluster_domain: str = Field(
+        default="cluster.local",
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+        max_length=253,
+        description="The cluster's DNS domain: the router finds the servers by resolving their headless Service.",
+    )
+
+
+class InferencePoolRouting(_Model):
+    endpoint_picker: str = Field(
+        min_length=1,
+        max_length=253,
+        description="The Service of the endpoint picker (EPP) that scores the pool's pods, in the service's "
+        "namespace (deployed with the Gateway API Inference Extension; the operator does not run one).",
+    )
+    endpoint_picker_port: int = Field(default=9002, ge=1, le=65535, description="The endpoint picker's gRPC port.")
+    gateway: str | None = Field(
+        default=None,
+        max_length=253,
+        description="A Gateway in the service's namespace: an HTTPRoute sending its traffic to the pool is "
+        "created. Unset: no HTTPRoute.",
+    )
+
+
+_CEL_POOL_SETTINGS: dict[str, JsonValue] = {
+    "rule": "self.mode != 'inferencePool' || has(self.inferencePool)",
+    "message": "mode inferencePool needs inferencePool.endpointPicker",
+}
+
+
+class Routing(_Model):
+    """How requests reach the servers, and how a server leaves without cutting the requests it holds."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_POOL_SETTINGS]})
+
+    mode: RoutingMode = Field(
+        default=RoutingMode.AUTO,
+        description="service: the Service selects the servers (kube-proxy picks one per connection at random). "
+        "router: the Service selects an HAProxy router that sends each request to the server with the fewest "
+        "requests in flight (leastconn), its servers found through a headless Service. inferencePool: an "
+        "InferencePool (Gateway API Inference Extension) selects the servers for a Gateway's endpoint picker, "
+        "and the Service still selects them. auto: router for throughput placement that can run more than one "
+        "server (replicas or autoscaling.maxReplicas above 1), else service.",
+    )
+    router: RouterSettings = Field(default_factory=RouterSettings, description="The router (mode router).")
+    inference_pool: InferencePoolRouting | None = Field(
+        default=None, description="The InferencePool (mode inferencePool)."
+    )
+    drain_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=86400,
+        description="The longest a request may run: a stopping server gets this long to finish what it holds "
+        "(after it left the endpoints), and the router waits this long for a response. Default: derived from "
+        "the context length and the weights each token streams (status.plan.drainSeconds).",
+    )
+
+    @model_validator(mode="after")
+    def _pool_settings(self) -> Routing:
+        if self.mode == RoutingMode.INFERENCE_POOL and self.inference_pool is None:
+            raise ValueError(str(_CEL_POOL_SETTINGS["message"]))
+        return self
+
+
 class AutoscalerKind(StrEnum):
     HPA = "hpa"
     KEDA = "keda"
@@ -502,6 +593,9 @@ class CpuLLMServiceSpec(_Model):
     service: ServiceSettings = Field(
         default_factory=ServiceSettings, description="The Service in front of the vLLM pods."
     )
+    routing: Routing = Field(
+        default_factory=Routing, description="How requests reach the servers, and how servers drain."
+    )
     monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus scraping of the vLLM pods.")
     autoscaling: Autoscaling | None = Field(
         default=None, description="Scale on vLLM's queue with an HPA or a KEDA ScaledObject. Unset: no autoscaler."
@@ -519,6 +613,11 @@ class CpuLLMServiceSpec(_Model):
         "enough for vLLM's NUMA calls with SYS_NICE; Unconfined lifts every syscall filter (what vLLM's own "
         "Kubernetes recipe sets), for a kernel or runtime whose default profile blocks a call vLLM needs.",
     )
+
+    @property
+    def most_replicas(self) -> int:
+        """The most servers the service may run: its replicas, or what its autoscaler may scale it to."""
+        return max(self.replicas, self.autoscaling.max_replicas if self.autoscaling else 0)
 
     @model_validator(mode="after")
     def _kv_source(self) -> CpuLLMServiceSpec:

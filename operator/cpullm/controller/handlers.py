@@ -205,11 +205,12 @@ async def services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict
 
 @kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)
 async def owned_deployments(
-    namespace: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
+    namespace: str, name: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """The status of each owned Deployment (what the service's status reports), keyed by its owner."""
+    """The status of each service's servers' Deployment (what the service's status reports; a router's is not),
+    keyed by its owner."""
     owner = labels.get(SERVICE_LABEL)
-    return {(namespace, owner): {"status": copy.deepcopy(dict(status))}} if owner else {}
+    return {(namespace, owner): {"status": copy.deepcopy(dict(status))}} if owner == name else {}
 
 
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)

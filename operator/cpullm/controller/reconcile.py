@@ -175,11 +175,12 @@ class Reconciler:
         server restart): whether its owner needs a reconcile.
 
         Yes when someone else changed or deleted the child (it is then applied again: a Deployment's generation
-        or another kind's resourceVersion differs from what the operator's apply returned); when a Deployment's
-        replica counts are not those the owner's latest reconcile read; and for any watch event of a child this
-        process has not applied (yet). No for the operator's own writes and a Deployment's other status updates:
-        those reconciles changed nothing (4 of the 6 per service at N=1,000). In a re-listing, a child known to
-        nothing (the operator's first listing) needs none: every service is reconciled on its own listing."""
+        or another kind's resourceVersion differs from what the operator's apply returned); when the servers'
+        Deployment's replica counts are not those the owner's latest reconcile read; and for any watch event of a
+        child this process has not applied (yet). No for the operator's own writes and a Deployment's other status
+        updates: those reconciles changed nothing (4 of the 6 per service at N=1,000). In a re-listing, a child
+        known to nothing (the operator's first listing) needs none: every service is reconciled on its own
+        listing."""
         key = (kind, namespace, name)
         applied = self._applied.get(key)
         if applied is not None and (event == "DELETED" or _marker(kind, body) != applied.marker):
@@ -188,7 +189,7 @@ class Reconciler:
         latest = self._latest.get((namespace, owner))
         if applied is None or latest is None:
             return event is not None
-        return kind == "Deployment" and replica_counts(body.get("status")) != latest.replicas
+        return kind == "Deployment" and name == owner and replica_counts(body.get("status")) != latest.replicas
 
     def find_vanished(self, kind: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         """The owners (namespace, service) of children of `kind` the operator applied that no longer exist, read

@@ -69,6 +69,20 @@ STARTUP_BASE_SECONDS = 600
 STARTUP_SECONDS_PER_WEIGHT_GIB = 60
 PROBE_PERIOD_SECONDS = 10
 
+# Draining a server (core/children/deployment.py's preStop, the router's timeouts): the longest a request may run
+# is the context length decoded at a pessimistic rate. A CPU decode step streams the rank's weight shard from
+# memory once per token (batched sequences share it), so a token takes shard bytes / bandwidth; 4 GB/s per rank
+# is a fifth of the 19.2 GB/s a bf16 GEMV streamed on two cores of one of our machines (docs/routing.md).
+DRAIN_DECODE_BYTES_PER_SECOND = 4 * 10**9
+DRAIN_MIN_SECONDS = 30
+DRAIN_MAX_SECONDS = 3600
+# How long a stopping server keeps taking requests before it waits for its last ones: the EndpointSlice update
+# reaching kube-proxy, and the router's next DNS answer (CoreDNS answers with a 5 s TTL; HAProxy re-resolves
+# every second).
+DRAIN_SETTLE_SECONDS = 10
+# What vLLM takes to exit once told to (SIGTERM) after its requests are done.
+SERVER_EXIT_SECONDS = 30
+
 # The in-pod launcher (cpullm/launcher.py), shipped in a ConfigMap and mounted read-only here.
 LAUNCHER_MOUNT = "/opt/cpullm"
 LAUNCHER_FILE = "launcher.py"

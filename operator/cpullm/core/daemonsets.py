@@ -58,11 +58,14 @@ class DaemonPods:
 
 @dataclass(frozen=True)
 class Room:
-    """What the DaemonSets running on a node take there."""
+    """What the DaemonSets running on a node take there (and the router, when the plan has one)."""
 
     cpu_millis: int = 0
     memory_bytes: int = 0
-    daemonsets: tuple[str, ...] = ()
+    takers: tuple[str, ...] = ()  # what takes it, as the plan's note names them
+
+    def plus(self, taker: str, cpu_millis: int, memory_bytes: int) -> Room:
+        return Room(self.cpu_millis + cpu_millis, self.memory_bytes + memory_bytes, (*self.takers, taker))
 
     def cpus_left(self, node: NodeProfile) -> int:
         """The whole CPUs of the node's allocatable that this room leaves (1.9 less 0.1 is 1)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from cpullm.api.plan import Plan
 from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
-from cpullm.core.children import OPTIONAL_APIS, REMOVABLE_KINDS, build_children
+from cpullm.core.children import CHILD_KIND, OPTIONAL_APIS, build_children, child_of_ref, child_ref, kept_refs
 from cpullm.core.children.common import Owner
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.planner import plan_service
@@ -112,38 +112,43 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
         return refusal
 
 
-# The condition each optional child reports under, and what installs its API.
-_FEATURES = {
-    "PodMonitor": ("Monitoring", "the Prometheus Operator's CRDs"),
-    "HorizontalPodAutoscaler": ("Autoscaling", ""),
-    "ScaledObject": ("Autoscaling", "KEDA"),
-}
-
-
 def _optional_parts(
     observed: Observed, children: list[dict[str, Any]]
 ) -> tuple[list[dict[str, Any]], list[FeatureCondition], list[str]]:
-    """(children to apply, a condition per optional part the spec asked for, the optional kinds applied): an
-    optional child whose CRD is not installed is left out and its condition says what to install."""
-    applied, features, kinds = [], [], []
+    """(children to apply, a condition per feature the spec asked for, the optional children applied as
+    status.optionalChildren names them): a child whose CRD is not installed is left out and its condition says
+    what to install; two kinds under one condition (an InferencePool and its HTTPRoute) share it, False first."""
+    applied, refs = [], []
+    features: dict[str, FeatureCondition] = {}
     for child in children:
-        kind = child["kind"]
-        crd = OPTIONAL_APIS.get((child["apiVersion"], kind))
-        if kind not in _FEATURES:
-            applied.append(child)
-            continue
-        condition_type, installer = _FEATURES[kind]
+        kind = CHILD_KIND[child["kind"]]
+        crd = OPTIONAL_APIS.get((kind.api_version, kind.kind))
         if crd is not None and observed.installed_crds is not None and crd not in observed.installed_crds:
             message = (
-                f"the {kind} API ({child['apiVersion']}) is not installed: install {installer} (CRD {crd}); "
-                f"the {kind} is applied as soon as it is"
+                f"the {kind.kind} API ({kind.api_version}) is not installed: install {kind.installer} (CRD {crd}); "
+                f"the {kind.kind} is applied as soon as it is"
             )
-            features.append(FeatureCondition(condition_type, False, f"{kind}CRDMissing", message))
-            continue
-        applied.append(child)
-        kinds.append(kind)
-        features.append(FeatureCondition(condition_type, True, f"{kind}Applied", f"{kind} {child['metadata']['name']}"))
-    return applied, features, kinds
+            feature = FeatureCondition(kind.condition or kind.kind, False, f"{kind.kind}CRDMissing", message)
+        else:
+            applied.append(child)
+            ref = child_ref(child, observed.owner)
+            if ref not in kept_refs(observed.owner):
+                refs.append(ref)
+            if kind.condition is None:
+                continue
+            feature = FeatureCondition(
+                kind.condition, True, f"{kind.kind}Applied", f"{kind.kind} {child['metadata']['name']}"
+            )
+        features[feature.type] = _joined(features.get(feature.type), feature)
+    return applied, list(features.values()), refs
+
+
+def _joined(first: FeatureCondition | None, then: FeatureCondition) -> FeatureCondition:
+    if first is None:
+        return then
+    if first.ok != then.ok:
+        return first if not first.ok else then
+    return FeatureCondition(first.type, first.ok, first.reason, f"{first.message}; {then.message}")
 
 
 def decide(observed: Observed, now: datetime) -> Decision:
@@ -160,16 +165,9 @@ def decide(observed: Observed, now: datetime) -> Decision:
         )
         children = tuple(wanted)
         before = observed.status.get(OPTIONAL_CHILDREN) or []
-        obsolete = tuple(
-            {
-                "apiVersion": REMOVABLE_KINDS[kind],
-                "kind": kind,
-                "name": observed.owner.name,
-                "namespace": observed.owner.namespace,
-            }
-            for kind in before
-            if kind in REMOVABLE_KINDS and kind not in optional_kinds
-        )
+        kept = kept_refs(observed.owner)
+        gone = [child_of_ref(r, observed.owner) for r in before if r not in optional_kinds and r not in kept]
+        obsolete = tuple(child for child in gone if child is not None)
         if observed.apply_error is not None:
             outcome, children, features, optional_kinds, obsolete = observed.apply_error, (), [], None, ()
     if isinstance(outcome, Plan):

@@ -27,13 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan
-from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, ThreadsBindMode
+from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, RoutingMode, ThreadsBindMode
 from cpullm.core import constants as c
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
+from cpullm.core.routing import ROUTER_TAKER, drain_seconds, router_requests, routing_mode
 from cpullm.core.sizing import KVLayout, ModelSize
 from cpullm.core.topology import NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
@@ -262,17 +263,20 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
             f"NUMA count unknown: 1 assumed (no {' or '.join(NUMA_COUNT_LABELS)} label on the nodes; install "
             "Node Feature Discovery or label them)"
         )
-    daemonsets = shape.room.daemonsets
-    if daemonsets:
-        shown = ", ".join(daemonsets[:3]) + (f" and {len(daemonsets) - 3} more" if len(daemonsets) > 3 else "")
-        notes.append(f"CPU and memory left for the DaemonSets on the nodes: {shown}")
+    takers = shape.room.takers
+    if takers:
+        shown = ", ".join(takers[:3]) + (f" and {len(takers) - 3} more" if len(takers) > 3 else "")
+        notes.append(f"CPU and memory left on the nodes for: {shown}")
     notes += strategy.notes(shape, replicas, capacity)
     return "; ".join(notes) or None
 
 
 def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> Plan:
-    node, where = shape.node, shape.describe()
     strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape), explicit_tp)
+    routing = routing_mode(spec, strategy)
+    if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
+        shape = shape.leaving(ROUTER_TAKER, *router_requests(spec))
+    node, where = shape.node, shape.describe()
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
@@ -315,6 +319,8 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         memory_limit_bytes=budget.limit_bytes,
         max_model_len=kv.max_model_len,
         max_model_len_source=kv.max_model_len_source,
+        routing=routing.value,
+        drain_seconds=drain_seconds(spec, kv.max_model_len, shard),
         image=image,
         sizing=_sizing(spec, model, kv),
         node_profile=NodeProfileSummary(

@@ -99,7 +99,10 @@ class Kube:
         group, version, plural = _resource(api_version, kind)
         body = client.V1DeleteOptions(preconditions=client.V1Preconditions(uid=found.uid))
         with _api_errors(f"delete {kind} {namespace}/{name}", absent_ok=True):
-            self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name, body=body)
+            if (typed := self._typed_api(group)) is not None:
+                getattr(typed, f"delete_namespaced_{_snake(kind)}")(name, namespace, body=body)
+            else:
+                self.custom.delete_namespaced_custom_object(group, version, namespace, plural, name, body=body)
 
     def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> Ownership | None:
         """The object's UID and its controller's (a read of its metadata only), or None when it does not exist."""

@@ -16,14 +16,28 @@ from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.autoscaler import HPA_API_VERSION, SCALEDOBJECT_API_VERSION, build_autoscaler
 from cpullm.core.children.common import ChildBuilder, Owner
 from cpullm.core.children.deployment import build_deployment
-from cpullm.core.children.launcher import build_launcher_config_map
+from cpullm.core.children.disruption import PDB_API_VERSION, build_disruption_budget
+from cpullm.core.children.inferencepool import (
+    HTTPROUTE_API_VERSION,
+    INFERENCEPOOL_API_VERSION,
+    build_http_route,
+    build_inference_pool,
+)
+from cpullm.core.children.launcher import build_launcher_config_map, launcher_config_map_name
 from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION, build_pod_monitor
+from cpullm.core.children.router import build_router_config_map, build_router_deployment, build_servers_service
 from cpullm.core.children.service import build_service
 
 CHILDREN: tuple[ChildBuilder, ...] = (
     build_launcher_config_map,
     build_deployment,
+    build_disruption_budget,
+    build_servers_service,
+    build_router_config_map,
+    build_router_deployment,
     build_service,
+    build_inference_pool,
+    build_http_route,
     build_pod_monitor,
     build_autoscaler,
 )
@@ -38,11 +52,12 @@ class ChildKind:
     plural: str
     # Watched (drift reverted, readiness copied) and listed by the resync: the children every service has.
     watched: bool = False
-    # Deleted when the spec stops asking for it (the others live as long as the service).
-    removable: bool = False
     # The CRD that serves it, when its API is not built into Kubernetes: applied only where it is installed,
-    # elsewhere a condition says what to install.
+    # elsewhere its condition says what to install.
     crd: str | None = None
+    # The condition reporting it, for the kinds a spec asks for as a feature; and what installs its CRD.
+    condition: str | None = None
+    installer: str = ""
 
     @property
     def group(self) -> str:
@@ -55,26 +70,80 @@ class ChildKind:
     @property
     def verbs(self) -> tuple[str, ...]:
         """What the operator does with it: server-side apply (create + patch), a read before an apply or delete,
-        and a watch and metadata list (watched) or a delete (removable)."""
-        return ("get", "create", "patch", *(("list", "watch") if self.watched else ()), *(("delete",) * self.removable))
+        a delete once the spec stops asking for it, and a watch and metadata list (watched)."""
+        return ("get", "create", "patch", "delete", *(("list", "watch") if self.watched else ()))
 
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("v1", "ConfigMap", "configmaps", watched=True),
     ChildKind("apps/v1", "Deployment", "deployments", watched=True),
     ChildKind("v1", "Service", "services", watched=True),
+    ChildKind(PDB_API_VERSION, "PodDisruptionBudget", "poddisruptionbudgets"),
     ChildKind(
-        PODMONITOR_API_VERSION, "PodMonitor", "podmonitors", removable=True, crd="podmonitors.monitoring.coreos.com"
+        INFERENCEPOOL_API_VERSION,
+        "InferencePool",
+        "inferencepools",
+        crd="inferencepools.inference.networking.k8s.io",
+        condition="Routing",
+        installer="the Gateway API Inference Extension",
     ),
-    ChildKind(HPA_API_VERSION, "HorizontalPodAutoscaler", "horizontalpodautoscalers", removable=True),
-    ChildKind(SCALEDOBJECT_API_VERSION, "ScaledObject", "scaledobjects", removable=True, crd="scaledobjects.keda.sh"),
+    ChildKind(
+        HTTPROUTE_API_VERSION,
+        "HTTPRoute",
+        "httproutes",
+        crd="httproutes.gateway.networking.k8s.io",
+        condition="Routing",
+        installer="the Gateway API",
+    ),
+    ChildKind(
+        PODMONITOR_API_VERSION,
+        "PodMonitor",
+        "podmonitors",
+        crd="podmonitors.monitoring.coreos.com",
+        condition="Monitoring",
+        installer="the Prometheus Operator's CRDs",
+    ),
+    ChildKind(HPA_API_VERSION, "HorizontalPodAutoscaler", "horizontalpodautoscalers", condition="Autoscaling"),
+    ChildKind(
+        SCALEDOBJECT_API_VERSION,
+        "ScaledObject",
+        "scaledobjects",
+        crd="scaledobjects.keda.sh",
+        condition="Autoscaling",
+        installer="KEDA",
+    ),
 )
 CHILD_KIND = {k.kind: k for k in CHILD_KINDS}
 WATCHED_KINDS = tuple(k for k in CHILD_KINDS if k.watched)
 OPTIONAL_APIS = {(k.api_version, k.kind): k.crd for k in CHILD_KINDS if k.crd}
-REMOVABLE_KINDS = {k.kind: k.api_version for k in CHILD_KINDS if k.removable}
 
 
 def build_children(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
-    """Every owned child the spec asks for, in apply order: what the pods mount exists before the pods."""
+    """Every owned child the spec asks for, in apply order: what the pods mount exists before the pods, the
+    servers before what sends them requests."""
     return [child for build in CHILDREN if (child := build(owner, spec, plan)) is not None]
+
+
+def child_ref(child: dict[str, Any], owner: Owner) -> str:
+    """How status.children names a child: its kind, and its name when it is not the service's."""
+    kind, name = child["kind"], child["metadata"]["name"]
+    return kind if name == owner.name else f"{kind}/{name}"
+
+
+def kept_refs(owner: Owner) -> frozenset[str]:
+    """The children that live as long as the service, never in status.optionalChildren: the servers' Deployment,
+    the Service, and the launcher's ConfigMap (the old pods mount it while a rollout replaces them)."""
+    return frozenset({"Deployment", "Service", f"ConfigMap/{launcher_config_map_name(owner)}"})
+
+
+def child_of_ref(ref: str, owner: Owner) -> dict[str, str] | None:
+    """The object a status.children entry names, as a delete needs it; None for a kind no longer owned."""
+    kind, _, name = ref.partition("/")
+    if kind not in CHILD_KIND:
+        return None
+    return {
+        "apiVersion": CHILD_KIND[kind].api_version,
+        "kind": kind,
+        "name": name or owner.name,
+        "namespace": owner.namespace,
+    }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -65,3 +66,13 @@ def metadata(owner: Owner) -> dict[str, Any]:
             }
         ]
     return meta
+
+
+def suffixed_name(owner: Owner, suffix: str, limit: int) -> str:
+    """`<service>-<suffix>`, or when longer than `limit` the service's name cut short with a hash of it in
+    between: distinct per service, and still a DNS label."""
+    name = f"{owner.name}-{suffix}"
+    if len(name) <= limit:
+        return name
+    digest = hashlib.sha256(owner.name.encode()).hexdigest()[:8]
+    return f"{owner.name[: limit - len(suffix) - len(digest) - 2].rstrip('-')}-{digest}-{suffix}"

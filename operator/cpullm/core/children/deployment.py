@@ -10,6 +10,7 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
+from cpullm.core.children.drain import drain_hook, grace_seconds
 from cpullm.core.children.launcher import launcher_config_map_name
 from cpullm.core.eligibility import required_node_terms
 from cpullm.core.node_selection import combine_terms
@@ -169,6 +170,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
             *([{"name": "launcher", "mountPath": c.LAUNCHER_MOUNT, "readOnly": True}] if plan.launcher else []),
         ],
         **_probes(plan),
+        "lifecycle": drain_hook(spec),
     }
     pod_spec: dict[str, Any] = {
         # The server calls no Kubernetes API: no token of the namespace's service account in its filesystem.
@@ -177,7 +179,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "affinity": _affinity(spec, plan),
         "volumes": _volumes(owner, cache, plan),
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": grace_seconds(plan),
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
 from cpullm.core.daemonsets import NO_ROOM, DaemonPods, Room, rooms_on
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
@@ -36,6 +36,10 @@ class Shape:
     @property
     def memory_bytes(self) -> int:
         return max(0, min(n.memory_bytes for n in self.members) - self.room.memory_bytes)
+
+    def leaving(self, taker: str, cpu_millis: int, memory_bytes: int) -> Shape:
+        """The same nodes, each leaving room for one more pod of these requests (the router's)."""
+        return Shape(self.members, self.room.plus(taker, cpu_millis, memory_bytes))
 
     @property
     def names(self) -> list[str]:
@@ -74,6 +78,10 @@ class PlacementStrategy(Protocol):
 
     def notes(self, shape: Shape, requested: int, capacity: int) -> list[str]:
         """What this placement could not do or needs, for the plan's placementNote."""
+        ...
+
+    def default_routing(self, spec: CpuLLMServiceSpec) -> RoutingMode:
+        """How requests reach this placement's servers when spec.routing.mode is auto."""
         ...
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from cpullm.api.spec import CpuLLMServiceSpec, ThreadsBindMode
+from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode, ThreadsBindMode
 from cpullm.core.placement.base import PodLayout, Shape, largest_valid_tensor_parallel_size
 from cpullm.core.sizing import ModelSize
 from cpullm.errors import InvalidTensorParallelSize, ModelTooLarge
@@ -45,3 +45,7 @@ class TensorParallel:
 
     def notes(self, shape: Shape, requested: int, capacity: int) -> list[str]:
         return []
+
+    def default_routing(self, spec: CpuLLMServiceSpec) -> RoutingMode:
+        del spec  # one large server per node: the Service spreads them well enough
+        return RoutingMode.SERVICE

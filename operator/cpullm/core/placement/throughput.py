@@ -1,5 +1,5 @@
 """Throughput placement: one TP=1 server per NUMA node, each pod sized to one NUMA node's CPUs and memory,
-all behind the one Service. For a model that fits one NUMA node this serves more requests than TP across
+behind a router (or the one Service). For a model that fits one NUMA node this serves more requests than TP across
 nodes (no cross-NUMA traffic, no rank synchronisation); vLLM's own data parallelism binds every engine to
 the same cores (vLLM issue 47328), so the operator places separate servers instead."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
 from cpullm.core.placement.base import PodLayout, Shape
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NUMA_ALIGNING_POLICIES
@@ -46,6 +46,11 @@ class Throughput:
 
     def replicas(self, requested: int, capacity: int) -> int:
         return min(requested, capacity)  # a server per NUMA node: no more than there are
+
+    def default_routing(self, spec: CpuLLMServiceSpec) -> RoutingMode:
+        """Servers a NUMA node each answer in seconds to minutes and hold few requests at once: spread by
+        kube-proxy at random per connection, a burst queues on some while others idle (docs/routing.md)."""
+        return RoutingMode.ROUTER if spec.most_replicas > 1 else RoutingMode.SERVICE
 
     def notes(self, shape: Shape, requested: int, capacity: int) -> list[str]:
         notes = []

@@ -1,0 +1,206 @@
+"""The router in front of a service's servers (spec.routing mode router): HAProxy balancing by least connections,
+so each request goes to the server holding the fewest in flight, where kube-proxy would pick one per connection
+at random. Three children: HAProxy's configuration (a ConfigMap), its Deployment, and a headless Service whose DNS
+answer lists the ready servers (HAProxy re-resolves it every second: servers joining, leaving and draining are
+followed without a reload). The service's own Service then selects the router's pods.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from cpullm.api.plan import Plan
+from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
+from cpullm.core import constants as c
+from cpullm.core.children.common import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PORT_NAME,
+    Owner,
+    metadata,
+    selector,
+    suffixed_name,
+)
+from cpullm.core.children.drain import grace_seconds
+
+ROUTER_LABEL = "cpullm.io/router"
+CONFIG_FILE = "haproxy.cfg"
+CONFIG_MOUNT = "/etc/cpullm-router"
+HEALTH_PORT = 8404  # the router's own /ready (at least one server up), /live and /metrics
+HEALTH_PORT_NAME = "health"
+# Nobody: HAProxy needs no user of its own when it neither chroots nor binds a port below 1024.
+NOBODY = 65534
+
+
+def uses_router(plan: Plan) -> bool:
+    return plan.routing == RoutingMode.ROUTER
+
+
+def router_name(owner: Owner) -> str:
+    return f"{owner.name}-router"
+
+
+def servers_service_name(owner: Owner) -> str:
+    """The headless Service listing the servers (a Service name: a DNS label of at most 63 characters)."""
+    return suffixed_name(owner, "servers", 63)
+
+
+def router_selector(owner: Owner) -> dict[str, str]:
+    return {ROUTER_LABEL: owner.name}
+
+
+def haproxy_config(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> str:
+    """HAProxy's configuration. Each request waits as long as the longest one may run (plan.drainSeconds); a
+    server slot per server the service may run; with maxNumSeqs, no server is sent more than it runs at once, and
+    the rest queue in the router for the first one free."""
+    port, seconds = spec.service.port, max(plan.drain_seconds, 1)
+    domain = spec.routing.router.cluster_domain
+    servers = f"{servers_service_name(owner)}.{owner.namespace}.svc.{domain}"
+    per_server = f" maxconn {spec.max_num_seqs}" if spec.max_num_seqs else ""
+    return "\n".join(
+        [
+            "global",
+            "  maxconn 4096",
+            f"  hard-stop-after {seconds}s",
+            "defaults",
+            "  mode http",
+            "  timeout connect 5s",
+            "  timeout http-request 30s",
+            f"  timeout client {seconds}s",
+            f"  timeout server {seconds}s",
+            f"  timeout queue {seconds}s",
+            "  retries 2",
+            "  retry-on conn-failure empty-response",
+            "  option redispatch",
+            "resolvers cluster",
+            "  parse-resolv-conf",
+            "  timeout resolve 1s",
+            "  timeout retry 1s",
+            "  hold valid 5s",
+            "  accepted_payload_size 8192",
+            "frontend api",
+            f"  bind :{port}",
+            "  default_backend servers",
+            "frontend health",
+            f"  bind :{HEALTH_PORT}",
+            "  monitor-uri /ready",
+            "  monitor fail if { nbsrv(servers) eq 0 }",
+            "  http-request return status 200 if { path /live }",
+            "  http-request use-service prometheus-exporter if { path /metrics }",
+            "backend servers",
+            "  balance leastconn",
+            "  option httpchk GET /health",
+            f"  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none{per_server}",
+            f"  server-template server 1-{spec.most_replicas} {servers}:{port}",
+            "",
+        ]
+    )
+
+
+def build_router_config_map(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
+    if not uses_router(plan):
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {**metadata(owner), "name": router_name(owner)},
+        "data": {CONFIG_FILE: haproxy_config(owner, spec, plan)},
+    }
+
+
+def build_servers_service(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
+    """Headless: its DNS name resolves to the ready servers' addresses (a terminating one leaves at once)."""
+    if not uses_router(plan):
+        return None
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {**metadata(owner), "name": servers_service_name(owner)},
+        "spec": {
+            "clusterIP": "None",
+            "selector": selector(owner),
+            "ports": [{"name": PORT_NAME, "port": spec.service.port, "targetPort": PORT_NAME, "protocol": "TCP"}],
+        },
+    }
+
+
+def build_router_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
+    if not uses_router(plan):
+        return None
+    router = spec.routing.router
+    config = haproxy_config(owner, spec, plan)
+    pod_labels = {
+        "app.kubernetes.io/name": "haproxy",
+        "app.kubernetes.io/instance": owner.name,
+        MANAGED_BY_LABEL: MANAGED_BY,
+        **router_selector(owner),
+    }
+    http = {"path": "/ready", "port": HEALTH_PORT_NAME}
+    container: dict[str, Any] = {
+        "name": "haproxy",
+        "image": router.image,
+        "command": ["haproxy", "-W", "-db", "-f", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
+        "ports": [
+            {"name": PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"},
+            {"name": HEALTH_PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"},
+        ],
+        # No CPU limit: a throttled proxy would delay every token it passes.
+        "resources": {"requests": {"cpu": router.cpu, "memory": router.memory}, "limits": {"memory": router.memory}},
+        "readinessProbe": {"httpGet": http, "periodSeconds": 2, "failureThreshold": 2},
+        "livenessProbe": {"httpGet": {**http, "path": "/live"}, "periodSeconds": 10, "failureThreshold": 3},
+        "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
+        "lifecycle": {"preStop": {"sleep": {"seconds": c.DRAIN_SETTLE_SECONDS}}},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "runAsUser": NOBODY,
+            "runAsGroup": NOBODY,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "containers": [container],
+        "volumes": [{"name": "config", "configMap": {"name": router_name(owner)}}],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        # Replicas apart: each node leaves room for one router pod (core/routing.py).
+        "affinity": {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": router_selector(owner)},
+                            "topologyKey": "kubernetes.io/hostname",
+                        },
+                    }
+                ]
+            }
+        },
+        # A stopping router leaves the endpoints first, then finishes what it holds: HAProxy stops softly on the
+        # image's stop signal (SIGUSR1 in HAProxy's images), at most drainSeconds later (hard-stop-after).
+        "terminationGracePeriodSeconds": grace_seconds(plan),
+    }
+    if spec.tolerations:
+        pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {**metadata(owner), "name": router_name(owner)},
+        "spec": {
+            "replicas": router.replicas,
+            "selector": {"matchLabels": router_selector(owner)},
+            "template": {
+                "metadata": {
+                    "labels": pod_labels,
+                    # A new configuration rolls the router (a ConfigMap change alone would not reach HAProxy).
+                    "annotations": {"cpullm.io/router-config": hashlib.sha256(config.encode()).hexdigest()[:16]},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }
