@@ -147,3 +147,12 @@ def docker_env() -> Iterator[dict[str, str]]:
         yield {**os.environ, "DOCKER_HOST": host} if host else dict(os.environ)
     finally:
         subprocess.run([str(DOCKER_SCRIPT), "stop"], check=True)
+
+
+@pytest.fixture(scope="session")
+def crd_files() -> dict[str, str]:
+    """The optional APIs' published CRDs (scripts/fetch-crds.sh, from their Go modules), by name."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "fetch-crds.sh")], check=True, capture_output=True, text=True
+    ).stdout
+    return dict(line.split("=", 1) for line in out.strip().splitlines())

@@ -23,13 +23,14 @@ stage's import of CoreDNS, whose log shows the two `unpacking` lines of one name
   It exists for tests on machines without registry access; production pulls the published image.
 
 - debian: the vLLM image's base layer alone (~180 MB), for tests that need a shell but not vLLM.
+- haproxy: Debian's haproxy on minbase, standing in for HAProxy's published image as the router (spec.routing).
 
 - python-base: Debian bookworm's python3 with its venv module and this host's CA bundle: the Dockerfile's BASE
   on machines that reach no registry (the public python:3.11-slim elsewhere).
 - operator: the operator's image, built by buildah (Debian's package; no Docker engine) from the repository's
   Dockerfile with BASE=python-base, pushed to an OCI archive. pip in its build stage reaches PyPI (host network).
 
-Usage (root, for mmdebstrap, buildah and the chroot check): scripts/build-images.sh [pause] [debian] [vllm]
+Usage (root, for mmdebstrap, buildah and the chroot check): scripts/build-images.sh [pause] [debian] [haproxy] [vllm]
 [python-base] [operator]; prints KEY=value lines.
 """
 
@@ -503,6 +504,23 @@ def build_debian() -> Image:
     return cached_image(out, ref, layers, config)
 
 
+# The router's image on machines that reach no registry: Debian's haproxy (2.6, with its Prometheus exporter),
+# stopping softly on SIGUSR1 as HAProxy's published images do (finishes what it holds, takes nothing new).
+HAPROXY_ROOTFS = Rootfs("haproxy", ("haproxy",))
+
+
+def build_haproxy() -> Image:
+    rootfs, key = HAPROXY_ROOTFS.build(), HAPROXY_ROOTFS.key()[:12]
+    ref = f"localhost/cpullm-haproxy:{key}"
+    config = {
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        "Cmd": ["haproxy", "-vv"],
+        "StopSignal": "SIGUSR1",
+    }
+    layers = [Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} + haproxy")]
+    return cached_image(CACHE / f"haproxy-{key}.tar", ref, layers, config)
+
+
 # This machine's TLS trust, given to the local Python base so pip in the Dockerfile's build stage reaches PyPI
 # through a proxy that re-signs TLS (our sandboxes' egress does); on other hosts it is Debian's own bundle.
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -598,6 +616,7 @@ def build_operator() -> Image:
 BUILDERS = {
     "pause": build_pause,
     "debian": build_debian,
+    "haproxy": build_haproxy,
     "vllm": build_vllm,
     "python-base": build_python_base,
     "operator": build_operator,

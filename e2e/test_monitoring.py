@@ -6,26 +6,17 @@ write on the CpuLLMService's scale subresource (what an HPA does) into the Deplo
 from __future__ import annotations
 
 import json
-import subprocess
 import urllib.request
 from typing import Any
 
 import pytest
 
-from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
 from e2e.objects import tiny_service
 from e2e.test_operator import conditions, ready
 
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 SCALEDOBJECT_CRD = "scaledobjects.keda.sh"
-
-
-@pytest.fixture(scope="module")
-def crd_files() -> dict[str, str]:
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "fetch-crds.sh")], check=True, capture_output=True, text=True
-    ).stdout
-    return dict(line.split("=", 1) for line in out.strip().splitlines())
 
 
 def install(kubectl: Kubectl, path: str, name: str) -> None:

@@ -3,10 +3,8 @@
 docker-registry, e2e/registry.py) into which the images built here are pushed first: kind's node image (the kind
 tests' own), the operator's and the stand-in vLLM image (the real-node tests'). The model is the tiny
 random-weight one of the vLLM tests, from a local directory. Needs the vLLM environment (scripts/setup-vllm.sh).
-
-On this machine the cluster config is the kind tests' (e2e/kind_cluster.py: the static CPU manager, and the
-settings a cgroup v1 host or a missing CAP_SYS_RESOURCE need) plus the containerd registry directory the
-quick start's own config sets."""
+Then, on its cluster, the router (spec.routing) in front of a server on each worker, under load while it scales
+and rolls (e2e/spread.py)."""
 
 from __future__ import annotations
 
@@ -14,76 +12,52 @@ import json
 import math
 import os
 import subprocess
-from pathlib import Path
+from collections.abc import Iterator
 
 import pytest
-import yaml
-from tests.vllm.harness import free_port, make_tiny_model, vllm_python
+from tests.vllm.harness import free_port
 
 from cpullm.core.topology import parse_quantity
-from e2e.cluster import tool_dirs, tool_version
-from e2e.helpers import ROOT, Kubectl
-from e2e.images import VLLM_VENV, build_operator, build_vllm, log
-from e2e.kind_cluster import cgroup_v1_host, cluster_config
-from e2e.kind_images import build_kind_node
-from e2e.realnode import lacks_cap_sys_resource
-from e2e.registry import local_registry, push_archive, push_docker_image
+from e2e.helpers import Kubectl, eventually
+from e2e.images import VLLM_VENV, log
+from e2e.load import Load, Request, stream_completion
 from e2e.serving import TINY, assert_as_planned, in_container
+from e2e.spread import (
+    NAME,
+    QuickStart,
+    deploy_spread,
+    patch_spec,
+    quick_start_cluster,
+    rolled_out,
+    router_ready,
+    scale,
+    served,
+)
+from e2e.test_operator import ready
 
 pytestmark = [
     pytest.mark.kind,
     pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root"),
     pytest.mark.skipif(not (VLLM_VENV / ".complete").exists(), reason="needs the vLLM environment (setup-vllm.sh)"),
 ]
-NAME = "cpullm-quickstart-test"
-REGISTRY_DIRECTORY = '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
 PHASES = ("pulling the image", "loading the model", "ready", "completion:")
 
 
-def kind_config(path: Path) -> Path:
-    config = cluster_config(NAME, 1, cgroup_v1=cgroup_v1_host(), lacks_cap=lacks_cap_sys_resource())
-    config["containerdConfigPatches"] = [*config.get("containerdConfigPatches", []), REGISTRY_DIRECTORY]
-    path.write_text(json.dumps(config, indent=1))
-    return path
+@pytest.fixture(scope="module")
+def quick_start(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuickStart]:
+    with quick_start_cluster(docker_env, tmp_path_factory.mktemp("quickstart")) as made:
+        yield made
 
 
-def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
-    docker_env: dict[str, str], tmp_path: Path
-) -> None:
-    tools = tool_dirs(["kubernetes", "helm", "kind"])
-    make_tiny_model(vllm_python(), tmp_path / TINY)
-    env = {**docker_env, "PATH": os.pathsep.join([*(str(d) for d in tools.values()), docker_env["PATH"]])}
-    with local_registry() as registry:
-        node_image = build_kind_node(docker_env)
-        pushed_node_image = push_docker_image(
-            registry, docker_env, node_image, f"kindest/node:{tool_version('KUBERNETES')}"
-        )
-        push_archive(registry, build_operator(), f"cpullm-operator:{chart_app_version()}")
-        # The stand-in carries the published image's reference: pushed under its path, where the quick start looks
-        # for the image the plan names.
-        vllm_image = build_vllm()
-        vllm = push_archive(registry, vllm_image, vllm_image.ref.split("/", 1)[1])
-        command = [
-            str(ROOT / "scripts" / "quickstart.sh"),
-            *("--offline", "--registry", registry.host, "--model-dir", str(tmp_path / TINY)),
-            *("--name", NAME, "--kind-config", str(kind_config(tmp_path / "kind.json")), "--port", str(free_port())),
-            *("--timeout", "900"),
-        ]
-        try:
-            run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
-            log(f"quickstart.sh (exit {run.returncode}):\n{run.stdout}{run.stderr}")
-            assert run.returncode == 0, run.stderr[-2000:]
-            kubectl = cluster_kubectl(tools, env, tmp_path / "kubeconfig")
-            (pod,) = kubectl.get("pods", namespace="default", **{"cpullm.io/service": "quickstart"})
-            plan = kubectl.get("cpullmservice", "quickstart", "default")["status"]["plan"]
-            seen = in_container(kubectl, "default", pod["metadata"]["name"])
-            worker = kubectl.get("node", pod["spec"]["nodeName"])
-            kindnet = kubectl.get("daemonset", "kindnet", "kube-system")
-        finally:
-            subprocess.run([str(tools["kind"] / "kind"), "delete", "cluster", "--name", NAME], env=env, check=False)
-            subprocess.run(["docker", "rmi", pushed_node_image], env=env, check=False, stdout=subprocess.DEVNULL)
+def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(quick_start: QuickStart) -> None:
+    kubectl = quick_start.kubectl
+    (pod,) = kubectl.get("pods", namespace="default", **{"cpullm.io/service": "quickstart"})
+    plan = kubectl.get("cpullmservice", "quickstart", "default")["status"]["plan"]
+    seen = in_container(kubectl, "default", pod["metadata"]["name"])
+    worker = kubectl.get("node", pod["spec"]["nodeName"])
+    kindnet = kubectl.get("daemonset", "kindnet", "kube-system")
 
-    out = run.stdout
+    out = quick_start.run.stdout
     # Each phase was shown, in order, with its elapsed time.
     positions = [out.find(f"] {phase}") if phase == "completion:" else out.find(f"]   {phase}") for phase in PHASES]
     assert -1 not in positions and positions == sorted(positions), out
@@ -92,7 +66,7 @@ def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
     assert "kind delete cluster --name " + NAME in out
     # The server's image came from the registry (its repo digest names it), not from a preloaded store.
     image_id = pod["status"]["containerStatuses"][0]["imageID"]
-    assert image_id.startswith(vllm.rsplit(":", 1)[0] + "@sha256:"), image_id
+    assert image_id.startswith(quick_start.vllm.rsplit(":", 1)[0] + "@sha256:"), image_id
     # The README's example asks for the whole worker: what kind's kindnet DaemonSet leaves of it, in whole CPUs.
     kindnet_cpu = sum(
         parse_quantity(c["resources"]["requests"]["cpu"]) for c in kindnet["spec"]["template"]["spec"]["containers"]
@@ -105,18 +79,52 @@ def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(
     assert_as_planned(seen, plan)
 
 
-def chart_app_version() -> str:
-    return str(yaml.safe_load((ROOT / "charts" / "cpullm-operator" / "Chart.yaml").read_text())["appVersion"])
-
-
-def cluster_kubectl(tools: dict[str, Path], env: dict[str, str], kubeconfig: Path) -> Kubectl:
-    """kubectl on the quick start's cluster (the script keeps no kubeconfig behind)."""
-    run = subprocess.run(
-        [str(tools["kind"] / "kind"), "get", "kubeconfig", "--name", NAME],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
+def test_the_router_follows_scaling_and_rollouts_and_scale_down_drop_no_request(quick_start: QuickStart) -> None:
+    """Throughput placement over the two workers behind the router, its HAProxy from the registry; requests stream
+    through the Service's one address all along: scaled from one server to two (the router sends both requests),
+    a spec change rolls both servers, and a scale-down to one; not one request fails."""
+    kubectl = quick_start.kubectl
+    model = deploy_spread(quick_start, 1)
+    plan = kubectl.get("cpullmservice", "spread", "default")["status"]["plan"]
+    assert (plan["routing"], plan["capacity"], plan["cpu"]) == ("router", 2, 1)
+    eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
+    port = free_port()
+    forward = subprocess.Popen(
+        [kubectl.binary, "--kubeconfig", kubectl.kubeconfig, "port-forward", "service/spread", f"{port}:8000"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
-    kubeconfig.write_text(run.stdout)
-    return Kubectl(str(tools["kubernetes"] / "kubectl"), str(kubeconfig))
+    requests = [Request(8, 16), Request(64, 8)]
+    load = Load("127.0.0.1", port, model, clients=3, requests=requests, pauses=(0.0, 0.5), idle_chance=1.0)
+    try:
+        eventually(
+            lambda: stream_completion("127.0.0.1", port, model, Request(4, 2)).error is None,
+            timeout=60,
+            interval=1,
+            what="a completion through the router",
+        )
+        with load.running():
+            eventually(lambda: len(load.outcomes) >= 3, timeout=120, interval=1, what="requests flowing")
+            scale(kubectl, 2)
+            ready(kubectl, "default", "spread", 2, timeout=600, interval=2)
+            eventually(lambda: both_serve(kubectl), timeout=120, interval=2, what="both servers serve")
+            before = len(load.outcomes)
+            patch_spec(kubectl, {"env": [{"name": "CPULLM_E2E_ROLLOUT", "value": "1"}]})  # a new pod template
+            eventually(lambda: rolled_out(kubectl, 2), timeout=900, interval=2, what="both servers replaced")
+            assert len(load.outcomes) > before  # requests went on through the rollout
+            scale(kubectl, 1)
+            eventually(lambda: len(served(kubectl)) == 1, timeout=300, interval=2, what="one server left")
+            after = len(load.outcomes)
+            eventually(lambda: len(load.outcomes) >= after + 3, timeout=120, interval=1, what="requests go on")
+    finally:
+        forward.terminate()
+        forward.wait()
+    failures = load.failures
+    log(f"router traffic: {len(load.outcomes)} requests, {len(failures)} failed")
+    assert failures == [], failures[:5]
+    assert len(load.outcomes) >= 20
+
+
+def both_serve(kubectl: Kubectl) -> None:
+    counts = served(kubectl)
+    assert len(counts) == 2 and min(counts.values()) >= 2, counts

@@ -112,9 +112,9 @@ def test_the_router_children_and_the_service_that_selects_them():
         assert owned["metadata"]["ownerReferences"][0]["uid"] == "u-1"
 
 
-def test_a_new_router_configuration_rolls_the_router():
+def test_a_new_router_configuration_rolls_the_router_and_scaling_does_not():
     first = children(placement="throughput", replicas=3)["Deployment", "chat-router"]
-    again = children(placement="throughput", replicas=3)["Deployment", "chat-router"]
+    again = children(placement="throughput", replicas=2)["Deployment", "chat-router"]
     changed = children(placement="throughput", replicas=3, maxNumSeqs=2)["Deployment", "chat-router"]
     digest = "cpullm.io/router-config"
 
@@ -131,7 +131,7 @@ def test_a_new_router_configuration_rolls_the_router():
             {"placement": "throughput", "replicas": 3},
             [
                 "  balance leastconn",
-                "  server-template server 1-3 chat-servers.serving.svc.cluster.local:8000",
+                "  server-template server 1-4 chat-servers.serving.svc.cluster.local:8000",
                 "  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none",
                 "  timeout server 2024s",  # 8192 tokens x 0.988 GB of bf16 weights / 4 GB/s
                 "  hard-stop-after 2024s",
@@ -149,8 +149,8 @@ def test_a_new_router_configuration_rolls_the_router():
                 "routing": {"drainSeconds": 120, "router": {"clusterDomain": "corp.internal"}},
             },
             [
-                # a slot per server the service may run
-                "  server-template server 1-6 chat-servers.serving.svc.corp.internal:9000",
+                # a slot per server the chosen nodes hold (4 NUMA nodes), whatever the replicas
+                "  server-template server 1-4 chat-servers.serving.svc.corp.internal:9000",
                 "  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none maxconn 8",
                 "  timeout server 120s",
                 "  bind :9000",

@@ -29,6 +29,8 @@ CONFIG_FILE = "haproxy.cfg"
 CONFIG_MOUNT = "/etc/cpullm-router"
 HEALTH_PORT = 8404  # the router's own /ready (at least one server up), /live and /metrics
 HEALTH_PORT_NAME = "health"
+# A service runs at most 1,000 servers (spec.replicas): no more slots than that (13 MB of HAProxy's memory).
+MAX_SERVER_SLOTS = 1000
 # Nobody: HAProxy needs no user of its own when it neither chroots nor binds a port below 1024.
 NOBODY = 65534
 
@@ -52,8 +54,9 @@ def router_selector(owner: Owner) -> dict[str, str]:
 
 def haproxy_config(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> str:
     """HAProxy's configuration. Each request waits as long as the longest one may run (plan.drainSeconds); a
-    server slot per server the service may run; with maxNumSeqs, no server is sent more than it runs at once, and
-    the rest queue in the router for the first one free."""
+    server slot for each server the chosen nodes can hold (plan.capacity: the same as the service scales, so
+    scaling never rolls the router); with maxNumSeqs, no server is sent more than it runs at once, and the rest
+    queue in the router for the first one free."""
     port, seconds = spec.service.port, max(plan.drain_seconds, 1)
     domain = spec.routing.router.cluster_domain
     servers = f"{servers_service_name(owner)}.{owner.namespace}.svc.{domain}"
@@ -92,7 +95,7 @@ def haproxy_config(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> str:
             "  balance leastconn",
             "  option httpchk GET /health",
             f"  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none{per_server}",
-            f"  server-template server 1-{spec.most_replicas} {servers}:{port}",
+            f"  server-template server 1-{min(max(plan.capacity, 1), MAX_SERVER_SLOTS)} {servers}:{port}",
             "",
         ]
     )

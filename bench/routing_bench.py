@@ -1,0 +1,140 @@
+"""Benchmark, not a test: requests through the plain Service and through the router, side by side in one run, at
+the same two real vLLM servers (the tiny random-weight model, throughput placement, one server of 1 CPU on each
+worker of the quick start's kind cluster, e2e/spread.py).
+
+    .venv/bin/python bench/routing_bench.py [--clients 6] [--seconds 120] [--rounds 2]
+
+A client pod inside the cluster (Debian's python, e2e/load.py mounted from a ConfigMap) sends bursty, mixed
+streamed completions (prompts of 16-1024 words, 8-128 tokens out; a client pauses 2-8 s after a third of its
+requests) for --seconds to one address, then to the other, --rounds times:
+
+- service: a plain ClusterIP Service selecting the servers (what spec.routing mode service renders: kube-proxy
+  picks a server per connection at random);
+- router: the service's own Service, in front of the operator's HAProxy router (least connections).
+
+Prints, per route: requests, failures, latency and time to first token at p50/p95/p99, and how many requests each
+server finished (vLLM's vllm:request_success_total, before and after). Needs root and the kind stage's images
+(a Docker engine from scripts/docker.sh, the vLLM environment); takes ~15 minutes and the machine's two CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from e2e.helpers import ROOT, Kubectl, eventually
+from e2e.images import build_debian
+from e2e.load import percentile
+from e2e.registry import push_archive
+from e2e.spread import NAMESPACE, SPREAD, QuickStart, deploy_spread, quick_start_cluster, router_ready, served
+
+CLIENT = "routing-bench-client"
+DIRECT = f"{SPREAD}-direct"
+
+
+def client_objects(image: str) -> list[dict[str, Any]]:
+    """The load's source in a ConfigMap, the pod that runs it, and the plain Service to compare with."""
+    meta = {"namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": CLIENT}}
+    source = (ROOT / "e2e" / "load.py").read_text()
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "name": CLIENT}, "data": {"load.py": source}},
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {**meta, "name": CLIENT},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "client",
+                        "image": image,
+                        "command": ["sleep", "infinity"],
+                        "volumeMounts": [{"name": "load", "mountPath": "/load"}],
+                    }
+                ],
+                "volumes": [{"name": "load", "configMap": {"name": CLIENT}}],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {**meta, "name": DIRECT},
+            "spec": {"selector": {"cpullm.io/service": SPREAD}, "ports": [{"port": 8000, "targetPort": "http"}]},
+        },
+    ]
+
+
+def drive(kubectl: Kubectl, host: str, model: str, clients: int, seconds: int, seed: int) -> list[dict[str, Any]]:
+    command = ["python3", "/load/load.py", host, "8000", model, str(clients), str(seconds), str(seed)]
+    out = kubectl.run("exec", CLIENT, "-n", NAMESPACE, "--", *command, timeout=seconds + 900).stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def row(route: str, outcomes: list[dict[str, Any]], per_server: list[float]) -> list[str]:
+    done = [o for o in outcomes if o["error"] is None]
+    latency = [o["seconds"] for o in done]
+    first = [o["first_token"] for o in done]
+
+    def at(values: list[float]) -> str:
+        return " / ".join(f"{percentile(values, q):.2f}" for q in (50, 95, 99))
+
+    spread = " / ".join(f"{n:.0f}" for n in sorted(per_server, reverse=True))
+    return [route, str(len(outcomes)), str(len(outcomes) - len(done)), at(latency), at(first), spread]
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=6)
+    parser.add_argument("--seconds", type=int, default=120)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    docker = subprocess.run(
+        [str(ROOT / "scripts" / "docker.sh"), "start"], check=True, capture_output=True, text=True
+    ).stdout
+    host = docker.strip().splitlines()[-1].removeprefix("DOCKER_HOST=")
+    docker_env = {**os.environ, **({"DOCKER_HOST": host} if host else {})}
+    try:
+        with (
+            tempfile.TemporaryDirectory(prefix="routing-bench-") as workdir,
+            quick_start_cluster(docker_env, Path(workdir)) as quick_start,
+        ):
+            print(table(measure(quick_start, args.clients, args.seconds, args.rounds)))
+    finally:
+        subprocess.run([str(ROOT / "scripts" / "docker.sh"), "stop"], check=True)
+    return 0
+
+
+def measure(quick_start: QuickStart, clients: int, seconds: int, rounds: int) -> list[list[str]]:
+    kubectl = quick_start.kubectl
+    model = deploy_spread(quick_start, 2)
+    eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
+    debian = build_debian()
+    kubectl.apply(*client_objects(push_archive(quick_start.registry, debian, debian.ref.split("/", 1)[1])))
+    kubectl.run("wait", "--for=condition=Ready", f"pod/{CLIENT}", "-n", NAMESPACE, "--timeout=300s")
+    results: dict[str, tuple[list[dict[str, Any]], dict[str, float]]] = {"service": ([], {}), "router": ([], {})}
+    for round_ in range(rounds):
+        for route, address in (("service", DIRECT), ("router", SPREAD)):
+            before = served(kubectl)
+            outcomes = drive(kubectl, address, model, clients, seconds, seed=round_)
+            after = served(kubectl)
+            results[route][0].extend(outcomes)
+            for pod, count in after.items():
+                results[route][1][pod] = results[route][1].get(pod, 0.0) + count - before.get(pod, 0.0)
+    return [row(route, outcomes, list(per_server.values())) for route, (outcomes, per_server) in results.items()]
+
+
+def table(rows: list[list[str]]) -> str:
+    header = ["route", "requests", "failed", "latency s p50/p95/p99", "first token s p50/p95/p99", "per server"]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,138 @@
+"""Load for an OpenAI-compatible address: streamed completions, each timed to its first token and its end, with
+what failed and how. Used by the router's traffic test (e2e/test_quickstart.py) and its benchmark
+(bench/routing_bench.py), which runs this file inside the cluster (stdlib only):
+
+    python3 load.py HOST PORT MODEL CLIENTS SECONDS SEED     # prints one JSON outcome per line
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Outcome:
+    started: float  # time.monotonic() when sent
+    seconds: float  # to the stream's end (or the failure)
+    first_token: float | None  # seconds to the first streamed token
+    error: str | None = None  # None: the stream ended with [DONE] after at least one token
+
+
+@dataclass(frozen=True)
+class Request:
+    prompt_words: int
+    max_tokens: int
+
+
+def stream_completion(host: str, port: int, model: str, request: Request, timeout: float = 300) -> Outcome:
+    """One streamed completion; any answer but a whole stream (status, reset, cut short) is an error."""
+    started = time.monotonic()
+    first: float | None = None
+    body = {
+        "model": model,
+        "prompt": " ".join(["hello"] * request.prompt_words),
+        "max_tokens": request.max_tokens,
+        "ignore_eos": True,  # the lengths asked for, not where the random weights happen to stop
+        "stream": True,
+    }
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            return Outcome(
+                started, time.monotonic() - started, None, f"HTTP {response.status}: {response.read()[:200]!r}"
+            )
+        done = False
+        for raw in response:
+            line = raw.strip()
+            if line == b"data: [DONE]":
+                done = True
+            elif line.startswith(b"data: ") and first is None:
+                first = time.monotonic() - started
+        error = None if done and first is not None else "the stream ended before [DONE]"
+        return Outcome(started, time.monotonic() - started, first, error)
+    except (OSError, http.client.HTTPException) as err:
+        return Outcome(started, time.monotonic() - started, first, f"{type(err).__name__}: {err}")
+    finally:
+        connection.close()
+
+
+@dataclass
+class Load:
+    """Clients each sending one request after another (a pause between, drawn from `pauses`), until stopped."""
+
+    host: str
+    port: int
+    model: str
+    clients: int
+    requests: Sequence[Request]
+    pauses: tuple[float, float] = (0.0, 0.0)
+    idle_chance: float = 0.0  # the chance a pause is drawn from `pauses` at all (else none): bursts
+    seed: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
+
+    def _client(self, index: int) -> None:
+        draw = random.Random(self.seed * 1000 + index)
+        while not self._stop.is_set():
+            outcome = stream_completion(self.host, self.port, self.model, draw.choice(self.requests))
+            with self._lock:
+                self.outcomes.append(outcome)
+            self._stop.wait(draw.uniform(*self.pauses) if draw.random() < self.idle_chance else 0.0)
+
+    @property
+    def failures(self) -> list[Outcome]:
+        with self._lock:
+            return [o for o in self.outcomes if o.error is not None]
+
+    @contextmanager
+    def running(self) -> Iterator[Load]:
+        for thread in self._threads:
+            thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            for thread in self._threads:
+                thread.join()
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100), nearest rank; nan for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+# Bursty and mixed: short and long prompts and outputs; a client pauses 2-8 s after a third of its requests and
+# sends the next at once otherwise, so requests arrive in bursts.
+MIXED = [Request(prompt, tokens) for prompt in (16, 256, 1024) for tokens in (8, 32, 128)]
+
+
+def main(argv: list[str]) -> int:
+    host, port, model, clients, seconds, seed = argv
+    load = Load(host, int(port), model, int(clients), MIXED, pauses=(2.0, 8.0), idle_chance=1 / 3, seed=int(seed))
+    with load.running():
+        time.sleep(float(seconds))
+    for outcome in load.outcomes:
+        print(json.dumps(dataclasses.asdict(outcome)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

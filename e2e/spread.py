@@ -1,0 +1,167 @@
+"""The quick start's kind cluster, as `scripts/quickstart.sh --offline` makes it from images pushed into a registry
+on localhost, and a throughput service spread over its two workers ("spread"): what the quick start's tests
+(e2e/test_quickstart.py) and the routing benchmark (bench/routing_bench.py) share.
+
+The cluster config is the kind tests' (e2e/kind_cluster.py: the static CPU manager, and the settings a cgroup v1
+host or a missing CAP_SYS_RESOURCE need) with two workers, plus the containerd registry directory the quick
+start's own config sets. Each kind node sees this machine's every CPU, and each kubelet gives its exclusive CPU
+from the same list: two servers on two workers share the host's CPUs as the host's one kubelet would not let
+them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from tests.vllm.harness import free_port, make_tiny_model, vllm_python
+
+from e2e.cluster import tool_dirs, tool_version
+from e2e.helpers import ROOT, Kubectl
+from e2e.images import build_haproxy, build_operator, build_vllm, log
+from e2e.kind_cluster import cgroup_v1_host, cluster_config
+from e2e.kind_images import build_kind_node
+from e2e.realnode import lacks_cap_sys_resource
+from e2e.registry import Registry, local_registry, push_archive, push_docker_image
+from e2e.serving import TINY
+from e2e.test_operator import ready
+
+NAME = "cpullm-quickstart-test"
+REGISTRY_DIRECTORY = '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
+SPREAD = "spread"
+NAMESPACE = "default"
+
+
+@dataclass(frozen=True)
+class QuickStart:
+    """What the quick start left: its output, its cluster (kept while the context lasts) and the registry."""
+
+    run: subprocess.CompletedProcess[str]
+    kubectl: Kubectl
+    registry: Registry
+    vllm: str  # the vLLM image's reference in the registry
+
+
+def kind_config(path: Path) -> Path:
+    config = cluster_config(NAME, 2, cgroup_v1=cgroup_v1_host(), lacks_cap=lacks_cap_sys_resource())
+    config["containerdConfigPatches"] = [*config.get("containerdConfigPatches", []), REGISTRY_DIRECTORY]
+    path.write_text(json.dumps(config, indent=1))
+    return path
+
+
+@contextmanager
+def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[QuickStart]:
+    """The quick start run from no cluster (asserted to succeed), its cluster deleted at the end."""
+    tools = tool_dirs(["kubernetes", "helm", "kind"])
+    make_tiny_model(vllm_python(), workdir / TINY)
+    env = {**docker_env, "PATH": os.pathsep.join([*(str(d) for d in tools.values()), docker_env["PATH"]])}
+    with local_registry() as registry:
+        node_image = build_kind_node(docker_env)
+        pushed_node_image = push_docker_image(
+            registry, docker_env, node_image, f"kindest/node:{tool_version('KUBERNETES')}"
+        )
+        push_archive(registry, build_operator(), f"cpullm-operator:{chart_app_version()}")
+        # The stand-in carries the published image's reference: pushed under its path, where the quick start looks
+        # for the image the plan names.
+        vllm_image = build_vllm()
+        vllm = push_archive(registry, vllm_image, vllm_image.ref.split("/", 1)[1])
+        command = [
+            str(ROOT / "scripts" / "quickstart.sh"),
+            *("--offline", "--registry", registry.host, "--model-dir", str(workdir / TINY)),
+            *("--name", NAME, "--kind-config", str(kind_config(workdir / "kind.json")), "--port", str(free_port())),
+            *("--timeout", "900"),
+        ]
+        try:
+            run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
+            log(f"quickstart.sh (exit {run.returncode}):\n{run.stdout}{run.stderr}")
+            assert run.returncode == 0, run.stderr[-2000:]
+            yield QuickStart(run, cluster_kubectl(tools, env, workdir / "kubeconfig"), registry, vllm)
+        finally:
+            subprocess.run([str(tools["kind"] / "kind"), "delete", "cluster", "--name", NAME], env=env, check=False)
+            subprocess.run(["docker", "rmi", pushed_node_image], env=env, check=False, stdout=subprocess.DEVNULL)
+
+
+def chart_app_version() -> str:
+    return str(yaml.safe_load((ROOT / "charts" / "cpullm-operator" / "Chart.yaml").read_text())["appVersion"])
+
+
+def cluster_kubectl(tools: dict[str, Path], env: dict[str, str], kubeconfig: Path) -> Kubectl:
+    """kubectl on the quick start's cluster (the script keeps no kubeconfig behind)."""
+    run = subprocess.run(
+        [str(tools["kind"] / "kind"), "get", "kubeconfig", "--name", NAME],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    kubeconfig.write_text(run.stdout)
+    return Kubectl(str(tools["kubernetes"] / "kubectl"), str(kubeconfig))
+
+
+def deploy_spread(quick_start: QuickStart, replicas: int, **spec: Any) -> str:
+    """In place of the quick start's service (whose worker's CPU it needs): "spread", throughput placement of the
+    quick start's model and image over the two workers behind the router (HAProxy pushed into the registry), once
+    Ready with `replicas` servers and a ready router. Returns the model's name."""
+    kubectl = quick_start.kubectl
+    quickstart = kubectl.get("cpullmservice", "quickstart", NAMESPACE)
+    if quickstart is not None:
+        kubectl.run("delete", "cpullmservice", "quickstart", "-n", NAMESPACE, "--wait=true")
+        base = {k: quickstart["spec"][k] for k in ("model", "image", "kvCacheGiB", "maxModelLen", "modelCache")}
+    else:
+        base = kubectl.get("cpullmservice", SPREAD, NAMESPACE)["spec"]
+    haproxy = build_haproxy()
+    router_image = push_archive(quick_start.registry, haproxy, haproxy.ref.split("/", 1)[1])
+    body = {
+        **base,
+        "maxNumSeqs": 2,
+        "placement": "throughput",
+        "replicas": replicas,
+        "routing": {"mode": "router", "router": {"image": router_image}, "drainSeconds": 120},
+        **spec,
+    }
+    metadata = {"name": SPREAD, "namespace": NAMESPACE}
+    kubectl.apply({"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "metadata": metadata, "spec": body})
+    ready(kubectl, NAMESPACE, SPREAD, replicas, timeout=600, interval=2)
+    return str(body["model"]["name"])
+
+
+def router_ready(kubectl: Kubectl) -> None:
+    router = kubectl.get("deployment", f"{SPREAD}-router", NAMESPACE)
+    assert router is not None, "no router Deployment"
+    assert (router.get("status") or {}).get("readyReplicas") == 1, router.get("status")
+
+
+def scale(kubectl: Kubectl, replicas: int) -> None:
+    kubectl.run("scale", "cpullmservice", SPREAD, "-n", NAMESPACE, f"--replicas={replicas}")
+
+
+def patch_spec(kubectl: Kubectl, spec: dict[str, Any]) -> None:
+    kubectl.run("patch", "cpullmservice", SPREAD, "-n", NAMESPACE, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+
+def served(kubectl: Kubectl) -> dict[str, float]:
+    """Requests each running server finished (vLLM's vllm:request_success_total, read through the API server's
+    proxy to the pod)."""
+    counts = {}
+    for pod in kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/service": SPREAD}):
+        name = pod["metadata"]["name"]
+        if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running":
+            continue
+        metrics = kubectl.run("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:8000/proxy/metrics").stdout
+        samples = (line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
+        counts[name] = sum(float(value) for metric, value in samples if metric.startswith("vllm:request_success_total"))
+    return counts
+
+
+def rolled_out(kubectl: Kubectl, replicas: int) -> None:
+    deployment = kubectl.get("deployment", SPREAD, NAMESPACE)
+    status = deployment.get("status") or {}
+    assert status.get("observedGeneration") == deployment["metadata"]["generation"], status
+    counts = (status.get("updatedReplicas"), status.get("readyReplicas"), status.get("replicas"))
+    assert counts == (replicas, replicas, replicas), status

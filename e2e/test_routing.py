@@ -1,0 +1,116 @@
+"""spec.routing against the real API server: the router's children and the Service that selects them, following
+the routing as it changes; the PodDisruptionBudget; the InferencePool and its HTTPRoute with the real Gateway API
+Inference Extension and Gateway API CRDs (from their Go modules, scripts/fetch-crds.sh), the Routing condition while
+a CRD is missing, and what goes when the routing changes. Requests through a real router to real servers are
+e2e/test_router_traffic.py's (kind)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.objects import tiny_service
+from e2e.test_monitoring import condition, install, owned_by_service
+from e2e.test_operator import conditions
+
+INFERENCEPOOL_CRD = "inferencepools.inference.networking.k8s.io"
+HTTPROUTE_CRD = "httproutes.gateway.networking.k8s.io"
+
+
+def patch(kubectl: Kubectl, namespace: str, name: str, spec: dict[str, Any]) -> None:
+    kubectl.run("patch", "cpullm", name, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": spec}))
+
+
+def gone(kubectl: Kubectl, kind: str, name: str, namespace: str) -> None:
+    eventually(lambda: kubectl.get(kind, name, namespace) is None, timeout=60, what=f"{kind} {name} deleted")
+
+
+def test_the_router_and_its_service_follow_the_routing(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    kubectl.apply(tiny_service("spread", namespace, placement="throughput", replicas=2, maxNumSeqs=4))
+
+    def routed() -> dict[str, Any]:
+        router = kubectl.get("deployment", "spread-router", namespace)
+        assert router is not None
+        return router
+
+    router = eventually(routed, timeout=60, what="the router's Deployment")
+    assert owned_by_service(router, "spread")
+    config = kubectl.get("configmap", "spread-router", namespace)
+    assert owned_by_service(config, "spread")
+    assert "  balance leastconn" in config["data"]["haproxy.cfg"].splitlines()
+    assert f"spread-servers.{namespace}.svc.cluster.local:8000" in config["data"]["haproxy.cfg"]
+    servers = kubectl.get("service", "spread-servers", namespace)
+    assert (servers["spec"]["clusterIP"], servers["spec"]["selector"]) == ("None", {"cpullm.io/service": "spread"})
+    assert kubectl.get("service", "spread", namespace)["spec"]["selector"] == {"cpullm.io/router": "spread"}
+    budget = kubectl.get("poddisruptionbudget", "spread", namespace)
+    assert owned_by_service(budget, "spread") and budget["spec"]["maxUnavailable"] == 1
+    status = kubectl.get("cpullm", "spread", namespace)["status"]
+    assert status["plan"]["routing"] == "router"
+    assert status["optionalChildren"] == [
+        "PodDisruptionBudget",
+        "Service/spread-servers",
+        "ConfigMap/spread-router",
+        "Deployment/spread-router",
+    ]
+
+    # Through the Service instead: the router's children go, the Service selects the servers again.
+    patch(kubectl, namespace, "spread", {"routing": {"mode": "service"}})
+    for kind, name in (("deployment", "spread-router"), ("configmap", "spread-router"), ("service", "spread-servers")):
+        gone(kubectl, kind, name, namespace)
+    selector = kubectl.get("service", "spread", namespace)["spec"]["selector"]
+    assert selector == {"cpullm.io/service": "spread"}
+    assert kubectl.get("deployment", "spread", namespace) is not None  # the servers stay
+
+    # One server: no disruption budget.
+    patch(kubectl, namespace, "spread", {"replicas": 1})
+    gone(kubectl, "poddisruptionbudget", "spread", namespace)
+    eventually(
+        lambda: kubectl.get("cpullm", "spread", namespace)["status"]["optionalChildren"] == [],
+        timeout=60,
+        what="nothing optional left",
+    )
+
+
+def test_the_inference_pool_waits_for_its_crds_then_is_applied_owned_and_removed(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, crd_files: dict[str, str]
+):
+    if kubectl.get("crd", INFERENCEPOOL_CRD) is not None or kubectl.get("crd", HTTPROUTE_CRD) is not None:
+        pytest.skip("this cluster already has the InferencePool or HTTPRoute CRD: the 'missing' half cannot be shown")
+    pool = {"endpointPicker": "pooled-epp", "gateway": "inference-gateway"}
+    kubectl.apply(tiny_service("pooled", namespace, routing={"mode": "inferencePool", "inferencePool": pool}))
+    missing = condition(kubectl, namespace, "pooled", "Routing", "False", "InferencePoolCRDMissing")
+    assert INFERENCEPOOL_CRD in missing["message"]
+
+    install(kubectl, crd_files["INFERENCEPOOL_CRD"], INFERENCEPOOL_CRD)
+    missing = condition(kubectl, namespace, "pooled", "Routing", "False", "HTTPRouteCRDMissing")
+    assert HTTPROUTE_CRD in missing["message"]
+    found = kubectl.get("inferencepool", "pooled", namespace)
+    assert owned_by_service(found, "pooled")
+    assert found["spec"]["selector"] == {"matchLabels": {"cpullm.io/service": "pooled"}}
+    assert found["spec"]["endpointPickerRef"]["name"] == "pooled-epp"
+
+    install(kubectl, crd_files["HTTPROUTE_CRD"], HTTPROUTE_CRD)
+    applied = condition(kubectl, namespace, "pooled", "Routing", "True", "InferencePoolApplied")
+    assert applied["message"] == "InferencePool pooled; HTTPRoute pooled"
+    route = kubectl.get("httproute", "pooled", namespace)
+    assert owned_by_service(route, "pooled")
+    assert route["spec"]["parentRefs"][0]["name"] == "inference-gateway"
+    (rule,) = route["spec"]["rules"]
+    assert rule["backendRefs"][0]["kind"] == "InferencePool" and rule["backendRefs"][0]["name"] == "pooled"
+    status = kubectl.get("cpullm", "pooled", namespace)["status"]
+    assert status["optionalChildren"] == ["InferencePool", "HTTPRoute"]
+
+    # Routed through the Service again: the pool and its route go, and so does the condition.
+    patch(kubectl, namespace, "pooled", {"routing": {"mode": "service"}})
+    gone(kubectl, "httproute", "pooled", namespace)
+    gone(kubectl, "inferencepool", "pooled", namespace)
+    eventually(
+        lambda: "Routing" not in conditions(kubectl.get("cpullm", "pooled", namespace)),
+        timeout=60,
+        what="Routing condition gone",
+    )
