@@ -294,7 +294,7 @@ def test_a_child_deleted_while_the_operator_was_cut_off_and_the_api_server_resta
 
     eventually(replaced_and_ready, timeout=RESYNC_SECONDS + SETTLE_SECONDS, what="the Deployment applied again")
     converged(kubectl, namespace, names, one_replica_set=False)
-    assert "1 Deployment(s) deleted unseen" in log.text()
+    assert "1 Deployment(s) deleted or changed unseen" in log.text()
     log.assert_quiet()
 
 

@@ -94,7 +94,11 @@ def test_hpa_then_keda_scaledobject_target_the_services_scale_subresource(
     queue = scaled["spec"]["triggers"][0]["metadata"]
     assert queue["query"] == f'sum(vllm:num_requests_waiting{{namespace="{namespace}",cpullm_service="scaled-auto"}})'
     eventually(lambda: kubectl.get("hpa", "scaled-auto", namespace) is None, timeout=60, what="the HPA deleted")
-    assert kubectl.get("cpullm", "scaled-auto", namespace)["status"]["optionalChildren"] == ["ScaledObject"]
+    # maxReplicas 3: the servers have a PodDisruptionBudget too.
+    assert kubectl.get("cpullm", "scaled-auto", namespace)["status"]["optionalChildren"] == [
+        "PodDisruptionBudget",
+        "ScaledObject",
+    ]
 
 
 def test_a_write_on_the_scale_subresource_reaches_the_deployment(

@@ -7,9 +7,12 @@ e2e/test_router_traffic.py's (kind)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.vllm.harness import free_port
 
 from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
 from e2e.objects import tiny_service
@@ -114,3 +117,49 @@ def test_the_inference_pool_waits_for_its_crds_then_is_applied_owned_and_removed
         timeout=60,
         what="Routing condition gone",
     )
+
+
+RESYNC_SECONDS = 5
+
+
+@pytest.fixture
+def resyncing_operator(kubectl: Kubectl, operator: Operator | InClusterOperator, workdir: Path) -> Iterator[Operator]:
+    """The suite's operator stopped and one started in its place that lists its children every 5 s (default 300)."""
+    if not isinstance(operator, Operator):
+        pytest.skip("restarts a local operator process")
+    operator.stop()
+    resyncing = Operator(
+        kubectl.kubeconfig,
+        workdir / "operator-resync.log",
+        free_port(),
+        env={"CPULLM_RESYNC_SECONDS": str(RESYNC_SECONDS)},
+    )
+    try:
+        resyncing.start()
+        yield resyncing
+    finally:
+        resyncing.stop()
+        operator.start()
+
+
+def test_what_is_not_watched_is_applied_again_after_another_writer_changes_or_deletes_it(
+    kubectl: Kubectl, resyncing_operator: Operator, namespace: str, crd_files: dict[str, str]
+):
+    """No watch tells of an InferencePool or a PodDisruptionBudget: the resync's listing finds the edit and the
+    deletion, and the next reconcile applies them again."""
+    if kubectl.get("crd", INFERENCEPOOL_CRD) is None:
+        install(kubectl, crd_files["INFERENCEPOOL_CRD"], INFERENCEPOOL_CRD)
+    routing = {"mode": "inferencePool", "inferencePool": {"endpointPicker": "drift-epp"}}
+    kubectl.apply(tiny_service("drift", namespace, replicas=2, routing=routing))
+    condition(kubectl, namespace, "drift", "Routing", "True", "InferencePoolApplied")
+    assert kubectl.get("poddisruptionbudget", "drift", namespace) is not None
+    edit = {"spec": {"targetPorts": [{"number": 9999}]}}
+    kubectl.run("patch", "inferencepool", "drift", "-n", namespace, "--type=merge", "-p", json.dumps(edit))
+    kubectl.run("delete", "poddisruptionbudget", "drift", "-n", namespace)
+
+    def reverted() -> None:
+        pool = kubectl.get("inferencepool", "drift", namespace)
+        assert pool["spec"]["targetPorts"] == [{"number": 8000}], pool["spec"]
+        assert kubectl.get("poddisruptionbudget", "drift", namespace) is not None, "the budget is not back"
+
+    eventually(reverted, timeout=RESYNC_SECONDS * 6, what="the InferencePool reverted and the budget back")

@@ -49,8 +49,9 @@ class Settings(BaseSettings):
     resync_seconds: float = Field(
         default=300.0,
         ge=0,
-        description="How often the owned Deployments, Services and ConfigMaps are listed to find any deleted "
-        "while no watch could tell (they are applied again); 0: never.",
+        description="How often the owned children of every served kind are listed to find any deleted or "
+        "changed by another writer while no watch could tell, and the kinds that are not watched at all (an "
+        "InferencePool, a PodDisruptionBudget): they are applied again; 0: never.",
     )
     # 8 and 32 converged 1,000 services alike on 2 CPUs (88.0/60.5 s, then 75.1/76.8 s: run-to-run noise), with
     # the same peak RSS: the fewer threads and API connections win.

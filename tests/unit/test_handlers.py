@@ -32,6 +32,7 @@ class RecordingReconciler:
         self.specs_read: set[str] = set()  # services whose events service_event finds to need no reconcile
         self.forgotten: list[str] = []
         self.vanished: dict[str, Any] = {}
+        self.listed: list[str] = []  # the kinds the resync listed, in order
 
     def begin(self, service, deployment):
         return 0
@@ -64,7 +65,8 @@ class RecordingReconciler:
         self.seen.append((kind, name, event))
         return name in self.changed_while_away if event is None else name not in self.own_writes
 
-    def find_vanished(self, kind, namespaces):
+    def find_drifted(self, kind, namespaces):
+        self.listed.append(kind)
         found = self.vanished.get(kind, [])
         if isinstance(found, Exception):
             raise found
@@ -450,6 +452,17 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
     assert memo["state"].reconciler.unschedulable == [INSUFFICIENT["message"]]  # once: when it changed
 
 
+def test_a_resync_lists_the_optional_kinds_whose_crds_are_served():
+    rec = RecordingReconciler()
+    indexes = {
+        **OTHER_INDEXES,
+        "services": SERVICES,
+        "installed_crds": {"inferencepools.inference.networking.k8s.io": [True]},
+    }
+    asyncio.run(handlers.resync(handler_memo(rec), indexes, []))
+    assert "InferencePool" in rec.listed and "HTTPRoute" not in rec.listed and "PodMonitor" not in rec.listed
+
+
 def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
     rec = RecordingReconciler()
     rec.vanished = {
@@ -466,6 +479,8 @@ def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
         "owned_deployments": {("ns", "a"): [last_seen]},
     }
     asyncio.run(handlers.resync(memo, indexes, []))
+    # Every kind that is served: the built-in ones, not those whose CRD is not installed.
+    assert rec.listed == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
     assert [name for name, _ in rec.calls] == ["a", "a"]
     # The vanished Deployment's last status (still in Kopf's index) is not reported as its replacement's; the
     # kinds are listed in apply order (the ConfigMap's owner is reconciled with the Deployment's status it has).

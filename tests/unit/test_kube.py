@@ -52,7 +52,9 @@ def test_apply_errors_map_to_typed_errors(status, error, expected, message):
 
 
 def _items(*keys: tuple[str, str]) -> list[dict[str, object]]:
-    return [{"metadata": {"namespace": namespace, "name": name}} for namespace, name in keys]
+    """Metadata as a listing gives it: the markers are the UID and the generation (core/children's `marker`)."""
+    meta = [{"namespace": ns, "name": name, "uid": f"u-{ns}-{name}", "generation": 2} for ns, name in keys]
+    return [{"metadata": m} for m in meta]
 
 
 def test_listing_owned_children_reads_labelled_metadata_page_by_page():
@@ -61,13 +63,31 @@ def test_listing_owned_children_reads_labelled_metadata_page_by_page():
         {"metadata": {}, "items": _items(("b", "z"))},
     ]
     transport = FakeTransport(pages=pages)
-    assert kube(transport).list_owned("Deployment", []) == {("a", "x"), ("b", "y"), ("b", "z")}
+    assert kube(transport).list_owned("Deployment", []) == {
+        ("a", "x"): "u-a-x/2",
+        ("b", "y"): "u-b-y/2",
+        ("b", "z"): "u-b-z/2",
+    }
     first, second = transport.requests
     url = urlsplit(first["url"])
     assert url.path == "/apis/apps/v1/deployments"
     assert parse_qs(url.query) == {"labelSelector": ["app.kubernetes.io/managed-by=cpullm-operator"], "limit": ["500"]}
     assert parse_qs(urlsplit(second["url"]).query)["continue"] == ["next"]
     assert first["headers"]["Accept"].startswith("application/json;as=PartialObjectMetadataList;")
+
+
+@pytest.mark.parametrize(
+    ("kind", "namespaces", "paths"),
+    [
+        ("PodDisruptionBudget", [], ["/apis/policy/v1/poddisruptionbudgets"]),
+        ("InferencePool", ["a"], ["/apis/inference.networking.k8s.io/v1/namespaces/a/inferencepools"]),
+    ],
+)
+def test_listing_owned_children_of_a_kind_without_a_typed_api(kind, namespaces, paths):
+    transport = FakeTransport(pages=[{"metadata": {}, "items": _items(("a", "x"))}])
+    assert kube(transport).list_owned(kind, namespaces) == {("a", "x"): "u-a-x/2"}
+    assert [urlsplit(r["url"]).path for r in transport.requests] == paths
+    assert transport.requests[0]["headers"]["Accept"].startswith("application/json;as=PartialObjectMetadataList;")
 
 
 def test_listing_nodes_reads_every_page_whole():
@@ -85,7 +105,7 @@ def test_listing_nodes_reads_every_page_whole():
 
 def test_listing_owned_children_of_watched_namespaces_lists_each_of_them():
     transport = FakeTransport(pages=[{"metadata": {}, "items": _items(("a", "x"))}, {"metadata": {}, "items": []}])
-    assert kube(transport).list_owned("ConfigMap", ["a", "b"]) == {("a", "x")}
+    assert kube(transport).list_owned("ConfigMap", ["a", "b"]) == {("a", "x"): "u-a-x/2"}
     urls = [r["url"].split("?")[0] for r in transport.requests]
     assert urls == [
         "http://api.invalid/api/v1/namespaces/a/configmaps",

@@ -38,5 +38,5 @@ def test_the_verbs_follow_what_the_operator_does_with_a_kind():
     assert (optional.group, optional.version, optional.verbs) == (
         "example.com",
         "v1",
-        ("get", "create", "patch", "delete"),
+        ("get", "create", "patch", "delete", "list"),
     )

@@ -25,12 +25,14 @@ class StubKube:
         self.namespace_labels: dict[str, str] = {}
         self.terminating = False
         self.present: set[tuple[str, str]] = set()  # what list_owned finds, of any kind
+        self.changed: set[tuple[str, str]] = set()  # of those, what another writer changed
         self.unlisted: set[tuple[str, str]] = set()  # what exists though list_owned misses it
         self.reads: list[tuple[str, str, str]] = []
         self.owners: dict[tuple[str, str, str], Ownership] = {}  # objects that exist, by kind, namespace, name
 
     def list_owned(self, kind, namespaces):
-        return set(self.present)
+        """Markers as applied (this stub stores what it is given: no uid, no generation) unless changed."""
+        return {key: "other/2" if key in self.changed else "None/None" for key in self.present}
 
     def child_exists(self, kind, namespace, name):
         self.reads.append((kind, namespace, name))
@@ -269,11 +271,15 @@ def test_namespace_facts_are_read_once_per_ttl():
 
 
 def applied_with_markers(kube: StubKube) -> None:
-    """The API server's answer to an apply: what was applied, with generation 1 and resourceVersion 10."""
-    kube.apply = lambda manifest: (
+    """The API server's answer to an apply: what was applied, with resourceVersion 10, and generation 1 for a
+    Deployment (ConfigMaps and Services have none)."""
+
+    def apply(manifest: dict[str, Any]) -> dict[str, Any]:
         kube.applied.append(manifest)
-        or {**manifest, "metadata": {**manifest["metadata"], "generation": 1, "resourceVersion": "10"}}
-    )
+        generation = {"generation": 1} if manifest["kind"] == "Deployment" else {}
+        return {**manifest, "metadata": {**manifest["metadata"], **generation, "resourceVersion": "10"}}
+
+    kube.apply = apply
 
 
 STARTING = {"metadata": {"name": "llama", "generation": 1}, "status": {"replicas": 1, "readyReplicas": 0}}
@@ -340,27 +346,41 @@ def test_children_deleted_unseen_are_found_by_a_listing_and_applied_again():
     rec, kube = reconciler()
     rec.reconcile(service({}), NODES, READY)
     kube.present = {("serving", "llama")}  # the launcher ConfigMap "llama-launcher" is gone
-    assert rec.find_vanished("Deployment", []) == []
-    assert rec.find_vanished("ConfigMap", []) == [("serving", "llama")]  # its owner, the service
+    assert rec.find_drifted("Deployment", []) == []
+    assert rec.find_drifted("ConfigMap", []) == [("serving", "llama")]  # its owner, the service
     assert kube.reads == [("ConfigMap", "serving", "llama-launcher")]  # only what the listing missed is read
-    assert rec.find_vanished("ConfigMap", []) == []  # forgotten: reported once
+    assert rec.find_drifted("ConfigMap", []) == []  # forgotten: reported once
     del kube.applied[:]
     rec.reconcile(service({}), NODES, READY)
     assert [m["kind"] for m in kube.applied] == ["ConfigMap"]
 
 
+def test_a_child_another_writer_changed_is_found_by_a_listing_and_applied_again():
+    """What the kinds that are not watched (an InferencePool, a PodDisruptionBudget) rely on: no event tells."""
+    rec, kube = reconciler()
+    rec.reconcile(service({"replicas": 2}), NODES, READY)
+    kube.present = {("serving", "llama"), ("serving", "llama-launcher")}
+    kube.changed = {("serving", "llama")}
+    assert rec.find_drifted("PodDisruptionBudget", []) == [("serving", "llama")]
+    assert kube.reads == []  # listed, so not read
+    assert rec.find_drifted("PodDisruptionBudget", []) == []  # forgotten: reported once
+    del kube.applied[:]
+    rec.reconcile(service({"replicas": 2}), NODES, READY)
+    assert [m["kind"] for m in kube.applied] == ["PodDisruptionBudget"]
+
+
 def test_a_child_applied_while_the_listing_ran_is_not_taken_for_deleted():
     rec, kube = reconciler()
     rec.reconcile(service({}), NODES, READY)
-    kube.list_owned = lambda kind, namespaces: rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY) and set()
-    assert rec.find_vanished("Deployment", []) == []
+    kube.list_owned = lambda kind, namespaces: rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY) and {}
+    assert rec.find_drifted("Deployment", []) == []
 
 
 def test_a_child_a_listing_misses_but_a_read_finds_is_not_taken_for_deleted():
     rec, kube = reconciler()
     rec.reconcile(service({}), NODES, READY)
     kube.unlisted = {("serving", "llama")}
-    assert [rec.find_vanished(kind, []) for kind in ("Deployment", "Service")] == [[], []]
+    assert [rec.find_drifted(kind, []) for kind in ("Deployment", "Service")] == [[], []]
     assert [kind for kind, _, _ in kube.reads] == ["Deployment", "Service"]
     del kube.applied[:]
     rec.reconcile(service({}), NODES, READY)
@@ -376,14 +396,14 @@ def test_a_child_applied_again_while_it_was_read_is_not_taken_for_deleted():
         return False
 
     kube.child_exists = applied_meanwhile
-    assert rec.find_vanished("Deployment", []) == []
+    assert rec.find_drifted("Deployment", []) == []
 
 
 def test_a_forgotten_service_leaves_no_children_to_look_for():
     rec, _ = reconciler()
     rec.reconcile(service({}), NODES, READY)
     rec.forget("serving", "llama", "u1")
-    assert [rec.find_vanished(kind, []) for kind in ("Deployment", "Service", "ConfigMap")] == [[], [], []]
+    assert [rec.find_drifted(kind, []) for kind in ("Deployment", "Service", "ConfigMap")] == [[], [], []]
 
 
 def test_a_service_event_asks_for_a_reconcile_only_for_a_spec_no_reconcile_read():

@@ -32,7 +32,7 @@ from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.affected import affected_by_node, asks_for_api
-from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS
+from cpullm.core.children import CHILD_KINDS, OPTIONAL_APIS, WATCHED_KINDS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.status import scheduling_failure
@@ -93,8 +93,9 @@ def _state(memo: kopf.Memo) -> ControllerState:
 
 @kopf.on.startup()
 async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
-    """Every `resync_seconds`, list the owned children and re-apply those that vanished unseen
-    (Reconciler.find_vanished): the one change a watch can miss for good. Three metadata-only lists."""
+    """Every `resync_seconds`, list the owned children and re-apply those that vanished or were changed unseen
+    (Reconciler.find_drifted): what a watch can miss for good, and what the kinds not watched never tell. One
+    metadata-only list per served kind."""
     config: Settings = memo.get("settings") or Settings()
     if config.resync_seconds > 0:
         _state(memo).resync = asyncio.get_running_loop().create_task(
@@ -118,15 +119,18 @@ async def _resync_forever(memo: kopf.Memo, indexes: Mapping[str, Any], every: fl
 
 
 async def resync(memo: kopf.Memo, indexes: Mapping[str, Any], namespaces: list[str]) -> None:
-    """One round: per kind, list what exists, and reconcile the owners of what vanished."""
-    for kind in (k.kind for k in WATCHED_KINDS):
+    """One round: per kind that is served, list what exists, and reconcile the owners of what vanished or was
+    changed by another writer (the only way a change to a kind that is not watched, e.g. an InferencePool, is
+    seen)."""
+    served = installed(indexes["installed_crds"])
+    for kind in (k.kind for k in CHILD_KINDS if k.crd is None or k.crd in served):
         try:
-            owners = await asyncio.to_thread(_state(memo).reconciler.find_vanished, kind, namespaces)
+            owners = await asyncio.to_thread(_state(memo).reconciler.find_drifted, kind, namespaces)
         except (TransientApiError, PermissionDenied) as err:  # the next round tries again
             log.warning("resync of %ss skipped: %s", kind, err.message)
             continue
         if owners:
-            log.info("%d %s(s) deleted unseen, applying again: %s", len(owners), kind, owners[:5])
+            log.info("%d %s(s) deleted or changed unseen, applying again: %s", len(owners), kind, owners[:5])
         vanished = [s for owner in owners for s in indexes["services"].get(owner, ())]
         # Kopf's index still holds a vanished Deployment's last status (no event removed it): not the replacement's.
         facts = {**indexes, "owned_deployments": {}} if kind == "Deployment" else indexes

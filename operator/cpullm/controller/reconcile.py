@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
+from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, NamespaceFacts, decide, regarding
@@ -45,7 +46,7 @@ class KubeGateway(ClusterFacts, Protocol):
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
     def delete(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> None: ...
     def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> Ownership | None: ...
-    def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]: ...
+    def list_owned(self, kind: str, namespaces: Sequence[str]) -> dict[tuple[str, str], str]: ...
     def child_exists(self, kind: str, namespace: str, name: str) -> bool: ...
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None: ...
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
@@ -78,11 +79,6 @@ class _Started:
 
 def _digest(manifest: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-
-
-def _marker(kind: str, stored: Mapping[str, Any]) -> str:
-    meta = stored.get("metadata") or {}
-    return str(meta.get("generation") if kind == "Deployment" else meta.get("resourceVersion"))
 
 
 class _NamespaceCache:
@@ -183,7 +179,7 @@ class Reconciler:
         listing."""
         key = (kind, namespace, name)
         applied = self._applied.get(key)
-        if applied is not None and (event == "DELETED" or _marker(kind, body) != applied.marker):
+        if applied is not None and (event == "DELETED" or marker(body) != applied.marker):
             self._applied.pop(key, None)
             return True
         latest = self._latest.get((namespace, owner))
@@ -191,11 +187,12 @@ class Reconciler:
             return event is not None
         return kind == "Deployment" and name == owner and replica_counts(body.get("status")) != latest.replicas
 
-    def find_vanished(self, kind: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
-        """The owners (namespace, service) of children of `kind` the operator applied that no longer exist, read
-        from a listing of what does. A watch cannot tell them all: after the API server forgot a watch's
-        resourceVersion (e.g. it restarted), Kopf lists again, and a listing has no events for what was deleted
-        meanwhile. They are forgotten here, so their owner's next reconcile applies them again.
+    def find_drifted(self, kind: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
+        """The owners (namespace, service) of children of `kind` the operator applied that no longer exist or that
+        another writer changed, read from a listing of what does. A watch cannot tell them all: after the API
+        server forgot a watch's resourceVersion (e.g. it restarted), Kopf lists again, and a listing has no events
+        for what was deleted meanwhile; and the kinds that are not watched (the optional ones) have no events at
+        all. They are forgotten here, so their owner's next reconcile applies them again.
 
         Each one the listing misses is read before it counts as gone: taking a live child for deleted would
         report it as not ready, and re-applying it unchanged brings no event to correct that."""
@@ -204,9 +201,9 @@ class Reconciler:
         owners: set[tuple[str, str]] = set()
         for key, applied in before.items():
             # Still the same entry: not re-applied while the listing ran (then it may be newer than the listing).
-            if (key[1], key[2]) in present or self._applied.get(key) is not applied:
+            if present.get((key[1], key[2])) == applied.marker or self._applied.get(key) is not applied:
                 continue
-            if self.kube.child_exists(*key):
+            if (key[1], key[2]) not in present and self.kube.child_exists(*key):
                 log.warning("%s %s/%s is missing from a listing but exists; left as it is", *key)
             elif self._applied.get(key) is applied:
                 self._applied.pop(key, None)
@@ -236,7 +233,7 @@ class Reconciler:
             return
         self._applied.pop(key, None)  # until the server confirms it, the child is not known to match
         stored = self.kube.apply(child)
-        self._applied[key] = _Applied(digest, _marker(child["kind"], stored), meta["labels"][SERVICE_LABEL])
+        self._applied[key] = _Applied(digest, marker(stored), meta["labels"][SERVICE_LABEL])
 
     def reconcile(
         self,

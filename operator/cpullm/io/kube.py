@@ -27,7 +27,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
-from cpullm.core.children import CHILD_KIND
+from cpullm.core.children import CHILD_KIND, marker
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
 from cpullm.core.decision import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
@@ -123,18 +123,28 @@ class Kube:
         controller: dict[str, Any] = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
         return Ownership(uid=str(meta.get("uid") or ""), controller_uid=controller.get("uid"))
 
-    def list_owned(self, kind: str, namespaces: Sequence[str]) -> set[tuple[str, str]]:
-        """(namespace, name) of each watched child of `kind` (a Deployment, Service or ConfigMap) that carries the
-        operator's managed-by label, in `namespaces` (empty: cluster-wide), read in pages of metadata only."""
-        api, snake = self._typed_api(CHILD_KIND[kind].group), _snake(kind)
-        calls = (
-            [(getattr(api, f"list_namespaced_{snake}"), (ns,)) for ns in namespaces]
-            if namespaces
-            else [(getattr(api, f"list_{snake}_for_all_namespaces"), ())]
-        )
+    def list_owned(self, kind: str, namespaces: Sequence[str]) -> dict[tuple[str, str], str]:
+        """Each child of `kind` that carries the operator's managed-by label in `namespaces` (empty: cluster-wide),
+        keyed by (namespace, name), with its marker (core/children's `marker`), read in pages of metadata only."""
+        child = CHILD_KIND[kind]
+        typed, snake = self._typed_api(child.group), _snake(kind)
+        calls: list[tuple[Callable[..., Any], tuple[str, ...]]]
+        if typed is not None:
+            calls = (
+                [(getattr(typed, f"list_namespaced_{snake}"), (ns,)) for ns in namespaces]
+                if namespaces
+                else [(getattr(typed, f"list_{snake}_for_all_namespaces"), ())]
+            )
+        else:
+            where = (child.group, child.version)
+            calls = (
+                [(self.custom.list_namespaced_custom_object, (*where, ns, child.plural)) for ns in namespaces]
+                if namespaces
+                else [(self.custom.list_cluster_custom_object, (*where, child.plural))]
+            )
         selector, accept = f"{MANAGED_BY_LABEL}={MANAGED_BY}", {"Accept": METADATA_ONLY_LIST}
         return {
-            (o["metadata"]["namespace"], o["metadata"]["name"])
+            (o["metadata"]["namespace"], o["metadata"]["name"]): marker(o)
             for call, args in calls
             for o in _paged(f"list {kind}s", call, *args, label_selector=selector, _headers=accept)
         }

@@ -8,6 +8,7 @@ optional APIs' conditions, what a spec can stop asking for) derives from that li
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,8 +71,8 @@ class ChildKind:
     @property
     def verbs(self) -> tuple[str, ...]:
         """What the operator does with it: server-side apply (create + patch), a read before an apply or delete,
-        a delete once the spec stops asking for it, and a watch and metadata list (watched)."""
-        return ("get", "create", "patch", "delete", *(("list", "watch") if self.watched else ()))
+        a delete once the spec stops asking for it, the resync's metadata list, and a watch (watched)."""
+        return ("get", "create", "patch", "delete", "list", *(("watch",) if self.watched else ()))
 
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
@@ -147,3 +148,10 @@ def child_of_ref(ref: str, owner: Owner) -> dict[str, str] | None:
         "name": name or owner.name,
         "namespace": owner.namespace,
     }
+
+
+def marker(stored: Mapping[str, Any]) -> str:
+    """What changes when another writer changes a stored child: its UID (deleted and made again) and its
+    generation (its spec), or its resourceVersion for the kinds without a generation (ConfigMap, Service)."""
+    meta = stored.get("metadata") or {}
+    return f"{meta.get('uid')}/{meta.get('generation') or meta.get('resourceVersion')}"
