@@ -102,12 +102,12 @@ def test_examples_run_as_planned(
         cli("plan", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml"), "-o", "json")
     )
     rendered = {
-        obj["kind"]: obj
+        (obj["kind"], obj["metadata"]["name"]): obj
         for obj in yaml.safe_load_all(
             cli("render", str(tmp_path / "svc.yaml"), "--nodes", str(tmp_path / "nodes.yaml"))
         )
     }
-    expected_deploy, expected_svc = rendered["Deployment"], rendered["Service"]
+    expected_deploy, expected_svc = rendered["Deployment", name], rendered["Service", name]
 
     kubectl.apply(service)
     replicas = service["spec"].get("replicas", 1)
@@ -122,7 +122,9 @@ def test_examples_run_as_planned(
     assert deploy["metadata"]["ownerReferences"][0]["kind"] == "CpuLLMService"
     assert kubectl.get("service", name, namespace)["spec"]["ports"] == expected_svc["spec"]["ports"]
     launcher = kubectl.get("configmap", f"{name}-launcher", namespace)
-    assert launcher["data"] == rendered["ConfigMap"]["data"]
+    assert launcher["data"] == rendered["ConfigMap", f"{name}-launcher"]["data"]
+    for kind, child in rendered:  # every child rendered exists: the router's too, for the throughput example
+        assert kubectl.get(kind, child, namespace) is not None, (kind, child)
     assert launcher["metadata"]["ownerReferences"][0]["kind"] == "CpuLLMService"
 
     pods = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": name})
@@ -365,7 +367,14 @@ def test_throughput_placement_fills_the_numa_nodes_behind_one_service(
     names = [f"tput-{i}-{namespace[-5:]}" for i in range(2)]
     for name in names:
         nodes.add(fake_node(name, numa=4, cpu="32", memory="128Gi", **aligned))
-    service = tiny_service("tput", namespace, nodeSelector={"pool": namespace}, placement="throughput", replicas=10)
+    service = tiny_service(
+        "tput",
+        namespace,
+        nodeSelector={"pool": namespace},
+        placement="throughput",
+        replicas=10,
+        routing={"mode": "service"},
+    )
     service["spec"]["cpu"] = {}  # a NUMA node's CPUs per server (8 here), not the suite's 2
     kubectl.apply(service)
     status = ready(kubectl, namespace, "tput", 8)["status"]

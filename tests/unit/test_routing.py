@@ -61,25 +61,31 @@ def test_auto_routes_through_the_router_when_throughput_placement_may_run_severa
 
 
 @pytest.mark.parametrize(
-    ("cpu", "router_cpu", "cpus_per_server", "noted"),
+    ("cpu", "router_cpu", "cpus_per_server", "requested", "note"),
     [
-        pytest.param("64", "100m", 15, True, id="whole-allocatable-one-cpu-less"),
-        pytest.param("63900m", "100m", 15, True, id="reserved-fraction-covers-it"),
-        pytest.param("64", "0", 16, True, id="no-cpu-request"),
+        pytest.param("63900m", "100m", 15, "100m", "the router", id="a-fraction-to-spare-covers-it"),
+        pytest.param("64", "100m", 16, "0", "the router's memory (it requests no CPU: 100m would cost", id="none"),
+        pytest.param("64", "0", 16, "0", "the router", id="asks-no-cpu"),
+        pytest.param("64500m", "600m", 16, "0", "the router's memory", id="more-than-the-fraction"),
     ],
 )
-def test_each_node_leaves_the_router_its_requests(cpu, router_cpu, cpus_per_server, noted):
-    """A whole-node plan leaves one router pod's requests on each node, so the router never takes a server's
-    CPUs: on 64 whole CPUs that costs one (63 // 4 NUMA nodes = 15 per server); a node whose allocatable keeps a
-    fraction back (63.9) has the room anyway."""
-    fields = {"placement": "throughput", "replicas": 4, "routing": {"mode": "router", "router": {"cpu": router_cpu}}}
-    service_spec = spec(**QWEN, **fields)
+def test_each_node_leaves_the_router_room_without_costing_a_server_cpu(
+    cpu, router_cpu, cpus_per_server, requested, note
+):
+    """A whole-node plan leaves one router pod's requests on each node, as a DaemonSet's, so the router never
+    takes a server's CPUs; its CPU only where the nodes have it to spare: on 64 whole allocatable CPUs, 100m
+    would cost one of each NUMA node's 16, so there the router requests none."""
+    routing = {"mode": "router", "router": {"cpu": router_cpu}}
+    service_spec = spec(**QWEN, placement="throughput", replicas=4, routing=routing)
     plan = plan_service(service_spec, qwen_05b(), four_numa(cpu))
-    assert plan.cpus_per_rank == (cpus_per_server if cpu == "64" else 15)
-    assert ("CPU and memory left on the nodes for: the router" in (plan.placement_note or "")) is noted
-    without = plan_service(spec(**QWEN, **{**fields, "routing": {"mode": "service"}}), qwen_05b(), four_numa(cpu))
-    assert without.cpus_per_rank == (16 if cpu == "64" else 15)
-    assert without.memory_limit_bytes == plan.memory_limit_bytes  # 128 MiB less of 64 GiB per NUMA node: same pod
+    assert plan.cpus_per_rank == cpus_per_server
+    assert f"CPU and memory left on the nodes for: {note}" in (plan.placement_note or "")
+    router = next(
+        c
+        for c in build_children(OWNER, service_spec, plan)
+        if c["metadata"]["name"] == "chat-router" and c["kind"] == "Deployment"
+    )
+    assert router["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] == requested
 
 
 def test_the_router_children_and_the_service_that_selects_them():
@@ -103,7 +109,8 @@ def test_the_router_children_and_the_service_that_selects_them():
     (container,) = pod["spec"]["containers"]
     assert container["image"] == "docker.io/library/haproxy:3.2"
     assert container["command"] == ["haproxy", "-W", "-db", "-f", "/etc/cpullm-router/haproxy.cfg"]
-    assert container["resources"] == {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "128Mi"}}
+    # 64 whole CPUs: the router requests none (its 100m would cost each node one)
+    assert container["resources"] == {"requests": {"cpu": "0", "memory": "128Mi"}, "limits": {"memory": "128Mi"}}
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["runAsNonRoot"] and container["securityContext"]["readOnlyRootFilesystem"]
     assert container["lifecycle"] == {"preStop": {"sleep": {"seconds": 10}}}

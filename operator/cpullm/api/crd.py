@@ -106,7 +106,7 @@ def status_schema() -> dict[str, Any]:
             "conditions": {
                 "type": "array",
                 "items": condition,
-                "description": "Planned, Ready, and Monitoring/Autoscaling when the spec asks for them.",
+                "description": "Planned, Ready, and Monitoring, Autoscaling or Routing when the spec asks for them.",
                 "x-kubernetes-list-type": "map",
                 "x-kubernetes-list-map-keys": ["type"],
             },
@@ -114,8 +114,10 @@ def status_schema() -> dict[str, Any]:
             "optionalChildren": {
                 "type": "array",
                 "items": {"type": "string"},
-                "description": "Kinds of the optional children last applied (PodMonitor, HorizontalPodAutoscaler, "
-                "ScaledObject): deleted when the spec stops asking for them.",
+                "description": "The optional children last applied, as Kind (named as the service: PodMonitor, "
+                "HorizontalPodAutoscaler, ScaledObject, PodDisruptionBudget, InferencePool, HTTPRoute) or Kind/name "
+                "(the router's Deployment/<name>-router, ConfigMap/<name>-router, Service/<name>-servers): each is "
+                "deleted when the plan stops asking for it.",
             },
         },
     }

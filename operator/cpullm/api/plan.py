@@ -106,6 +106,11 @@ class Plan(_Model):
         description="How requests reach the servers: service, router or inferencePool (spec.routing.mode, auto "
         "resolved).",
     )
+    router_cpu_millis: int | None = Field(
+        default=None,
+        description="The CPU each router pod requests (spec.routing.router.cpu, or 0 where the nodes have no CPU "
+        "to spare beside the servers' whole ones); unset without a router.",
+    )
     drain_seconds: int = Field(
         default=0,
         description="The longest a request may run (spec.routing.drainSeconds, or the context length decoded at a "

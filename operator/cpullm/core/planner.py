@@ -34,7 +34,7 @@ from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
-from cpullm.core.routing import ROUTER_TAKER, drain_seconds, router_requests, routing_mode
+from cpullm.core.routing import drain_seconds, leave_router_room, routing_mode
 from cpullm.core.sizing import KVLayout, ModelSize
 from cpullm.core.topology import NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
@@ -273,9 +273,9 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
 
 def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> Plan:
     strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape), explicit_tp)
-    routing = routing_mode(spec, strategy)
+    routing, router_cpu = routing_mode(spec, strategy), None
     if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
-        shape = shape.leaving(ROUTER_TAKER, *router_requests(spec))
+        shape, router_cpu = leave_router_room(spec, shape)
     node, where = shape.node, shape.describe()
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
@@ -320,6 +320,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         max_model_len=kv.max_model_len,
         max_model_len_source=kv.max_model_len_source,
         routing=routing.value,
+        router_cpu_millis=router_cpu,
         drain_seconds=drain_seconds(spec, kv.max_model_len, shard),
         image=image,
         sizing=_sizing(spec, model, kv),

@@ -7,7 +7,7 @@ import math
 
 from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
 from cpullm.core import constants as c
-from cpullm.core.placement import PlacementStrategy
+from cpullm.core.placement import PlacementStrategy, Shape
 from cpullm.core.topology import parse_quantity
 
 # How the plan's note names the room left for the router.
@@ -20,10 +20,19 @@ def routing_mode(spec: CpuLLMServiceSpec, strategy: PlacementStrategy) -> Routin
     return strategy.default_routing(spec) if mode == RoutingMode.AUTO else mode
 
 
-def router_requests(spec: CpuLLMServiceSpec) -> tuple[int, int]:
-    """(CPU millis, memory bytes) one router pod requests: what whole-node plans leave on each node for it."""
+def leave_router_room(spec: CpuLLMServiceSpec, shape: Shape) -> tuple[Shape, int]:
+    """The shape with room left on each node for one router pod, and the CPU (millis) the router then requests.
+
+    Its memory is always left. Its CPU request only where the nodes have it to spare: 100m beside whole-CPU
+    servers on a node of 64 allocatable CPUs would cost a whole CPU of each node (of each NUMA node, with
+    throughput placement); there the router requests no CPU and runs on what the shared pool leaves (the CPU
+    manager's exclusive CPUs are never in it)."""
     router = spec.routing.router
-    return math.ceil(parse_quantity(router.cpu) * 1000), math.ceil(parse_quantity(router.memory))
+    cpu, memory = math.ceil(parse_quantity(router.cpu) * 1000), math.ceil(parse_quantity(router.memory))
+    if shape.leaving(ROUTER_TAKER, cpu, memory).node.cpus == shape.node.cpus:
+        return shape.leaving(ROUTER_TAKER, cpu, memory), cpu
+    taker = f"the router's memory (it requests no CPU: {router.cpu} would cost each node a whole CPU)"
+    return shape.leaving(taker, 0, memory), 0
 
 
 def drain_seconds(spec: CpuLLMServiceSpec, max_model_len: int | None, weight_shard_bytes: int) -> int:

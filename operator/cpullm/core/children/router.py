@@ -149,7 +149,13 @@ def build_router_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -
             {"name": HEALTH_PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"},
         ],
         # No CPU limit: a throttled proxy would delay every token it passes.
-        "resources": {"requests": {"cpu": router.cpu, "memory": router.memory}, "limits": {"memory": router.memory}},
+        "resources": {
+            "requests": {
+                "cpu": f"{plan.router_cpu_millis}m" if plan.router_cpu_millis else "0",
+                "memory": router.memory,
+            },
+            "limits": {"memory": router.memory},
+        },
         "readinessProbe": {"httpGet": http, "periodSeconds": 2, "failureThreshold": 2},
         "livenessProbe": {"httpGet": {**http, "path": "/live"}, "periodSeconds": 10, "failureThreshold": 3},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
