@@ -131,10 +131,10 @@ def deploy_spread(quick_start: QuickStart, replicas: int, **spec: Any) -> str:
     return str(body["model"]["name"])
 
 
-def router_ready(kubectl: Kubectl) -> None:
+def router_ready(kubectl: Kubectl) -> bool:
     router = kubectl.get("deployment", f"{SPREAD}-router", NAMESPACE)
     assert router is not None, "no router Deployment"
-    assert (router.get("status") or {}).get("readyReplicas") == 1, router.get("status")
+    return bool((router.get("status") or {}).get("readyReplicas") == 1)
 
 
 def scale(kubectl: Kubectl, replicas: int) -> None:
@@ -159,9 +159,16 @@ def served(kubectl: Kubectl) -> dict[str, float]:
     return counts
 
 
-def rolled_out(kubectl: Kubectl, replicas: int) -> None:
+def servers_generation(kubectl: Kubectl) -> int:
+    return int(kubectl.get("deployment", SPREAD, NAMESPACE)["metadata"]["generation"])
+
+
+def rolled_out(kubectl: Kubectl, replicas: int, after: int) -> bool:
+    """Whether the servers' Deployment has a template newer than generation `after`, all of its pods updated
+    and ready."""
     deployment = kubectl.get("deployment", SPREAD, NAMESPACE)
-    status = deployment.get("status") or {}
-    assert status.get("observedGeneration") == deployment["metadata"]["generation"], status
+    status, generation = deployment.get("status") or {}, deployment["metadata"]["generation"]
+    assert generation > after, "the operator has not applied the new template yet"
+    assert status.get("observedGeneration") == generation, status
     counts = (status.get("updatedReplicas"), status.get("readyReplicas"), status.get("replicas"))
-    assert counts == (replicas, replicas, replicas), status
+    return counts == (replicas, replicas, replicas)
