@@ -4,7 +4,7 @@ worker of the quick start's kind cluster, e2e/spread.py).
 
     .venv/bin/python bench/routing_bench.py [--clients 6] [--seconds 120] [--rounds 2]
 
-A client pod inside the cluster (Debian's python, e2e/load.py mounted from a ConfigMap) sends bursty, mixed
+A client pod inside the cluster (Debian's python3.11, e2e/load.py mounted from a ConfigMap) sends bursty, mixed
 streamed completions (prompts of 16-1024 words, 8-128 tokens out; a client pauses 2-8 s after a third of its
 requests) for --seconds to one address, then to the other, --rounds times:
 
@@ -72,7 +72,7 @@ def client_objects(image: str) -> list[dict[str, Any]]:
 
 
 def drive(kubectl: Kubectl, host: str, model: str, clients: int, seconds: int, seed: int) -> list[dict[str, Any]]:
-    command = ["python3", "/load/load.py", host, "8000", model, str(clients), str(seconds), str(seed)]
+    command = ["python3.11", "/load/load.py", host, "8000", model, str(clients), str(seconds), str(seed)]
     out = kubectl.run("exec", CLIENT, "-n", NAMESPACE, "--", *command, timeout=seconds + 900).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
