@@ -38,6 +38,7 @@ def server() -> Iterator[tuple[ThreadingHTTPServer, Held]]:
                 f'vllm:num_requests_running{{engine="0",model_name="m"}} {running}\n'
                 f'vllm:num_requests_waiting{{engine="0",model_name="m"}} {waiting}\n'
                 'vllm:num_requests_running_total{engine="0"} 99.0\n'  # another series of the same prefix
+                "\n"  # a blank line: skipped
             ).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))

@@ -24,8 +24,8 @@ while True:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     except OSError:
         break
-    samples = (line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
-    held = sum(float(value) for name, value in samples if name.partition("{")[0] in gauges)
+    samples = (line.rpartition(" ") for line in text.splitlines() if not line.startswith("#"))
+    held = sum(float(value) for name, _, value in samples if name.partition("{")[0] in gauges)
     if held == 0:
         break
     time.sleep(1)
