@@ -22,6 +22,7 @@ from cpullm.controller.gather import ModelConfigSource, gather
 from cpullm.core.constants import LAUNCHER_FILE, GiB
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide
+from cpullm.core.node_topology import NodeTopology
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
 from cpullm.io.files import (
@@ -30,6 +31,7 @@ from cpullm.io.files import (
     load_service,
     profile_daemonsets,
     profile_nodes,
+    profile_topologies,
     read_objects,
 )
 from cpullm.io.hub import HubClient
@@ -45,9 +47,10 @@ class NoCluster(Exception):
     """--from-cluster without a kubeconfig or in-cluster credentials."""
 
 
-def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods]]:
-    """The nodes to plan on and the DaemonSets whose pods they run: a file's (`kubectl get nodes,daemonsets -A
-    -o yaml` prints both), or (None) the current kubeconfig context's cluster's."""
+def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods], list[NodeTopology]]:
+    """The nodes to plan on, the DaemonSets whose pods they run and their NodeResourceTopologies: a file's
+    (`kubectl get nodes,daemonsets,noderesourcetopologies -A -o yaml` prints them), or (None) the current
+    kubeconfig context's cluster's."""
     if nodes_path is not None:
         objects = list(read_objects(nodes_path))
     else:
@@ -59,8 +62,8 @@ def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods]]
             kube = Kube.from_environment()
         except ConfigException as err:
             raise NoCluster(f"--from-cluster: no cluster to read ({err})") from None
-        objects = [*kube.list_nodes(), *kube.list_daemonsets()]
-    return profile_nodes(objects, _warn), profile_daemonsets(objects, _warn)
+        objects = [*kube.list_nodes(), *kube.list_daemonsets(), *kube.list_node_topologies()]
+    return profile_nodes(objects, _warn), profile_daemonsets(objects, _warn), profile_topologies(objects, _warn)
 
 
 def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
@@ -77,11 +80,12 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
             allow_http=settings.hub_allow_http,
         )
     )
-    nodes, daemons = _nodes(nodes_path)
+    nodes, daemons, topologies = _nodes(nodes_path)
     observed = gather(
         load_service(service_path),
         nodes=nodes,
         daemons=daemons,
+        topologies=topologies,
         deployment=None,
         last_status={},
         cluster=OfflineCluster(settings.hf_token),

@@ -101,6 +101,12 @@ class NodeLabelError(CpuLLMError):
     reason = "InvalidNodeLabels"
 
 
+class NodeTopologyError(CpuLLMError):
+    """A NodeResourceTopology cannot be read; its node is planned from its labels alone."""
+
+    reason = "InvalidNodeResourceTopology"
+
+
 def name_list(names: Sequence[str], shown: int = 3) -> str:
     """'a, b, c, ...': the first few names, so messages about big node pools stay readable."""
     return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")

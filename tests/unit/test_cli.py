@@ -12,6 +12,8 @@ from cpullm.core.planner import plan_service
 from cpullm.core.sizing import size_model
 from cpullm.io.files import load_nodes
 
+from .builders import node_object, topology_object
+
 ROOT = Path(__file__).resolve().parents[2]
 NODES = str(ROOT / "examples" / "nodes.yaml")
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
@@ -157,6 +159,22 @@ def test_daemonsets_in_the_nodes_file_take_their_room(tmp_path, capsys):
     plan = json.loads(out)
     assert plan["nodeProfile"]["cpus"] == 7 and "kube-system/kindnet" in plan["placementNote"]
     assert "DaemonSet kube-system/broken" in err and "DaemonSet skipped" in err
+
+
+def test_node_resource_topologies_in_the_nodes_file_refine_their_nodes(tmp_path, capsys):
+    """`kubectl get nodes,noderesourcetopologies -o yaml`: a node without a NUMA label is planned with its
+    topology's two NUMA nodes; an unreadable topology is a warning, and its node keeps its labels' one."""
+    nodes = [node_object(name, numa=None) for name in ("a", "b")]
+    broken = {**topology_object("b"), "zones": []}
+    listing = {"kind": "List", "items": [*nodes, topology_object("a", cpus=(32, 32)), broken]}
+    (tmp_path / "cluster.yaml").write_text(yaml.safe_dump(listing))
+    args = ["plan", str(ROOT / "manifests/examples/llama-8b-amx.yaml"), "--nodes", str(tmp_path / "cluster.yaml")]
+    assert main([*args, "-o", "json"]) == 0
+    out, err = capsys.readouterr()
+    plan = json.loads(out)
+    assert (plan["eligibleNodes"], plan["tensorParallelSize"]) == (["a"], 2)
+    assert plan["nodeProfile"]["numaSource"] == "NodeResourceTopology"
+    assert "NodeResourceTopology b: no zone of type Node (NUMA node); its node is planned from its labels" in err
 
 
 @pytest.mark.parametrize(

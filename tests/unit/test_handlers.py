@@ -15,7 +15,7 @@ from cpullm.controller.workers import ReconcileWorkers
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
 
-from .builders import LLAMA_8B, node, node_object, planned_service
+from .builders import LLAMA_8B, node, node_object, planned_service, topology_object
 
 
 class RecordingReconciler:
@@ -33,6 +33,7 @@ class RecordingReconciler:
         self.forgotten: list[str] = []
         self.vanished: dict[str, Any] = {}
         self.listed: list[str] = []  # the kinds the resync listed, in order
+        self.topologies: list[Any] = []  # the NodeResourceTopologies each reconcile was handed
 
     def begin(self, service, deployment):
         return 0
@@ -46,9 +47,11 @@ class RecordingReconciler:
         pending: Any = None,
         ticket: int | None = None,
         daemons: Any = (),
+        topologies: Any = (),
     ) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
         self.daemons.append(daemons)
+        self.topologies.append(topologies)
         self.deployments.append(deployment)
         self.unschedulable.append(pending)
 
@@ -84,6 +87,7 @@ OTHER_INDEXES: dict[str, Any] = {
     "installed_crds": {},
     "unschedulable_pods": {},
     "daemonset_pods": {},
+    "node_topologies": {},
 }
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
@@ -93,7 +97,9 @@ SERVICES = {
 }
 
 
-def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], index: dict[str, list[Any]]) -> None:
+def call_node_changed(
+    memo: kopf.Memo, type_: str | None, obj: dict[str, Any], index: dict[str, list[Any]], topologies: Any = None
+) -> None:
     """As Kopf does: the node index is updated from the event first, then the event handler runs."""
     name = obj["metadata"]["name"]
     index.pop(name, None)
@@ -108,7 +114,7 @@ def call_node_changed(memo: kopf.Memo, type_: str | None, obj: dict[str, Any], i
         memo=memo,
         node_profiles=index,
         services=SERVICES,
-        **OTHER_INDEXES,
+        **{**OTHER_INDEXES, "node_topologies": {} if topologies is None else topologies},
     )
     asyncio.run(run)
 
@@ -601,3 +607,72 @@ def test_failed_reconciles_of_one_service_leave_one_retry_pending_the_soonest(mo
 
     asyncio.run(scenario())
     assert len(memo["state"].reconciler.calls) == 4  # three failures, then the 0.01 s retry (its delay runs out: None)
+
+
+def call_topology_changed(
+    memo: kopf.Memo, type_: str | None, obj: dict[str, Any], nodes: dict[str, list[Any]], topologies: KopfIndex
+) -> None:
+    """As Kopf does: the topology index is updated from the event first, then the event handler runs."""
+    name = obj["metadata"]["name"]
+    entry = {} if type_ == "DELETED" else asyncio.run(handlers.node_topologies(name=name, body=kopf.Body(obj)))
+    topologies._replace((None, name, name), entry)
+    others = {k: v for k, v in OTHER_INDEXES.items() if k != "node_topologies"}
+    run = handlers.node_topology_changed(
+        name=name, type=type_, memo=memo, node_profiles=nodes, node_topologies=topologies, services=SERVICES, **others
+    )
+    asyncio.run(run)
+
+
+def test_a_node_resource_topology_replans_only_when_what_it_says_of_the_node_changes(caplog):
+    memo = handler_memo(RecordingReconciler())
+    rec = memo["state"].reconciler
+    nodes, topologies = {"n1": [node("n1", numa=None)]}, KopfIndex()
+    # Kopf starts handlers once every index is loaded: the node's first listing sees its topology already.
+    topologies._replace(
+        (None, "n1", "n1"), asyncio.run(handlers.node_topologies("n1", kopf.Body(topology_object("n1"))))
+    )
+    call_node_changed(memo, None, node_object("n1", numa=None), nodes, topologies)
+    call_topology_changed(memo, None, topology_object("n1"), nodes, topologies)  # first listing
+    assert rec.calls == []
+    busier = topology_object("n1")
+    busier["zones"][0]["resources"][0]["available"] = "1"  # pods took CPUs: the topology-updater's minutely news
+    call_topology_changed(memo, "MODIFIED", busier, nodes, topologies)
+    assert rec.calls == []
+    call_topology_changed(memo, "MODIFIED", topology_object("n1", cpus=(30, 32)), nodes, topologies)
+    assert rec.calls == [("a", ["n1"])]
+    assert rec.topologies[-1][0].zones[0].cpus == 30  # the reconcile is handed the index's topologies
+    call_topology_changed(memo, "DELETED", topology_object("n1", cpus=(30, 32)), nodes, topologies)
+    assert len(rec.calls) == 2 and rec.topologies[-1] == []  # back to the labels: one NUMA node
+    # A node event now compares with the profile as last planned, the topology's included.
+    call_topology_changed(memo, "ADDED", topology_object("n1", cpus=(30, 32)), nodes, topologies)
+    call_node_changed(memo, "MODIFIED", node_object("n1", numa=None), nodes, topologies)
+    assert len(rec.calls) == 3
+    # A topology of a node that is not there: nothing to plan.
+    call_topology_changed(memo, "ADDED", topology_object("ghost"), nodes, topologies)
+    assert len(rec.calls) == 3
+
+
+def test_an_unreadable_topology_is_warned_once_and_its_node_planned_from_its_labels(caplog):
+    memo = handler_memo(RecordingReconciler())
+    rec = memo["state"].reconciler
+    nodes, topologies = {"n1": [node("n1", numa=2)]}, KopfIndex()
+    call_node_changed(memo, None, node_object("n1", numa=2), nodes, topologies)
+    broken = {**topology_object("n1"), "zones": []}
+    for _ in range(2):
+        call_topology_changed(memo, None, broken, nodes, topologies)
+    warnings = [r.getMessage() for r in caplog.records if "planned from its labels" in r.getMessage()]
+    assert warnings == ["NodeResourceTopology n1: no zone of type Node (NUMA node); node n1 is planned from its labels"]
+    assert rec.calls == []  # the labels said 2 NUMA nodes before, and still do
+
+
+def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_unserved_too(caplog):
+    logger = __import__("logging").getLogger("kopf._core.reactor.observation")
+    logger.addFilter(handlers._optional_node_facts_unresolved)
+    nrt = "Selector(group='topology.node.k8s.io', version='v1alpha2', plural='noderesourcetopologies')"
+    other = "Selector(group='example.com', version='v1', plural='widgets')"
+    try:
+        for selectors in (nrt, f"{nrt}, {other}"):
+            logger.warning(f"Unresolved resources cannot be served (try creating their CRDs): {selectors}")
+    finally:
+        logger.removeFilter(handlers._optional_node_facts_unresolved)
+    assert [r.getMessage().count("Selector(") for r in caplog.records] == [2]

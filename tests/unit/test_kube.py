@@ -103,6 +103,17 @@ def test_listing_nodes_reads_every_page_whole():
     assert "PartialObjectMetadata" not in first["headers"].get("Accept", "")
 
 
+def test_listing_node_resource_topologies_reads_the_cluster_scoped_objects_or_none_where_unserved():
+    topology = {"metadata": {"name": "n1"}, "zones": []}
+    transport = FakeTransport(pages=[{"metadata": {}, "items": [topology]}])
+    assert kube(transport).list_node_topologies() == [{"kind": "NodeResourceTopology", **topology}]
+    path = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
+    assert urlsplit(transport.requests[0]["url"]).path == path
+    assert kube(FakeTransport(404, {"kind": "Status", "code": 404})).list_node_topologies() == []
+    with pytest.raises(PermissionDenied, match="forbidden to list noderesourcetopologies"):
+        kube(FakeTransport(403, {"kind": "Status", "code": 403})).list_node_topologies()
+
+
 def test_listing_owned_children_of_watched_namespaces_lists_each_of_them():
     transport = FakeTransport(pages=[{"metadata": {}, "items": _items(("a", "x"))}, {"metadata": {}, "items": []}])
     assert kube(transport).list_owned("ConfigMap", ["a", "b"]) == {("a", "x"): "u-a-x/2"}

@@ -94,8 +94,9 @@ def test_throughput_summary_in_full():
         "16 CPU, 5.7 GiB on 2 amd64/4-NUMA/64-CPU nodes (n0, n1)"
     )
     assert plan.placement_note == (
-        "NUMA alignment best-effort: the nodes are not labelled cpullm.io/topology-manager-policy=single-numa-node "
-        "or restricted, so a pod's CPUs may span NUMA nodes (the launcher binds within them)"
+        "NUMA alignment best-effort: the nodes' topology manager policy (label cpullm.io/topology-manager-policy, "
+        "or their NodeResourceTopology) is not single-numa-node or restricted, so a pod's CPUs may span NUMA nodes "
+        "(the launcher binds within them)"
     )
 
 

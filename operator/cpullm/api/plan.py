@@ -18,15 +18,23 @@ class NodeProfileSummary(_Model):
 
     arch: str = Field(description="CPU architecture (kubernetes.io/arch).")
     numa_nodes: int = Field(description="NUMA nodes of each node.")
-    numa_source: str = Field(description="Label the NUMA count came from, or 'default' (1).")
+    numa_source: str = Field(
+        description="Where the NUMA count came from: a label, NodeResourceTopology, or 'default' (1)."
+    )
     cpus: int = Field(description="Allocatable whole CPUs of each node.")
     memory_bytes: int = Field(description="Smallest allocatable memory among the profile's nodes.")
     smt: bool | None = Field(default=None, description="Whether SMT is on (unset: not labelled).")
     cpu_manager_policy: str | None = Field(default=None, description="The kubelets' CPU manager policy, as labelled.")
     topology_manager_policy: str | None = Field(
-        default=None, description="The kubelets' topology manager policy, as labelled."
+        default=None,
+        description="The kubelets' topology manager policy, as labelled or as their NodeResourceTopology reports it.",
     )
     isa: list[str] = Field(default_factory=list, description="CPU flags all the nodes have (lscpu names).")
+    numa_cpus: list[int] = Field(
+        default_factory=list,
+        description="Allocatable CPUs of each NUMA node, smallest first, as the nodes' NodeResourceTopology reports "
+        "them (empty: not reported, an even split assumed).",
+    )
 
 
 class ModelSizing(_Model):

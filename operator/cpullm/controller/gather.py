@@ -17,6 +17,7 @@ from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import NamespaceFacts, Observed
+from cpullm.core.node_topology import NodeTopology, merge_topologies
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError
@@ -70,9 +71,11 @@ def gather(
     installed_crds: frozenset[str] | None = None,
     unschedulable: str | None = None,
     daemons: Sequence[DaemonPods] = (),
+    topologies: Sequence[NodeTopology] = (),
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
-    own); errors that are about this service (bad spec, model unavailable) are observations, not raised."""
+    own); errors that are about this service (bad spec, model unavailable) are observations, not raised. Each
+    node's profile from its labels is refined by its NodeResourceTopology, where `topologies` has one."""
     meta = service["metadata"]
     raw_spec = service.get("spec") or {}
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
@@ -102,7 +105,7 @@ def gather(
         requested_replicas=replicas if isinstance(replicas, int) else 0,
         namespace=namespace,
         model=model,
-        nodes=tuple(nodes),
+        nodes=tuple(merge_topologies(nodes, topologies)),
         daemons=tuple(daemons),
         deployment=deployment,
         unschedulable=unschedulable,

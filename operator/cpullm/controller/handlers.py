@@ -29,15 +29,17 @@ import kopf
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
-from cpullm.controller.state import ControllerState
+from cpullm.controller.state import Change, ControllerState
 from cpullm.controller.workers import ReconcileWorkers
+from cpullm.core import node_topology
 from cpullm.core.affected import affected_by_node, asks_for_api
 from cpullm.core.children import CHILD_KINDS, OPTIONAL_APIS, WATCHED_KINDS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
+from cpullm.core.node_topology import NodeTopology, parse_topology, with_topology
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, parse_node
-from cpullm.errors import NodeLabelError, PermissionDenied, TransientApiError
+from cpullm.errors import NodeLabelError, NodeTopologyError, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
 from cpullm.metrics import NODE_PROFILES, track_services
@@ -53,9 +55,10 @@ POD_RESOURCE = ("", "v1", "pods")  # the server pods: only whether the scheduler
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Every Kopf setting the operator changes from Kopf's defaults, each with its reason."""
-    # Resources are known at start-up (the CRD is installed before the operator), so the operator needs no
-    # list/watch on CustomResourceDefinitions or Namespaces.
-    settings.scanning.disabled = True
+    # Kopf's resource scanning stays on (its default): a NodeResourceTopology CRD installed after the operator is
+    # watched from then on. It lists and watches CRDs, which the operator reads anyway (optional APIs); in
+    # watched-namespace mode it cannot list Namespaces (no RBAC) and keeps to the namespaces it was given.
+    logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_node_facts_unresolved)
     # Our own events say what was decided; Kopf's per-handler events would double them. Kopf still posts
     # its warnings and errors.
     settings.posting.level = logging.WARNING
@@ -84,6 +87,15 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         reconciler = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds)
         memo["state"] = ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers))
         track_services(reconciler.services_by_readiness)
+
+
+def _optional_node_facts_unresolved(record: logging.LogRecord) -> bool:
+    """Kopf warns of every watched resource the cluster does not serve; NodeResourceTopology is optional (nodes
+    are then planned from their labels alone), so that warning is not logged when it names only it."""
+    message = record.getMessage()
+    if not message.startswith("Unresolved resources cannot be served"):
+        return True
+    return not (message.count("Selector(") == 1 and f"plural='{node_topology.PLURAL}'" in message)
 
 
 def _state(memo: kopf.Memo) -> ControllerState:
@@ -147,6 +159,23 @@ async def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeP
         return {name: parse_node(body)}
     except NodeLabelError:
         return {}
+
+
+@kopf.index(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL)
+async def node_topologies(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeTopology | NodeTopologyError]:
+    """Each node's NodeResourceTopology (where its CRD is served), or why it cannot be read: that node is then
+    planned from its labels (node_topology_changed logs why)."""
+    try:
+        return {name: parse_topology(body)}
+    except NodeTopologyError as err:
+        return {name: err}
+
+
+def _node_profile(name: str, node_profiles: kopf.Index[Any, Any], node_topologies: kopf.Index[Any, Any]) -> Any:
+    """A node's profile as the planner sees it: its labels', refined by its NodeResourceTopology's (None: the
+    node is not in the index)."""
+    profile, topology = _first(node_profiles, name), _first(node_topologies, name)
+    return with_topology(profile, topology) if profile is not None and isinstance(topology, NodeTopology) else profile
 
 
 @kopf.index("apps", "v1", "daemonsets")
@@ -242,6 +271,7 @@ class _Facts:
 
     def __init__(self, kwargs: Mapping[str, Any]) -> None:
         self.nodes: list[NodeProfile] = indexed(kwargs["node_profiles"])
+        self.topologies = [t for t in indexed(kwargs["node_topologies"]) if isinstance(t, NodeTopology)]
         self.daemons: list[DaemonPods] = indexed(kwargs["daemonset_pods"])
         self.crds = installed(kwargs["installed_crds"])
         self._deployments: kopf.Index[Any, Any] = kwargs["owned_deployments"]
@@ -252,7 +282,7 @@ class _Facts:
         deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
         reconciler, workers = _state(memo).reconciler, _state(memo).workers
         facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
-        return await workers.run(reconciler.reconcile, service, *facts)
+        return await workers.run(reconciler.reconcile, service, *facts, self.topologies)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -296,7 +326,7 @@ async def node_changed(
     what the services were last planned against is remembered per node (ControllerState.nodes)."""
     state: NodeState = None
     if type != "DELETED":
-        state = _first(node_profiles, name)
+        state = _node_profile(name, node_profiles, kwargs["node_topologies"])
         if state is None:  # left out of the index: its labels cannot be parsed
             try:
                 parse_node(body)
@@ -313,8 +343,41 @@ async def node_changed(
             state.reason,
             f"{state.message}; node skipped by the planner",
         )
-    affected = [s for s in indexed(services) if affected_by_node(s, name, change.before, state)]
-    await _reconcile_quietly(memo, affected, {"node_profiles": node_profiles, "services": services, **kwargs})
+    await _replan_for_node(memo, name, change, {"node_profiles": node_profiles, "services": services, **kwargs})
+
+
+@kopf.on.event(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL)
+async def node_topology_changed(
+    name: str,
+    type: str | None,
+    memo: kopf.Memo,
+    node_profiles: kopf.Index[Any, Any],
+    node_topologies: kopf.Index[Any, Any],
+    **kwargs: Any,
+) -> None:
+    """A NodeResourceTopology appeared, changed or went: its node's profile is news as a label change is (the
+    topology-updater rewrites it every minute with what pods use, which the profile does not read: noise)."""
+    topology, logged = _first(node_topologies, name), _state(memo).topology_problems
+    problem = topology.message if isinstance(topology, NodeTopologyError) and type != "DELETED" else None
+    if problem and logged.get(name) != problem:
+        log.warning("%s; node %s is planned from its labels", problem, name)
+    logged[name] = problem
+    if _first(node_profiles, name) is None:
+        return  # no usable node of that name: its own events say what there is to say
+    # For the node, its NodeResourceTopology going is a change of its profile, not the node's deletion.
+    change = _state(memo).nodes.news(
+        name, None if type is None else "MODIFIED", _node_profile(name, node_profiles, node_topologies)
+    )
+    if change is not None:
+        facts = {"node_profiles": node_profiles, "node_topologies": node_topologies, **kwargs}
+        await _replan_for_node(memo, name, change, facts)
+
+
+async def _replan_for_node(memo: kopf.Memo, name: str, change: Change[Any], kwargs: Mapping[str, Any]) -> None:
+    """Reconcile the services the node's change can affect."""
+    services = kwargs["services"]
+    affected = [s for s in indexed(services) if affected_by_node(s, name, change.before, change.after)]
+    await _reconcile_quietly(memo, affected, kwargs)
 
 
 async def _reconcile_quietly(

@@ -23,6 +23,7 @@ from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, NamespaceFacts, decide, regarding
+from cpullm.core.node_topology import NodeTopology
 from cpullm.core.status import READY, replica_counts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
@@ -244,6 +245,7 @@ class Reconciler:
         unschedulable: str | None = None,
         ticket: int | None = None,
         daemons: Sequence[DaemonPods] = (),
+        topologies: Sequence[NodeTopology] = (),
     ) -> Plan | CpuLLMError | None:
         """Bring children and status in line with the spec; returns the plan or the error reported, or None
         when the namespace is being deleted (nothing may be created there; everything goes with it) or the
@@ -251,7 +253,8 @@ class Reconciler:
         replica counts; `installed_crds` the optional APIs' CRDs installed (Kopf's index; None: unknown);
         `unschedulable` the scheduler's message for one of its pods it cannot place (Kopf's index); `ticket`
         what `begin` gave when these facts were read (None: not ordered, as in the CLI and tests); `daemons` the
-        DaemonSets whose pods whole-node plans leave room for (Kopf's index)."""
+        DaemonSets whose pods whole-node plans leave room for (Kopf's index); `topologies` the nodes'
+        NodeResourceTopologies (Kopf's index), merged into their profiles in gather."""
         meta = service["metadata"]
         key = (meta["namespace"], meta["name"])
         with self._lock(key):
@@ -260,7 +263,7 @@ class Reconciler:
                 RECONCILES.labels(outcome="superseded").inc()
                 return None  # a reconcile that read newer facts (or the service's deletion) came after
             started = time.monotonic()
-            outcome = self._reconcile(service, nodes, deployment, installed_crds, unschedulable, daemons)
+            outcome = self._reconcile(service, nodes, deployment, installed_crds, unschedulable, daemons, topologies)
         label = _outcome_label(outcome)
         RECONCILES.labels(outcome=label).inc()
         RECONCILE_SECONDS.labels(outcome=label).observe(time.monotonic() - started)
@@ -286,6 +289,7 @@ class Reconciler:
         installed_crds: frozenset[str] | None,
         unschedulable: str | None,
         daemons: Sequence[DaemonPods],
+        topologies: Sequence[NodeTopology],
     ) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
         uid = str(meta.get("uid"))
@@ -300,6 +304,7 @@ class Reconciler:
                 installed_crds=installed_crds,
                 unschedulable=unschedulable,
                 daemons=daemons,
+                topologies=topologies,
             )
             decision = decide(observed, self.clock())
             try:

@@ -87,5 +87,7 @@ class ControllerState:
     daemonsets: LastSeen[tuple[str, str], DaemonPods] = field(default_factory=LastSeen)
     unschedulable_pods: LastSeen[tuple[str, str], str] = field(default_factory=LastSeen)  # the scheduler's message
     served_optional_apis: LastSeen[str, bool] = field(default_factory=LastSeen)  # True: served
+    # Why each node's NodeResourceTopology cannot be read, as last logged (None: it can, or it is gone).
+    topology_problems: dict[str, str | None] = field(default_factory=dict)
     retries: RetryScheduler = field(default_factory=RetryScheduler)
     resync: asyncio.Task[None] | None = None

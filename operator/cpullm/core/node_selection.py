@@ -2,11 +2,12 @@
 a node of the same shape joining or leaving the pool (autoscaler, maintenance) then leaves the pod template as
 it was, and no running server is rolled.
 
-Each chosen node contributes a node selector term made of what its shape is read from (core/topology.py):
-its arch, the label its NUMA count came from, the label each required ISA flag came from, its SMT, CPU
+Each chosen node contributes a node selector term made of what its labels say of its shape (core/topology.py):
+its arch, the label its NUMA count is read from, the label each required ISA flag came from, its SMT, CPU
 manager and topology manager labels (or their absence). Nodes labelled the same way give the same term, so a
 pool needs one term per way of labelling, not one per node. The scheduler's resource fit keeps pods off
-matching nodes too small for them; CPU count and memory are not labels.
+matching nodes too small for them; CPU count and memory are not labels. Facts from a NodeResourceTopology are no
+labels either: a node they show the pod cannot fit, but labelled like the chosen ones, is excluded by name.
 """
 
 from __future__ import annotations
@@ -56,23 +57,27 @@ def node_signature(node: NodeProfile, required_isa: Iterable[str]) -> tuple[Expr
     its name can select it)."""
     if ARCH_LABEL not in node.labels:
         return None
-    expressions = [_equals(ARCH_LABEL, node.labels[ARCH_LABEL])]
-    if node.numa_source == NUMA_NODES_LABEL:
-        expressions.append(_equals(NUMA_NODES_LABEL, str(node.numa_nodes)))
-    elif node.numa_source == NFD_NUMA_COUNT:
-        expressions += [_equals(NFD_NUMA_COUNT, str(node.numa_nodes)), _absent(NUMA_NODES_LABEL)]
+    labels = node.labels
+    expressions = [_equals(ARCH_LABEL, labels[ARCH_LABEL])]
+    if NUMA_NODES_LABEL in labels:
+        expressions.append(_equals(NUMA_NODES_LABEL, labels[NUMA_NODES_LABEL]))
+    elif NFD_NUMA_COUNT in labels:
+        expressions += [_equals(NFD_NUMA_COUNT, labels[NFD_NUMA_COUNT]), _absent(NUMA_NODES_LABEL)]
     else:
         expressions += [_absent(NUMA_NODES_LABEL), _absent(NFD_NUMA_COUNT)]
     for flag in sorted(set(required_isa)):
         expressions += _isa_expressions(node, flag)
-    expressions.append(_optional(NFD_SMT, node.labels.get(NFD_SMT)))
-    expressions.append(_optional(CPU_MANAGER_POLICY_LABEL, node.cpu_manager_policy))
-    expressions.append(_optional(TOPOLOGY_MANAGER_POLICY_LABEL, node.topology_manager_policy))
+    for label in (NFD_SMT, CPU_MANAGER_POLICY_LABEL, TOPOLOGY_MANAGER_POLICY_LABEL):
+        expressions.append(_optional(label, labels.get(label)))
     return tuple(sorted(set(expressions)))
 
 
-def shape_node_terms(nodes: Sequence[NodeProfile], required_isa: Iterable[str]) -> list[dict[str, Any]]:
-    """Node selector terms (ORed) that select the chosen nodes and the nodes labelled like them."""
+def shape_node_terms(
+    nodes: Sequence[NodeProfile], required_isa: Iterable[str], excluded: Sequence[NodeProfile] = ()
+) -> list[dict[str, Any]]:
+    """Node selector terms (ORed) that select the chosen nodes and the nodes labelled like them, but not the
+    `excluded` nodes labelled like them (nodes the labels cannot tell apart from the chosen ones, which facts from
+    another source say the pod does not fit: core/node_topology.py)."""
     required = list(required_isa)
     signatures: set[tuple[Expression, ...]] = set()
     by_name: list[str] = []
@@ -82,14 +87,27 @@ def shape_node_terms(nodes: Sequence[NodeProfile], required_isa: Iterable[str]) 
             by_name.append(node.name)
         else:
             signatures.add(signature)
+    exclusions: dict[tuple[Expression, ...], list[str]] = {}
+    for node in excluded:
+        signature = node_signature(node, required)
+        if signature in signatures:
+            exclusions.setdefault(signature, []).append(node.name)
     terms: list[dict[str, Any]] = [
-        {"matchExpressions": [_expression(e) for e in signature]} for signature in sorted(signatures)
+        {"matchExpressions": [_expression(e) for e in signature], **_not_named(exclusions.get(signature, []))}
+        for signature in sorted(signatures)
     ]
     # A metadata.name field selector takes one value per requirement: one term per node.
     terms += [
         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [name]}]} for name in sorted(by_name)
     ]
     return terms
+
+
+def _not_named(names: list[str]) -> dict[str, Any]:
+    """A metadata.name field selector takes one value per requirement: one NotIn per node."""
+    if not names:
+        return {}
+    return {"matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": [n]} for n in sorted(names)]}
 
 
 def combine_terms(user_terms: Sequence[Mapping[str, Any]], shape_terms: Sequence[Mapping[str, Any]]) -> list[Any]:

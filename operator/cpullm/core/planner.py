@@ -88,7 +88,7 @@ def plan_service(
         plan, shape = max(plans, key=lambda candidate: _preference(candidate[0], spec.replicas, running))
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
-        terms = shape_node_terms(shape.members, spec.cpu.required_isa)
+        terms = shape_node_terms(shape.members, spec.cpu.required_isa, _unfit_lookalikes(plan, shape, eligible))
         return plan.model_copy(update={"node_selector_terms": terms})
     if len({type(refusal) for _, refusal in refusals}) == 1:
         # Every shape refused for the same reason: say that, for the shape that came closest (most memory).
@@ -96,10 +96,28 @@ def plan_service(
     raise NoEligibleNode(rejections)
 
 
+def _unfit_lookalikes(plan: Plan, shape: Shape, eligible: Sequence[NodeProfile]) -> list[NodeProfile]:
+    """Eligible nodes outside the chosen shape whose NUMA nodes cannot hold the plan's pods: another NUMA count,
+    or a NUMA node with fewer CPUs than the ranks (or the server) it would take, as their NodeResourceTopology
+    reports them. Labels may select them like the chosen nodes (core/node_selection.py excludes them by name);
+    the scheduler's resource fit, which counts a node's CPUs, not a NUMA node's, would not keep the pods off.
+    Without such reports, nodes labelled alike have the same NUMA count, and nothing is excluded."""
+    if not any(node.numa_cpus for node in eligible):
+        return []
+    chosen, numa_nodes = set(shape.names), plan.node_profile.numa_nodes
+    cpus_per_numa = plan.cpus_per_rank * math.ceil(plan.tensor_parallel_size / numa_nodes)
+
+    def fits(node: NodeProfile) -> bool:
+        return node.numa_nodes == numa_nodes and (not node.numa_cpus or min(node.numa_cpus) >= cpus_per_numa)
+
+    return [node for node in eligible if node.name not in chosen and not fits(node)]
+
+
 def _shape_key(profile: Mapping[str, Any]) -> tuple[object, ...]:
     """What makes two node profile summaries the same shape for the running pods (memory aside)."""
-    keys = ("arch", "numaNodes", "cpus", "isa", "smt", "cpuManagerPolicy", "topologyManagerPolicy")
-    return tuple(str(profile.get(key)) for key in keys)
+    keys = ("arch", "numaNodes", "cpus", "isa", "smt", "cpuManagerPolicy", "topologyManagerPolicy", "numaCpus")
+    # numaCpus is absent from the plans of operators before it: the same as none reported.
+    return tuple(str(profile.get(key, [] if key == "numaCpus" else None)) for key in keys)
 
 
 def _preference(plan: Plan, replicas: int, running: tuple[object, ...]) -> tuple[object, ...]:
@@ -253,7 +271,7 @@ def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shap
     except KVCacheTooSmall:
         return False
     budget = memory_budget(1, model.weights_bytes, kv.gib)
-    return budget.limit_bytes <= shape.memory_bytes // shape.node.numa_nodes
+    return budget.limit_bytes <= shape.numa_memory_bytes
 
 
 def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, capacity: int) -> str | None:
@@ -334,6 +352,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
             cpu_manager_policy=node.cpu_manager_policy,
             topology_manager_policy=node.topology_manager_policy,
             isa=sorted(node.isa),
+            numa_cpus=sorted(node.numa_cpus),
         ),
         eligible_nodes=shape.names,
         summary=summary,

@@ -83,6 +83,10 @@ class NodeProfile:
     # The allocatable CPU in millicores (None: `cpus` whole): what DaemonSets' requests are taken from
     # (core/daemonsets.py).
     cpu_millis: int | None = None
+    # Allocatable CPUs and memory of each NUMA node, where a source reports them (core/node_topology.py); empty:
+    # unknown, an even split of the node's is assumed.
+    numa_cpus: tuple[int, ...] = ()
+    numa_memory_bytes: tuple[int, ...] = ()
 
     @property
     def allocatable_cpu_millis(self) -> int:
@@ -99,7 +103,14 @@ class NodeProfile:
             self.smt,
             self.cpu_manager_policy,
             self.topology_manager_policy,
+            tuple(sorted(self.numa_cpus)),
         )
+
+    @property
+    def cpus_per_numa_node(self) -> int:
+        """The CPUs of its smallest NUMA node: as reported, else an even share."""
+        even = self.cpus // self.numa_nodes
+        return min(even, *self.numa_cpus) if self.numa_cpus else even
 
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")

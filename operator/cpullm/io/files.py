@@ -15,9 +15,11 @@ from huggingface_hub import get_local_safetensors_metadata
 
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.decision import NamespaceFacts
+from cpullm.core.node_topology import KIND as TOPOLOGY_KIND
+from cpullm.core.node_topology import NodeTopology, parse_topology
 from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
-from cpullm.errors import InvalidSpec, NodeLabelError
+from cpullm.errors import InvalidSpec, NodeLabelError, NodeTopologyError
 from cpullm.io.hub import summarize_headers
 
 
@@ -76,6 +78,20 @@ def profile_daemonsets(objects: Iterable[Mapping[str, Any]], warn: Callable[[str
         if pods is not None:
             daemons.append(pods)
     return daemons
+
+
+def profile_topologies(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[NodeTopology]:
+    """The NodeResourceTopologies among these objects; an unreadable one is skipped, warned (its node is then
+    planned from its labels)."""
+    topologies = []
+    for obj in objects:
+        if obj.get("kind") != TOPOLOGY_KIND:
+            continue
+        try:
+            topologies.append(parse_topology(obj))
+        except NodeTopologyError as err:
+            warn(f"{err.message}; its node is planned from its labels")
+    return topologies
 
 
 def load_service(path: str) -> dict[str, Any]:

@@ -37,6 +37,14 @@ class Shape:
     def memory_bytes(self) -> int:
         return max(0, min(n.memory_bytes for n in self.members) - self.room.memory_bytes)
 
+    @property
+    def numa_memory_bytes(self) -> int:
+        """One NUMA node's memory: an even share of the shape's, or less where a member reports less for its
+        smallest NUMA node (core/node_topology.py)."""
+        even = self.memory_bytes // self.node.numa_nodes
+        reported = [min(n.numa_memory_bytes) for n in self.members if n.numa_memory_bytes]
+        return min(even, *reported) if reported else even
+
     def leaving(self, taker: str, cpu_millis: int, memory_bytes: int) -> Shape:
         """The same nodes, each leaving room for one more pod of these requests (the router's)."""
         return Shape(self.members, self.room.plus(taker, cpu_millis, memory_bytes))

@@ -24,7 +24,10 @@ class TensorParallel:
                 f"tensor parallel size {tp} exceeds the {node.numa_nodes} NUMA nodes of {shape.describe()}; vLLM's "
                 "'auto' binding needs one NUMA node per rank (set cpu.threadsBind to nobind or an explicit list)"
             )
-        cpus_per_rank = spec.cpu.cpus_per_rank or node.cpus // max(node.numa_nodes, tp)
+        # One rank per NUMA node takes what the smallest NUMA node has; more ranks than NUMA nodes share the node.
+        cpus_per_rank = spec.cpu.cpus_per_rank or (
+            node.cpus_per_numa_node if tp <= node.numa_nodes else node.cpus // tp
+        )
         if cpus_per_rank < 1 or cpus_per_rank * tp > node.cpus:
             raise ModelTooLarge(
                 f"{tp} ranks of {max(cpus_per_rank, 1)} CPUs do not fit the {node.cpus} CPUs of {shape.describe()}"
@@ -34,7 +37,7 @@ class TensorParallel:
             tensor_parallel_size=tp,
             cpus_per_rank=cpus_per_rank,
             pod_memory_bytes=shape.memory_bytes,
-            numa_memory_bytes=shape.memory_bytes // node.numa_nodes,
+            numa_memory_bytes=shape.numa_memory_bytes,
             ranks_per_numa=math.ceil(tp / node.numa_nodes),
             pods_per_node=1,
             why=why,

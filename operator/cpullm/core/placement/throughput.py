@@ -24,7 +24,7 @@ class Throughput:
                 f"throughput placement runs one TP=1 server per NUMA node, but tensor parallel size is {explicit_tp}"
             )
         node = shape.node
-        numa_cpus = node.cpus // node.numa_nodes
+        numa_cpus = node.cpus_per_numa_node
         if numa_cpus < 1:
             raise ModelTooLarge(f"{shape.describe()} have fewer CPUs than NUMA nodes: no NUMA node holds a server")
         cpus_per_rank = spec.cpu.cpus_per_rank or numa_cpus
@@ -33,7 +33,7 @@ class Throughput:
                 f"throughput placement sizes each server to one NUMA node ({numa_cpus} CPUs on {shape.describe()}), "
                 f"but cpu.cpusPerRank is {cpus_per_rank}: lower it, or use placement tensorParallel"
             )
-        numa_memory = shape.memory_bytes // node.numa_nodes
+        numa_memory = shape.numa_memory_bytes
         return PodLayout(
             tensor_parallel_size=1,
             cpus_per_rank=cpus_per_rank,
@@ -59,7 +59,8 @@ class Throughput:
         node = shape.node
         if node.numa_nodes > 1 and node.topology_manager_policy not in NUMA_ALIGNING_POLICIES:
             notes.append(
-                "NUMA alignment best-effort: the nodes are not labelled cpullm.io/topology-manager-policy="
-                "single-numa-node or restricted, so a pod's CPUs may span NUMA nodes (the launcher binds within them)"
+                "NUMA alignment best-effort: the nodes' topology manager policy (label cpullm.io/topology-manager-"
+                "policy, or their NodeResourceTopology) is not single-numa-node or restricted, so a pod's CPUs may "
+                "span NUMA nodes (the launcher binds within them)"
             )
         return notes
