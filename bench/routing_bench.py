@@ -5,7 +5,7 @@ worker of the quick start's kind cluster, e2e/spread.py).
     .venv/bin/python bench/routing_bench.py [--clients 6] [--seconds 120] [--rounds 2]
 
 A client pod inside the cluster (Debian's python3.11, e2e/load.py mounted from a ConfigMap) sends bursty, mixed
-streamed completions (prompts of 16-1024 words, 8-128 tokens out; a client pauses 2-8 s after a third of its
+streamed completions (prompts of 16-1024 tokens, 8-128 tokens out; a client pauses 2-8 s after a third of its
 requests) for --seconds to one address, then to the other, --rounds times:
 
 - service: a plain ClusterIP Service selecting the servers (what spec.routing mode service renders: kube-proxy
@@ -89,6 +89,15 @@ def row(route: str, outcomes: list[dict[str, Any]], per_server: list[float]) -> 
     return [route, str(len(outcomes)), str(len(outcomes) - len(done)), at(latency), at(first), spread]
 
 
+def failures(outcomes: list[dict[str, Any]]) -> str:
+    """Why requests failed, most frequent first (an error's first 80 characters)."""
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        if outcome["error"] is not None:
+            counts[outcome["error"][:80]] = counts.get(outcome["error"][:80], 0) + 1
+    return "; ".join(f"{n} x {why}" for why, n in sorted(counts.items(), key=lambda item: -item[1])) or "none"
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=6)
@@ -127,6 +136,8 @@ def measure(quick_start: QuickStart, clients: int, seconds: int, rounds: int) ->
             results[route][0].extend(outcomes)
             for pod, count in after.items():
                 results[route][1][pod] = results[route][1].get(pod, 0.0) + count - before.get(pod, 0.0)
+    for route, (outcomes, _) in results.items():
+        print(f"{route}: failures: {failures(outcomes)}")
     return [row(route, outcomes, list(per_server.values())) for route, (outcomes, per_server) in results.items()]
 
 

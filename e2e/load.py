@@ -29,8 +29,13 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Request:
-    prompt_words: int
+    prompt_tokens: int
     max_tokens: int
+
+
+# The prompt's token: its ids are sent as they are (the completions API takes token ids), so a prompt is exactly
+# as long as asked whatever the model's tokenizer; 100 is an ordinary token in every vocabulary the tests serve.
+PROMPT_TOKEN = 100
 
 
 def stream_completion(host: str, port: int, model: str, request: Request, timeout: float = 300) -> Outcome:
@@ -39,7 +44,7 @@ def stream_completion(host: str, port: int, model: str, request: Request, timeou
     first: float | None = None
     body = {
         "model": model,
-        "prompt": " ".join(["hello"] * request.prompt_words),
+        "prompt": [PROMPT_TOKEN] * request.prompt_tokens,
         "max_tokens": request.max_tokens,
         "ignore_eos": True,  # the lengths asked for, not where the random weights happen to stop
         "stream": True,
@@ -119,8 +124,9 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
 
 
-# Bursty and mixed: short and long prompts and outputs; a client pauses 2-8 s after a third of its requests and
-# sends the next at once otherwise, so requests arrive in bursts.
+# Bursty and mixed: short and long prompts and outputs (at most 1,152 tokens in all, within the served context of
+# 2,048); a client pauses 2-8 s after a third of its requests and sends the next at once otherwise, so requests
+# arrive in bursts.
 MIXED = [Request(prompt, tokens) for prompt in (16, 256, 1024) for tokens in (8, 32, 128)]
 
 
