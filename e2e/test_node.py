@@ -15,10 +15,13 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.vllm.harness import make_tiny_model, vllm_python
+from tests.vllm.vllm_log import StartSplit, start_split
 
 from cpullm import launcher
 from e2e.cluster import LocalCluster, tool_dirs
@@ -232,6 +235,22 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     assert working_set < limit and int(seen["oom_kills"] or 0) == 0
     restarts = [c["restartCount"] for c in kubectl.get("pod", name, namespace)["status"]["containerStatuses"]]
     assert restarts == [0]
+
+    # The server started again on the same node with the same model cache (the claim): vLLM loads the graphs it
+    # compiled at the first start from VLLM_CACHE_ROOT (on the model cache) instead of compiling them again.
+    first = start_of(real_node, kubectl.get("pod", name, namespace))
+    kubectl.run("delete", "pod", name, "-n", namespace, "--wait=false")
+    second = start_of(
+        real_node,
+        eventually(
+            lambda: replaced_and_ready(kubectl, namespace, pod),
+            timeout=900,
+            interval=2,
+            what="the server started again",
+        ),
+    )
+    assert (first.cache, second.cache) == ("saved", "hit"), (first, second)
+
     kubectl.run("delete", "cpullm", "tiny", "-n", namespace)  # the node's one allocatable CPU, for the next test
     eventually(lambda: not kubectl.get("pods", namespace=namespace), timeout=120, what="the server pod gone")
     print(
@@ -240,6 +259,34 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
         f"ClusterIP; cpuset {assigned}; cgroup peak {int(seen['peak']) / limit:.2f} and working set "
         f"{working_set / limit:.2f} of the {limit / 2**30:.2f} GiB limit"
     )
+    print(
+        f"real node: container start to Ready, s (before load + load + compile and warm-up + rest): first "
+        f"{first.row()}, second {second.row()}; second / first {second.total / first.total:.2f}"
+    )
+
+
+def replaced_and_ready(kubectl: Kubectl, namespace: str, gone: dict[str, Any]) -> dict[str, Any]:
+    """The server pod that replaced `gone`, once Ready."""
+    pods = [p for p in server_pods(kubectl, namespace) if p["metadata"]["uid"] != gone["metadata"]["uid"]]
+    assert pods, "no new server pod yet"
+    ready_condition = next((c for c in pods[0]["status"].get("conditions") or [] if c["type"] == "Ready"), {})
+    assert ready_condition.get("status") == "True", ready_condition
+    return pods[0]
+
+
+def start_of(real_node: RealNode, pod: dict[str, Any]) -> StartSplit:
+    """The start of the pod's vLLM container, split by its log (the kubelet's pod log directory): from the
+    container's start to the pod's Ready condition, timestamps to the second."""
+    meta, status = pod["metadata"], pod["status"]
+    log = real_node.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "vllm" / "0.log"
+    started = utc(status["containerStatuses"][0]["state"]["running"]["startedAt"])
+    became_ready = utc(next(c for c in status["conditions"] if c["type"] == "Ready")["lastTransitionTime"])
+    return start_split(log.read_text(errors="replace"), started, (became_ready - started).total_seconds())
+
+
+def utc(stamp: str) -> datetime:
+    """An API timestamp as a naive UTC datetime (as vLLM stamps its log in the container, whose zone is UTC)."""
+    return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")
 
 
 def startup_budget(kubectl: Kubectl, namespace: str) -> int:

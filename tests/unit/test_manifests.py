@@ -118,6 +118,7 @@ def test_deployment_whole_manifest():
                                 {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": "2"},
                                 {"name": "LD_PRELOAD", "value": f"{TCMALLOC_X86}:/opt/venv/lib/libiomp5.so"},
                                 {"name": "HF_HOME", "value": "/models/huggingface"},
+                                {"name": "VLLM_CACHE_ROOT", "value": "/models/vllm"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
                                 {
                                     "name": "VLLM_API_KEY",

@@ -218,7 +218,8 @@ def test_tensor_parallel_sizes_vllm_can_load(name, tp, problem):
         ("gpt-oss-20b", {"avx512f", "avx512_bf16"}, "lacks amx_tile for mxfp4 group 32 experts only"),
         ("gpt-oss-20b", {"avx512f", "amx_bf16", "amx_tile"}, None),
         ("qwen3-30b-a3b-fp8", {"avx2"}, "lacks amx_tile for fp8 block 128x128"),
-        ("qwen2.5-7b-instruct-awq", {"avx2"}, None),  # 4-bit linear layers run without AMX
+        ("qwen2.5-7b-instruct-awq", {"avx2"}, "lacks avx512f for awq int4 group 128"),  # no 4-bit kernel in AVX2
+        ("qwen2.5-7b-instruct-awq", {"avx2", "avx512f"}, None),  # 4-bit linear layers run without AMX
         ("deepseek-v2-lite-awq", {"avx512f"}, "lacks amx_tile for awq int4 group 128 experts"),
         ("llama-3.1-8b", set(), None),
     ],

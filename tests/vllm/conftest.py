@@ -34,7 +34,8 @@ def qwen_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
     if os.environ.get("CPULLM_VLLM_LARGE") != "1":
         pytest.skip("the ~0.5B-parameter model costs minutes per start here: set CPULLM_VLLM_LARGE=1 to run it")
     out = tmp_path_factory.mktemp("models") / "qwen2.5-0.5b-random"
-    subprocess.run([str(vllm_python), str(Path(__file__).parent / "make_qwen_model.py"), str(out)], check=True)
+    make = Path(__file__).parent / "make_sized_model.py"
+    subprocess.run([str(vllm_python), str(make), "qwen2.5-0.5b", str(out)], check=True)
     return out
 
 

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from contextlib import redirect_stdout
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -65,11 +66,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def this_machine(numa_nodes: int) -> dict[str, Any]:
+def this_machine(numa_nodes: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
     """This machine as a Node, from its real CPU flags, CPU count and memory; numa_nodes=2 describes it as
     vLLM sees it with VLLM_CPU_SIM_MULTI_NUMA=1 (the knob vLLM's own CPU CI uses for multi-rank runs on one
-    NUMA node)."""
-    labels = {"kubernetes.io/arch": machine.arch(), **machine.machine_labels(numa_nodes)}
+    NUMA node). `labels` are laid over its own (a test claiming a flag the machine lacks)."""
+    labels = {"kubernetes.io/arch": machine.arch(), **machine.machine_labels(numa_nodes), **(labels or {})}
     return {
         "apiVersion": "v1",
         "kind": "Node",
@@ -78,10 +79,13 @@ def this_machine(numa_nodes: int) -> dict[str, Any]:
     }
 
 
-def render_service(workdir: Path, model: Path, numa_nodes: int, **spec: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+def render_service(
+    workdir: Path, model: Path, numa_nodes: int, node_labels: dict[str, str] | None = None, **spec: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the local
     model directory `model` as /models/<its name> (config inline), on this machine described with `numa_nodes`
-    NUMA nodes. The rendered launcher ConfigMap's files are written to workdir/opt-cpullm (see pod_mounts)."""
+    NUMA nodes (and `node_labels` over its own). The rendered launcher ConfigMap's files are written to
+    workdir/opt-cpullm (see pod_mounts)."""
     service = {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMService",
@@ -95,7 +99,7 @@ def render_service(workdir: Path, model: Path, numa_nodes: int, **spec: Any) -> 
         },
     }
     (workdir / "svc.yaml").write_text(yaml.safe_dump(service))
-    (workdir / "nodes.yaml").write_text(yaml.safe_dump(this_machine(numa_nodes)))
+    (workdir / "nodes.yaml").write_text(yaml.safe_dump(this_machine(numa_nodes, node_labels)))
     outputs = []
     for command in ("plan", "render"):
         buffer = io.StringIO()
@@ -165,6 +169,19 @@ def process_rss(pids: Sequence[int]) -> list[tuple[str, int]]:
     return parts
 
 
+def process_anon(pids: Sequence[int]) -> list[tuple[str, int]]:
+    """(name, anonymous resident bytes: /proc/PID/status RssAnon) of each process still alive: what a process
+    holds of its own, its shared libraries' and files' pages left out (vLLM names its processes, e.g.
+    VLLM::EngineCor, VLLM::Worker_TP)."""
+    parts = []
+    for pid in pids:
+        with contextlib.suppress(OSError, psutil.Error):
+            status = Path(f"/proc/{pid}/status").read_text()
+            anon = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:"))
+            parts.append((psutil.Process(pid).name(), anon))
+    return parts
+
+
 @dataclass
 class Measured:
     """The server's memory as its cgroup accounts it (tests/vllm/cgroup.py): the kernel's own peak of usage, the
@@ -173,6 +190,7 @@ class Measured:
     shared between processes once per process, so the parts may add up to more than the cgroup charges)."""
 
     startup_seconds: float = 0.0
+    started_at: datetime | None = None  # wall clock (local time, as vLLM stamps its log) when it was spawned
     log: Path | None = None
     cgroup: str = ""
     limit_bytes: int | None = None  # the cgroup's memory limit (None: unlimited)
@@ -183,6 +201,10 @@ class Measured:
     samples: int = 0
     at_peak: Reading | None = None  # the cgroup's reading at the working-set peak, with its parts
     peak_breakdown: list[tuple[str, int]] = field(default_factory=list)
+    peak_anon_bytes: int = 0  # the cgroup's anonymous memory at its sampled peak
+    anon_breakdown: list[tuple[str, int]] = field(default_factory=list)  # each process's RssAnon then
+    # Peaks per stretch of the server's life (LocalServer.mark): name -> (peak working set, peak anon).
+    stretches: dict[str, tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
@@ -206,6 +228,7 @@ class LocalServer:
     measured: Measured = field(default_factory=Measured)
     _stop: threading.Event = field(default_factory=threading.Event)
     _sampler: threading.Thread | None = None
+    _stretch: tuple[int, int] = (0, 0)  # peak working set and anon since the last mark
 
     def start(self, timeout: float = 600) -> None:
         for path in self.cold:
@@ -213,7 +236,7 @@ class LocalServer:
         self.cgroup = MemoryCgroup.create(f"cpullm-vllm-{os.getpid()}-{self.port}", self.memory_limit)
         self.measured.cgroup = f"v{self.cgroup.version} {self.cgroup.path}"
         self.measured.limit_bytes = self.cgroup.limit()
-        started = time.monotonic()
+        started, self.measured.started_at = time.monotonic(), datetime.now()
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command,
@@ -250,8 +273,17 @@ class LocalServer:
             if reading.working_set > self.measured.peak_working_set_bytes:
                 self.measured.peak_working_set_bytes, self.measured.at_peak = reading.working_set, reading
                 self.measured.peak_breakdown = process_rss(self.cgroup.pids())
+            if reading.anon > self.measured.peak_anon_bytes:
+                self.measured.peak_anon_bytes = reading.anon
+                self.measured.anon_breakdown = process_anon(self.cgroup.pids())
+            self._stretch = (max(self._stretch[0], reading.working_set), max(self._stretch[1], reading.anon))
             self.measured.samples += 1
             time.sleep(0.2)
+
+    def mark(self, stretch: str) -> None:
+        """Close a stretch of the server's life (its start, a request mix): its peaks go to measured.stretches
+        and the next stretch starts from nothing."""
+        self.measured.stretches[stretch], self._stretch = self._stretch, (0, 0)
 
     def _final_reading(self) -> None:
         """The kernel's peak and OOM count, read before the cgroup goes away."""
@@ -262,7 +294,7 @@ class LocalServer:
         )
         self.measured.oom_kills = self.cgroup.oom_kills()
 
-    def complete(self, prompt: str | list[str], max_tokens: int) -> dict[str, Any]:
+    def complete(self, prompt: str | list[str] | list[int], max_tokens: int) -> dict[str, Any]:
         body = {
             "model": self.served_model(),
             "prompt": prompt,

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from e2e import machine
 
 from cpullm.cli import main as cpullm
 from tests.vllm.harness import ROOT, render_service, server_for_container, this_machine
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.vllm
 PROBE = ROOT / "tests" / "vllm" / "probe"
 TOLERANCE = 0.05
 SIZES: dict[str, dict[str, Any]] = {}
+HAS_AVX512 = "avx512f" in machine.cpu_flags()
 
 
 @pytest.fixture(scope="session")
@@ -92,6 +94,8 @@ def within(planned: int, served: int) -> bool:
     ],
 )
 def test_plan_matches_what_vllm_serves(kind, max_model_len, layout, models, vllm_python: Path, tmp_path: Path):
+    if kind == "gptq" and not HAS_AVX512:
+        pytest.skip("no AVX-512 here: the planner refuses 4-bit layers (the test below checks vLLM agrees)")
     model = models[kind]
     plan, container = render_service(tmp_path, model, 1, maxModelLen=max_model_len)
     from_headers = plan_from_headers(tmp_path, model, max_model_len)
@@ -119,3 +123,24 @@ def test_plan_matches_what_vllm_serves(kind, max_model_len, layout, models, vllm
     assert within(plan["kvTokensPerRank"], tokens), SIZES[kind]
     if kind != "hybrid":  # every layer keeps every token: KV bytes per token is the KV space over its tokens
         assert within(plan["kvBytesPerToken"], 2**30 // tokens), SIZES[kind]
+
+
+@pytest.mark.skipif(HAS_AVX512, reason="this machine has AVX-512: the GPTQ model is served above")
+def test_4bit_layers_are_refused_where_vllm_has_no_kernel_for_them(
+    models, vllm_python: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+):
+    """Without AVX-512, vLLM's x86 wheel loads its AVX2 kernel library, which has no 4-bit kernel: the planner
+    refuses this machine for the GPTQ model, and vLLM, rendered for it anyway (the node claiming AVX-512), fails
+    for want of that kernel."""
+    with pytest.raises(RuntimeError, match="cpullm plan exited 1"):
+        render_service(tmp_path, models["gptq"], 1, maxModelLen=1024)
+    assert "lacks avx512f for gptq int4 group 128" in capsys.readouterr().err
+    claimed = {"cpullm.io/isa.avx512f": "true"}
+    _, container = render_service(tmp_path, models["gptq"], 1, node_labels=claimed, maxModelLen=1024)
+    server = server_for_container(container, workdir=tmp_path, python=vllm_python, model=models["gptq"])
+    try:
+        with pytest.raises(RuntimeError, match="vLLM exited"):
+            server.start(timeout=900)
+    finally:
+        server.stop()
+    assert "has no attribute 'cpu_gemm_wna16'" in server.log.read_text(errors="replace")

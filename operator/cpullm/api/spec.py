@@ -441,6 +441,7 @@ OWNED_ENV = {
     "CPU_VISIBLE_MEMORY_NODES": "cpu.launcher",
     "LD_PRELOAD": "image",
     "HF_HOME": "modelCache",
+    "VLLM_CACHE_ROOT": "modelCache",
     "HF_TOKEN": "hfTokenSecret",
     "VLLM_API_KEY": "apiKeySecret",
 }

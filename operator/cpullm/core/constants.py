@@ -91,3 +91,7 @@ MODEL_CACHE_MOUNT = "/models"
 # Beside the weights in the default model cache: tokenizer, configs, the Hub cache's own files.
 MODEL_CACHE_SPARE_BYTES = 2 * GiB
 HF_HOME = f"{MODEL_CACHE_MOUNT}/huggingface"
+# vLLM's own cache (its AOT compile cache: torch_compile_cache/torch_aot_compile/<hash>/rank_i_j, with inductor's
+# kernels) beside the weights, so a server that starts again with the same model cache loads its compiled graphs
+# instead of compiling them (docs/startup.md).
+VLLM_CACHE_ROOT = f"{MODEL_CACHE_MOUNT}/vllm"

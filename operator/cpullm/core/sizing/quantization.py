@@ -19,9 +19,15 @@ from cpullm.core.sizing.config import show
 from cpullm.errors import UnsupportedModel
 
 # vLLM CPU (0.32) gates kernels on AMX tiles (torch's _is_amx_tile_supported; NFD's AMXTILE): MXFP4 MoE, FP8
-# linear and MoE layers, and quantized MoE experts of every method run on AMX only. 4-bit linear layers (AWQ, GPTQ,
-# compressed-tensors W4A16) and int8 W8A8 linear layers also run without it.
+# linear and MoE layers, and quantized MoE experts of every method run on AMX only. int8 W8A8 linear layers also run
+# without it. 4-bit linear layers (AWQ, GPTQ, compressed-tensors W4A16: the CPUWNA16 kernel) need AVX-512: the x86
+# wheel loads one of three kernel libraries by the CPU's flags (platforms/cpu.py import_kernels: _C with AVX-512 and
+# AVX512-BF16, _C_AVX512, else _C_AVX2), and cpu_gemm_wna16 is not in _C_AVX2 (read from the 0.32.0 wheel's
+# libraries; on an AVX2-only EPYC the GPTQ model of tests/vllm failed with "'_C' object has no attribute
+# 'cpu_gemm_wna16'").
 AMX = "amx_tile"
+AVX512 = "avx512f"
+WNA16_METHODS = ("awq", "gptq", "compressed-tensors")
 METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")
 
 
@@ -80,6 +86,8 @@ class WeightFormat:
             return f"lacks {AMX} for {self.describe()} (vLLM CPU runs {self.method.upper()} layers on AMX only)"
         if any(linear.expert and self.quantizes(linear) for linear in anatomy.linears):
             return f"lacks {AMX} for {self.describe()} experts (vLLM CPU runs quantized MoE layers on AMX only)"
+        if self.bits == 4 and self.method in WNA16_METHODS and AVX512 not in isa:
+            return f"lacks {AVX512} for {self.describe()} (vLLM CPU's 4-bit kernel is in its AVX-512 builds only)"
         return None
 
     def tensor_parallel_problem(self, tp: int, anatomy: Anatomy) -> str | None:

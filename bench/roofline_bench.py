@@ -1,0 +1,142 @@
+"""Benchmark, not a test: how near the memory roofline the rendered vLLM pod decodes, against the alternatives that
+matter, side by side in one run on this machine.
+
+Decode on a CPU is memory-bound: a step of one sequence streams the rank's weights once, so tokens/s x weight
+bytes is the bandwidth decode reached. The roofline is the bandwidth the rank's threads get, measured here first
+(bench/roofline_probe.py, in the vLLM environment): a streaming read, and a bf16 GEMV of the model's own shapes
+(one decode step's matrix-vector products). Then each configuration is started as a server (the rendered
+container as a local process, tests/vllm/harness.py) and one sequence's decode rate is measured from two
+completions of different lengths (their difference cancels prefill and request overheads).
+
+    .venv/bin/python bench/roofline_bench.py [--model qwen2.5-1.5b] [--rounds 3]
+
+Configurations: the rendered pod (launcher binding), the same with one CPU kept for the API server and engine
+core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), and glibc's
+allocator instead of tcmalloc (LD_PRELOAD without it). SMT siblings are compared where the CPUs have them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.sizes_bench import built_model, prompt_ids
+from tests.vllm.harness import LocalServer, render_service, server_for_container, vllm_python
+
+PROBE = Path(__file__).resolve().parent / "roofline_probe.py"
+Variant = Callable[[dict[str, Any]], None]  # edits the rendered container (its env) in place
+
+
+def without_tcmalloc(container: dict[str, Any]) -> None:
+    for entry in container["env"]:
+        if entry["name"] == "LD_PRELOAD":
+            entry["value"] = ":".join(p for p in entry["value"].split(":") if "tcmalloc" not in p)
+
+
+def smt_siblings() -> bool:
+    cpu0 = Path("/sys/devices/system/cpu/cpu0/topology/thread_siblings_list")
+    return cpu0.exists() and ("," in cpu0.read_text() or "-" in cpu0.read_text())
+
+
+def configurations() -> list[tuple[str, dict[str, Any], Variant | None]]:
+    """(name, spec fields, container edit) of each configuration compared."""
+    rows: list[tuple[str, dict[str, Any], Variant | None]] = [
+        ("rendered (launcher)", {}, None),
+        ("1 CPU kept for the server", {"cpu": {"reservedCpusPerRank": 1}}, None),
+        ("1 OpenMP thread (nobind)", {"cpu": {"threadsBind": "nobind", "reservedCpusPerRank": 1}}, None),
+        ("glibc malloc (no tcmalloc)", {}, without_tcmalloc),
+    ]
+    if smt_siblings():
+        rows.append(("no SMT siblings bound", {"cpu": {"threadsBind": "auto"}}, None))
+    return rows
+
+
+def decode_rate(server: LocalServer, vocab: int, rounds: int) -> float:
+    """One sequence's decode tokens/s: (long - short) tokens over the difference of their times, best of rounds."""
+
+    prompt = prompt_ids(32, vocab, random.Random(1))
+    server.complete(prompt, 8)  # warm-up
+    best = 0.0
+    for _ in range(rounds):
+        times = []
+        for tokens in (16, 144):
+            started = time.monotonic()
+            server.complete(prompt, tokens)
+            times.append(time.monotonic() - started)
+        best = max(best, 128 / (times[1] - times[0]))
+    return best
+
+
+def threads_of(log: Path) -> str:
+    """The CPUs vLLM says its rank's OpenMP threads are bound to, or the thread count under nobind."""
+    text = log.read_text(errors="replace")
+    for line in text.splitlines():
+        if "OpenMP thread binding info" in line or "OMP threads binding" in line:
+            return line.split("]", 1)[-1].strip()[:60]
+    return "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-1.5b")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    python = vllm_python()
+    model = built_model(python, args.model)
+    config = json.loads((model / "config.json").read_text())
+    cpus = sorted(os.sched_getaffinity(0))
+    probe = subprocess.run(
+        [str(python), str(PROBE), str(model / "config.json"), *map(str, sorted({1, len(cpus)}))],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    roof = json.loads(probe.stdout)
+    shard = roof["weights_bytes"]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="cpullm-roofline-") as tmp:
+        for index, (name, spec, edit) in enumerate(configurations()):
+            workdir = Path(tmp) / f"c{index}"
+            workdir.mkdir()
+            plan, container = render_service(workdir, model, 1, kvCacheGiB=1, maxModelLen=2048, maxNumSeqs=8, **spec)
+            if edit:
+                edit(container)
+            server = server_for_container(container, workdir=workdir, python=python, model=model)
+            try:
+                server.start(timeout=3600)
+                rate = decode_rate(server, config["vocab_size"], args.rounds)
+            finally:
+                server.stop()
+            rows.append((name, plan.get("threadsBind"), plan.get("reservedCpusPerRank"), rate, threads_of(server.log)))
+            print(f"roofline_bench: {name}: {rate:.2f} tok/s", file=sys.stderr, flush=True)
+
+    print(
+        f"\n{args.model}: {shard / 1e9:.2f} GB of weights streamed per token; {len(cpus)} CPUs (SMT: {smt_siblings()})"
+    )
+    print("bandwidth one rank's threads get (torch " + roof["torch"] + "):")
+    for threads, figures in sorted(roof["by_threads"].items()):
+        print(
+            f"  {threads} thread(s): streaming read {figures['stream_read_gbps']:.1f} GB/s, "
+            f"bf16 GEMV of the model's shapes {figures['gemv_gbps']:.1f} GB/s"
+        )
+    best = roof["by_threads"][str(len(cpus))]
+    read, gemv = best["stream_read_gbps"], best["gemv_gbps"]
+    print(f"\n{'configuration':<30}{'tok/s':>7}{'GB/s':>7}{'/read':>7}{'/GEMV':>7}  binding")
+    for name, _bind, _reserved, rate, threads in rows:
+        gbps = rate * shard / 1e9
+        print(f"{name:<30}{rate:>7.2f}{gbps:>7.1f}{gbps / read:>7.2f}{gbps / gemv:>7.2f}  {threads}")
+
+
+if __name__ == "__main__":
+    main()

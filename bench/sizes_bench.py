@@ -1,0 +1,170 @@
+"""Benchmark, not a test: the rendered vLLM pod at several model sizes, side by side in one run. For each model and
+TP it starts the rendered container twice with the same model cache (the second start finds the first's compile
+cache there, as a restarted pod on the same node does), splits each start by vLLM's log (tests/vllm/vllm_log.py),
+and, between the two, drives a long prompt (the context less 64 tokens, as one prefill) and a full batch
+(maxNumSeqs requests at once) while the server's memory cgroup, limited to the plan's limit, is sampled.
+
+    .venv/bin/python bench/sizes_bench.py [--models tiny qwen2.5-0.5b ...] [--tp 1] [--json FILE]
+
+Models: `tiny` (tests/vllm/make_tiny_model.py) and the random-weight models of tests/vllm/make_sized_model.py,
+built once and kept under ~/.cache/cpullm-operator/models. Prints, per model and TP: the planned limit and its
+parts, each start's split and the compile cache's word, and the peaks of working set and anonymous memory during
+the start and during the requests, with each process's anonymous memory at the anonymous peak (what the memory
+model's terms stand for: docs/calibration.md). Needs root (cgroups) and the vLLM environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.vllm.harness import LocalServer, render_service, server_for_container, vllm_python
+from tests.vllm.vllm_log import StartSplit, start_split
+
+MODELS_CACHE = Path.home() / ".cache" / "cpullm-operator" / "models"
+VLLM_TESTS = Path(__file__).resolve().parents[1] / "tests" / "vllm"
+SIM_MULTI_NUMA = [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]
+GiB = 2**30
+
+
+def built_model(python: Path, name: str) -> Path:
+    """The model's directory, built on first use (a random-weight checkpoint of that architecture)."""
+    out = MODELS_CACHE / name
+    if not (out / "config.json").exists():
+        if name == "tiny":
+            command = [str(python), str(VLLM_TESTS / "make_tiny_model.py"), str(out)]
+        else:
+            command = [str(python), str(VLLM_TESTS / "make_sized_model.py"), name, str(out)]
+        subprocess.run(command, check=True)
+    return out
+
+
+def prompt_ids(count: int, vocab: int, rng: random.Random) -> list[int]:
+    """A prompt of exactly `count` tokens (the completions API takes token ids), none of them special."""
+    return [rng.randrange(3, vocab) for _ in range(count)]
+
+
+def requests(server: LocalServer, context: int, seqs: int, vocab: int) -> dict[str, float]:
+    """A long prompt alone, then `seqs` requests at once; the seconds each took."""
+    rng = random.Random(0)
+    seconds: dict[str, float] = {}
+    started = time.monotonic()
+    server.complete(prompt_ids(context - 64, vocab, rng), 32)
+    seconds["long prompt"] = time.monotonic() - started
+    started = time.monotonic()
+    with ThreadPoolExecutor(seqs) as pool:
+        done = list(pool.map(lambda _: server.complete(prompt_ids(256, vocab, rng), 32), range(seqs)))
+    assert all(r["usage"]["completion_tokens"] == 32 for r in done)
+    seconds["full batch"] = time.monotonic() - started
+    return seconds
+
+
+def start(server: LocalServer) -> StartSplit:
+    server.start(timeout=3600)
+    assert server.measured.log is not None and server.measured.started_at is not None
+    text = server.measured.log.read_text(errors="replace")
+    return start_split(text, server.measured.started_at, server.measured.startup_seconds)
+
+
+def run_case(python: Path, name: str, tp: int, context: int, seqs: int, workdir: Path) -> dict[str, Any]:
+    model = built_model(python, name)
+    config = json.loads((model / "config.json").read_text())
+    spec: dict[str, Any] = {"kvCacheGiB": 1, "maxModelLen": context, "maxNumSeqs": seqs}
+    if tp > 1:
+        spec["env"] = SIM_MULTI_NUMA
+    plan, container = render_service(workdir, model, tp, **spec)
+    case: dict[str, Any] = {"model": name, "tp": tp, "vocab": config["vocab_size"], "plan": plan}
+    server = server_for_container(container, workdir=workdir, python=python, model=model, log_name="first.log")
+    try:
+        case["first"] = asdict(start(server))
+        server.mark("start")
+        case["request_seconds"] = requests(server, context, seqs, config["vocab_size"])
+        server.mark("requests")
+    finally:
+        server.stop()
+    m = server.measured
+    case["memory"] = {
+        "limit": m.limit_bytes,
+        "peak_usage": m.peak_usage_bytes,
+        "peak_working_set": m.peak_working_set_bytes,
+        "peak_anon": m.peak_anon_bytes,
+        "stretches": m.stretches,
+        "anon_by_process": m.anon_breakdown,
+        "oom_kills": m.oom_kills,
+    }
+    again = server_for_container(container, workdir=workdir, python=python, model=model, log_name="second.log")
+    try:
+        case["second"] = asdict(start(again))
+    finally:
+        again.stop()
+    cache = workdir / "models" / "vllm"  # VLLM_CACHE_ROOT as rendered, under the pod's /models
+    case["compile_cache_bytes"] = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
+    return case
+
+
+def gib(n: float) -> str:
+    return f"{n / GiB:.2f}"
+
+
+def split(s: dict[str, Any]) -> str:
+    parts = (s["before_load"], s["load"], s["compile_and_warmup"], s["rest"])
+    return f"{s['total']:.0f} ({'+'.join(f'{p:.0f}' for p in parts)}) {s['cache']}"
+
+
+def print_tables(cases: list[dict[str, Any]]) -> None:
+    print("\nstarts: total s (before load + load + compile and warm-up + rest) compile cache")
+    print(f"{'model':<16}{'TP':>3}  {'shard GiB':>9}  {'first start':<30}{'second start':<30}{'second/first':>12}")
+    for c in cases:
+        ratio = c["second"]["total"] / c["first"]["total"]
+        shard = gib(c["plan"]["weightShardBytes"])
+        first, second = split(c["first"]), split(c["second"])
+        print(f"{c['model']:<16}{c['tp']:>3}  {shard:>9}  {first:<30}{second:<30}{ratio:>12.2f}")
+    print("\nmemory cgroup, GiB (limit: the plan's; WS: working set; start / requests: peaks in each stretch)")
+    header = f"{'model':<16}{'TP':>3}{'vocab':>8}{'limit':>7}{'WS start':>9}{'WS req':>8}{'anon start':>11}"
+    print(header + f"{'anon req':>9}{'WS/limit':>9}{'OOM':>4}  anon by process at its peak")
+    for c in cases:
+        m = c["memory"]
+        (ws_start, anon_start), (ws_req, anon_req) = m["stretches"]["start"], m["stretches"]["requests"]
+        by_process = ", ".join(f"{n} {gib(b)}" for n, b in m["anon_by_process"])
+        print(
+            f"{c['model']:<16}{c['tp']:>3}{c['vocab']:>8}{gib(m['limit']):>7}{gib(ws_start):>9}{gib(ws_req):>8}"
+            f"{gib(anon_start):>11}{gib(anon_req):>9}{m['peak_working_set'] / m['limit']:>9.3f}{m['oom_kills']:>4}"
+            f"  {by_process}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["tiny", "qwen2.5-0.5b"])
+    parser.add_argument("--tp", nargs="+", type=int, default=[1])
+    parser.add_argument("--context", type=int, default=2048, help="maxModelLen (default 2048)")
+    parser.add_argument("--seqs", type=int, default=8, help="maxNumSeqs (default 8)")
+    parser.add_argument("--json", type=Path, help="also write every figure here")
+    args = parser.parse_args()
+    python = vllm_python()
+    cases = []
+    with tempfile.TemporaryDirectory(prefix="cpullm-sizes-") as tmp:
+        for name in args.models:
+            for tp in args.tp:
+                workdir = Path(tmp) / f"{name}-tp{tp}"
+                workdir.mkdir()
+                cases.append(run_case(python, name, tp, args.context, args.seqs, workdir))
+                print(f"sizes_bench: {name} TP {tp} done", file=sys.stderr, flush=True)
+                if args.json:
+                    args.json.write_text(json.dumps(cases, indent=1, default=str))
+    print_tables(cases)
+
+
+if __name__ == "__main__":
+    main()
