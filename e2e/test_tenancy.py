@@ -115,8 +115,9 @@ def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(
 def test_one_bad_affinity_never_stops_another_services_reconcile(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
 ):
-    """Gt with a non-integer passed the API server (spec.affinity is passed through) and raised ValueError in the
-    eligibility chain: that service got no status, and every node event's check aborted."""
+    """Gt with a non-integer passes the API server (the schema types spec.affinity, but a value's meaning under an
+    operator is no schema's) and once raised ValueError in the eligibility chain: that service got no status, and
+    every node event's check aborted. It is an InvalidSpec now, parsed once at the boundary."""
     bad = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {

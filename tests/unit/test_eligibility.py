@@ -2,10 +2,12 @@
 label it relies on."""
 
 from itertools import combinations
+from typing import Any
 
 import pytest
 
-from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection, required_node_terms
+from cpullm.api.spec import parse_spec
+from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection
 from cpullm.core.planner import plan_service
 from cpullm.core.topology import parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError, NoEligibleNode
@@ -62,97 +64,68 @@ def test_a_node_failing_several_checks_is_rejected_by_the_first(first, later):
     assert refused.value.rejections == {"n": FAILURES[first][2]}
 
 
+def required(*terms: Any) -> dict[str, Any]:
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": list(terms)}}}
+
+
+def expression(**fields: Any) -> dict[str, Any]:
+    return {"matchExpressions": [fields]}
+
+
+TERMS = f"{REQUIRED}.nodeSelectorTerms"
+
+
 @pytest.mark.parametrize(
-    ("affinity", "message"),
+    ("affinity", "path", "problem"),
     [
-        pytest.param({"nodeAffinity": "zone=z1"}, "spec.affinity.nodeAffinity must be an object, not str", id="str"),
+        pytest.param({"nodeAffinity": "zone=z1"}, "spec.affinity.nodeAffinity", "valid dictionary", id="str"),
         pytest.param(
             {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"nodeSelectorTerms": []}]}},
-            f"{REQUIRED} must be an object, not list",
+            REQUIRED,
+            "valid dictionary",
             id="required-list",
         ),
+        pytest.param(required({"a": 1}), f"{TERMS}.0.a", "Extra inputs", id="term-extra"),
         pytest.param(
             {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {"a": 1}}}},
-            f"{REQUIRED}.nodeSelectorTerms must be a list",
+            TERMS,
+            "valid list",
             id="terms-dict",
         ),
+        pytest.param(required("zone"), f"{TERMS}.0", "valid dictionary", id="term-str"),
         pytest.param(
-            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ["zone"]}}},
-            f"{REQUIRED}.nodeSelectorTerms[0] must be an object, not str",
-            id="term-str",
-        ),
-        pytest.param(
-            {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [
-                            {"matchExpressions": [{"key": "zone", "operator": "Exists"}]},
-                            {"matchExpressions": [{"key": "zone", "operator": "Exists"}, "zone=z1"]},
-                        ]
-                    }
-                }
-            },
-            f"{REQUIRED}.nodeSelectorTerms[1].matchExpressions[1] must be an object, not str",
+            required(expression(key="zone", operator="Exists"), {"matchExpressions": ["zone=z1"]}),
+            f"{TERMS}.1.matchExpressions.0",
+            "valid dictionary",
             id="expression-str",
         ),
         pytest.param(
-            {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [{"matchFields": {"key": "metadata.name"}}]
-                    }
-                }
-            },
-            f"{REQUIRED}.nodeSelectorTerms[0].matchFields must be a list",
-            id="match-fields-dict",
+            required({"matchFields": {"key": "metadata.name"}}), f"{TERMS}.0.matchFields", "valid list", id="fields"
         ),
         pytest.param(
-            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {}}}},
-            f"{REQUIRED}.nodeSelectorTerms must be a list",
-            id="terms-empty-dict",
-        ),
-        pytest.param(
-            {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": ""}}},
-            f"{REQUIRED}.nodeSelectorTerms must be a list",
-            id="terms-empty-string",
-        ),
-        pytest.param(
-            {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": "z1"}]}]
-                    }
-                }
-            },
-            f"{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].values must be a list of strings",
+            required(expression(key="zone", operator="In", values="z1")),
+            f"{TERMS}.0.matchExpressions.0.values",
+            "valid list",
             id="values-string",
         ),
         pytest.param(
-            {
-                "nodeAffinity": {
-                    "requiredDuringSchedulingIgnoredDuringExecution": {
-                        "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "Near"}]}]
-                    }
-                }
-            },
-            f"{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].operator must be one of In, NotIn, Exists, "
-            "DoesNotExist, Gt, Lt",
+            required(expression(key="zone", operator="Near")),
+            f"{TERMS}.0.matchExpressions.0.operator",
+            "'In', 'NotIn', 'Exists', 'DoesNotExist', 'Gt' or 'Lt'",
             id="unknown-operator",
+        ),
+        pytest.param(
+            required(expression(key="", operator="Exists")), f"{TERMS}.0.matchExpressions.0.key", "at least 1", id="key"
         ),
         *[
             pytest.param(
-                {
-                    "nodeAffinity": {
-                        "requiredDuringSchedulingIgnoredDuringExecution": {
-                            "nodeSelectorTerms": [{"matchExpressions": [{"key": "k", "operator": op, **values}]}]
-                        }
-                    }
-                },
-                f"{REQUIRED}.nodeSelectorTerms[0].matchExpressions[0].values must be {what} for operator {op}",
+                required(expression(key="k", operator=op, **values)),
+                f"{TERMS}.0.matchExpressions.0",
+                f"values must be {what} for operator {op}",
                 id=f"{op}-{'-'.join(values.get('values', ['none']))}",
             )
-            # The API server stores these (spec.affinity passes through the CRD unchecked); a pod refuses them.
-            # Gt with "abc" raised ValueError in the eligibility chain before (every node event's check with it).
+            # What a pod refuses: the API server refuses such a CpuLLMService too (the schema's types), and
+            # parse_spec says why for one that reached the operator another way (an older CRD).
             for op, values, what in (
                 ("Gt", {"values": ["abc"]}, "one integer"),
                 ("Lt", {"values": ["1", "2"]}, "one integer"),
@@ -164,15 +137,11 @@ def test_a_node_failing_several_checks_is_rejected_by_the_first(first, later):
         ],
     ],
 )
-def test_malformed_affinity_is_an_invalid_spec_naming_the_path(affinity, message):
-    with pytest.raises(InvalidSpec) as direct:
-        required_node_terms(affinity)
-    assert direct.value.message == message
-    # plan_service says the same before judging any node, even when no node would be eligible anyway.
-    for nodes in ([node("n")], [node("n", unschedulable=True)], []):
-        with pytest.raises(InvalidSpec) as planned:
-            plan_service(spec(affinity=affinity), llama_8b(), nodes)
-        assert planned.value.message == message
+def test_malformed_affinity_is_an_invalid_spec_naming_the_path(affinity, path, problem):
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec({**spec().model_dump(by_alias=True, exclude_none=True), "affinity": affinity})
+    message = refused.value.message
+    assert message.startswith(f"{path}: ") and problem in message, message
 
 
 @pytest.mark.parametrize(
@@ -192,7 +161,11 @@ def test_malformed_affinity_is_an_invalid_spec_naming_the_path(affinity, message
     ],
 )
 def test_well_formed_affinity_gives_its_required_terms(affinity, terms):
-    assert required_node_terms(affinity) == terms
+    parsed = spec(affinity=affinity).affinity
+    found = parsed.required_node_terms if parsed else []
+    assert [t.model_dump(by_alias=True, exclude_defaults=True) for t in found] == terms
+    if parsed is not None:  # passed to the pods as written
+        assert parsed.as_pod_affinity() == affinity
 
 
 @pytest.mark.parametrize(("operator", "bound", "label", "matches"), [

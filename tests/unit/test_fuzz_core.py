@@ -590,9 +590,9 @@ INT64_FRAGMENT = "holds an integer beyond int64"
             _with(("cpu", "cpusPerRank"), 2**63), "InvalidSpec", "spec.cpu.cpusPerRank: Value error", id="cpus-2**63"
         ),
         pytest.param(
-            _with(("affinity", "nodeAffinity"), {"x": [10**400]}),
+            _with(("affinity", "podAffinity"), {"x": [10**400]}),
             "InvalidSpec",
-            "spec.affinity: Value error",
+            "spec.affinity.podAffinity: Value error",
             id="nested-huge",
         ),
         # Was ZeroDivisionError out of decide.
@@ -609,7 +609,7 @@ INT64_FRAGMENT = "holds an integer beyond int64"
         pytest.param(
             _with(("affinity", "nodeAffinity"), "amd64"),
             "InvalidSpec",
-            "spec.affinity.nodeAffinity must be an object, not str",
+            "spec.affinity.nodeAffinity: Input should be a valid dictionary",
             id="affinity-string",
         ),
         pytest.param(

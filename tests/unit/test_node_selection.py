@@ -3,6 +3,7 @@ stability as nodes of a shape come and go, how they combine with the user's, and
 
 import pytest
 
+from cpullm.api.spec import NodeSelectorTerm
 from cpullm.core.children.common import Owner
 from cpullm.core.children.deployment import build_deployment
 from cpullm.core.eligibility import _matches_term
@@ -220,12 +221,17 @@ def test_shape_node_terms(nodes, required_isa, terms):
     assert shape_node_terms(nodes, required_isa) == terms
 
 
+def term_matches(term: dict, node) -> bool:
+    """Whether the scheduler would put a pod there: the eligibility chain's own match, on the term as rendered."""
+    return _matches_term(NodeSelectorTerm.model_validate(term), node)
+
+
 @pytest.mark.parametrize(("nodes", "required_isa", "terms"), SHAPE_TERM_CASES)
 def test_every_chosen_node_matches_its_terms(nodes, required_isa, terms):
     """Each chosen node is matched by one of its terms (the scheduler may put the pod there)."""
     produced = shape_node_terms(nodes, required_isa)
     for chosen in nodes:
-        assert any(_matches_term(term, chosen) for term in produced), chosen.name
+        assert any(term_matches(term, chosen) for term in produced), chosen.name
 
 
 BASE = node("a", numa=2, smt=True, policy="static", labels={TOPOLOGY: "single-numa-node"})
@@ -259,8 +265,8 @@ def like_base(name, **changes):
 )
 def test_terms_do_not_match_nodes_of_another_shape(other, matches):
     terms = shape_node_terms([BASE], ["amx_bf16"])
-    assert any(_matches_term(term, BASE) for term in terms)
-    assert any(_matches_term(term, other) for term in terms) is matches
+    assert any(term_matches(term, BASE) for term in terms)
+    assert any(term_matches(term, other) for term in terms) is matches
 
 
 STABLE_POOLS = [

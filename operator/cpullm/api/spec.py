@@ -195,6 +195,91 @@ class Toleration(_Model):
     )
 
 
+class NodeSelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+    GT = "Gt"
+    LT = "Lt"
+
+
+class NodeSelectorRequirement(_Model):
+    """One requirement of a node selector term, as the API server validates it in a pod
+    (ValidateNodeSelectorRequirement): In and NotIn take values, Exists and DoesNotExist none, Gt and Lt one integer."""
+
+    key: str = Field(min_length=1, max_length=317, description="The label key (or, in matchFields, metadata.name).")
+    operator: NodeSelectorOperator = Field(description="In, NotIn, Exists, DoesNotExist, Gt or Lt.")
+    values: list[Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=list, max_length=1024, description="The values the operator compares with."
+    )
+
+    @model_validator(mode="after")
+    def _values_fit_the_operator(self) -> NodeSelectorRequirement:
+        operator, values = self.operator, self.values
+        if operator in (NodeSelectorOperator.IN, NodeSelectorOperator.NOT_IN) and not values:
+            raise ValueError(f"values must be non-empty for operator {operator.value}")
+        if operator in (NodeSelectorOperator.EXISTS, NodeSelectorOperator.DOES_NOT_EXIST) and values:
+            raise ValueError(f"values must be empty for operator {operator.value}")
+        if operator in (NodeSelectorOperator.GT, NodeSelectorOperator.LT) and (
+            len(values) != 1 or not is_int64(values[0])
+        ):
+            raise ValueError(f"values must be one integer for operator {operator.value}")
+        return self
+
+
+def is_int64(text: str) -> bool:
+    return re.fullmatch(r"[+-]?[0-9]{1,19}", text) is not None and INT64_MIN <= int(text) <= INT64_MAX
+
+
+class NodeSelectorTerm(_Model):
+    """Requirements ANDed; a term with none matches no node."""
+
+    match_expressions: list[NodeSelectorRequirement] = Field(
+        default_factory=list, max_length=64, description="Requirements on the node's labels."
+    )
+    match_fields: list[NodeSelectorRequirement] = Field(
+        default_factory=list, max_length=64, description="Requirements on the node's fields (metadata.name)."
+    )
+
+
+class NodeSelector(_Model):
+    node_selector_terms: list[NodeSelectorTerm] = Field(
+        max_length=64, description="Terms ORed: a node matching any of them is selected."
+    )
+
+
+class NodeAffinity(_Model):
+    required_during_scheduling_ignored_during_execution: NodeSelector | None = Field(
+        default=None,
+        description="Nodes the pods must land on; also narrows the nodes the operator plans on, and is joined with "
+        "the nodes it chose.",
+    )
+    preferred_during_scheduling_ignored_during_execution: list[dict[str, Any]] | None = Field(
+        default=None, description="Preferred nodes, passed to the pods as written."
+    )
+
+
+class Affinity(_Model):
+    """Pod affinity as in a pod spec. The operator reads the required node affinity; the rest is passed through."""
+
+    node_affinity: NodeAffinity | None = Field(default=None, description="Node affinity, as in a pod spec.")
+    pod_affinity: dict[str, Any] | None = Field(default=None, description="Pod affinity, passed through.")
+    pod_anti_affinity: dict[str, Any] | None = Field(default=None, description="Pod anti-affinity, passed through.")
+
+    @property
+    def required_node_terms(self) -> list[NodeSelectorTerm]:
+        """The required node affinity's terms, ORed (none: any node)."""
+        required = (
+            self.node_affinity.required_during_scheduling_ignored_during_execution if self.node_affinity else None
+        )
+        return list(required.node_selector_terms) if required else []
+
+    def as_pod_affinity(self) -> dict[str, Any]:
+        """As a pod spec writes it."""
+        return self.model_dump(by_alias=True, exclude_defaults=True)
+
+
 class EnvVar(_Model):
     name: str = Field(min_length=1, max_length=256, description="Variable name (not one the operator owns).")
     value: str | None = Field(default=None, max_length=32768, description="Variable value.")
@@ -561,7 +646,7 @@ class CpuLLMServiceSpec(_Model):
     tolerations: list[Toleration] = Field(
         default_factory=list, max_length=64, description="Taints the pods tolerate (as a pod's)."
     )
-    affinity: dict[str, Any] | None = Field(
+    affinity: Affinity | None = Field(
         default=None,
         description="Pod affinity as in a pod spec. Its required node affinity also narrows the eligible "
         "nodes; the operator adds the nodes it chose.",

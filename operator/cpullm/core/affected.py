@@ -25,7 +25,7 @@ def affected_by_node(service: Mapping[str, Any], node: str, before: NodeState, a
     if node in (plan.get("eligibleNodes") or []):
         return True
     try:
-        needs = Needs.of(parse_spec(service.get("spec")))  # a malformed affinity is an InvalidSpec here too
+        needs = Needs.of(parse_spec(service.get("spec")))
     except CpuLLMError:
         return True  # its reconcile reports the spec; nothing to save here
     return any(isinstance(p, NodeProfile) and node_rejection(needs, p) is None for p in (before, after))

@@ -18,10 +18,9 @@ from typing import Any
 
 import pydantic
 
-from cpullm.api.spec import Toleration
-from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection, required_node_terms
+from cpullm.api.spec import Affinity, Toleration
+from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection
 from cpullm.core.topology import NodeProfile, parse_quantity
-from cpullm.errors import InvalidSpec
 
 # The checks that place a daemon pod: a DaemonSet's pods run on cordoned nodes too, whatever their image or ISA.
 PLACEMENT_CHECKS = tuple(
@@ -107,8 +106,9 @@ def parse_daemonset(daemonset: Mapping[str, Any]) -> DaemonPods | None:
     try:
         cpu, memory = _pod_request(pod, "cpu"), _pod_request(pod, "memory")
         tolerations = [Toleration.model_validate(t) for t in pod.get("tolerations") or []]
-        terms = required_node_terms(pod.get("affinity"))
-    except (ValueError, TypeError, AttributeError, pydantic.ValidationError, InvalidSpec) as err:
+        affinity = pod.get("affinity")
+        terms = Affinity.model_validate(affinity).required_node_terms if affinity else []
+    except (ValueError, TypeError, AttributeError, pydantic.ValidationError) as err:
         raise DaemonSetUnreadable(f"DaemonSet {name}: {getattr(err, 'message', err)}") from err
     if cpu == 0 and memory == 0:
         return None

@@ -8,16 +8,21 @@ The checks read the spec as `Needs`, worked out once per spec, not once per node
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType, Toleration
+from cpullm.api.spec import (
+    CpuLLMServiceSpec,
+    KVCacheDType,
+    NodeSelectorOperator,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    Toleration,
+    is_int64,
+)
 from cpullm.core import constants as c
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile, Taint
-from cpullm.errors import InvalidSpec
 
 
 @dataclass(frozen=True)
@@ -27,7 +32,7 @@ class Needs:
     image: str | None
     required_isa: frozenset[str]
     node_selector: Mapping[str, str]
-    required_terms: list[Mapping[str, Any]]  # the user's required node affinity terms, ORed
+    required_terms: list[NodeSelectorTerm]  # the user's required node affinity terms, ORed
     tolerations: tuple[Toleration, ...]
     model: ModelSize | None  # None: the model is not known yet (a node event's first look)
     fp8_kv_cache: bool
@@ -38,8 +43,7 @@ class Needs:
 
     @classmethod
     def of(cls, spec: CpuLLMServiceSpec, model: ModelSize | None = None) -> Needs:
-        """Raises InvalidSpec for a malformed spec.affinity."""
-        terms = required_node_terms(spec.affinity)
+        terms = spec.affinity.required_node_terms if spec.affinity else []
         isa = frozenset(spec.cpu.required_isa)
         fp8 = spec.kv_cache_dtype == KVCacheDType.FP8
         kernels = fp8 or (model is not None and model.quantization is not None)
@@ -117,65 +121,6 @@ def node_rejection(needs: Needs, node: NodeProfile) -> str | None:
     return None
 
 
-def required_node_terms(affinity: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    """The user's required node affinity terms (ORed), as given in the spec. spec.affinity is passed through
-    to the pod as the user wrote it, so its shape is checked here: a wrong one is an InvalidSpec naming the
-    field, not a crash."""
-    path = "spec.affinity"
-    node_affinity = _object((affinity or {}).get("nodeAffinity"), f"{path}.nodeAffinity")
-    required_path = f"{path}.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
-    required = _object(node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution"), required_path)
-    terms = required.get("nodeSelectorTerms", [])
-    if not isinstance(terms, list):
-        raise InvalidSpec(f"{required_path}.nodeSelectorTerms must be a list")
-    for index, term in enumerate(terms):
-        term_path = f"{required_path}.nodeSelectorTerms[{index}]"
-        _object(term, term_path)
-        for key in ("matchExpressions", "matchFields"):
-            expressions = term.get(key, [])
-            if not isinstance(expressions, list):
-                raise InvalidSpec(f"{term_path}.{key} must be a list")
-            for position, expression in enumerate(expressions):
-                _check_expression(expression, f"{term_path}.{key}[{position}]")
-    return terms
-
-
-def _check_expression(expression: Any, path: str) -> None:
-    """As the API server validates a node selector requirement in a pod (ValidateNodeSelectorRequirement): a key, a
-    known operator, string values, and as many of them as the operator takes (Gt and Lt: one integer). The CRD
-    passes spec.affinity through unchecked, so this is where a malformed one becomes an InvalidSpec."""
-    _object(expression, path)
-    if not isinstance(expression.get("key"), str) or not expression["key"]:
-        raise InvalidSpec(f"{path}.key must be a non-empty string")
-    operator = expression.get("operator")
-    if operator not in _OPERATORS:
-        raise InvalidSpec(f"{path}.operator must be one of {', '.join(_OPERATORS)}")
-    values = expression.get("values", [])
-    if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
-        raise InvalidSpec(f"{path}.values must be a list of strings")
-    if operator in ("In", "NotIn") and not values:
-        raise InvalidSpec(f"{path}.values must be non-empty for operator {operator}")
-    if operator in ("Exists", "DoesNotExist") and values:
-        raise InvalidSpec(f"{path}.values must be empty for operator {operator}")
-    if operator in ("Gt", "Lt") and (len(values) != 1 or not _is_int64(values[0])):
-        raise InvalidSpec(f"{path}.values must be one integer for operator {operator}")
-
-
-def _is_int64(text: str) -> bool:
-    return re.fullmatch(r"[+-]?[0-9]{1,19}", text) is not None and -(2**63) <= int(text) < 2**63
-
-
-_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
-
-
-def _object(value: Any, path: str) -> Mapping[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise InvalidSpec(f"{path} must be an object, not {type(value).__name__}")
-    return value
-
-
 def _tolerates(toleration: Toleration, taint: Taint) -> bool:
     if toleration.effect and toleration.effect != taint.effect:
         return False
@@ -184,28 +129,25 @@ def _tolerates(toleration: Toleration, taint: Taint) -> bool:
     return toleration.key == taint.key and (toleration.value or "") == (taint.value or "")
 
 
-def _matches_term(term: Mapping[str, Any], node: NodeProfile) -> bool:
-    expressions = term.get("matchExpressions") or []
-    fields = term.get("matchFields") or []
-    if not expressions and not fields:
+def _matches_term(term: NodeSelectorTerm, node: NodeProfile) -> bool:
+    if not term.match_expressions and not term.match_fields:
         return False  # an empty term matches no node (Kubernetes semantics)
-    labels_ok = all(_matches_expression(e, node.labels.get(e.get("key", ""))) for e in expressions)
-    fields_ok = all(e.get("key") == "metadata.name" and _matches_expression(e, node.name) for e in fields)
+    labels_ok = all(_matches_requirement(e, node.labels.get(e.key)) for e in term.match_expressions)
+    fields_ok = all(e.key == "metadata.name" and _matches_requirement(e, node.name) for e in term.match_fields)
     return labels_ok and fields_ok
 
 
-def _matches_expression(expression: Mapping[str, Any], value: str | None) -> bool:
-    operator = expression.get("operator")
-    values = [str(v) for v in expression.get("values") or []]
-    if operator == "In":
+def _matches_requirement(requirement: NodeSelectorRequirement, value: str | None) -> bool:
+    operator, values = requirement.operator, requirement.values
+    if operator == NodeSelectorOperator.IN:
         return value is not None and value in values
-    if operator == "NotIn":
+    if operator == NodeSelectorOperator.NOT_IN:
         return value is None or value not in values
-    if operator == "Exists":
+    if operator == NodeSelectorOperator.EXISTS:
         return value is not None
-    if operator == "DoesNotExist":
+    if operator == NodeSelectorOperator.DOES_NOT_EXIST:
         return value is None
-    if operator in ("Gt", "Lt") and value is not None and _is_int64(value) and values and _is_int64(values[0]):
-        bound = int(values[0])
-        return int(value) > bound if operator == "Gt" else int(value) < bound
-    return False
+    if value is None or not is_int64(value):  # Gt, Lt: an integer label against the one integer value
+        return False
+    bound = int(values[0])
+    return int(value) > bound if operator == NodeSelectorOperator.GT else int(value) < bound

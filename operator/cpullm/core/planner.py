@@ -62,7 +62,7 @@ def plan_service(
         problem = model.tensor_parallel_problem(explicit_tp)
         if problem:
             raise InvalidTensorParallelSize(problem)
-    needs = Needs.of(spec, model)  # a malformed affinity is an InvalidSpec before any node is judged
+    needs = Needs.of(spec, model)
 
     eligible: list[NodeProfile] = []
     rejections: dict[str, str] = {}

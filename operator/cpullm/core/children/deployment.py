@@ -12,7 +12,6 @@ from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.drain import drain_hook, grace_seconds
 from cpullm.core.children.launcher import launcher_config_map_name
-from cpullm.core.eligibility import required_node_terms
 from cpullm.core.node_selection import combine_terms
 
 CONTAINER_NAME = "vllm"
@@ -101,9 +100,14 @@ def _probes(plan: Plan) -> dict[str, Any]:
 def _affinity(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
     """The user's affinity, its required node affinity joined with the labels of the plan's node shape
     (core/node_selection.py): never node names, so nodes of the shape coming and going leave it as it is."""
-    affinity = {k: v for k, v in (spec.affinity or {}).items()}
+    affinity = spec.affinity.as_pod_affinity() if spec.affinity else {}
     node_affinity = dict(affinity.get("nodeAffinity") or {})
-    terms = combine_terms(required_node_terms(spec.affinity), plan.node_selector_terms)
+    users = (
+        [t.model_dump(by_alias=True, exclude_defaults=True) for t in spec.affinity.required_node_terms]
+        if spec.affinity
+        else []
+    )
+    terms = combine_terms(users, plan.node_selector_terms)
     node_affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": terms}
     affinity["nodeAffinity"] = node_affinity
     return affinity
