@@ -1,6 +1,6 @@
 # The operator image: slim Python, runtime dependencies only, non-root.
 # BASE is any image with python3 (3.11+) and its venv module: the public python:3.11-slim by default; our
-# development machines, which reach no registry, build it on a local Debian base (e2e/images.py, build_operator).
+# development machines, which reach no registry, build it on a local Debian base (testbed/images.py, build_operator).
 ARG BASE=python:3.11-slim
 
 FROM ${BASE} AS build

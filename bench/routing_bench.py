@@ -30,11 +30,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.helpers import ROOT, Kubectl, eventually
-from e2e.images import build_debian
 from e2e.load import percentile
-from e2e.registry import push_archive
 from e2e.spread import NAMESPACE, SPREAD, QuickStart, deploy_spread, quick_start_cluster, router_ready, served
+from testbed.images import build_debian
+from testbed.registry import push_archive
+from testbed.tools import ROOT, Kubectl, eventually
 
 CLIENT = "routing-bench-client"
 DIRECT = f"{SPREAD}-direct"

@@ -49,8 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.cluster import SERVICE_CIDR
-from e2e.helpers import ROOT, Kubectl, Operator, eventually
+from e2e.helpers import Operator
 from kubernetes import client
 from scale_support import (
     AGENT_DRIVER,
@@ -69,7 +68,8 @@ from scale_support import (
     with_owner_uid,
     writes,
 )
-from tests.vllm.harness import free_port
+from testbed.cluster import SERVICE_CIDR
+from testbed.tools import ROOT, Kubectl, eventually, free_port
 
 from cpullm.api.plan import Plan
 from cpullm.api.spec import GROUP, PLURAL, VERSION, parse_spec

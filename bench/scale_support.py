@@ -1,7 +1,7 @@
 """The scale benchmark's parts (bench/scale_bench.py): its own kwokctl cluster, the shapes of nodes and services,
 watches that time convergence, the API server's audit log counted by client, and the operator's resources.
 
-Kept apart from e2e/cluster.py on purpose: the benchmark needs API server flags the e2e suite does not (a
+Kept apart from testbed/cluster.py on purpose: the benchmark needs API server flags the e2e suite does not (a
 service CIDR larger than the default /24, an audit policy), and a cluster name of its own so it never touches
 an e2e cluster running beside it.
 """
@@ -25,10 +25,10 @@ from typing import Any
 
 import psutil
 import yaml
-from e2e.cluster import create_args, kubernetes_version, tool_dirs
 from e2e.objects import fake_node, tiny_service
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
+from testbed.cluster import create_args, kubernetes_version, tool_dirs
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL

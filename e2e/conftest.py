@@ -1,7 +1,7 @@
 """Fixtures of the e2e suite. By default it starts a local control plane (KWOK, binaries from
 scripts/build-tools.sh) and runs the operator as a local process. With CPULLM_E2E_KUBECONFIG=path it uses that
 cluster instead, and with CPULLM_E2E_OPERATOR=namespace/deployment it drives an operator already installed
-there by the chart (e2e/kind/run.sh does both)."""
+there by the chart (testbed/kind/run.sh does both)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.vllm.harness import free_port
+from testbed.cluster import LocalCluster
+from testbed.tools import ROOT, Kubectl, eventually, free_port
 
-from e2e.cluster import LocalCluster
-from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import sample_nodes
 
 DOCKER_SCRIPT = ROOT / "scripts" / "docker.sh"

@@ -1,85 +1,15 @@
-"""The e2e suite's tools: one wait helper, a kubectl wrapper, the operator as a real process."""
+"""The operator as the e2e suite runs it: a real local process, or the one the chart installed in the cluster."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
-import yaml
-
-T = TypeVar("T")
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class NotYet(AssertionError):
-    """Raised by a probe passed to eventually() when the condition does not hold yet."""
-
-
-def eventually(probe: Callable[[], T], *, timeout: float = 60, interval: float = 0.5, what: str = "") -> T:
-    """Call probe until it returns a value other than None/False without raising AssertionError; after
-    timeout the last failure is reported. The suite's only way to wait."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            result = probe()
-            if result is not None and result is not False:
-                return result
-            last: Exception = NotYet(f"{what or probe.__name__} returned {result!r}")
-        except AssertionError as err:
-            last = err
-        if time.monotonic() >= deadline:
-            raise AssertionError(
-                f"timed out after {timeout:.0f}s waiting for {what or probe.__name__}: {last}"
-            ) from last
-        time.sleep(interval)
-
-
-class Kubectl:
-    def __init__(self, binary: str, kubeconfig: str) -> None:
-        self.binary = binary
-        self.kubeconfig = kubeconfig
-
-    def run(
-        self, *args: str, input: str | None = None, check: bool = True, timeout: float = 60
-    ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [self.binary, "--kubeconfig", self.kubeconfig, *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
-
-    def apply(self, *objects: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.run("apply", "-f", "-", input=yaml.safe_dump_all(objects), check=check)
-
-    def get(self, kind: str, name: str | None = None, namespace: str | None = None, **selector: str) -> Any:
-        """The object (or list items); None when a named object does not exist."""
-        args = ["get", kind, "-o", "json"]
-        if name:
-            args.insert(2, name)
-        if namespace:
-            args += ["-n", namespace]
-        if selector:
-            args += ["-l", ",".join(f"{k}={v}" for k, v in selector.items())]
-        result = self.run(*args, check=False)
-        if result.returncode != 0:
-            if "NotFound" in result.stderr:
-                return None
-            raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        obj = json.loads(result.stdout)
-        return obj if name else obj["items"]
+from testbed.tools import ROOT, Kubectl, NotYet, eventually
 
 
 class Operator:

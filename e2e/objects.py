@@ -7,9 +7,8 @@ import copy
 from typing import Any
 
 import yaml
-
-from e2e.cluster import FAKE_NODE_ANNOTATION
-from e2e.helpers import ROOT
+from testbed.cluster import FAKE_NODE_ANNOTATION
+from testbed.tools import ROOT
 
 E2E_LABEL = "cpullm.io/e2e"
 SAMPLE_NODES = ROOT / "examples" / "nodes.yaml"

@@ -1,4 +1,4 @@
-"""The operator's Deployment serving real vLLM (the local stand-in vLLM image, e2e/images.py) with the tests' tiny
+"""The operator's Deployment serving real vLLM (the local stand-in vLLM image, testbed/images.py) with the tests' tiny
 random-weight model: shared by the real-node tests (e2e/test_node.py) and the kind tests (e2e/test_in_kind.py)."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed.tools import Kubectl
+
 from cpullm import launcher
 from cpullm.core.constants import MODEL_CACHE_MOUNT
-from e2e.helpers import Kubectl
 
 TINY = "tiny-llama"
 CAP_SYS_NICE = 23

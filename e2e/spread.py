@@ -2,7 +2,7 @@
 on localhost, and a throughput service spread over its two workers ("spread"): what the quick start's tests
 (e2e/test_quickstart.py) and the routing benchmark (bench/routing_bench.py) share.
 
-The cluster config is the kind tests' (e2e/kind_cluster.py: the static CPU manager, and the settings a cgroup v1
+The cluster config is the kind tests' (testbed/kind_cluster.py: the static CPU manager, and the settings a cgroup v1
 host or a missing CAP_SYS_RESOURCE need) with two workers, plus the containerd registry directory the quick
 start's own config sets. Each kind node sees this machine's every CPU, and each kubelet gives its exclusive CPU
 from the same list: two servers on two workers share the host's CPUs as the host's one kubelet would not let
@@ -20,15 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from tests.vllm.harness import free_port, make_tiny_model, vllm_python
+from testbed.cluster import tool_dirs, tool_version
+from testbed.images import build_haproxy, build_operator, build_vllm, log
+from testbed.kind_cluster import cgroup_v1_host, cluster_config
+from testbed.kind_images import build_kind_node
+from testbed.realnode import lacks_cap_sys_resource
+from testbed.registry import Registry, local_registry, push_archive, push_docker_image
+from testbed.tools import ROOT, Kubectl, free_port
+from tests.vllm.harness import make_tiny_model, vllm_python
 
-from e2e.cluster import tool_dirs, tool_version
-from e2e.helpers import ROOT, Kubectl
-from e2e.images import build_haproxy, build_operator, build_vllm, log
-from e2e.kind_cluster import cgroup_v1_host, cluster_config
-from e2e.kind_images import build_kind_node
-from e2e.realnode import lacks_cap_sys_resource
-from e2e.registry import Registry, local_registry, push_archive, push_docker_image
 from e2e.serving import TINY
 from e2e.test_operator import ready
 

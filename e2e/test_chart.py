@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.vllm.harness import free_port
+from testbed.cluster import tool_dirs
+from testbed.tools import ROOT, Kubectl, eventually, free_port
 
-from e2e.cluster import tool_dirs
-from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import tiny_service
 from e2e.test_operator import conditions, ready
 

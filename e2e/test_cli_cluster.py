@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e2e.helpers import ROOT, Kubectl
+from testbed.tools import ROOT, Kubectl
 
 
 def cpullm(*args: str, kubeconfig: str) -> subprocess.CompletedProcess[str]:

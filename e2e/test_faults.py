@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.vllm.harness import free_port
+from testbed.cluster import LocalCluster
+from testbed.proxy import CuttableProxy
+from testbed.tools import Kubectl, eventually, free_port
 
 from cpullm.core.children.common import SERVICE_LABEL
-from e2e.cluster import LocalCluster
 from e2e.conftest import NodePool
-from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import fake_node, tiny_service
-from e2e.proxy import CuttableProxy
 from e2e.test_operator import conditions
 
 # After a fault ends, the time every service gets to agree with its children again: the operator's transient

@@ -1,4 +1,4 @@
-"""Only on the kind cluster of e2e/kind/run.sh (it names the worker kept for servers, CPULLM_E2E_KIND_SERVER_NODE):
+"""Only on the kind cluster of testbed/kind/run.sh (it names the worker kept for servers, CPULLM_E2E_KIND_SERVER_NODE):
 the operator's own Deployment on a real kind worker whose kubelet runs the static CPU manager (CPU 0 reserved).
 
 With the local Python base as the server image, the pod's launcher reads the cpuset its container really got and
@@ -13,14 +13,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from testbed.machine import machine_labels
+from testbed.tools import Kubectl, eventually
 
-from e2e.helpers import InClusterOperator, Kubectl, eventually
-from e2e.machine import machine_labels
+from e2e.helpers import InClusterOperator
 from e2e.objects import tiny_service
 
 SERVER_NODE = os.environ.get("CPULLM_E2E_KIND_SERVER_NODE")
 TEST_IMAGE = os.environ.get("CPULLM_E2E_KIND_TEST_IMAGE")
-pytestmark = pytest.mark.skipif(not SERVER_NODE, reason="runs on the kind cluster of e2e/kind/run.sh only")
+pytestmark = pytest.mark.skipif(not SERVER_NODE, reason="runs on the kind cluster of testbed/kind/run.sh only")
 SERVER_LABEL = "cpullm.io/e2e-kind-server"
 
 

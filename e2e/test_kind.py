@@ -1,5 +1,5 @@
 """The kind path's parts built here (pytest marker `kind`; root; deselected by default): a Docker engine set up by
-scripts/docker.sh and kind's base image built by e2e/kind_images.py from a Debian root filesystem. Checked as kind
+scripts/docker.sh and kind's base image built by testbed/kind_images.py from a Debian root filesystem. Checked as kind
 uses them: a privileged node container of that image boots systemd with kind's entrypoint, its containerd serves,
 and a container runs inside it (the nesting every kind pod relies on). Run: python -m pytest e2e/test_kind.py -m kind
 (first run: apt-get install docker.io, mmdebstrap of the base, ~1 min)."""
@@ -16,12 +16,11 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
-
-from e2e.cluster import tool_dirs
-from e2e.helpers import eventually
-from e2e.images import build_debian
-from e2e.kind_cluster import KindCluster
-from e2e.kind_images import build_kind_base, build_kind_node, kind_cni, kind_module, kind_storage
+from testbed.cluster import tool_dirs
+from testbed.images import build_debian
+from testbed.kind_cluster import KindCluster
+from testbed.kind_images import build_kind_base, build_kind_node, kind_cni, kind_module, kind_storage
+from testbed.tools import eventually
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 
@@ -94,7 +93,7 @@ def test_a_kind_node_container_of_the_local_base_image_boots_and_runs_a_nested_c
 
 @pytest.fixture(scope="module")
 def kind_cluster(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[KindCluster]:
-    """kind with nothing pulled: the node image of e2e/kind_images.py (kubeadm, kubelet, the control-plane images,
+    """kind with nothing pulled: the node image of testbed/kind_images.py (kubeadm, kubelet, the control-plane images,
     etcd, CoreDNS, pause, kind's default storage and a stand-in for kindnetd all built here), the static CPU manager;
     a control plane and one worker."""
     node_image = build_kind_node(docker_env)

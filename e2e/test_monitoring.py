@@ -10,8 +10,9 @@ import urllib.request
 from typing import Any
 
 import pytest
+from testbed.tools import Kubectl, eventually
 
-from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import tiny_service
 from e2e.test_operator import conditions, ready
 

@@ -1,6 +1,6 @@
 """A real node (pytest marker `node`; root; deselected by default): the kubelet with containerd, runc, the CNI
 bridge and kube-proxy joined to a local control plane of its own (cluster cpullm-node, where KWOK manages only
-annotated fake nodes), e2e/realnode.py. The operator runs there as users run it: its image built from the
+annotated fake nodes), testbed/realnode.py. The operator runs there as users run it: its image built from the
 Dockerfile, installed with the Helm chart. Run: python -m pytest e2e/test_node.py -m node (first run: builds the
 kubelet, kube-proxy and the images, scripts/setup-node.sh and scripts/build-images.sh)."""
 
@@ -20,14 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed.cluster import LocalCluster, tool_dirs
+from testbed.images import CACHE, build_debian, build_operator
+from testbed.realnode import REAL_NODE_SELECTOR, RealNode
+from testbed.tools import Kubectl, eventually
 from tests.vllm.harness import make_tiny_model, vllm_python
 from tests.vllm.vllm_log import StartSplit, start_split
 
 from cpullm import launcher
-from e2e.cluster import LocalCluster, tool_dirs
-from e2e.helpers import InClusterOperator, Kubectl, eventually
-from e2e.images import CACHE, build_debian, build_operator
-from e2e.realnode import REAL_NODE_SELECTOR, RealNode
+from e2e.helpers import InClusterOperator
 from e2e.serving import (
     CAP_SYS_NICE,
     TINY,
@@ -146,7 +147,7 @@ OPERATOR_RELEASE, OPERATOR_NAMESPACE = "cpullm", "cpullm-system"
 
 @pytest.fixture(scope="module")
 def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, Path]]:
-    """The operator as users run it: its image built from the repository's Dockerfile (e2e/images.py,
+    """The operator as users run it: its image built from the repository's Dockerfile (testbed/images.py,
     build_operator), installed with the Helm chart (its CRD, RBAC and Deployment) and running in a pod on the real
     node, which reaches the API server through the `kubernetes` Service (kube-proxy); and the tests' tiny
     random-weight model in a directory a hostPath PersistentVolume offers to the pods (the spec's modelCache is its

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.tools import Kubectl, eventually
 from tests.unit.builders import topology_object
 
 from e2e.conftest import NodePool
-from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import fake_node, tiny_service
 from e2e.test_monitoring import install
 from e2e.test_operator import container, ready

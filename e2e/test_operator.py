@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
+from testbed.tools import ROOT, Kubectl, eventually
 
 from e2e.conftest import NodePool
-from e2e.helpers import ROOT, InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import E2E_LABEL, fake_node, sample_nodes, tiny_service
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))

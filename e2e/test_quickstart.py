@@ -1,6 +1,6 @@
 """The README's quick start, end to end, as a user runs it (pytest marker `kind`; root): `scripts/quickstart.sh
 --offline` from a machine with no cluster, with every image pulled from a real registry on localhost (Debian's
-docker-registry, e2e/registry.py) into which the images built here are pushed first: kind's node image (the kind
+docker-registry, testbed/registry.py) into which the images built here are pushed first: kind's node image (the kind
 tests' own), the operator's and the stand-in vLLM image (the real-node tests'). The model is the tiny
 random-weight one of the vLLM tests, from a local directory. Needs the vLLM environment (scripts/setup-vllm.sh).
 Then, on its cluster, the router (spec.routing) in front of a server on each worker, under load while it scales
@@ -15,11 +15,10 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from tests.vllm.harness import free_port
+from testbed.images import VLLM_VENV, log
+from testbed.tools import Kubectl, eventually, free_port
 
 from cpullm.core.topology import parse_quantity
-from e2e.helpers import Kubectl, eventually
-from e2e.images import VLLM_VENV, log
 from e2e.load import Load, Request, stream_completion
 from e2e.serving import TINY, assert_as_planned, in_container
 from e2e.spread import (

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.vllm.harness import free_port
+from testbed.tools import Kubectl, eventually, free_port
 
-from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import tiny_service
 from e2e.test_monitoring import condition, install, owned_by_service
 from e2e.test_operator import conditions

@@ -8,8 +8,9 @@ import base64
 import urllib.request
 
 import pytest
+from testbed.tools import Kubectl, eventually
 
-from e2e.helpers import InClusterOperator, Kubectl, Operator, eventually
+from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import tiny_service
 from e2e.test_faults import LogMark
 from e2e.test_operator import conditions, not_planned, ready

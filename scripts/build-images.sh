@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Builds the test-only real node's images as OCI image layout tars, cached under
 # ${CPULLM_IMAGES_CACHE:-$HOME/.cache/cpullm-operator/images} keyed by their inputs (idempotent):
-#   pause  the pod sandbox image (e2e/node/pause/main.go)
+#   pause  the pod sandbox image (testbed/node/pause/main.go)
 #   debian the vLLM image's Debian base layer alone (~180 MB), a quick test image
 #   vllm   a local stand-in for the published vLLM CPU image, under the reference the operator renders
 #          (needs scripts/setup-vllm.sh's environment and scripts/setup-node.sh's mmdebstrap; root)
 #   python-base  Debian's python3 with venv and this host's CA bundle: the Dockerfile's BASE here
 #   operator     the operator's image from the repository's Dockerfile, built by buildah on python-base
-# See e2e/images.py for how the stand-in differs from the published image.
+# See testbed/images.py for how the stand-in differs from the published image.
 #
 #   scripts/build-images.sh [pause] [debian] [vllm] [python-base] [operator]     (default: all)
 #
@@ -15,4 +15,4 @@
 #   ctr -n k8s.io images import "$TAR"       (the tar's index names the image REF)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python3 -m e2e.images "$@"
+exec python3 -m testbed.images "$@"

@@ -100,7 +100,7 @@ build_kubelet() {
   echo "KUBELET_BIN_DIR=$dir"
 }
 
-# kind's nodes (e2e/kind_images.py) run kubeadm; kept apart like the kubelet so the control plane's entry stays valid.
+# kind's nodes (testbed/kind_images.py) run kubeadm; kept apart like the kubelet so the control plane's entry stays valid.
 build_kubeadm() {
   local v=$KUBERNETES_VERSION dir=$cache/kubeadm-$KUBERNETES_VERSION
   if have "$dir" kubeadm; then echo "KUBEADM_BIN_DIR=$dir"; return; fi
@@ -165,14 +165,14 @@ build_helm() {
   echo "HELM_BIN_DIR=$dir"
 }
 
-# The CoreDNS kubeadm deploys (its CoreDNSVersion for our Kubernetes), for kind's node image (e2e/kind_images.py).
+# The CoreDNS kubeadm deploys (its CoreDNSVersion for our Kubernetes), for kind's node image (testbed/kind_images.py).
 build_coredns() {
   local dir=$cache/coredns-$COREDNS_VERSION
   have "$dir" coredns || go_install coredns "$dir" "$COREDNS_VERSION" "-s -w" github.com/coredns/coredns
   echo "COREDNS_BIN_DIR=$dir"
 }
 
-# kind's default StorageClass provisioner (rancher.io/local-path), for kind's node image (e2e/kind_images.py).
+# kind's default StorageClass provisioner (rancher.io/local-path), for kind's node image (testbed/kind_images.py).
 build_local_path_provisioner() {
   local dir=$cache/local-path-provisioner-$LOCAL_PATH_PROVISIONER_VERSION
   have "$dir" local-path-provisioner || go_install local-path-provisioner "$dir" "$LOCAL_PATH_PROVISIONER_VERSION" \

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A Docker engine for the kind path (e2e/kind/run.sh) on a machine that has none: Debian's docker.io, with its
+# A Docker engine for the kind path (testbed/kind/run.sh) on a machine that has none: Debian's docker.io, with its
 # own containerd and dockerd started without systemd. A machine whose `docker` already answers is left alone.
 #
 #   scripts/docker.sh start   # idempotent; prints DOCKER_HOST=... last (empty: the machine's own engine)
@@ -11,7 +11,7 @@
 #
 # Only where the capability bounding set lacks CAP_SYS_RESOURCE (some sandboxes, detected from
 # /proc/self/status): privileged containers (kind's nodes) fail there, so the engine's default runtime becomes
-# the TEST-ONLY wrapper e2e/node/runc-wrapper, which drops that one capability. A normal host never gets it.
+# the TEST-ONLY wrapper testbed/node/runc-wrapper, which drops that one capability. A normal host never gets it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 log() { echo "docker.sh: $*" >&2; }
@@ -19,7 +19,7 @@ log() { echo "docker.sh: $*" >&2; }
 run_dir=/run/cpullm-docker
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/cpullm-operator/docker
 socket=$run_dir/docker.sock
-wrapper=$here/../e2e/node/runc-wrapper
+wrapper=$here/../testbed/node/runc-wrapper
 
 lacks_cap_sys_resource() {
   local bounding

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepares this machine to run a real Kubernetes node (e2e/realnode.py) next to the local control plane:
+# Prepares this machine to run a real Kubernetes node (testbed/realnode.py) next to the local control plane:
 #  - Debian packages: containerd (1.6), runc, the CNI plugins (bridge, host-local, loopback under /usr/lib/cni),
 #    iptables (kube-proxy), mmdebstrap (the images' root filesystems, scripts/build-images.sh), buildah (the
 #    operator's image from the Dockerfile, without a Docker engine), libtcmalloc-minimal4;
@@ -29,7 +29,7 @@ if ((${#missing[@]})); then
   log "apt-get install ${missing[*]}"
   apt-get update -qq
   # --no-install-recommends: containerd's recommends pull nothing we need; the daemon is started by
-  # e2e/realnode.py with its own config, never as a system service (there is no systemd here).
+  # testbed/realnode.py with its own config, never as a system service (there is no systemd here).
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 

@@ -5,7 +5,7 @@
 # kubelet with containerd joined to a local control plane runs the operator's Deployment with real vLLM;
 # scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1 skips them), then the kind
 # path (root: a Docker engine from scripts/docker.sh, kind's images built here; its own tests, then the e2e suite
-# on a kind cluster against the in-cluster operator, e2e/kind/run.sh; CPULLM_SKIP_KIND=1 skips them).
+# on a kind cluster against the in-cluster operator, testbed/kind/run.sh; CPULLM_SKIP_KIND=1 skips them).
 # `scripts/test.sh --fast`: lint, types, the layer contract and the unit tests only (seconds, no cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,8 +18,8 @@ fi
 stage() { echo "== test.sh [$((SECONDS / 60))m$((SECONDS % 60))s] $*" >&2; }
 stage "setup, lint, types, layer contract"
 scripts/setup.sh
-.venv/bin/ruff check operator tests e2e bench
-.venv/bin/ruff format --check operator tests e2e bench
+.venv/bin/ruff check operator tests e2e testbed bench
+.venv/bin/ruff format --check operator tests e2e testbed bench
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layer contract (pyproject.toml, [tool.importlinter])
 # Unit tests: warnings are errors (pyproject.toml); line+branch coverage must stay at 90% or more (95% now).
@@ -40,7 +40,7 @@ fi
 if [[ ${CPULLM_SKIP_KIND:-0} != 1 ]]; then
   stage "kind tests"
   .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py -m kind -q -p no:logging
-  stage "e2e suite on kind (e2e/kind/run.sh)"
-  e2e/kind/run.sh
+  stage "e2e suite on kind (testbed/kind/run.sh)"
+  testbed/kind/run.sh
 fi
 stage "done"

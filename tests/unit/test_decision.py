@@ -11,7 +11,8 @@ import pytest
 import cpullm.core.decision as decision_module
 from cpullm.api.plan import Plan
 from cpullm.core.children.common import Owner
-from cpullm.core.decision import Decision, Event, NamespaceFacts, Observed, decide
+from cpullm.core.decision import Decision, Event, decide
+from cpullm.core.observation import NamespaceFacts, Observed
 from cpullm.errors import (
     ChildRejected,
     InvalidSpec,

@@ -22,7 +22,8 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import CpuLLMServiceSpec, DType, parse_spec
 from cpullm.controller.gather import gather
 from cpullm.core import topology as t
-from cpullm.core.decision import NamespaceFacts, decide
+from cpullm.core.decision import decide
+from cpullm.core.observation import NamespaceFacts
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import FAMILIES, ModelFiles, ModelSize, anatomy_of, size_model
 from cpullm.errors import InvalidSpec, NodeLabelError, PlanRefusal, UnsupportedModel

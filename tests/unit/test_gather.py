@@ -10,7 +10,7 @@ import pytest
 from cpullm.controller.gather import gather, resolve_model
 from cpullm.controller.outcomes import retry_delay
 from cpullm.core.children.common import Owner
-from cpullm.core.decision import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import ModelFiles, size_model
 from cpullm.errors import InvalidSpec, ModelConfigUnavailable, UnexpectedError
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from e2e import images
+from testbed import images
 
 
 @pytest.fixture

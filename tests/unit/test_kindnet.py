@@ -1,10 +1,10 @@
-"""The kind path's kindnetd stand-in (e2e/kindnet.py): which CNI config and routes a node gets from the API's nodes."""
+"""The kind path's kindnetd stand-in (testbed/kindnet.py): which CNI config and routes a node gets from the nodes."""
 
 import json
 from typing import Any
 
 import pytest
-from e2e.kindnet import NodeNetwork, network_for, on_link_networks, route_changes
+from testbed.kindnet import NodeNetwork, network_for, on_link_networks, route_changes
 
 
 def node(name: str, addresses: list[str], cidrs: list[str]) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from kubernetes import client
 
-from cpullm.core.decision import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.io.kube import Kube
 

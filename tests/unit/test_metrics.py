@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from cpullm import metrics
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.decision import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
 from cpullm.io.kube import Kube

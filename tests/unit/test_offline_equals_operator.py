@@ -14,7 +14,7 @@ import yaml
 
 from cpullm.cli import main
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.decision import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
 from cpullm.io.files import load_nodes
 

@@ -16,7 +16,8 @@ from cpullm.core.children import build_children
 from cpullm.core.children.autoscaler import build_autoscaler
 from cpullm.core.children.common import Owner
 from cpullm.core.children.podmonitor import build_pod_monitor
-from cpullm.core.decision import Decision, NamespaceFacts, Observed, decide
+from cpullm.core.decision import Decision, decide
+from cpullm.core.observation import NamespaceFacts, Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, InvalidSpec, NoEligibleNode, PermissionDenied

@@ -7,7 +7,7 @@ import pytest
 
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.decision import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient

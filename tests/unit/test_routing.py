@@ -12,7 +12,8 @@ from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children import build_children
 from cpullm.core.children.common import Owner, suffixed_name
 from cpullm.core.children.router import haproxy_config
-from cpullm.core.decision import Observed, decide
+from cpullm.core.decision import decide
+from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.routing import drain_seconds
 

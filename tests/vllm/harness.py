@@ -10,7 +10,6 @@ import contextlib
 import io
 import json
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -24,7 +23,8 @@ from typing import Any
 
 import psutil
 import yaml
-from e2e import machine
+from testbed import machine
+from testbed.tools import free_port
 
 from cpullm.cli import main as cpullm
 from cpullm.core.topology import parse_quantity
@@ -58,12 +58,6 @@ def vllm_python() -> Path:
         ["bash", str(ROOT / "scripts" / "setup-vllm.sh")], check=True, stdout=subprocess.PIPE, text=True
     )
     return Path(out.stdout.strip().splitlines()[-1])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def this_machine(numa_nodes: int, labels: dict[str, str] | None = None) -> dict[str, Any]:

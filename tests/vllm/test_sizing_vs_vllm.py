@@ -19,10 +19,11 @@ from typing import Any
 
 import pytest
 import yaml
-from e2e import machine
+from testbed import machine
+from testbed.tools import ROOT
 
 from cpullm.cli import main as cpullm
-from tests.vllm.harness import ROOT, render_service, server_for_container, this_machine
+from tests.vllm.harness import render_service, server_for_container, this_machine
 
 pytestmark = pytest.mark.vllm
 PROBE = ROOT / "tests" / "vllm" / "probe"

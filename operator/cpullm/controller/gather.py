@@ -16,8 +16,8 @@ from typing import Any, Protocol
 from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
 from cpullm.core.daemonsets import DaemonPods
-from cpullm.core.decision import NamespaceFacts, Observed
 from cpullm.core.node_topology import NodeTopology, merge_topologies
+from cpullm.core.observation import NamespaceFacts, Observed
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError

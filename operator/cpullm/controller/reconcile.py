@@ -22,8 +22,9 @@ from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.daemonsets import DaemonPods
-from cpullm.core.decision import Decision, NamespaceFacts, decide, regarding
+from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.node_topology import NodeTopology
+from cpullm.core.observation import NamespaceFacts
 from cpullm.core.status import READY, replica_counts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (

@@ -14,9 +14,9 @@ import yaml
 from huggingface_hub import get_local_safetensors_metadata
 
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
-from cpullm.core.decision import NamespaceFacts
 from cpullm.core.node_topology import KIND as TOPOLOGY_KIND
 from cpullm.core.node_topology import NodeTopology, parse_topology
+from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError, NodeTopologyError

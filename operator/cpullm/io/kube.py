@@ -30,7 +30,7 @@ from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
 from cpullm.core import node_topology
 from cpullm.core.children import CHILD_KIND, marker
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
-from cpullm.core.decision import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.metrics import API_ERRORS
 

@@ -1,4 +1,4 @@
-"""Container images for the test-only real node (e2e/realnode.py), built here because no registry is reachable:
+"""Container images for the test-only real node (testbed/realnode.py), built here because no registry is reachable:
 OCI image layout tars (oci-layout, index.json, blobs/sha256/...) that `ctr -n k8s.io images import TAR` loads into
 containerd, cached under ~/.cache/cpullm-operator/images/ keyed by their inputs. Each index names its one manifest
 REF (org.opencontainers.image.ref.name), which ctr takes as the image's name; an image imported under another
@@ -8,7 +8,7 @@ blob is unreferenced once ctr's import lease ends and containerd's collector may
 first record ("content digest <index>: not found", seen three times on this machine, the last in the kind
 stage's import of CoreDNS, whose log shows the two `unpacking` lines of one name).
 
-- pause: the pod sandbox image, a static Go program (e2e/node/pause/main.go) that sleeps until SIGTERM/SIGINT.
+- pause: the pod sandbox image, a static Go program (testbed/node/pause/main.go) that sleeps until SIGTERM/SIGINT.
 - vllm: a LOCAL STAND-IN for the published vLLM CPU image, under the exact reference the operator renders by
   default (docker.io/vllm/vllm-openai-cpu:<VLLM_VERSION>-<arch suffix>, read from operator/cpullm/core/constants.py)
   so the operator's unmodified Deployment runs it without a pull. How it differs from the published image:
@@ -352,7 +352,7 @@ def build_pause() -> Image:
     out = CACHE / f"pause-{key[:12]}.tar"
     config = {"Entrypoint": ["/pause"], "User": "65535:65535"}
     staging = CACHE / "pause-staging"
-    layers = [Layer(key, tar_command(staging, "pause"), "pause (e2e/node/pause/main.go)")]
+    layers = [Layer(key, tar_command(staging, "pause"), "pause (testbed/node/pause/main.go)")]
     if not up_to_date(out, layers, config):
         log(f"pause: building {out}")
         shutil.rmtree(staging, ignore_errors=True)
@@ -458,7 +458,7 @@ def build_vllm() -> Image:
         "Env": [f"{k}={v}" for k, v in env.items()],
         "Entrypoint": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "WorkingDir": "/",
-        "Labels": {"io.cpullm.stand-in": "local build of the vLLM CPU image for tests (e2e/images.py)"},
+        "Labels": {"io.cpullm.stand-in": "local build of the vLLM CPU image for tests (testbed/images.py)"},
     }
     base_key, venv_layer_key = rootfs.name, digest_of(rootfs.name, venv_key(VLLM_VENV))[:16]
     scratch = CACHE / "vllm-scratch"

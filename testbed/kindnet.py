@@ -1,6 +1,6 @@
 """A stand-in for kind's kindnetd, built here because its source (github.com/aojea/kindnet) is refused by the Go
 module proxy on our machines (403). It runs in kind's own default CNI manifest (the kindnet DaemonSet, hostNetwork,
-NET_ADMIN), under the image reference kind's node-image builder expects (e2e/kind_images.py), and does the part of
+NET_ADMIN), under the image reference kind's node-image builder expects (testbed/kind_images.py), and does the part of
 kindnetd a kind cluster needs: this node's CNI config (ptp + host-local for its pod CIDRs, portmap, masquerade)
 and a route to every other node's pod CIDRs via that node's address. Not kindnetd's network policies, NAT64, DNS
 cache or NRI plugin. TEST-ONLY: real clusters use kindnetd or their own CNI.

@@ -1,6 +1,6 @@
 """A real worker node for tests: the kubelet (scripts/build-tools.sh kubelet) with Debian's containerd 1.6, runc
-and the CNI bridge plugin (scripts/setup-node.sh), joined to the local kwokctl control plane (e2e/cluster.py), its
-images imported without a registry (e2e/images.py). Root only; one RealNode per machine at a time (the kubelet's
+and the CNI bridge plugin (scripts/setup-node.sh), joined to the local kwokctl control plane (testbed/cluster.py), its
+images imported without a registry (testbed/images.py). Root only; one RealNode per machine at a time (the kubelet's
 cgroups are /kubepods under each cgroup v1 controller, and the CPU manager owns the machine's CPUs).
 
 The cluster must be started with LocalCluster.start(..., real_node=True): otherwise KWOK's controller also
@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import IO, Any
 
 import yaml
-from tests.vllm.harness import free_port
 
-from e2e import machine
-from e2e.helpers import ROOT, Kubectl, eventually
-from e2e.images import BUILDERS, Image, build_pause
+from testbed import machine
+from testbed.images import BUILDERS, Image, build_pause
+from testbed.tools import ROOT, Kubectl, eventually, free_port
 
 CAP_SYS_RESOURCE = 24
 RUNC_WRAPPER = ROOT / "e2e" / "node" / "runc-wrapper"
@@ -79,15 +78,15 @@ class RealNode:
     name: the Node's name; by default this machine's hostname, so the API server can reach the kubelet for logs
       and exec when the name resolves (it dials the node's Hostname address first). Otherwise read logs with
       container_log().
-    images: which of e2e/images.py's images to build (cached) and import besides the pause image: "debian"
+    images: which of testbed/images.py's images to build (cached) and import besides the pause image: "debian"
       (~180 MB, a shell and procps; seconds) and "vllm" (the stand-in vLLM CPU image, ~6 GB; ~160 s to import
       into an empty store).
     image_store: containerd's root directory (content store, snapshots, metadata). By default under workdir, so
-      every start imports its images again; a persistent directory (e.g. e2e.images.CACHE / "containerd-root") keeps
+      every start imports its images again; a persistent directory (e.g. testbed.images.CACHE / "containerd-root") keeps
       them, and an image is imported again only when its tar's manifest changes. stop() removes the node's
       containers from it but keeps the images.
     subnet: the pods' CNI bridge subnet (host-local IPAM); away from KWOK's fake pod IPs (10.0.0.x).
-    labels: extra node labels on top of this machine's (e2e/machine.py).
+    labels: extra node labels on top of this machine's (testbed/machine.py).
     """
 
     kubeconfig: Path
@@ -138,7 +137,7 @@ class RealNode:
         tools = setup_node()
         self.timings["setup"] = time.monotonic() - started
         if self.kubectl is None:
-            from e2e.cluster import tool_dirs
+            from testbed.cluster import tool_dirs
 
             self.kubectl = tool_dirs(["kubernetes"])["kubernetes"] / "kubectl"
         mark = time.monotonic()
@@ -248,7 +247,7 @@ class RealNode:
             # the import makes a new one rather than updating it.
             self._ctr("images", "rm", image.ref)
         address = ["--address", str(self.socket), "-n", "k8s.io"]
-        # Named by the tar's index (e2e/images.py says why not --index-name as well).
+        # Named by the tar's index (testbed/images.py says why not --index-name as well).
         command = [ctr, *address, "images", "import", str(image.tar)]
         result = subprocess.run(command, capture_output=True, text=True, timeout=1800)
         if result.returncode != 0:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import yaml
 
-from e2e.helpers import eventually
+from testbed.tools import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_NAME = "cpullm-e2e"
 # kube-apiserver's default (/24) runs out at ~251 Services; the scale tests and benchmark need more.
 SERVICE_CIDR = "10.96.0.0/16"
 # With real_node, KWOK's controller manages only nodes with this annotation (examples/nodes.yaml has it), so
-# a real kubelet's node (e2e/realnode.py) and its pods are left to the kubelet.
+# a real kubelet's node (testbed/realnode.py) and its pods are left to the kubelet.
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 
 
@@ -69,7 +69,7 @@ def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
 
 
 def real_node_config() -> dict[str, object]:
-    """A kwokctl --config document for a cluster a real kubelet joins (e2e/realnode.py):
+    """A kwokctl --config document for a cluster a real kubelet joins (testbed/realnode.py):
 
     - KWOK's controller manages only nodes annotated kwok.x-k8s.io/node=fake. kwokctl's binary runtime starts it
       with --manage-all-nodes=true on its command line, which wins over a KwokConfiguration's options (and a

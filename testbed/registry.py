@@ -1,7 +1,7 @@
 """A real container registry on this machine (Debian's docker-registry, the CNCF distribution registry) and the
 images built here pushed into it, so a test can exercise a pull path (scripts/quickstart.sh --registry).
 
-Images built here are OCI layout tars (e2e/images.py). `push_archive` copies one into the registry over the
+Images built here are OCI layout tars (testbed/images.py). `push_archive` copies one into the registry over the
 distribution API as it is stored: its blobs are streamed straight out of the tar, uncompressed (the vLLM image's
 5.5 GB layer would take minutes to gzip on two cores, and containerd pulls uncompressed OCI layers as they are),
 and a blob the registry already holds is not sent again. Images in a Docker engine are pushed with `docker push`.
@@ -22,10 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from tests.vllm.harness import free_port
-
-from e2e.helpers import eventually
-from e2e.images import Image, log
+from testbed.images import Image, log
+from testbed.tools import eventually, free_port
 
 PACKAGE = "docker-registry"
 INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"

@@ -1,4 +1,4 @@
-// Command pause is the pod sandbox ("pause") container of the test-only real node (e2e/realnode.py): it holds
+// Command pause is the pod sandbox ("pause") container of the test-only real node (testbed/realnode.py): it holds
 // the pod's namespaces and sleeps until SIGTERM or SIGINT, like registry.k8s.io/pause, which we cannot pull
 // here. Built statically by scripts/build-images.sh. As PID 1 of the sandbox it also reaps orphaned children.
 package main

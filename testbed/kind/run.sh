@@ -2,11 +2,11 @@
 # Runs the e2e suite on a kind cluster against the operator installed in it with the chart, with nothing pulled
 # from a registry (root):
 #
-#   e2e/kind/run.sh [pytest args]
+#   testbed/kind/run.sh [pytest args]
 #
 # 1. a Docker engine: this machine's, or one scripts/docker.sh starts (and stops at the end);
-# 2. python -m e2e.kind_up: kind's base and node images built here (e2e/kind_images.py), a cluster of a control
-#    plane and two workers (e2e/kind_cluster.py: kind's default CNI with our kindnetd stand-in, the static CPU manager), KWOK's
+# 2. python -m testbed.kind_up: kind's base and node images built here (testbed/kind_images.py), a cluster of a control
+#    plane and two workers (testbed/kind_cluster.py: kind's default CNI with our kindnetd stand-in, the static CPU manager), KWOK's
 #    controller rendered from its Go module with its image built here (the suite's topology nodes are KWOK nodes,
 #    exactly as on the local control plane), the operator's image built from the Dockerfile, loaded with
 #    `kind load`, and the chart installed with it on the real workers;
@@ -31,7 +31,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-env_lines=$(.venv/bin/python -m e2e.kind_up "$workdir" "$name")
+env_lines=$(.venv/bin/python -m testbed.kind_up "$workdir" "$name")
 # shellcheck disable=SC2046
 export $(grep '^CPULLM_E2E_' <<<"$env_lines")
 .venv/bin/python -m pytest e2e -q -p no:logging "$@"

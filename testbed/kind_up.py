@@ -1,9 +1,9 @@
-"""Brings up what e2e/kind/run.sh runs the suite against, with nothing pulled from a registry: a kind cluster of
-the node image built here (control plane + 2 workers, e2e/kind_cluster.py), KWOK's controller and fast stages
+"""Brings up what testbed/kind/run.sh runs the suite against, with nothing pulled from a registry: a kind cluster of
+the node image built here (control plane + 2 workers, testbed/kind_cluster.py), KWOK's controller and fast stages
 rendered from the pinned KWOK module (kustomize) with its image built here, and the operator's image built from the
-Dockerfile (e2e/images.py) loaded into kind and installed with the chart on one real worker.
+Dockerfile (testbed/images.py) loaded into kind and installed with the chart on one real worker.
 
-Usage (root, a Docker engine in DOCKER_HOST): python3 -m e2e.kind_up WORKDIR NAME; prints KEY=value lines
+Usage (root, a Docker engine in DOCKER_HOST): python3 -m testbed.kind_up WORKDIR NAME; prints KEY=value lines
 (CPULLM_E2E_KUBECONFIG, CPULLM_E2E_KUBECTL, CPULLM_E2E_OPERATOR; for e2e/test_in_kind.py CPULLM_E2E_KIND_SERVER_NODE,
 the worker kept for its servers, and CPULLM_E2E_KIND_TEST_IMAGE, the Python base image loaded there) for the suite.
 """
@@ -16,10 +16,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from e2e.cluster import tool_dirs, tool_version
-from e2e.images import ROOT, build_operator, build_python_base, go_module_dir, log
-from e2e.kind_cluster import KindCluster
-from e2e.kind_images import binary_image, build_kind_node
+from testbed.cluster import tool_dirs, tool_version
+from testbed.images import ROOT, build_operator, build_python_base, go_module_dir, log
+from testbed.kind_cluster import KindCluster
+from testbed.kind_images import binary_image, build_kind_node
 
 KWOK_IMAGE = "registry.k8s.io/kwok/kwok"
 RELEASE = "kind-operator"

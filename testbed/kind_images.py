@@ -1,4 +1,4 @@
-"""kind's images, built here because no registry is reachable (the kind path, e2e/kind/run.sh):
+"""kind's images, built here because no registry is reachable (the kind path, testbed/kind/run.sh):
 
 - kind-base: an equivalent of kind's base image (`images/base/Dockerfile` of the pinned sigs.k8s.io/kind module):
   a Debian bookworm root filesystem (mmdebstrap) with systemd, Debian's containerd 1.6 and runc, the CNI plugins
@@ -6,22 +6,22 @@
   containerd config, /kind/bin scripts) taken from the module. Differences from kind's: Debian's containerd and
   runc (kind builds containerd 2.x and runc 1.4 from source), bookworm rather than trixie, no crictl, no
   fuse-overlayfs (rootless only), no NFS/iSCSI clients. It also holds, at /kind/bin/cpullm-runc-wrapper, the
-  TEST-ONLY runtime wrapper (e2e/node/runc-wrapper); it is used only where a cluster config patches containerd
+  TEST-ONLY runtime wrapper (testbed/node/runc-wrapper); it is used only where a cluster config patches containerd
   to it, which run.sh does only on hosts whose capability bounding set lacks CAP_SYS_RESOURCE.
 
 - kind-node: kind's node image for our Kubernetes (build_kind_node): the base with kubeadm, the kubelet and kubectl
   (scripts/build-tools.sh) and, imported into its containerd under the references kubeadm and kind ask for, the
   control-plane images, kube-proxy (on the base's root filesystem: it needs iptables), our etcd build (under its own
-  version; e2e/kind_cluster.py tells kubeadm), CoreDNS (built from its Go module at kubeadm's version), our pause
+  version; testbed/kind_cluster.py tells kubeadm), CoreDNS (built from its Go module at kubeadm's version), our pause
   as kind's sandbox image, kind's default storage (kind_storage: the local-path-provisioner built from its Go
   module, Debian's busybox-static as its helper, and kind's manifest) and kind's default CNI (kind_cni: kind's
-  kindnet manifest, its image our kindnetd stand-in e2e/kindnet.py on the base's root filesystem). Kept in
+  kindnet manifest, its image our kindnetd stand-in testbed/kindnet.py on the base's root filesystem). Kept in
   Docker's image store (~2 GB), keyed by its inputs.
 
 The kind-base tar is an OCI image layout with a Docker manifest.json as well (`docker load` takes it); the
-component images are OCI layouts imported with ctr. All are cached beside the real node's images (e2e/images.py).
+component images are OCI layouts imported with ctr. All are cached beside the real node's images (testbed/images.py).
 
-Usage (root): python3 -m e2e.kind_images [kind-base]; prints KEY=value lines (kind-node needs a Docker engine:
+Usage (root): python3 -m testbed.kind_images [kind-base]; prints KEY=value lines (kind-node needs a Docker engine:
 e2e/test_kind.py).
 """
 
@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import tool_dirs, tool_version
-from e2e.images import (
+from testbed.cluster import tool_dirs, tool_version
+from testbed.images import (
     CACHE,
     ROOT,
     SUITE,
@@ -206,7 +206,7 @@ def kind_storage(kind: Path) -> KindManifest:
 
 def kind_cni(kind: Path) -> KindManifest:
     """kind's default CNI: the kindnet DaemonSet (a template kind fills with the pod subnet), whose image here is
-    our stand-in for kindnetd (e2e/kindnet.py)."""
+    our stand-in for kindnetd (testbed/kindnet.py)."""
     return KindManifest.read(kind, "const_cni.go", "defaultCNIManifest", "/kind/manifests/default-cni.yaml")
 
 
@@ -308,7 +308,7 @@ def _assemble(
         import_into_node = ("exec", "-i", builder, "ctr", "-n", "k8s.io", "images", "import", "--all-platforms")
         for image in images:
             with image.tar.open("rb") as tar:
-                _docker(docker_env, *import_into_node, "-", stdin=tar)  # named by its index: see e2e/images.py
+                _docker(docker_env, *import_into_node, "-", stdin=tar)  # named by its index: see testbed/images.py
             if image.ctr_tag():
                 _docker(docker_env, "exec", builder, "ctr", "-n", "k8s.io", *image.ctr_tag())
         _docker(docker_env, "exec", builder, "sh", "-c", "pkill containerd; while pgrep containerd; do sleep 0.2; done")

@@ -1,7 +1,7 @@
-"""A kind cluster from the node image built here (e2e/kind_images.py), with what kind's pulled images would give:
+"""A kind cluster from the node image built here (testbed/kind_images.py), with what kind's pulled images would give:
 
 - kind's default CNI (its kindnet DaemonSet, applied by `kind create cluster`), whose image is our stand-in for
-  kindnetd (e2e/kindnet.py: kindnetd's source, github.com/aojea/kindnet, is refused by the module proxy here: 403);
+  kindnetd (testbed/kindnet.py: kindnetd's source, github.com/aojea/kindnet, is refused by the module proxy here: 403);
 - kind's default StorageClass (`standard`, rancher.io/local-path) as kind's node image has it, from images built
   here (local-path-provisioner v0.0.30, the newest the module proxy here serves; kind v0.32 ships v0.0.34);
 - etcd runs our build at its own version (ClusterConfiguration etcd.local.imageTag);
@@ -10,7 +10,7 @@
   room for kindnet's 100m beside a server's whole CPU (reservedSystemCPUs would leave it 1);
 - only on a cgroup v1 host: the kubelet's `failCgroupV1: false` and kubeadm skipping SystemVerification;
 - only where CAP_SYS_RESOURCE is missing from the bounding set: the node's containerd runs the TEST-ONLY runc
-  wrapper and leaves oom_score_adj alone (restrict_oom_score_adj), as the real node does (e2e/realnode.py).
+  wrapper and leaves oom_score_adj alone (restrict_oom_score_adj), as the real node does (testbed/realnode.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from e2e.cluster import tool_version
-from e2e.helpers import eventually
-from e2e.realnode import lacks_cap_sys_resource
+from testbed.cluster import tool_version
+from testbed.realnode import lacks_cap_sys_resource
+from testbed.tools import eventually
 
 WRAPPER_IN_NODE = "/kind/bin/cpullm-runc-wrapper"
 

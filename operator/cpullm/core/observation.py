@@ -1,0 +1,51 @@
+"""What one reconcile observed, gathered before anything is decided (controller/gather.py for the operator,
+io/files.py for the CLI): the input of core/decision.py's `decide`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core.children.common import Owner
+from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.sizing import ModelSize
+from cpullm.core.topology import NodeProfile
+from cpullm.errors import CpuLLMError
+
+
+@dataclass(frozen=True)
+class NamespaceFacts:
+    """What the service's namespace says: its labels (Pod Security) and whether it is going away."""
+
+    labels: Mapping[str, str] = field(default_factory=dict)
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything one reconcile of one CpuLLMService needs, gathered before anything is decided.
+
+    `spec` is the parsed spec or why it could not be parsed; `model` the model's size, why it could not be
+    had, or None when it was not looked up (bad spec, terminating namespace); `status` is the status as the
+    operator last wrote it (the object's own after a restart); `apply_error` is what the API server answered
+    when the children of an earlier decision were applied, if it refused them; `unschedulable` the
+    scheduler's message for one of its pods that it cannot place.
+    """
+
+    owner: Owner
+    generation: int
+    spec: CpuLLMServiceSpec | CpuLLMError
+    requested_replicas: int
+    namespace: NamespaceFacts = field(default_factory=NamespaceFacts)
+    model: ModelSize | CpuLLMError | None = None
+    nodes: Sequence[NodeProfile] = ()
+    daemons: Sequence[DaemonPods] = ()  # the DaemonSets whose pods' requests whole-node plans leave room for
+    deployment: Mapping[str, Any] | None = None
+    unschedulable: str | None = None
+    status: Mapping[str, Any] = field(default_factory=dict)
+    apply_error: CpuLLMError | None = None
+    # The optional APIs' CRDs installed in the cluster (children/OPTIONAL_APIS); None: unknown, assume all
+    # (offline rendering prints every child the spec asks for).
+    installed_crds: frozenset[str] | None = None
