@@ -110,7 +110,7 @@ def plan_table(plan: Plan) -> str:
     """The plan for people: where the ranks go, what each holds, and why these nodes (-o json|yaml for machines)."""
     node, sizing, tp = plan.node_profile, plan.sizing, plan.tensor_parallel_size
     nodes = ", ".join(plan.eligible_nodes[:5]) + (", ..." if len(plan.eligible_nodes) > 5 else "")
-    numa = {rank: str(rank) for rank in range(tp)} if tp == node.numa_nodes else {}
+    numa = {rank: str(numa_node) for rank, numa_node in enumerate(plan.rank_numa_nodes() or [])}
     if plan.placement == Placement.THROUGHPUT:  # one TP=1 server on each NUMA node: any of them
         numa = {0: f"one per pod ({node.numa_nodes} per node)"}
     shard, overhead = f"{plan.weight_shard_bytes / GiB:.2f}", f"{plan.rank_overhead_bytes / GiB:.2f}"

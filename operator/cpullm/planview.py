@@ -32,12 +32,17 @@ def _rect(x: float, y: float, w: float, h: float, fill: str, stroke: str = "none
 
 
 def _owners(plan: Plan) -> list[str | None]:
-    """Who runs on each NUMA node of one node: a rank of the pod, a throughput server, or nothing."""
+    """Who runs on each NUMA node of one node: a rank of the pod, a throughput server, or nothing. Ranks are drawn
+    where the plan knows their NUMA node (Plan.rank_numa_nodes); else the kubelet's cpuset decides which NUMA nodes
+    the ranks get, and the picture says so."""
     numa = plan.node_profile.numa_nodes
     if plan.placement == Placement.THROUGHPUT:
         per_node = max(1, plan.capacity // max(1, len(plan.eligible_nodes)))
         return [f"server {i}" if i < per_node else None for i in range(numa)]
-    return [f"rank {i}" if i < plan.tensor_parallel_size else None for i in range(numa)]
+    known, ranks = plan.rank_numa_nodes(), plan.tensor_parallel_size
+    if known is None:  # as many NUMA nodes drawn in use as there are ranks; which ones is the kubelet's choice
+        return ["a rank (which NUMA node: the kubelet's cpuset)" if i < ranks else None for i in range(numa)]
+    return [f"rank {known.index(i)}" if i in known else None for i in range(numa)]
 
 
 def plan_svg(plan: Plan) -> str:

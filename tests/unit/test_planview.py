@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cpullm.api.plan import Plan
-from cpullm.cli import main
+from cpullm.cli import main, plan_table
 from cpullm.planview import COLOURS, plan_svg
 
 from .test_cli import NODES, ROOT, direct_plan
@@ -46,3 +46,18 @@ def test_the_docs_pictures_are_what_the_cli_draws(picture, example, tmp_path, ca
     assert "rank" in capsys.readouterr().out  # the table is printed as well
     committed = Path(ROOT / "docs" / "img" / picture).read_text()
     assert drawn.read_text() == committed, f"regenerate: cpullm plan {example} --nodes {NODES} --svg docs/img/{picture}"
+
+
+def test_with_fewer_ranks_than_numa_nodes_neither_the_table_nor_the_picture_places_them():
+    """Two ranks on a 4-NUMA node: the kubelet's cpuset decides which NUMA nodes they get, so the table leaves their
+    NUMA node open and the picture says whose choice it is (both read Plan.rank_numa_nodes)."""
+    plan = Plan.model_validate(direct_plan(ROOT / "manifests/examples/llama-8b-amx.yaml"))
+    profile = plan.node_profile.model_copy(update={"numa_nodes": 4})
+    plan = plan.model_copy(update={"node_profile": profile})
+    assert plan.rank_numa_nodes() is None
+    table = plan_table(plan).splitlines()
+    ranks = [line.split() for line in table if line.split()[:1] in (["0"], ["1"])]
+    assert [row[1] for row in ranks] == ["-", "-"]
+    texts = [t.text or "" for t in ET.fromstring(plan_svg(plan)).iter(f"{SVG}text")]
+    owners = [t.split(": ", 1)[1] for t in texts if t.startswith("NUMA node ")]
+    assert owners == ["a rank (which NUMA node: the kubelet's cpuset)"] * 2 + ["not used"] * 2

@@ -129,3 +129,11 @@ class Plan(_Model):
     node_profile: NodeProfileSummary
     eligible_nodes: list[str] = Field(description="Nodes of the plan's shape that can run a pod of it.")
     summary: str = Field(description="One line: what was chosen and why.")
+
+    def rank_numa_nodes(self) -> list[int] | None:
+        """The NUMA node each tensor-parallel rank binds to, where the plan knows it: one rank per NUMA node of the
+        node (the launcher binds rank i to the i-th). With fewer ranks than NUMA nodes, the kubelet's cpuset decides
+        which NUMA nodes the ranks get (None); throughput servers take any NUMA node each (None)."""
+        if self.placement == "throughput" or self.tensor_parallel_size != self.node_profile.numa_nodes:
+            return None
+        return list(range(self.tensor_parallel_size))
