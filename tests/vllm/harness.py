@@ -171,8 +171,11 @@ def process_anon(pids: Sequence[int]) -> list[tuple[str, int]]:
     for pid in pids:
         with contextlib.suppress(OSError, psutil.Error):
             status = Path(f"/proc/{pid}/status").read_text()
-            anon = next(int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:"))
-            parts.append((psutil.Process(pid).name(), anon))
+            anon = next(
+                (int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:")), None
+            )
+            if anon is not None:  # a zombie has no memory left to report
+                parts.append((psutil.Process(pid).name(), anon))
     return parts
 
 
