@@ -11,8 +11,10 @@ completions of different lengths (their difference cancels prefill and request o
     .venv/bin/python bench/roofline_bench.py [--model qwen2.5-1.5b] [--rounds 3]
 
 Configurations: the rendered pod (launcher binding), the same with one CPU kept for the API server and engine
-core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), and glibc's
-allocator instead of tcmalloc (LD_PRELOAD without it). SMT siblings are compared where the CPUs have them.
+core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), glibc's allocator
+instead of tcmalloc (LD_PRELOAD without it), and no torch.compile (--enforce-eager: a start without compilation or
+warm-up). SMT siblings are compared where the CPUs have them. Each row also gives the server's start and one
+1,024-token prompt's prefill rate.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def configurations() -> list[tuple[str, dict[str, Any], Variant | None]]:
         ("1 CPU kept for the server", {"cpu": {"reservedCpusPerRank": 1}}, None),
         ("1 OpenMP thread (nobind)", {"cpu": {"threadsBind": "nobind", "reservedCpusPerRank": 1}}, None),
         ("glibc malloc (no tcmalloc)", {}, without_tcmalloc),
+        ("eager (no torch.compile)", {"extraArgs": ["--enforce-eager"]}, None),
     ]
     if smt_siblings():
         rows.append(("no SMT siblings bound", {"cpu": {"threadsBind": "auto"}}, None))
@@ -75,6 +78,17 @@ def decode_rate(server: LocalServer, vocab: int, rounds: int) -> float:
             server.complete(prompt, tokens)
             times.append(time.monotonic() - started)
         best = max(best, 128 / (times[1] - times[0]))
+    return best
+
+
+def prefill_rate(server: LocalServer, vocab: int, rounds: int) -> float:
+    """One prompt's prefill tokens/s: a 1,024-token prompt with one token out, best of rounds."""
+    prompt = prompt_ids(1024, vocab, random.Random(2))
+    best = 0.0
+    for _ in range(rounds):
+        started = time.monotonic()
+        server.complete(prompt, 1)
+        best = max(best, 1024 / (time.monotonic() - started))
     return best
 
 
@@ -109,16 +123,17 @@ def main() -> None:
         for index, (name, spec, edit) in enumerate(configurations()):
             workdir = Path(tmp) / f"c{index}"
             workdir.mkdir()
-            plan, container = render_service(workdir, model, 1, kvCacheGiB=1, maxModelLen=2048, maxNumSeqs=8, **spec)
+            _, container = render_service(workdir, model, 1, kvCacheGiB=1, maxModelLen=2048, maxNumSeqs=8, **spec)
             if edit:
                 edit(container)
             server = server_for_container(container, workdir=workdir, python=python, model=model)
             try:
                 server.start(timeout=3600)
                 rate = decode_rate(server, config["vocab_size"], args.rounds)
+                prefill = prefill_rate(server, config["vocab_size"], args.rounds)
             finally:
                 server.stop()
-            rows.append((name, plan.get("threadsBind"), plan.get("reservedCpusPerRank"), rate, threads_of(server.log)))
+            rows.append((name, server.measured.startup_seconds, rate, prefill, threads_of(server.log)))
             print(f"roofline_bench: {name}: {rate:.2f} tok/s", file=sys.stderr, flush=True)
 
     print(
@@ -132,10 +147,14 @@ def main() -> None:
         )
     best = roof["by_threads"][str(len(cpus))]
     read, gemv = best["stream_read_gbps"], best["gemv_gbps"]
-    print(f"\n{'configuration':<30}{'tok/s':>7}{'GB/s':>7}{'/read':>7}{'/GEMV':>7}  binding")
-    for name, _bind, _reserved, rate, threads in rows:
+    print(f"\n{'configuration':<30}{'start s':>8}{'decode tok/s':>13}{'GB/s':>7}{'/read':>7}{'/GEMV':>7}", end="")
+    print(f"{'prefill tok/s':>14}  binding")
+    for name, started, rate, prefill, threads in rows:
         gbps = rate * shard / 1e9
-        print(f"{name:<30}{rate:>7.2f}{gbps:>7.1f}{gbps / read:>7.2f}{gbps / gemv:>7.2f}  {threads}")
+        print(
+            f"{name:<30}{started:>8.0f}{rate:>13.2f}{gbps:>7.1f}{gbps / read:>7.2f}{gbps / gemv:>7.2f}"
+            f"{prefill:>14.1f}  {threads}"
+        )
 
 
 if __name__ == "__main__":
