@@ -104,6 +104,7 @@ def run_case(
         "peak_anon": m.peak_anon_bytes,
         "stretches": m.stretches,
         "anon_by_process": m.anon_breakdown,
+        "at_working_set_peak": asdict(m.at_peak) if m.at_peak else None,  # anon, shmem, active and inactive file
         "oom_kills": m.oom_kills,
     }
     again = server_for_container(container, workdir=workdir, python=python, model=model, log_name="second.log")

@@ -69,6 +69,12 @@ class PodSecurityForbidden(PlanRefusal):
     reason = "PodSecurityForbidden"
 
 
+class NodeCacheDisabled(PlanRefusal):
+    """spec.modelCache.nodeLocal, where the operator keeps no node cache directory."""
+
+    reason = "NodeCacheDisabled"
+
+
 class ChildRejected(PlanRefusal):
     """The API server refused a child built from the spec (e.g. an invalid pass-through env or affinity)."""
 

@@ -62,6 +62,14 @@ class Settings(BaseSettings):
         description="How many services are reconciled at once, each on its own thread and API connection; "
         "the others wait holding nothing (more: a burst converges faster, at more memory and API load).",
     )
+    node_cache_dir: str | None = Field(
+        default=None,
+        pattern=r"^/[A-Za-z0-9._/-]*$",
+        max_length=512,
+        description="A directory on every node under which services asking for spec.modelCache.nodeLocal keep "
+        "their weights and compile cache, one subdirectory per namespace and model (a hostPath the operator "
+        "chooses, never the tenant); unset: nodeLocal is refused.",
+    )
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces to watch (`cpullm run -n`); empty: the whole cluster."
     )

@@ -4,7 +4,8 @@ applies them."""
 import pytest
 
 from cpullm.core.constants import GiB
-from cpullm.core.planner import memory_budget, plan_service
+from cpullm.core.memory import memory_budget
+from cpullm.core.planner import plan_service
 from cpullm.core.sizing import size_model
 from cpullm.errors import InvalidPlacement, InvalidTensorParallelSize, ModelTooLarge
 
@@ -63,7 +64,7 @@ def test_throughput_runs_one_tp1_server_per_numa_node(
     assert (plan.cpus_per_rank, plan.cpu) == (cpus_per_rank, cpus_per_rank)
     assert (plan.capacity, plan.replicas) == (capacity, planned)
     assert plan.weight_shard_bytes == model.weights_bytes
-    assert plan.memory_limit_bytes == memory_budget(1, model.weights_bytes, 1).limit_bytes
+    assert plan.memory_limit_bytes == memory_budget(model, 1, model.weights_bytes, 1).limit_bytes
     assert plan.memory_limit_bytes <= 256 * GiB // numa  # one pod fits one NUMA node's memory
     parts = note_parts(plan)
     assert len(parts) == len(notes)
@@ -165,7 +166,8 @@ def test_tensor_parallel_is_one_pod_per_node_and_never_caps_replicas(fields, mod
     plan = plan_service(spec(replicas=10, **fields), sized, pool(count, numa=numa))
     assert (plan.placement, plan.tensor_parallel_size, plan.cpu) == ("tensorParallel", tp, cpu)
     assert (plan.capacity, plan.replicas, plan.placement_note) == (capacity, 10, None)
-    assert plan.memory_limit_bytes == memory_budget(tp, plan.weight_shard_bytes, plan.kv_cache_gi_b).limit_bytes
+    budget = memory_budget(sized, tp, plan.weight_shard_bytes, plan.kv_cache_gi_b)
+    assert plan.memory_limit_bytes == budget.limit_bytes
     assert plan.summary.startswith(f"tensorParallel: TP {tp} (one rank per NUMA node of {numa})")
 
 

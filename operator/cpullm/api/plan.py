@@ -96,7 +96,19 @@ class Plan(_Model):
         description="KV bytes per token of context for the whole model (TP 1): the full-attention and MLA layers; "
         "sliding-window layers hold at most their window (sizing.kvWindowBytesPerSequence)."
     )
-    rank_overhead_bytes: int = Field(description="Measured runtime memory per rank beside weights and KV cache.")
+    rank_overhead_bytes: int = Field(
+        description="Runtime memory per rank beside weights and KV cache (measured: a base and a share per decoder "
+        "layer)."
+    )
+    server_overhead_bytes: int = Field(
+        default=0,
+        description="Memory of the API server and engine core processes (measured: a base and a share per "
+        "vocabulary entry, for the tokenizer both hold).",
+    )
+    page_cache_bytes: int = Field(
+        default=0,
+        description="File pages the server keeps in use (libraries, the model's files): counted in the working set.",
+    )
     shm_bytes: int = Field(description="Size of the memory-backed /dev/shm.")
     memory_limit_bytes: int = Field(description="Container memory request and limit.")
     max_model_len: int | None = Field(default=None, description="--max-model-len, when rendered.")
@@ -123,6 +135,21 @@ class Plan(_Model):
         default=0,
         description="The longest a request may run (spec.routing.drainSeconds, or the context length decoded at a "
         "pessimistic 4 GB/s of weights streamed per rank): a stopping server's drain and the router's timeout.",
+    )
+    step_timeout_seconds: int = Field(
+        default=300,
+        description="How long one scheduler step may run before vLLM declares its engine dead "
+        "(VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS): twice a max_num_batched_tokens prefill at the slowest measured pace "
+        "per CPU, at least vLLM's 300.",
+    )
+    startup_seconds: int = Field(
+        default=0,
+        description="The startup probe's budget: twice a cold start at the slowest measured pace (imports and "
+        "compilation, the weights' load, the warm-up prefill), and the weights' download.",
+    )
+    node_cache_path: str | None = Field(
+        default=None,
+        description="With spec.modelCache.nodeLocal: the directory on each node that holds the model cache.",
     )
     image: str = Field(description="The vLLM CPU image the pods run.")
     sizing: ModelSizing

@@ -317,7 +317,8 @@ class EmptyDirCache(_Model):
 
 
 class ModelCache(_Model):
-    """Where downloaded weights live (mounted at /models, HF_HOME=/models/huggingface)."""
+    """Where downloaded weights and what a start compiles live (mounted at /models: HF_HOME=/models/huggingface,
+    VLLM_CACHE_ROOT=/models/vllm)."""
 
     persistent_volume_claim: PersistentVolumeClaimRef | None = Field(
         default=None, description="A claim that keeps downloaded weights across pod restarts."
@@ -325,11 +326,19 @@ class ModelCache(_Model):
     empty_dir: EmptyDirCache | None = Field(
         default=None, description="A pod-local directory; its sizeLimit is also the ephemeral-storage request."
     )
+    node_local: bool = Field(
+        default=False,
+        description="A directory on each node, kept across pods: a server started again on the same node (a "
+        "restart, a rollout, a scale-up) finds the weights and the compiled kernels there. One directory per "
+        "namespace and model, under the operator's node cache directory (its setting nodeCacheDir; unset: "
+        "refused with NodeCacheDisabled). A hostPath volume: Pod Security baseline refuses it.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelCache:
-        if (self.persistent_volume_claim is None) == (self.empty_dir is None):
-            raise ValueError("modelCache needs exactly one of persistentVolumeClaim or emptyDir")
+        chosen = [self.persistent_volume_claim is not None, self.empty_dir is not None, self.node_local]
+        if sum(chosen) != 1:
+            raise ValueError("modelCache needs exactly one of persistentVolumeClaim, emptyDir or nodeLocal")
         return self
 
 
@@ -529,6 +538,7 @@ OWNED_ENV = {
     "VLLM_CACHE_ROOT": "modelCache",
     "VLLM_USE_AOT_COMPILE": "modelCache",
     "TORCHINDUCTOR_CACHE_DIR": "modelCache",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "cpu.cpusPerRank",
     "HF_TOKEN": "hfTokenSecret",
     "VLLM_API_KEY": "apiKeySecret",
 }

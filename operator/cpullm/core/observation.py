@@ -49,3 +49,5 @@ class Observed:
     # The optional APIs' CRDs installed in the cluster (children/OPTIONAL_APIS); None: unknown, assume all
     # (offline rendering prints every child the spec asks for).
     installed_crds: frozenset[str] | None = None
+    # The operator's node cache directory (settings.node_cache_dir; None: spec.modelCache.nodeLocal is refused).
+    node_cache_dir: str | None = None

@@ -31,11 +31,13 @@ from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDTy
 from cpullm.core import constants as c
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
+from cpullm.core.memory import MemoryBudget, memory_budget
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
 from cpullm.core.routing import drain_seconds, leave_router_room, routing_mode
 from cpullm.core.sizing import KVLayout, ModelSize
+from cpullm.core.timing import startup_seconds, step_timeout_seconds
 from cpullm.core.topology import NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
     ContextTooLong,
@@ -152,38 +154,6 @@ def _is_explicit_bind(bind: str) -> bool:
     )
 
 
-@dataclass(frozen=True)
-class MemoryBudget:
-    """A pod's memory, part by part: server overhead + TP x (shard + KV + rank overhead) + /dev/shm."""
-
-    tensor_parallel_size: int
-    shard_bytes: int
-    kv_bytes: int
-    rank_overhead_bytes: int
-    shm_bytes: int
-
-    @property
-    def per_rank_bytes(self) -> int:
-        """What one rank needs on its NUMA node: its weight shard, its KV cache and its runtime."""
-        return self.shard_bytes + self.kv_bytes + self.rank_overhead_bytes
-
-    @property
-    def limit_bytes(self) -> int:
-        """The container's memory request and limit, rounded up to a whole MiB."""
-        total = c.SERVER_OVERHEAD_BYTES + self.tensor_parallel_size * self.per_rank_bytes + self.shm_bytes
-        return math.ceil(total / c.MiB) * c.MiB
-
-
-def memory_budget(tp: int, shard_bytes: int, kv_gib: int) -> MemoryBudget:
-    return MemoryBudget(
-        tensor_parallel_size=tp,
-        shard_bytes=shard_bytes,
-        kv_bytes=kv_gib * c.GiB,
-        rank_overhead_bytes=c.RANK_OVERHEAD_BASE_BYTES + math.ceil(shard_bytes * c.RANK_OVERHEAD_SHARD_FRACTION),
-        shm_bytes=c.SHM_BASE_BYTES + tp * c.SHM_PER_RANK_BYTES,
-    )
-
-
 def _check_fits(budget: MemoryBudget, layout: PodLayout, where: str, what: str) -> None:
     per_numa_need = layout.ranks_per_numa * budget.per_rank_bytes
     if per_numa_need > layout.numa_memory_bytes or budget.limit_bytes > layout.pod_memory_bytes:
@@ -270,7 +240,7 @@ def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shap
         kv = _kv_cache(spec, model, 1)
     except KVCacheTooSmall:
         return False
-    budget = memory_budget(1, model.weights_bytes, kv.gib)
+    budget = memory_budget(model, 1, model.weights_bytes, kv.gib)
     return budget.limit_bytes <= shape.numa_memory_bytes
 
 
@@ -298,9 +268,9 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
-    _check_fits(memory_budget(tp, shard, 0), layout, where, "the weights alone need")
+    _check_fits(memory_budget(model, tp, shard, 0), layout, where, "the weights alone need")
     kv = _kv_cache(spec, model, tp)
-    budget = memory_budget(tp, shard, kv.gib)
+    budget = memory_budget(model, tp, shard, kv.gib)
     _check_fits(budget, layout, where, "needs")
 
     capacity = layout.pods_per_node * len(shape.members)
@@ -332,7 +302,9 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         weights_bytes=model.weights_bytes,
         weight_shard_bytes=shard,
         kv_bytes_per_token=kv.layout.bytes_per_token(1),
-        rank_overhead_bytes=budget.rank_overhead_bytes,
+        rank_overhead_bytes=budget.rank_runtime_bytes,
+        server_overhead_bytes=budget.server_bytes,
+        page_cache_bytes=budget.page_cache_bytes,
         shm_bytes=budget.shm_bytes,
         memory_limit_bytes=budget.limit_bytes,
         max_model_len=kv.max_model_len,
@@ -340,6 +312,8 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         routing=routing.value,
         router_cpu_millis=router_cpu,
         drain_seconds=drain_seconds(spec, kv.max_model_len, shard),
+        step_timeout_seconds=step_timeout_seconds(model, layout.cpus_per_rank),
+        startup_seconds=startup_seconds(model, layout.cpus_per_rank, model.weights_bytes),
         image=image,
         sizing=_sizing(spec, model, kv),
         node_profile=NodeProfileSummary(

@@ -30,6 +30,11 @@ def check_pod_security(namespace: str, labels: Mapping[str, str], spec: CpuLLMSe
             f"namespace {namespace} enforces Pod Security 'baseline', which rejects the SYS_NICE capability "
             f"(needed for vLLM's NUMA memory binding): {fix_label}, or set spec.numaPrivileges: false"
         )
+    if level == "baseline" and spec.model_cache and spec.model_cache.node_local:
+        raise PodSecurityForbidden(
+            f"namespace {namespace} enforces Pod Security 'baseline', which rejects hostPath volumes "
+            f"(spec.modelCache.nodeLocal): {fix_label}, or use persistentVolumeClaim or emptyDir"
+        )
     if level == "baseline" and spec.seccomp_profile == SeccompProfile.UNCONFINED:
         raise PodSecurityForbidden(
             f"namespace {namespace} enforces Pod Security 'baseline', which rejects seccomp Unconfined: "

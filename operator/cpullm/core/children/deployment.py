@@ -12,6 +12,7 @@ from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.drain import drain_hook, grace_seconds
 from cpullm.core.children.launcher import launcher_config_map_name
+from cpullm.core.children.model_cache import ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
 
 CONTAINER_NAME = "vllm"
@@ -59,6 +60,7 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
         env.append({"name": "LD_PRELOAD", "value": preload})
     env.append({"name": "HF_HOME", "value": c.HF_HOME})
     env += [{"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV.items()]
+    env.append({"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": str(plan.step_timeout_seconds)})
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -83,13 +85,11 @@ def _probes(plan: Plan) -> dict[str, Any]:
     def http(**extra: int) -> dict[str, Any]:
         return {"httpGet": {"path": "/health", "port": PORT_NAME}, **extra}
 
-    shard_gib = plan.weight_shard_bytes * plan.tensor_parallel_size / c.GiB
-    startup_seconds = c.STARTUP_BASE_SECONDS + math.ceil(shard_gib * c.STARTUP_SECONDS_PER_WEIGHT_GIB)
     return {
         "startupProbe": http(
             periodSeconds=c.PROBE_PERIOD_SECONDS,
             timeoutSeconds=5,
-            failureThreshold=math.ceil(startup_seconds / c.PROBE_PERIOD_SECONDS),
+            failureThreshold=math.ceil(plan.startup_seconds / c.PROBE_PERIOD_SECONDS),
         ),
         "readinessProbe": http(periodSeconds=c.PROBE_PERIOD_SECONDS, timeoutSeconds=5, failureThreshold=3),
         # A CPU server under full load answers slowly: be patient before restarting it.
@@ -120,30 +120,6 @@ def _scrape(spec: CpuLLMServiceSpec) -> dict[str, str]:
         "prometheus.io/port": str(spec.service.port),
         "prometheus.io/path": "/metrics",
     }
-
-
-def model_cache_limit(plan: Plan) -> int:
-    """The default model cache's size limit: room for the checkpoint as downloaded (up to twice the served
-    bytes, a float32 checkpoint served in bfloat16) and its tokenizer and configs, in whole GiB. A pod that
-    fills more is evicted instead of filling the node's disk."""
-    return math.ceil((2 * plan.weights_bytes + c.MODEL_CACHE_SPARE_BYTES) / c.GiB) * c.GiB
-
-
-def model_cache_source(spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
-    """The model cache volume's source: the spec's claim or emptyDir, else an emptyDir bounded by the model."""
-    if spec.model_cache and spec.model_cache.persistent_volume_claim:
-        return {"persistentVolumeClaim": {"claimName": spec.model_cache.persistent_volume_claim.claim_name}}
-    if spec.model_cache and spec.model_cache.empty_dir and spec.model_cache.empty_dir.size_limit:
-        return {"emptyDir": {"sizeLimit": spec.model_cache.empty_dir.size_limit}}
-    return {"emptyDir": {"sizeLimit": binary_quantity(model_cache_limit(plan))}}
-
-
-def ephemeral_storage_request(cache: dict[str, Any]) -> dict[str, str]:
-    """An emptyDir cache with a size limit is requested as ephemeral storage, so the scheduler places the pod
-    only where the node's disk can hold the model (a node that cannot shows as the Ready condition's
-    Unschedulable message)."""
-    limit = (cache.get("emptyDir") or {}).get("sizeLimit")
-    return {"ephemeral-storage": limit} if limit else {}
 
 
 def _volumes(owner: Owner, cache: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:

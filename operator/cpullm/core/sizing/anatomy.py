@@ -82,6 +82,7 @@ class Anatomy:
     experts: int | None = None
     active_experts: int | None = None
     notes: tuple[str, ...] = field(default=())
+    vocabulary: int | None = None  # vocab_size, as the config gives it (None: it does not)
 
     @property
     def parameters(self) -> int:

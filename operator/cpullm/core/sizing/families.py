@@ -19,7 +19,15 @@ from typing import Any
 
 from cpullm.core import constants as c
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Linear, Params, Split
-from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, first_present, model_type, show, text_config
+from cpullm.core.sizing.config import (
+    MAX_CONFIG_VALUES,
+    ConfigView,
+    first_present,
+    model_type,
+    positive_int,
+    show,
+    text_config,
+)
 from cpullm.errors import UnsupportedModel
 
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
@@ -63,7 +71,14 @@ class _Parts:
             max_context=max_context(config),
             experts=experts[0],
             active_experts=experts[1],
+            vocabulary=_own_vocabulary(config),
         )
+
+
+def _own_vocabulary(config: ConfigView) -> int | None:
+    """The config's own vocab_size, not a placeholder's (spec.model.weightsBytes lets a config lack it)."""
+    value = config.values.get("vocab_size")
+    return None if value is None else positive_int("vocab_size", value)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,79 @@
+"""A vLLM CPU pod's memory, term by term: each term stands for a named thing and scales with what it depends on.
+The constants are measured with the memory cgroup the kubelet limits a container with (docs/calibration.md,
+bench/sizes_bench.py: random-weight models of 20M to 3B parameters, two vocabularies).
+
+    limit = server processes + TP x (weight shard + KV cache + rank runtime) + page cache in use + /dev/shm
+
+- server processes: the API server and the engine core (and the in-pod launcher). What they hold whatever the
+  model, and the tokenizer's tables, which both load: a share per vocabulary entry.
+- weight shard, KV cache: the rank's weights as vLLM holds them, and VLLM_CPU_KVCACHE_SPACE (allocated and
+  zero-filled at start).
+- rank runtime: a worker's Python, torch and oneDNN state, and for each decoder layer its share of the compiled
+  graph and of the activations a prefill of max_num_batched_tokens leaves in the allocator.
+- page cache in use: file pages the server reads again and again (its libraries, the model's files), which the
+  working set counts (the kubelet evicts on it) though the kernel can reclaim them.
+- /dev/shm (a memory-backed emptyDir, charged to the pod): vLLM checks for free space there at start-up, and
+  tensor-parallel ranks exchange activations through it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from cpullm.core import constants as c
+from cpullm.core.sizing import ModelSize
+
+# Measured: API server + engine core + launcher hold 1,108 MiB of anonymous memory with a 447-entry vocabulary, and
+# 2,115 bytes more per vocabulary entry (1.381 GiB at Qwen2.5's 151,936 entries, 1.150 at TinyLlama's 32,000).
+SERVER_BASE_BYTES = 1150 * c.MiB
+SERVER_BYTES_PER_VOCAB_ENTRY = 2200
+# A config without vocab_size (spec.model.weightsBytes sizes its weights) is not assumed to have a small one.
+UNKNOWN_VOCABULARY = 262_144
+# Measured: a worker holds 582 MiB + 13.7 MiB per decoder layer beyond its weights and KV cache (0.62 GiB at 4
+# layers, 0.85 at 22, 0.91 at 24, 0.94 at 28; at most 22 MiB off that line), with a long prompt and a full batch.
+RANK_BASE_BYTES = 620 * c.MiB
+RANK_BYTES_PER_LAYER = 15 * c.MiB
+# Measured: working set less anonymous memory at the peak, 0.22 GiB (tiny model) to 0.52 GiB (1.1B).
+PAGE_CACHE_BYTES = 512 * c.MiB
+# vLLM checks /dev/shm has >= 256 MiB free at start-up; ranks of TP > 1 exchange activations there.
+SHM_BASE_BYTES = 256 * c.MiB
+SHM_PER_RANK_BYTES = 256 * c.MiB
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """A pod's memory, part by part."""
+
+    tensor_parallel_size: int
+    server_bytes: int
+    shard_bytes: int
+    kv_bytes: int
+    rank_runtime_bytes: int
+    page_cache_bytes: int
+    shm_bytes: int
+
+    @property
+    def per_rank_bytes(self) -> int:
+        """What one rank needs on its NUMA node: its weight shard, its KV cache and its runtime."""
+        return self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes
+
+    @property
+    def limit_bytes(self) -> int:
+        """The container's memory request and limit, rounded up to a whole MiB."""
+        parts = (self.server_bytes, self.tensor_parallel_size * self.per_rank_bytes, self.page_cache_bytes)
+        return math.ceil((sum(parts) + self.shm_bytes) / c.MiB) * c.MiB
+
+
+def memory_budget(model: ModelSize, tp: int, shard_bytes: int, kv_gib: int) -> MemoryBudget:
+    anatomy = model.anatomy
+    vocabulary = anatomy.vocabulary or UNKNOWN_VOCABULARY
+    return MemoryBudget(
+        tensor_parallel_size=tp,
+        server_bytes=SERVER_BASE_BYTES + SERVER_BYTES_PER_VOCAB_ENTRY * vocabulary,
+        shard_bytes=shard_bytes,
+        kv_bytes=kv_gib * c.GiB,
+        rank_runtime_bytes=RANK_BASE_BYTES + RANK_BYTES_PER_LAYER * anatomy.layers,
+        page_cache_bytes=PAGE_CACHE_BYTES,
+        shm_bytes=SHM_BASE_BYTES + (tp * SHM_PER_RANK_BYTES if tp > 1 else 0),
+    )

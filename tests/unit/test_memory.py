@@ -1,0 +1,95 @@
+"""The memory model (core/memory.py) and the time budgets (core/timing.py): each term scales with what it stands
+for, and nothing else."""
+
+import math
+
+import pytest
+
+from cpullm.api.spec import DType
+from cpullm.core import memory, timing
+from cpullm.core.constants import GiB, MiB
+from cpullm.core.memory import memory_budget
+from cpullm.core.sizing import size_model
+
+from .builders import LLAMA_8B, QWEN25_05B
+
+
+def model(**config):
+    return size_model({**QWEN25_05B, **config}, DType.BFLOAT16)
+
+
+def test_the_limit_is_its_parts_rounded_up_to_a_mib():
+    qwen = model()
+    budget = memory_budget(qwen, 1, qwen.weights_bytes, 1)
+    server = memory.SERVER_BASE_BYTES + memory.SERVER_BYTES_PER_VOCAB_ENTRY * 151936
+    runtime = memory.RANK_BASE_BYTES + memory.RANK_BYTES_PER_LAYER * 24
+    assert (budget.server_bytes, budget.rank_runtime_bytes) == (server, runtime)
+    assert budget.per_rank_bytes == qwen.weights_bytes + GiB + runtime
+    parts = server + budget.per_rank_bytes + memory.PAGE_CACHE_BYTES + memory.SHM_BASE_BYTES
+    assert budget.limit_bytes == math.ceil(parts / MiB) * MiB
+
+
+@pytest.mark.parametrize(
+    ("change", "term", "by"),
+    [
+        pytest.param({"vocab_size": 151936 + 1000}, "server_bytes", 1000 * memory.SERVER_BYTES_PER_VOCAB_ENTRY,
+                     id="vocabulary-the-server-processes"),
+        pytest.param({"num_hidden_layers": 24 + 4}, "rank_runtime_bytes", 4 * memory.RANK_BYTES_PER_LAYER,
+                     id="layers-the-rank-runtime"),
+        pytest.param({"hidden_size": 896 * 2, "num_attention_heads": 28}, "rank_runtime_bytes", 0,
+                     id="width-only-the-weights"),
+    ],
+)  # fmt: skip
+def test_each_term_grows_with_what_it_stands_for(change, term, by):
+    before, after = model(), model(**change)
+    grown = getattr(memory_budget(after, 1, 0, 1), term) - getattr(memory_budget(before, 1, 0, 1), term)
+    assert grown == by
+
+
+def test_a_config_without_its_vocabulary_is_not_assumed_to_have_a_small_one():
+    config = {k: v for k, v in QWEN25_05B.items() if k != "vocab_size"}
+    sized = size_model(config, DType.BFLOAT16, weights_bytes=10**9)
+    assert sized.anatomy.vocabulary is None
+    expected = memory.SERVER_BASE_BYTES + memory.SERVER_BYTES_PER_VOCAB_ENTRY * memory.UNKNOWN_VOCABULARY
+    assert memory_budget(sized, 1, 10**9, 1).server_bytes == expected
+
+
+@pytest.mark.parametrize(("tp", "shm"), [(1, 256 * MiB), (2, 768 * MiB), (4, 1280 * MiB)])
+def test_shared_memory_is_there_for_vllms_check_and_the_ranks_exchange(tp, shm):
+    assert memory_budget(model(), tp, 0, 1).shm_bytes == shm
+
+
+def test_the_ranks_share_nothing_but_the_server_and_the_page_cache():
+    qwen = model()
+    one, two = memory_budget(qwen, 1, 100 * MiB, 1), memory_budget(qwen, 2, 100 * MiB, 1)
+    shm_grew = two.shm_bytes - one.shm_bytes
+    assert two.limit_bytes - one.limit_bytes == one.per_rank_bytes + shm_grew
+
+
+def test_a_step_is_the_models_prefill_of_the_batched_tokens_at_the_slowest_pace_per_cpu():
+    llama = size_model(LLAMA_8B, DType.BFLOAT16)
+    flops = 2 * llama.parameters * 2048
+    assert timing.step_seconds(llama, 4) == pytest.approx(flops / (4 * timing.PREFILL_FLOPS_PER_CPU))
+    assert timing.step_seconds(llama, 8) == pytest.approx(timing.step_seconds(llama, 4) / 2)
+
+
+@pytest.mark.parametrize(
+    ("sized", "cpus", "timeout"),
+    [
+        pytest.param(model(), 16, 300, id="small-model-many-cpus-vllms-default"),
+        # 2 x 8.03e9 x 2048 / (2 x 15e9) = 1096 s a step; twice that.
+        pytest.param(size_model(LLAMA_8B, DType.BFLOAT16), 2, 2193, id="8b-on-two-cpus"),
+        pytest.param(size_model(LLAMA_8B, DType.BFLOAT16), 47, 300, id="8b-on-a-numa-node"),
+    ],
+)
+def test_the_step_timeout_never_goes_below_vllms_own(sized, cpus, timeout):
+    assert timing.step_timeout_seconds(sized, cpus) == timeout
+
+
+def test_the_startup_budget_is_twice_a_cold_start_and_the_download():
+    qwen = model()
+    gib = qwen.weights_bytes / GiB
+    cold = timing.START_FIXED_SECONDS + timing.LOAD_SECONDS_PER_WEIGHT_GIB * gib + timing.step_seconds(qwen, 2)
+    expected = math.ceil(2 * cold + timing.DOWNLOAD_SECONDS_PER_WEIGHT_GIB * gib)
+    assert timing.startup_seconds(qwen, 2, qwen.weights_bytes) == expected
+    assert timing.startup_seconds(qwen, 1, qwen.weights_bytes) > expected  # fewer CPUs: a slower warm-up
