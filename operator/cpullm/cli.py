@@ -22,6 +22,7 @@ from cpullm.controller.gather import ModelConfigSource, gather
 from cpullm.core.constants import LAUNCHER_FILE, GiB
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide
+from cpullm.core.memory import MARGIN_FRACTION
 from cpullm.core.node_topology import NodeTopology
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
@@ -134,9 +135,11 @@ def plan_table(plan: Plan) -> str:
         "",
         *table,
         "",
-        f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, /dev/shm "
-        f"{plan.shm_bytes / GiB:.2f} GiB and the API server's processes; threads: "
+        f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, the API server's "
+        f"processes {plan.server_overhead_bytes / GiB:.2f}, page cache {plan.page_cache_bytes / GiB:.2f}, a "
+        f"{MARGIN_FRACTION:.0%} margin, /dev/shm {plan.shm_bytes / GiB:.2f}; threads: "
         + ("launcher binding" if plan.launcher else plan.threads_bind),
+        f"start   up to {plan.startup_seconds} s (startup probe); a scheduler step up to {plan.step_timeout_seconds} s",
         f"image   {plan.image}",
         f"routing {ROUTING_SHOWN[plan.routing]}; a stopping server drains for up to {plan.drain_seconds} s",
         f"why     {plan.summary}",

@@ -121,6 +121,7 @@ def test_deployment_whole_manifest():
                                 {"name": "VLLM_CACHE_ROOT", "value": "/models/vllm"},
                                 {"name": "VLLM_USE_AOT_COMPILE", "value": "0"},
                                 {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/models/vllm/inductor"},
+                                {"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": "300"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
                                 {
                                     "name": "VLLM_API_KEY",
@@ -131,8 +132,8 @@ def test_deployment_whole_manifest():
                             ],
                             "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
                             "resources": {
-                                "requests": {"cpu": "64", "memory": "32416Mi"},
-                                "limits": {"cpu": "64", "memory": "32416Mi"},
+                                "requests": {"cpu": "64", "memory": "29521Mi"},
+                                "limits": {"cpu": "64", "memory": "29521Mi"},
                             },
                             "volumeMounts": [
                                 {"name": "dshm", "mountPath": "/dev/shm"},
@@ -144,7 +145,7 @@ def test_deployment_whole_manifest():
                                 **probe,
                                 "periodSeconds": 10,
                                 "timeoutSeconds": 5,
-                                "failureThreshold": 150,
+                                "failureThreshold": 138,
                             },
                             "readinessProbe": {
                                 **probe,

@@ -92,7 +92,7 @@ def test_throughput_summary_in_full():
     plan = plan_service(spec(placement="throughput", replicas=3, **QWEN), qwen_05b(), pool())
     assert plan.summary == (
         "throughput: TP 1 (one TP=1 server per NUMA node, 4 per node), KV 1 GiB/rank (explicit), launcher binding, "
-        "16 CPU, 5.7 GiB on 2 amd64/4-NUMA/64-CPU nodes (n0, n1)"
+        "16 CPU, 5.1 GiB on 2 amd64/4-NUMA/64-CPU nodes (n0, n1)"
     )
     assert plan.placement_note == (
         "NUMA alignment best-effort: the nodes' topology manager policy (label cpullm.io/topology-manager-policy, "
@@ -131,16 +131,16 @@ def test_throughput_refuses_more_than_one_rank(fields):
         pytest.param(
             4,
             "64Gi",
-            r"^the weights alone need 22\.3 GiB per pod \(19\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB "
+            r"^the weights alone need 18\.9 GiB per pod \(16\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB "
             r"weights\); amd64/4-NUMA/64-CPU nodes \(n0, n1\) have 16\.0 GiB \(16\.0 GiB per NUMA node\)$",
             id="weights-exceed-one-numa-node",
         ),
         pytest.param(
             2,
-            "48Gi",
-            r"^needs 26\.3 GiB per pod \(23\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB weights "
+            "44Gi",
+            r"^needs 23\.1 GiB per pod \(21\.0 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB weights "
             r"\+ 4\.0 GiB KV\); "
-            r"amd64/2-NUMA/64-CPU nodes \(n0, n1\) have 24\.0 GiB \(24\.0 GiB per NUMA node\)$",
+            r"amd64/2-NUMA/64-CPU nodes \(n0, n1\) have 22\.0 GiB \(22\.0 GiB per NUMA node\)$",
             id="weights-fit-but-not-with-kv",
         ),
     ],
@@ -175,8 +175,8 @@ def test_tensor_parallel_is_one_pod_per_node_and_never_caps_replicas(fields, mod
     ("fields", "model", "numa", "memory", "placement", "tp"),
     [
         pytest.param(QWEN, "qwen", 2, "512Gi", "throughput", 1, id="qwen-fits-a-numa-node"),
-        # Llama-8B at TP 1 with 4 GiB KV needs 26.3 GiB: 24 GiB per NUMA node cannot hold it, 48 GiB holds TP 2.
-        pytest.param({}, "llama", 2, "48Gi", "tensorParallel", 2, id="llama-too-big-for-a-numa-node"),
+        # Llama-8B at TP 1 with 4 GiB KV needs 23.1 GiB: 22 GiB per NUMA node cannot hold it, 44 GiB holds TP 2.
+        pytest.param({}, "llama", 2, "44Gi", "tensorParallel", 2, id="llama-too-big-for-a-numa-node"),
         pytest.param({}, "llama", 2, "64Gi", "throughput", 1, id="llama-fits-32gi-numa-nodes"),
         pytest.param({}, "llama", 1, "256Gi", "throughput", 1, id="1numa-node"),
         # One TP=1 server's KV cache (1 GiB = 87381 tokens at TP 1) cannot hold 131072 tokens; TP 2 halves the
@@ -227,7 +227,7 @@ def test_throughput_refuses_a_server_bigger_than_one_numa_node():
     ],
 )
 def test_summary_starts_with_the_strategy_name(placement, model, numa, chosen):
-    sized, fields, memory = (llama_8b(), {}, "48Gi") if model == "llama" else (qwen_05b(), QWEN, "256Gi")
+    sized, fields, memory = (llama_8b(), {}, "44Gi") if model == "llama" else (qwen_05b(), QWEN, "256Gi")
     plan = plan_service(spec(placement=placement, **fields), sized, pool(numa=numa, memory=memory))
     assert plan.placement == chosen
     assert plan.summary.split(": ")[0] == chosen
@@ -238,5 +238,5 @@ def test_weights_that_do_not_fit_are_model_too_large_before_the_kv_cache_is_judg
     """Memory is checked most fundamental first: a 1 GiB KV cache cannot hold 131072 tokens either, but a
     node that cannot hold the weights is what the user must hear about."""
     fields = {"placement": placement, "kvCacheGiB": 1, "maxModelLen": 131072}
-    with pytest.raises(ModelTooLarge, match=r"^the weights alone need 22\.3 GiB per pod .* have 8\.0 GiB"):
+    with pytest.raises(ModelTooLarge, match=r"^the weights alone need 18\.9 GiB per pod .* have 8\.0 GiB"):
         plan_service(spec(**fields), llama_8b(), [node(memory="8Gi")])

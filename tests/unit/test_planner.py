@@ -1,7 +1,8 @@
 import pytest
 
 from cpullm.core.constants import GiB, MiB
-from cpullm.core.planner import memory_budget, plan_service
+from cpullm.core.memory import memory_budget
+from cpullm.core.planner import plan_service
 from cpullm.core.sizing import size_model
 from cpullm.errors import (
     InvalidTensorParallelSize,
@@ -41,14 +42,13 @@ def test_tp_follows_heads_of_small_models():
     assert plan.tensor_parallel_size == 2
 
 
-def test_memory_formula_and_plan_fields():
+def test_memory_plan_fields():
+    """The plan carries the memory model's parts (core/memory.py; tests/unit/test_memory.py holds the formula)."""
     plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="96", memory="512Gi")])
-    budget = memory_budget(2, plan.weight_shard_bytes, 4)
-    limit, overhead, shm = budget.limit_bytes, budget.rank_overhead_bytes, budget.shm_bytes
-    expected = 1950 * MiB + 2 * (plan.weight_shard_bytes + 4 * GiB + overhead) + shm
-    assert limit == -(-expected // MiB) * MiB == plan.memory_limit_bytes
-    assert overhead == 1180 * MiB + -(-plan.weight_shard_bytes // 4)
-    assert shm == 256 * MiB + 2 * 256 * MiB
+    budget = memory_budget(llama_8b(), 2, plan.weight_shard_bytes, 4)
+    assert plan.memory_limit_bytes == budget.limit_bytes
+    assert (plan.rank_overhead_bytes, plan.server_overhead_bytes) == (budget.rank_runtime_bytes, budget.server_bytes)
+    assert (plan.page_cache_bytes, plan.shm_bytes) == (budget.page_cache_bytes, 256 * MiB + 2 * 256 * MiB)
     assert plan.kv_cache_gi_b == 4 and plan.kv_cache_source == "explicit"
     assert plan.kv_tokens_per_rank == 4 * GiB // 65536
     assert plan.image == "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64"
@@ -199,10 +199,10 @@ def test_selector_and_affinity_narrow_the_pool():
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
-        ([node(memory="24Gi")], r"needs 26\.3 GiB per pod .* have 24\.0 GiB"),
+        ([node(memory="20Gi")], r"needs 23\.1 GiB per pod .* have 20\.0 GiB"),
         (
             [node(numa=2, memory="26Gi")],
-            r"14\.5 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
+            r"13\.1 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
         ),
     ],
 )

@@ -2,7 +2,8 @@
 The constants are measured with the memory cgroup the kubelet limits a container with (docs/calibration.md,
 bench/sizes_bench.py: random-weight models of 20M to 3B parameters, two vocabularies).
 
-    limit = server processes + TP x (weight shard + KV cache + rank runtime) + page cache in use + /dev/shm
+    limit = (server processes + TP x (weight shard + KV cache + rank runtime) + page cache in use) x (1 + margin)
+            + /dev/shm
 
 - server processes: the API server and the engine core (and the in-pod launcher). What they hold whatever the
   model, and the tokenizer's tables, which both load: a share per vocabulary entry.
@@ -24,18 +25,24 @@ from dataclasses import dataclass
 from cpullm.core import constants as c
 from cpullm.core.sizing import ModelSize
 
-# Measured: API server + engine core + launcher hold 1,108 MiB of anonymous memory with a 447-entry vocabulary, and
+# API server + engine core + launcher, measured: 1,108 MiB of anonymous memory with a 447-entry vocabulary, and
 # 2,115 bytes more per vocabulary entry (1.381 GiB at Qwen2.5's 151,936 entries, 1.150 at TinyLlama's 32,000).
-SERVER_BASE_BYTES = 1150 * c.MiB
-SERVER_BYTES_PER_VOCAB_ENTRY = 2200
+SERVER_BASE_BYTES = 1108 * c.MiB
+SERVER_BYTES_PER_VOCAB_ENTRY = 2115
 # A config without vocab_size (spec.model.weightsBytes sizes its weights) is not assumed to have a small one.
 UNKNOWN_VOCABULARY = 262_144
-# Measured: a worker holds 582 MiB + 13.7 MiB per decoder layer beyond its weights and KV cache (0.62 GiB at 4
-# layers, 0.85 at 22, 0.91 at 24, 0.94 at 28; at most 22 MiB off that line), with a long prompt and a full batch.
-RANK_BASE_BYTES = 620 * c.MiB
-RANK_BYTES_PER_LAYER = 15 * c.MiB
-# Measured: working set less anonymous memory at the peak, 0.22 GiB (tiny model) to 0.52 GiB (1.1B).
-PAGE_CACHE_BYTES = 512 * c.MiB
+# A worker beyond its weights and KV cache, measured: 582 MiB + 13.7 MiB per decoder layer (0.62 GiB at 4 layers,
+# 0.85 at 22, 0.91 at 24, 0.94 at 28, fitted; 1.03 at 36 layers predicted within 20 MiB), with a long prompt and a
+# full batch served.
+RANK_BASE_BYTES = 582 * c.MiB
+RANK_BYTES_PER_LAYER = 14 * c.MiB
+# Working set less anonymous memory at the peak, measured: 0.22 GiB (tiny model), 0.46-0.52 GiB (0.5B to 3B); these
+# pages are reclaimable, and the margin below covers the rest.
+PAGE_CACHE_BYTES = 448 * c.MiB
+# Over the measured parts: a node whose kernel or allocator holds a few % more than the measurement's did (page
+# tables and slab grow with the memory mapped, tcmalloc's caches with its threads). With it the working set's peak
+# measured 0.81-0.92 of the limit from 20M to 3B parameters (docs/calibration.md).
+MARGIN_FRACTION = 0.05
 # vLLM checks /dev/shm has >= 256 MiB free at start-up; ranks of TP > 1 exchange activations there.
 SHM_BASE_BYTES = 256 * c.MiB
 SHM_PER_RANK_BYTES = 256 * c.MiB
@@ -55,14 +62,22 @@ class MemoryBudget:
 
     @property
     def per_rank_bytes(self) -> int:
-        """What one rank needs on its NUMA node: its weight shard, its KV cache and its runtime."""
-        return self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes
+        """What one rank needs on its NUMA node: its weight shard, its KV cache and its runtime, with the margin."""
+        return math.ceil((self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes) * (1 + MARGIN_FRACTION))
+
+    @property
+    def margin_bytes(self) -> int:
+        """The margin over the measured parts, in all."""
+        measured = self.server_bytes + self.page_cache_bytes
+        per_rank = self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes
+        return math.ceil(measured * MARGIN_FRACTION) + self.tensor_parallel_size * (self.per_rank_bytes - per_rank)
 
     @property
     def limit_bytes(self) -> int:
         """The container's memory request and limit, rounded up to a whole MiB."""
-        parts = (self.server_bytes, self.tensor_parallel_size * self.per_rank_bytes, self.page_cache_bytes)
-        return math.ceil((sum(parts) + self.shm_bytes) / c.MiB) * c.MiB
+        shared = math.ceil((self.server_bytes + self.page_cache_bytes) * (1 + MARGIN_FRACTION))
+        total = shared + self.tensor_parallel_size * self.per_rank_bytes + self.shm_bytes
+        return math.ceil(total / c.MiB) * c.MiB
 
 
 def memory_budget(model: ModelSize, tp: int, shard_bytes: int, kv_gib: int) -> MemoryBudget:
