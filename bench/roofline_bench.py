@@ -13,8 +13,9 @@ completions of different lengths (their difference cancels prefill and request o
 Configurations: the rendered pod (launcher binding), the same with one CPU kept for the API server and engine
 core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), glibc's allocator
 instead of tcmalloc (LD_PRELOAD without it), no torch.compile (--enforce-eager: a start without compilation or
-warm-up), and a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill). SMT siblings are compared where the CPUs have them. Each row also gives the server's start and one
-1,024-token prompt's prefill rate.
+warm-up), and a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill). SMT
+siblings are compared where the CPUs have them. Each row also gives the server's start and one 1,024-token
+prompt's prefill rate.
 """
 
 from __future__ import annotations
