@@ -14,8 +14,8 @@ Configurations: the rendered pod (launcher binding), the same with one CPU kept 
 core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), glibc's allocator
 instead of tcmalloc (LD_PRELOAD without it), no torch.compile (--enforce-eager: a start without compilation or
 warm-up), and a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill). SMT
-siblings are compared where the CPUs have them. Each row also gives the server's start and one 1,024-token
-prompt's prefill rate.
+siblings are compared where the CPUs have them. Each row also gives the server's start, one 1,024-token prompt's
+prefill rate, and the peak working set of its memory cgroup against the plan's limit.
 """
 
 from __future__ import annotations
@@ -135,7 +135,9 @@ def main() -> None:
                 prefill = prefill_rate(server, config["vocab_size"], args.rounds)
             finally:
                 server.stop()
-            rows.append((name, server.measured.startup_seconds, rate, prefill, threads_of(server.log)))
+            measured = server.measured
+            memory = measured.peak_working_set_bytes / measured.limit_bytes if measured.limit_bytes else 0.0
+            rows.append((name, measured.startup_seconds, rate, prefill, memory, threads_of(server.log)))
             print(f"roofline_bench: {name}: {rate:.2f} tok/s", file=sys.stderr, flush=True)
 
     print(
@@ -150,12 +152,12 @@ def main() -> None:
     best = roof["by_threads"][str(len(cpus))]
     read, gemv = best["stream_read_gbps"], best["gemv_gbps"]
     print(f"\n{'configuration':<30}{'start s':>8}{'decode tok/s':>13}{'GB/s':>7}{'/read':>7}{'/GEMV':>7}", end="")
-    print(f"{'prefill tok/s':>14}  binding")
-    for name, started, rate, prefill, threads in rows:
+    print(f"{'prefill tok/s':>14}{'WS/limit':>9}  binding")
+    for name, started, rate, prefill, memory, threads in rows:
         gbps = rate * shard / 1e9
         print(
             f"{name:<30}{started:>8.0f}{rate:>13.2f}{gbps:>7.1f}{gbps / read:>7.2f}{gbps / gemv:>7.2f}"
-            f"{prefill:>14.1f}  {threads}"
+            f"{prefill:>14.1f}{memory:>9.3f}  {threads}"
         )
 
 

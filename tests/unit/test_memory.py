@@ -27,7 +27,7 @@ def test_the_limit_is_its_parts_rounded_up_to_a_mib():
     margin = 1 + memory.MARGIN_FRACTION
     assert budget.per_rank_bytes == math.ceil((qwen.weights_bytes + GiB + runtime) * margin)
     measured = server + qwen.weights_bytes + GiB + runtime + memory.PAGE_CACHE_BYTES
-    parts = measured * margin + memory.SHM_BASE_BYTES
+    parts = measured * margin + memory.SHM_CHARGED_BASE_BYTES
     assert budget.limit_bytes == math.ceil(parts / MiB) * MiB  # to the byte but for rounding
     assert budget.margin_bytes == pytest.approx(measured * memory.MARGIN_FRACTION, abs=2)
 
@@ -57,9 +57,11 @@ def test_a_config_without_its_vocabulary_is_not_assumed_to_have_a_small_one():
     assert memory_budget(sized, 1, 10**9, 1).server_bytes == expected
 
 
-@pytest.mark.parametrize(("tp", "shm"), [(1, 256 * MiB), (2, 768 * MiB), (4, 1280 * MiB)])
-def test_shared_memory_is_there_for_vllms_check_and_the_ranks_exchange(tp, shm):
-    assert memory_budget(model(), tp, 0, 1).shm_bytes == shm
+@pytest.mark.parametrize(
+    ("tp", "size", "counted"), [(1, 256 * MiB, 256 * MiB), (2, 768 * MiB, 512 * MiB), (4, 1280 * MiB, 768 * MiB)]
+)
+def test_shared_memory_is_sized_for_vllms_checks_and_counted_for_what_it_writes(tp, size, counted):
+    assert (memory.shm_size_bytes(tp), memory_budget(model(), tp, 0, 1).shm_bytes) == (size, counted)
 
 
 def test_the_ranks_share_nothing_but_the_server_and_the_page_cache():

@@ -13,8 +13,8 @@ bench/sizes_bench.py: random-weight models of 20M to 3B parameters, two vocabula
   graph and of the activations a prefill of max_num_batched_tokens leaves in the allocator.
 - page cache in use: file pages the server reads again and again (its libraries, the model's files), which the
   working set counts (the kubelet evicts on it) though the kernel can reclaim them.
-- /dev/shm (a memory-backed emptyDir, charged to the pod): vLLM checks for free space there at start-up, and
-  tensor-parallel ranks exchange activations through it.
+- /dev/shm (a memory-backed emptyDir, charged to the pod as it is written): sized for vLLM's free-space checks,
+  counted in the limit for what vLLM writes there.
 """
 
 from __future__ import annotations
@@ -43,9 +43,21 @@ PAGE_CACHE_BYTES = 448 * c.MiB
 # tables and slab grow with the memory mapped, tcmalloc's caches with its threads). With it the working set's peak
 # measured 0.81-0.92 of the limit from 20M to 3B parameters (docs/calibration.md).
 MARGIN_FRACTION = 0.05
-# vLLM checks /dev/shm has >= 256 MiB free at start-up; ranks of TP > 1 exchange activations there.
-SHM_BASE_BYTES = 256 * c.MiB
-SHM_PER_RANK_BYTES = 256 * c.MiB
+# /dev/shm's size: each of vLLM's shared-memory ring buffers (the engine's broadcast to the workers, each worker's
+# reply; 10 chunks of 24 MiB) checks for its 240 MiB free when it is made (shm_broadcast.check_shm_free_space). They
+# are sparse: only what is written is charged.
+SHM_SIZE_BASE_BYTES = 256 * c.MiB
+SHM_SIZE_PER_RANK_BYTES = 256 * c.MiB  # with TP > 1
+# What the limit counts of it: the broadcast ring written full (256 MiB), and 128 MiB per rank at TP > 1 for the
+# replies and the ranks' all-reduce. Measured: under 1 MiB written at TP 1 and TP 2, a long prompt and a full batch
+# served (the ring's messages, scheduler outputs, are kilobytes).
+SHM_CHARGED_BASE_BYTES = 256 * c.MiB
+SHM_CHARGED_PER_RANK_BYTES = 128 * c.MiB  # with TP > 1
+
+
+def shm_size_bytes(tp: int) -> int:
+    """The size of the pod's /dev/shm."""
+    return SHM_SIZE_BASE_BYTES + (tp * SHM_SIZE_PER_RANK_BYTES if tp > 1 else 0)
 
 
 @dataclass(frozen=True)
@@ -58,7 +70,7 @@ class MemoryBudget:
     kv_bytes: int
     rank_runtime_bytes: int
     page_cache_bytes: int
-    shm_bytes: int
+    shm_bytes: int  # what the limit counts of /dev/shm
 
     @property
     def per_rank_bytes(self) -> int:
@@ -90,5 +102,5 @@ def memory_budget(model: ModelSize, tp: int, shard_bytes: int, kv_gib: int) -> M
         kv_bytes=kv_gib * c.GiB,
         rank_runtime_bytes=RANK_BASE_BYTES + RANK_BYTES_PER_LAYER * anatomy.layers,
         page_cache_bytes=PAGE_CACHE_BYTES,
-        shm_bytes=SHM_BASE_BYTES + (tp * SHM_PER_RANK_BYTES if tp > 1 else 0),
+        shm_bytes=SHM_CHARGED_BASE_BYTES + (tp * SHM_CHARGED_PER_RANK_BYTES if tp > 1 else 0),
     )

@@ -31,7 +31,7 @@ from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDTy
 from cpullm.core import constants as c
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
-from cpullm.core.memory import MemoryBudget, memory_budget
+from cpullm.core.memory import MemoryBudget, memory_budget, shm_size_bytes
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
@@ -305,7 +305,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         rank_overhead_bytes=budget.rank_runtime_bytes,
         server_overhead_bytes=budget.server_bytes,
         page_cache_bytes=budget.page_cache_bytes,
-        shm_bytes=budget.shm_bytes,
+        shm_bytes=shm_size_bytes(tp),
         memory_limit_bytes=budget.limit_bytes,
         max_model_len=kv.max_model_len,
         max_model_len_source=kv.max_model_len_source,
