@@ -56,7 +56,7 @@ from typing import Any, BinaryIO
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("CPULLM_IMAGES_CACHE", Path.home() / ".cache" / "cpullm-operator" / "images"))
 VLLM_VENV = Path(os.environ.get("CPULLM_VLLM_VENV", Path.home() / ".cache" / "cpullm-operator" / "vllm-0.32.0-venv"))
-PAUSE_SOURCE = ROOT / "e2e" / "node" / "pause" / "main.go"
+PAUSE_SOURCE = ROOT / "testbed" / "node" / "pause" / "main.go"
 # The vLLM image's root filesystem; changing the recipe changes its cache key.
 SUITE = "bookworm"
 PACKAGES = ("python3.11", "python3.11-dev", "g++", "libtcmalloc-minimal4", "libnuma1", "ca-certificates", "procps")

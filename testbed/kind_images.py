@@ -53,8 +53,8 @@ from testbed.images import (
     tar_command,
 )
 
-RUNC_WRAPPER = ROOT / "e2e" / "node" / "runc-wrapper"
-KINDNET = ROOT / "e2e" / "kindnet.py"
+RUNC_WRAPPER = ROOT / "testbed" / "node" / "runc-wrapper"
+KINDNET = ROOT / "testbed" / "kindnet.py"
 KIND_BASE_PACKAGES = (
     "systemd",
     "conntrack",

@@ -40,7 +40,7 @@ from testbed.images import BUILDERS, Image, build_pause
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
 CAP_SYS_RESOURCE = 24
-RUNC_WRAPPER = ROOT / "e2e" / "node" / "runc-wrapper"
+RUNC_WRAPPER = ROOT / "testbed" / "node" / "runc-wrapper"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/var/run/netns")
 CONTAINER_LOGS = Path("/var/log/containers")
