@@ -6,8 +6,9 @@ from typing import Any
 
 import pytest
 
-from cpullm.core.affected import affected_by_node, asks_for_api
+from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
 from cpullm.core.children import OPTIONAL_APIS
+from cpullm.core.children.common import Owner, metadata
 from cpullm.errors import NodeLabelError
 
 from .builders import node, planned_service
@@ -66,3 +67,36 @@ def test_a_service_without_a_plan_asks_for_nothing_and_a_broken_one_is_reconcile
     assert asks_for_api(unplanned, POD_MONITOR_CRD) is False
     broken = {**planned_service(), "spec": {"replicas": "many"}}
     assert asks_for_api(broken, POD_MONITOR_CRD) is True
+
+
+SERVICE_A = {"metadata": {"name": "a", "namespace": "ns", "uid": "uid-a"}}
+A_CHILD = metadata(Owner("a", "ns", "uid-a"))  # what the builders write
+
+
+def refs(**ref: Any) -> dict[str, Any]:
+    base = {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "name": "a",
+        "uid": "uid-a",
+        "controller": True,
+    }
+    return {**A_CHILD, "ownerReferences": [{**base, **ref}]}
+
+
+@pytest.mark.parametrize(
+    ("meta", "owner"),
+    [
+        (A_CHILD, SERVICE_A),
+        (refs(apiVersion="cpullm.io/v1"), SERVICE_A),  # another version of the same API
+        ({**A_CHILD, "ownerReferences": []}, None),  # the operator's labels alone
+        (refs(uid="uid-old"), None),  # a service of that name deleted since
+        (refs(name="b"), None),  # a service that does not exist
+        (refs(controller=False), None),  # owned, not controlled
+        (refs(kind="ReplicaSet"), None),
+        (refs(apiVersion="example.com/v1"), None),
+    ],
+)
+def test_a_child_belongs_to_the_service_its_controller_reference_names_by_uid(meta, owner):
+    assert owning_service("ns", meta, {("ns", "a"): [SERVICE_A]}) == owner
+    assert owning_service("other", meta, {("ns", "a"): [SERVICE_A]}) is None  # owners are in the child's namespace

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 import kopf
+import pytest
 from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
 
 from cpullm.controller import handlers
@@ -91,8 +92,22 @@ OTHER_INDEXES: dict[str, Any] = {
 }
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
+
+
+def child(
+    name: str, controller: tuple[str, str] | None = ("a", "uid-a"), kind: str = "CpuLLMService"
+) -> dict[str, Any]:
+    """What Kopf passes a child's event handler about the child: its name, metadata and body (with the controller
+    owner reference the operator writes, to the service `controller` = (name, uid))."""
+    meta: dict[str, Any] = {"name": name, "namespace": "ns", "labels": {"cpullm.io/service": "a"}}
+    if controller is not None:
+        owner = {"apiVersion": "cpullm.io/v1alpha1", "kind": kind, "name": controller[0], "uid": controller[1]}
+        meta["ownerReferences"] = [{**owner, "controller": True}]
+    return {"name": name, "meta": meta, "body": kopf.Body({"metadata": meta})}
+
+
 SERVICES = {
-    ("ns", "a"): [{"metadata": {"name": "a", "namespace": "ns"}}],
+    ("ns", "a"): [{"metadata": {"name": "a", "namespace": "ns", "uid": "uid-a"}}],
     ("ns", "gone"): [{"metadata": {"name": "gone", "namespace": "ns", "deletionTimestamp": "now"}}],
 }
 
@@ -192,26 +207,27 @@ def test_child_events_reconcile_their_owner_only_when_the_reconciler_finds_the_e
     rec = memo["state"].reconciler
     index = {"n1": [node("n1")]}
 
-    def child_event(labels: dict[str, str], type_: str | None, name: str = "a") -> None:
+    def child_event(type_: str | None, name: str = "a", controller: Any = ("a", "uid-a"), kind: str = "CpuLLMService"):
         call = handlers.child_changed(
-            labels=labels,
             namespace="ns",
             type=type_,
             memo=memo,
             node_profiles=index,
             services=SERVICES,
             **OTHER_INDEXES,
-            body=kopf.Body({"metadata": {"name": name, "namespace": "ns"}}),
+            **child(name, controller, kind),
             resource=DEPLOYMENTS,
         )
         asyncio.run(call)
 
-    child_event({"cpullm.io/service": "a"}, "MODIFIED")
-    child_event({"cpullm.io/service": "other"}, "DELETED")  # no such service
-    child_event({}, "MODIFIED")  # not ours
-    child_event({"cpullm.io/service": "a"}, None)  # in a listing, unchanged
+    child_event("MODIFIED")
+    child_event("DELETED", controller=("other", "uid-o"))  # no such service
+    child_event("MODIFIED", controller=None)  # our labels, no owner: not ours
+    child_event("MODIFIED", controller=("a", "uid-old"))  # left by a service of the same name, deleted since
+    child_event("MODIFIED", kind="ReplicaSet")  # controlled by something else
+    child_event(None)  # in a listing, unchanged
     rec.own_writes.add("a-own")
-    child_event({"cpullm.io/service": "a"}, "MODIFIED", name="a-own")  # nothing the reconcile would change
+    child_event("MODIFIED", name="a-own")  # nothing the reconcile would change
     assert rec.calls == [("a", ["n1"])]
     assert rec.seen == [("Deployment", "a", "MODIFIED"), ("Deployment", "a", None), ("Deployment", "a-own", "MODIFIED")]
 
@@ -262,14 +278,13 @@ def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monk
 
     async def scenario() -> None:
         await handlers.child_changed(
-            labels={"cpullm.io/service": "a"},
             namespace="ns",
             type="MODIFIED",
             memo=memo,
             node_profiles={"n1": [node("n1")]},
             services=SERVICES,
             **OTHER_INDEXES,
-            body=kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
+            **child("a"),
             resource=DEPLOYMENTS,
         )
         await retries_settled(memo)
@@ -414,14 +429,13 @@ def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting
     """Kopf lists again (type None) after a watch failed; the first listing and unchanged children do nothing."""
     memo = handler_memo(RecordingReconciler())
     listing = {
-        "labels": {"cpullm.io/service": "a"},
         "namespace": "ns",
         "type": None,
         "memo": memo,
         "node_profiles": {},
         "services": SERVICES,
         **OTHER_INDEXES,
-        "body": kopf.Body({"metadata": {"name": "a", "namespace": "ns"}}),
+        **child("a"),
         "resource": DEPLOYMENTS,
     }
     asyncio.run(handlers.child_changed(**listing))
@@ -676,3 +690,16 @@ def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_un
     finally:
         logger.removeFilter(handlers._optional_node_facts_unresolved)
     assert [r.getMessage().count("Selector(") for r in caplog.records] == [2]
+
+
+@pytest.mark.parametrize(
+    ("name", "controller", "indexed_as"),
+    [
+        ("a", ("a", "uid-a"), ("ns", "a")),  # the servers' Deployment
+        ("a-router", ("a", "uid-a"), None),  # the router's: not what the service's status reports
+        ("a", None, None),  # our labels, nobody's controller reference
+    ],
+)
+def test_the_deployment_index_keys_a_deployment_by_the_service_controlling_it(name, controller, indexed_as):
+    found = asyncio.run(handlers.owned_deployments(namespace="ns", status={"replicas": 1}, **child(name, controller)))
+    assert list(found) == ([indexed_as] if indexed_as else [])

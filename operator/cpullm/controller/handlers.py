@@ -32,9 +32,9 @@ from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import Change, ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
-from cpullm.core.affected import affected_by_node, asks_for_api
+from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
 from cpullm.core.children import CHILD_KINDS, OPTIONAL_APIS, WATCHED_KINDS
-from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
+from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_topology import NodeTopology, parse_topology, with_topology
 from cpullm.core.status import scheduling_failure
@@ -240,12 +240,12 @@ async def services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict
 
 @kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)
 async def owned_deployments(
-    namespace: str, name: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
+    namespace: str, name: str, meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """The status of each service's servers' Deployment (what the service's status reports; a router's is not),
-    keyed by its owner."""
-    owner = labels.get(SERVICE_LABEL)
-    return {(namespace, owner): {"status": copy.deepcopy(dict(status))}} if owner == name else {}
+    keyed by the service that controls it."""
+    controller = controlling_service(meta)
+    return {(namespace, name): {"status": copy.deepcopy(dict(status))}} if controller and controller[0] == name else {}
 
 
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
@@ -409,26 +409,24 @@ async def _reconcile_quietly(
 
 
 async def child_changed(
-    labels: Mapping[str, str],
     namespace: str,
     type: str | None,
     memo: kopf.Memo,
     services: kopf.Index[Any, Any],
     **kwargs: Any,
 ) -> None:
-    """A child changed or vanished: reconcile its owner, which reverts drift and refreshes status, when the
+    """A child changed or vanished: reconcile its owner (its controller owner reference, name and UID), which
+    reverts drift and refreshes status, when the
     event can change either (Reconciler.child_event): someone else's edit or deletion, or a Deployment's
     replica counts; the operator's own writes and a Deployment's other status updates do not. Kopf lists
     again (events of type None) when a watch failed and the API server no longer has its resource version:
     what changed meanwhile is found there."""
-    owner = labels.get(SERVICE_LABEL)
-    if owner is None or (namespace, owner) not in services:
+    service = owning_service(namespace, kwargs["meta"], services)
+    if service is None or not _state(memo).reconciler.child_event(
+        kwargs["resource"].kind, namespace, kwargs["name"], type, kwargs["body"], service["metadata"]["name"]
+    ):
         return
-    body = kwargs.get("body") or {}
-    kind, name = kwargs["resource"].kind, body["metadata"]["name"]
-    if not _state(memo).reconciler.child_event(kind, namespace, name, type, body, owner):
-        return
-    await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
+    await _reconcile_quietly(memo, [service], {"services": services, **kwargs})
 
 
 for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CHILD_KINDS)

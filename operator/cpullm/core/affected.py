@@ -3,7 +3,7 @@ services it can affect (with thousands of services, one node's label change must
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from cpullm.api.plan import Plan
 from cpullm.api.spec import parse_spec
 from cpullm.core.children import OPTIONAL_APIS, build_children
-from cpullm.core.children.common import Owner
+from cpullm.core.children.common import Owner, controlling_service
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.topology import NodeProfile, NodeState
 from cpullm.errors import CpuLLMError
@@ -43,3 +43,16 @@ def asks_for_api(service: Mapping[str, Any], crd: str) -> bool:
         return True  # its reconcile reports what is wrong; nothing to save here
     owner = Owner(meta.get("name", ""), meta.get("namespace", ""))
     return any(OPTIONAL_APIS.get((c["apiVersion"], c["kind"])) == crd for c in build_children(owner, spec, planned))
+
+
+def owning_service(
+    namespace: str, meta: Mapping[str, Any], services: Mapping[tuple[str, str], Iterable[Mapping[str, Any]]]
+) -> Mapping[str, Any] | None:
+    """The service an owned child's event concerns: the one its controller owner reference names, name and UID,
+    among `services` (keyed by namespace and name). None for an object that merely carries the operator's labels,
+    or that a deleted service of the same name left behind."""
+    controller = controlling_service(meta)
+    if controller is None:
+        return None
+    name, uid = controller
+    return next((s for s in services.get((namespace, name), ()) if (s.get("metadata") or {}).get("uid") == uid), None)

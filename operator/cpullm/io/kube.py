@@ -29,7 +29,7 @@ from kubernetes.client.exceptions import ApiException
 from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
 from cpullm.core import node_topology
 from cpullm.core.children import CHILD_KIND, marker
-from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL
+from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, controller_reference
 from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.metrics import API_ERRORS
@@ -121,8 +121,7 @@ class Kube:
             meta = _json(response).get("metadata") or {}
         if meta is None:
             return None
-        controller: dict[str, Any] = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
-        return Ownership(uid=str(meta.get("uid") or ""), controller_uid=controller.get("uid"))
+        return Ownership(uid=str(meta.get("uid") or ""), controller_uid=controller_reference(meta).get("uid"))
 
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> dict[tuple[str, str], str]:
         """Each child of `kind` that carries the operator's managed-by label in `namespaces` (empty: cluster-wide),

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
+from cpullm.api.spec import API_VERSION, GROUP, KIND, CpuLLMServiceSpec
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "cpullm-operator"
@@ -66,6 +66,21 @@ def metadata(owner: Owner) -> dict[str, Any]:
             }
         ]
     return meta
+
+
+def controller_reference(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's controller owner reference ({} for none): who may change and delete it."""
+    return next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), {})
+
+
+def controlling_service(meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(name, uid) of the CpuLLMService controlling an object (the owner reference `metadata` writes), or None.
+    What ties a child to its service, by UID: labels can be copied onto any object, and a child left by a
+    service deleted and made again under the same name names the old UID."""
+    ref = controller_reference(meta)
+    if str(ref.get("apiVersion", "")).split("/")[0] != GROUP or ref.get("kind") != KIND:
+        return None
+    return str(ref.get("name", "")), str(ref.get("uid", ""))
 
 
 def suffixed_name(owner: Owner, suffix: str, limit: int) -> str:
