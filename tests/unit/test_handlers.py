@@ -10,7 +10,7 @@ import kopf
 import pytest
 from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
 
-from cpullm.controller import handlers
+from cpullm.controller import dispatch, handlers
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.errors import TransientApiError
@@ -239,7 +239,7 @@ def test_node_index_keeps_label_errors_out_of_planning():
     for n, labels in [("n1", {}), ("n2", {}), ("n2", {"cpullm.io/numa-nodes": "x"})]:
         body = kopf.Body(node_object(n, labels=labels))
         index._replace((None, n, n), asyncio.run(handlers.node_profiles(name=n, body=body)))
-    assert [p.name for p in handlers.indexed(index)] == ["n1"]
+    assert [p.name for p in dispatch.indexed(index)] == ["n1"]
 
 
 def test_a_pod_scheduled_at_last_leaves_the_unschedulable_index():
@@ -273,7 +273,7 @@ async def retries_settled(memo: kopf.Memo) -> None:
 def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monkeypatch):
     """A child event's reconcile that could not reach the API server is tried again (with the latest service),
     so a status cannot stay stale after a fault; retries stop once it succeeds."""
-    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt, **_: 0.01 if outcome is not None else None)
+    monkeypatch.setattr(dispatch, "retry_delay", lambda outcome, attempt, **_: 0.01 if outcome is not None else None)
     memo = handler_memo(FlakyReconciler(failures=2))
 
     async def scenario() -> None:
@@ -479,7 +479,7 @@ def test_a_resync_lists_the_optional_kinds_whose_crds_are_served():
         "services": SERVICES,
         "installed_crds": {"inferencepools.inference.networking.k8s.io": [True]},
     }
-    asyncio.run(handlers.resync(handler_memo(rec), indexes, []))
+    asyncio.run(dispatch.resync(handler_memo(rec)["state"], indexes, []))
     assert "InferencePool" in rec.listed and "HTTPRoute" not in rec.listed and "PodMonitor" not in rec.listed
 
 
@@ -498,7 +498,7 @@ def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
         **OTHER_INDEXES,
         "owned_deployments": {("ns", "a"): [last_seen]},
     }
-    asyncio.run(handlers.resync(memo, indexes, []))
+    asyncio.run(dispatch.resync(memo["state"], indexes, []))
     # Every kind that is served: the built-in ones, not those whose CRD is not installed.
     assert rec.listed == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
     assert [name for name, _ in rec.calls] == ["a", "a"]
@@ -565,7 +565,7 @@ def test_at_most_the_configured_number_of_reconciles_run_at_once():
 
     async def burst() -> None:
         created = [service_event(memo, "ADDED", b, services, indexes) for b in bodies]
-        events = [handlers._reconcile_quietly(memo, [b], indexes) for b in bodies]
+        events = [dispatch.reconcile_quietly(memo["state"], [b], indexes) for b in bodies]
         await asyncio.gather(*created, *events)
 
     asyncio.run(burst())
@@ -611,11 +611,11 @@ def test_a_service_event_reconciles_the_indexed_service_when_the_reconciler_find
 def test_failed_reconciles_of_one_service_leave_one_retry_pending_the_soonest(monkeypatch):
     memo = handler_memo(FlakyReconciler(failures=100))
     delays = iter([30.0, 0.01, 60.0])
-    monkeypatch.setattr(handlers, "retry_delay", lambda outcome, attempt, **_: next(delays, None))
+    monkeypatch.setattr(dispatch, "retry_delay", lambda outcome, attempt, **_: next(delays, None))
 
     async def scenario() -> None:
         for _ in range(3):
-            await handlers._reconcile_quietly(memo, SERVICES["ns", "a"], {"services": SERVICES, **INDEXES})
+            await dispatch.reconcile_quietly(memo["state"], SERVICES["ns", "a"], {"services": SERVICES, **INDEXES})
         assert len(memo["state"].retries.pending) == 1
         await retries_settled(memo)
 

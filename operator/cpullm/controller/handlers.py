@@ -1,4 +1,5 @@
-"""Kopf handlers: thin. They turn watch events into Reconciler.reconcile calls and retry those that could not finish.
+"""Kopf handlers: the decorators, Kopf's settings, the indexes, and one line per event into controller/dispatch.py,
+which turns watch events into Reconciler.reconcile calls and retries those that could not finish.
 
 Triggers: the CpuLLMService itself (new, its spec changed, or first seen); a node whose
 profile changed (the services it can affect are re-planned; only changed plans touch anything); a DaemonSet
@@ -20,29 +21,27 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-import random
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
-from cpullm.controller.outcomes import retry_delay
+from cpullm.controller import dispatch
 from cpullm.controller.reconcile import Reconciler
-from cpullm.controller.state import Change, ControllerState
+from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
-from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
-from cpullm.core.children import CHILD_KINDS, OPTIONAL_APIS, WATCHED_KINDS
+from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
-from cpullm.core.node_topology import NodeTopology, parse_topology, with_topology
+from cpullm.core.node_topology import NodeTopology, parse_topology
 from cpullm.core.status import scheduling_failure
-from cpullm.core.topology import NodeProfile, NodeState, parse_node
-from cpullm.errors import NodeLabelError, NodeTopologyError, PermissionDenied, TransientApiError
+from cpullm.core.topology import NodeProfile, parse_node
+from cpullm.errors import NodeLabelError, NodeTopologyError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
-from cpullm.metrics import NODE_PROFILES, track_services
+from cpullm.metrics import track_services
 from cpullm.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -113,7 +112,7 @@ async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
     config: Settings = memo.get("settings") or Settings()
     if config.resync_seconds > 0:
         _state(memo).resync = asyncio.get_running_loop().create_task(
-            _resync_forever(memo, indexes, config.resync_seconds, config.namespaces)
+            dispatch.resync_forever(_state(memo), indexes, config.resync_seconds, config.namespaces)
         )
 
 
@@ -124,31 +123,6 @@ async def shut_down(memo: kopf.Memo, **_: Any) -> None:
     if state.resync is not None:
         state.resync.cancel()
     state.workers.shutdown()
-
-
-async def _resync_forever(memo: kopf.Memo, indexes: Mapping[str, Any], every: float, namespaces: list[str]) -> None:
-    while True:
-        await asyncio.sleep(every)
-        await resync(memo, indexes, namespaces)
-
-
-async def resync(memo: kopf.Memo, indexes: Mapping[str, Any], namespaces: list[str]) -> None:
-    """One round: per kind that is served, list what exists, and reconcile the owners of what vanished or was
-    changed by another writer (the only way a change to a kind that is not watched, e.g. an InferencePool, is
-    seen)."""
-    served = installed(indexes["installed_crds"])
-    for kind in (k.kind for k in CHILD_KINDS if k.crd is None or k.crd in served):
-        try:
-            owners = await asyncio.to_thread(_state(memo).reconciler.find_drifted, kind, namespaces)
-        except (TransientApiError, PermissionDenied) as err:  # the next round tries again
-            log.warning("resync of %ss skipped: %s", kind, err.message)
-            continue
-        if owners:
-            log.info("%d %s(s) deleted or changed unseen, applying again: %s", len(owners), kind, owners[:5])
-        vanished = [s for owner in owners for s in indexes["services"].get(owner, ())]
-        # Kopf's index still holds a vanished Deployment's last status (no event removed it): not the replacement's.
-        facts = {**indexes, "owned_deployments": {}} if kind == "Deployment" else indexes
-        await _reconcile_quietly(memo, vanished, facts)
 
 
 @kopf.index("", "v1", "nodes")
@@ -173,13 +147,6 @@ async def node_topologies(name: str, body: kopf.Body, **_: Any) -> dict[str, Nod
         return {name: err}
 
 
-def _node_profile(name: str, node_profiles: kopf.Index[Any, Any], node_topologies: kopf.Index[Any, Any]) -> Any:
-    """A node's profile as the planner sees it: its labels', refined by its NodeResourceTopology's (None: the
-    node is not in the index)."""
-    profile, topology = _first(node_profiles, name), _first(node_topologies, name)
-    return with_topology(profile, topology) if profile is not None and isinstance(topology, NodeTopology) else profile
-
-
 @kopf.index("apps", "v1", "daemonsets")
 async def daemonset_pods(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], DaemonPods]:
     """The pods of each DaemonSet that requests CPU or memory: where they run and what they take there."""
@@ -191,42 +158,14 @@ async def daemonset_pods(namespace: str, name: str, body: kopf.Body, **_: Any) -
     return {(namespace, name): daemons} if daemons else {}
 
 
-@kopf.on.event("apps", "v1", "daemonsets")
-async def daemonset_changed(
-    namespace: str,
-    name: str,
-    type: str | None,
-    memo: kopf.Memo,
-    daemonset_pods: kopf.Index[Any, Any],
-    services: kopf.Index[Any, Any],
-    **kwargs: Any,
-) -> None:
-    """Re-plan every service when what a DaemonSet's pods take, or where, changed (a new agent, a bigger
-    request): rare, and any whole-node plan may have to leave it room. Its status (pods rolling) is noise."""
-    key = (namespace, name)
-    if _state(memo).daemonsets.news(key, type, _first(daemonset_pods, key)) is None:
-        return
-    indexes = {"daemonset_pods": daemonset_pods, "services": services, **kwargs}
-    await _reconcile_quietly(memo, indexed(services), indexes)
-
-
 def _optional_api(name: str, **_: Any) -> bool:
     return name in OPTIONAL_APIS.values()
-
-
-def _established(status: Mapping[str, Any]) -> bool:
-    """Whether the API server serves the CRD's kind: before that an apply answers 404."""
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 @kopf.index("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
 async def installed_crds(name: str, status: Mapping[str, Any], **_: Any) -> dict[str, bool]:
     """The optional APIs' CRDs that are served (a PodMonitor or ScaledObject is applied only where they are)."""
-    return {name: True} if _established(status) else {}
-
-
-def installed(index: kopf.Index[Any, Any]) -> frozenset[str]:
-    return frozenset(index.keys())
+    return {name: True} if dispatch.established(status) else {}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)
@@ -257,46 +196,9 @@ async def unschedulable_pods(
     return {(namespace, owner): message} if owner and message else {}
 
 
-def indexed(index: kopf.Index[Any, Any]) -> list[Any]:
-    """Every value a Kopf index holds (the node profiles, the DaemonSets' pods, the services)."""
-    return [value for store in index.values() for value in store]
-
-
-def _first(index: kopf.Index[Any, Any], key: Any) -> Any:
-    return next(iter(index.get(key, ())), None)
-
-
-class _Facts:
-    """What a reconcile reads from Kopf's indexes, which Kopf passes every handler by name among its keyword
-    arguments; read here, on the event loop, before the reconcile goes to a worker thread. Made only once the
-    reconcile holds a worker slot (controller/workers.py): a waiting reconcile holds no copies."""
-
-    def __init__(self, kwargs: Mapping[str, Any]) -> None:
-        self.nodes: list[NodeProfile] = indexed(kwargs["node_profiles"])
-        self.topologies = [t for t in indexed(kwargs["node_topologies"]) if isinstance(t, NodeTopology)]
-        self.daemons: list[DaemonPods] = indexed(kwargs["daemonset_pods"])
-        self.crds = installed(kwargs["installed_crds"])
-        self._deployments: kopf.Index[Any, Any] = kwargs["owned_deployments"]
-        self._unschedulable: kopf.Index[Any, Any] = kwargs["unschedulable_pods"]
-
-    async def reconcile(self, memo: kopf.Memo, service: Mapping[str, Any]) -> Any:
-        key = (service["metadata"]["namespace"], service["metadata"]["name"])
-        deployment, unschedulable = _first(self._deployments, key), _first(self._unschedulable, key)
-        reconciler, workers = _state(memo).reconciler, _state(memo).workers
-        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
-        return await workers.run(reconciler.reconcile, service, *facts, self.topologies)
-
-
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def service_changed(
-    type: str | None,
-    namespace: str,
-    name: str,
-    uid: str,
-    body: kopf.Body,
-    memo: kopf.Memo,
-    services: kopf.Index[Any, Any],
-    **kwargs: Any,
+    type: str | None, namespace: str, name: str, uid: str, body: kopf.Body, memo: kopf.Memo, **indexes: Any
 ) -> None:
     """A CpuLLMService was created or changed, or is listed (the operator's first listing reconciles every
     service, as resume handlers would), or was deleted (what is remembered of it goes; its children go by
@@ -306,127 +208,31 @@ async def service_changed(
     An event handler, not Kopf's create/update handlers: those keep the last handled spec in an annotation,
     one more write per change and a copy of the whole object per event to compare with it, while the
     generation already says whether the spec changed."""
-    if type == "DELETED":
-        _state(memo).reconciler.forget(namespace, name, uid)
-    elif _state(memo).reconciler.service_event(body):
-        await _reconcile_quietly(memo, list(services.get((namespace, name), ())), {"services": services, **kwargs})
+    await dispatch.service_changed(_state(memo), type, namespace, name, uid, body, indexes)
 
 
 @kopf.on.event("", "v1", "nodes")
-async def node_changed(
-    name: str,
-    type: str | None,
-    body: kopf.Body,
-    memo: kopf.Memo,
-    node_profiles: kopf.Index[Any, Any],
-    services: kopf.Index[Any, Any],
-    **kwargs: Any,
-) -> None:
-    """Re-plan the services a node can affect when its profile changed (heartbeats and status noise do not count).
-
-    Kopf updates its indexes before event handlers run, so the index already holds this event's profile;
-    what the services were last planned against is remembered per node (ControllerState.nodes)."""
-    state: NodeState = None
-    if type != "DELETED":
-        state = _node_profile(name, node_profiles, kwargs["node_topologies"])
-        if state is None:  # left out of the index: its labels cannot be parsed
-            try:
-                parse_node(body)
-            except NodeLabelError as err:
-                state = err
-    NODE_PROFILES.set(sum(len(store) for store in node_profiles.values()))
-    change = _state(memo).nodes.news(name, type, state)
-    if change is None:
-        return  # the operator's first listing (service_changed plans every service) or noise
-    if isinstance(state, NodeLabelError):
-        _state(memo).reconciler.kube.emit_event(
-            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": body.metadata.get("uid")},
-            "Warning",
-            state.reason,
-            f"{state.message}; node skipped by the planner",
-        )
-    await _replan_for_node(memo, name, change, {"node_profiles": node_profiles, "services": services, **kwargs})
+async def node_changed(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **indexes: Any) -> None:
+    """Re-plan the services a node can affect when its profile changed (heartbeats and status noise do not count)."""
+    await dispatch.node_changed(_state(memo), name, type, body, indexes)
 
 
 @kopf.on.event(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL)
-async def node_topology_changed(
-    name: str,
-    type: str | None,
-    memo: kopf.Memo,
-    node_profiles: kopf.Index[Any, Any],
-    node_topologies: kopf.Index[Any, Any],
-    **kwargs: Any,
-) -> None:
-    """A NodeResourceTopology appeared, changed or went: its node's profile is news as a label change is (the
-    topology-updater rewrites it every minute with what pods use, which the profile does not read: noise)."""
-    topology, logged = _first(node_topologies, name), _state(memo).topology_problems
-    problem = topology.message if isinstance(topology, NodeTopologyError) and type != "DELETED" else None
-    if problem and logged.get(name) != problem:
-        log.warning("%s; node %s is planned from its labels", problem, name)
-    logged[name] = problem
-    if _first(node_profiles, name) is None:
-        return  # no usable node of that name: its own events say what there is to say
-    # For the node, its NodeResourceTopology going is a change of its profile, not the node's deletion.
-    change = _state(memo).nodes.news(
-        name, None if type is None else "MODIFIED", _node_profile(name, node_profiles, node_topologies)
-    )
-    if change is not None:
-        facts = {"node_profiles": node_profiles, "node_topologies": node_topologies, **kwargs}
-        await _replan_for_node(memo, name, change, facts)
+async def node_topology_changed(name: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
+    """A NodeResourceTopology appeared, changed or went: its node's profile is news as a label change is."""
+    await dispatch.node_topology_changed(_state(memo), name, type, indexes)
 
 
-async def _replan_for_node(memo: kopf.Memo, name: str, change: Change[Any], kwargs: Mapping[str, Any]) -> None:
-    """Reconcile the services the node's change can affect."""
-    services = kwargs["services"]
-    affected = [s for s in indexed(services) if affected_by_node(s, name, change.before, change.after)]
-    await _reconcile_quietly(memo, affected, kwargs)
+@kopf.on.event("apps", "v1", "daemonsets")
+async def daemonset_changed(namespace: str, name: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
+    """Re-plan every service when what a DaemonSet's pods take, or where, changed."""
+    await dispatch.daemonset_changed(_state(memo), namespace, name, type, indexes)
 
 
-async def _reconcile_quietly(
-    memo: kopf.Memo, services: list[Mapping[str, Any]], kwargs: Mapping[str, Any], attempt: int = 0
-) -> None:
-    """Reconciles report through status. One that could not finish (API server unreachable, Hub down,
-    permission denied) is tried again later with the latest service and indexes (controller/outcomes.py's
-    delays), until one finishes or the service is gone; a handler bug is logged with its traceback and not
-    retried."""
-    for service in [s for s in services if not s["metadata"].get("deletionTimestamp")]:
-        meta = service["metadata"]
-        try:
-            async with _state(memo).workers.slot:
-                outcome = await _Facts(kwargs).reconcile(memo, copy.deepcopy(dict(service)))
-        except Exception:  # an event handler must not stop the watch; the error is in the log
-            log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
-            continue
-        delay = retry_delay(outcome, attempt, spread=random.random())
-        if delay is not None:
-            key = (meta["namespace"], meta["name"])
-
-            async def again(key: tuple[str, str] = key) -> None:  # from Kopf's indexes as they are then
-                latest = list(kwargs["services"].get(key, ())) if "services" in kwargs else []
-                await _reconcile_quietly(memo, latest, kwargs, attempt + 1)
-
-            _state(memo).retries.later(key, delay, again)
-
-
-async def child_changed(
-    namespace: str,
-    type: str | None,
-    memo: kopf.Memo,
-    services: kopf.Index[Any, Any],
-    **kwargs: Any,
-) -> None:
-    """A child changed or vanished: reconcile its owner (its controller owner reference, name and UID), which
-    reverts drift and refreshes status, when the
-    event can change either (Reconciler.child_event): someone else's edit or deletion, or a Deployment's
-    replica counts; the operator's own writes and a Deployment's other status updates do not. Kopf lists
-    again (events of type None) when a watch failed and the API server no longer has its resource version:
-    what changed meanwhile is found there."""
-    service = owning_service(namespace, kwargs["meta"], services)
-    if service is None or not _state(memo).reconciler.child_event(
-        kwargs["resource"].kind, namespace, kwargs["name"], type, kwargs["body"], service["metadata"]["name"]
-    ):
-        return
-    await _reconcile_quietly(memo, [service], {"services": services, **kwargs})
+async def child_changed(namespace: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
+    """A child changed or vanished: reconcile its owner when the event can change what the operator wrote or
+    reports."""
+    await dispatch.child_changed(_state(memo), namespace, type, indexes)
 
 
 for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CHILD_KINDS)
@@ -434,36 +240,14 @@ for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CH
 
 
 @kopf.on.event(*POD_RESOURCE, labels=CHILD_LABELS)
-async def pod_changed(
-    labels: Mapping[str, str],
-    namespace: str,
-    name: str,
-    type: str | None,
-    status: Mapping[str, Any],
-    memo: kopf.Memo,
-    services: kopf.Index[Any, Any],
-    **kwargs: Any,
-) -> None:
-    """A server pod became unschedulable, or schedulable again (or went): reconcile its service, so its Ready
-    condition carries the scheduler's reason. Every other pod change (most of them) does nothing."""
-    owner = labels.get(SERVICE_LABEL)
-    news = _state(memo).unschedulable_pods.news((namespace, name), type, scheduling_failure(status))
-    if news and (namespace, owner) in services:
-        await _reconcile_quietly(memo, list(services[namespace, owner]), {"services": services, **kwargs})
+async def pod_changed(namespace: str, name: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
+    """A server pod became unschedulable, or schedulable again (or went): its service's Ready condition says so."""
+    await dispatch.pod_changed(_state(memo), namespace, name, type, indexes)
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
 async def optional_api_changed(
-    name: str,
-    type: str | None,
-    status: Mapping[str, Any],
-    memo: kopf.Memo,
-    services: kopf.Index[Any, Any],
-    **kwargs: Any,
+    name: str, type: str | None, status: Mapping[str, Any], memo: kopf.Memo, **indexes: Any
 ) -> None:
-    """An optional API began or stopped being served: reconcile the services that ask for it (a PodMonitor or
-    a ScaledObject is applied as soon as its CRD is established)."""
-    if _state(memo).served_optional_apis.news(name, type, True if _established(status) else None) is None:
-        return  # no change in what is served (CRD edits, resyncs), or the operator's first listing
-    wanting = [s for s in indexed(services) if asks_for_api(s, name)]
-    await _reconcile_quietly(memo, wanting, {"services": services, **kwargs})
+    """An optional API began or stopped being served: reconcile the services that ask for it."""
+    await dispatch.optional_api_changed(_state(memo), name, type, status, indexes)

@@ -1,0 +1,232 @@
+"""What each watch event does, apart from Kopf's decorators (controller/handlers.py, one line per event).
+
+Each function takes the operator's ControllerState and `indexes`: the keyword arguments Kopf passed the handler,
+among them every Kopf index by name (node profiles, NodeResourceTopologies, DaemonSets' pods, services, the owned
+Deployments' status, the scheduler's messages, the served optional APIs). What an event can affect is decided by
+the pure functions of core/affected.py; whether it is news, by the state's LastSeen records. Reconciles read the
+indexes on the event loop (Kopf mutates them there), then run on a worker thread; one that could not finish is
+retried on controller/outcomes.py's delays.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import logging
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from cpullm.controller.outcomes import retry_delay
+from cpullm.controller.state import Change, ControllerState
+from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
+from cpullm.core.children import CHILD_KINDS
+from cpullm.core.children.common import SERVICE_LABEL
+from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.node_topology import NodeTopology, with_topology
+from cpullm.core.status import scheduling_failure
+from cpullm.core.topology import NodeProfile, NodeState, parse_node
+from cpullm.errors import NodeLabelError, NodeTopologyError, PermissionDenied, TransientApiError
+from cpullm.metrics import NODE_PROFILES
+
+log = logging.getLogger(__name__)
+Indexes = Mapping[str, Any]  # what Kopf passes a handler by keyword, its indexes among them
+
+
+def indexed(index: Mapping[Any, Any]) -> list[Any]:
+    """Every value a Kopf index holds (the node profiles, the DaemonSets' pods, the services)."""
+    return [value for store in index.values() for value in store]
+
+
+def first(index: Mapping[Any, Any], key: Any) -> Any:
+    return next(iter(index.get(key, ())), None)
+
+
+def installed(index: Mapping[Any, Any]) -> frozenset[str]:
+    return frozenset(index.keys())
+
+
+def established(status: Mapping[str, Any]) -> bool:
+    """Whether the API server serves a CRD's kind: before that an apply answers 404."""
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def node_profile(name: str, indexes: Indexes) -> NodeProfile | None:
+    """A node's profile as the planner sees it: its labels', refined by its NodeResourceTopology's (None: the
+    node is not in the index)."""
+    profile, topology = first(indexes["node_profiles"], name), first(indexes["node_topologies"], name)
+    return with_topology(profile, topology) if profile is not None and isinstance(topology, NodeTopology) else profile
+
+
+class _Facts:
+    """What a reconcile reads from Kopf's indexes; read on the event loop, before the reconcile goes to a worker
+    thread. Made only once the reconcile holds a worker slot (controller/workers.py): a waiting reconcile holds no
+    copies."""
+
+    def __init__(self, indexes: Indexes) -> None:
+        self.nodes: list[NodeProfile] = indexed(indexes["node_profiles"])
+        self.topologies = [t for t in indexed(indexes["node_topologies"]) if isinstance(t, NodeTopology)]
+        self.daemons: list[DaemonPods] = indexed(indexes["daemonset_pods"])
+        self.crds = installed(indexes["installed_crds"])
+        self._deployments: Mapping[Any, Any] = indexes["owned_deployments"]
+        self._unschedulable: Mapping[Any, Any] = indexes["unschedulable_pods"]
+
+    async def reconcile(self, state: ControllerState, service: Mapping[str, Any]) -> Any:
+        key = (service["metadata"]["namespace"], service["metadata"]["name"])
+        deployment, unschedulable = first(self._deployments, key), first(self._unschedulable, key)
+        reconciler = state.reconciler
+        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
+        return await state.workers.run(reconciler.reconcile, service, *facts, self.topologies)
+
+
+async def reconcile_quietly(
+    state: ControllerState, services: list[Mapping[str, Any]], indexes: Indexes, attempt: int = 0
+) -> None:
+    """Reconciles report through status. One that could not finish (API server unreachable, Hub down,
+    permission denied) is tried again later with the latest service and indexes (controller/outcomes.py's
+    delays), until one finishes or the service is gone; a handler bug is logged with its traceback and not
+    retried."""
+    for service in [s for s in services if not s["metadata"].get("deletionTimestamp")]:
+        meta = service["metadata"]
+        try:
+            async with state.workers.slot:
+                outcome = await _Facts(indexes).reconcile(state, copy.deepcopy(dict(service)))
+        except Exception:  # an event handler must not stop the watch; the error is in the log
+            log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
+            continue
+        delay = retry_delay(outcome, attempt, spread=random.random())
+        if delay is not None:
+            key = (meta["namespace"], meta["name"])
+
+            async def again(key: tuple[str, str] = key) -> None:  # from Kopf's indexes as they are then
+                latest = list(indexes["services"].get(key, ())) if "services" in indexes else []
+                await reconcile_quietly(state, latest, indexes, attempt + 1)
+
+            state.retries.later(key, delay, again)
+
+
+async def resync(state: ControllerState, indexes: Indexes, namespaces: list[str]) -> None:
+    """One round: per kind that is served, list what exists, and reconcile the owners of what vanished or was
+    changed by another writer (the only way a change to a kind that is not watched, e.g. an InferencePool, is
+    seen)."""
+    served = installed(indexes["installed_crds"])
+    for kind in (k.kind for k in CHILD_KINDS if k.crd is None or k.crd in served):
+        try:
+            owners = await asyncio.to_thread(state.reconciler.find_drifted, kind, namespaces)
+        except (TransientApiError, PermissionDenied) as err:  # the next round tries again
+            log.warning("resync of %ss skipped: %s", kind, err.message)
+            continue
+        if owners:
+            log.info("%d %s(s) deleted or changed unseen, applying again: %s", len(owners), kind, owners[:5])
+        vanished = [s for owner in owners for s in indexes["services"].get(owner, ())]
+        # Kopf's index still holds a vanished Deployment's last status (no event removed it): not the replacement's.
+        facts = {**indexes, "owned_deployments": {}} if kind == "Deployment" else indexes
+        await reconcile_quietly(state, vanished, facts)
+
+
+async def resync_forever(state: ControllerState, indexes: Indexes, every: float, namespaces: list[str]) -> None:
+    while True:
+        await asyncio.sleep(every)
+        await resync(state, indexes, namespaces)
+
+
+async def service_changed(
+    state: ControllerState, type: str | None, namespace: str, name: str, uid: str, body: Any, indexes: Indexes
+) -> None:
+    """A deleted service is forgotten; one whose spec no reconcile has read yet is reconciled."""
+    if type == "DELETED":
+        state.reconciler.forget(namespace, name, uid)
+    elif state.reconciler.service_event(body):
+        await reconcile_quietly(state, list(indexes["services"].get((namespace, name), ())), indexes)
+
+
+async def node_changed(state: ControllerState, name: str, type: str | None, body: Any, indexes: Indexes) -> None:
+    """A node whose profile changed re-plans the services it can affect; one whose labels cannot be parsed is
+    reported on the node. Kopf updates its indexes before event handlers run, so the index already holds this
+    event's profile; what the services were last planned against is remembered per node (ControllerState.nodes)."""
+    node: NodeState = None
+    if type != "DELETED":
+        node = node_profile(name, indexes)
+        if node is None:  # left out of the index: its labels cannot be parsed
+            try:
+                parse_node(body)
+            except NodeLabelError as err:
+                node = err
+    NODE_PROFILES.set(sum(len(store) for store in indexes["node_profiles"].values()))
+    change = state.nodes.news(name, type, node)
+    if change is None:
+        return  # the operator's first listing (service_changed plans every service) or noise
+    if isinstance(node, NodeLabelError):
+        state.reconciler.kube.emit_event(
+            {"apiVersion": "v1", "kind": "Node", "name": name, "uid": body.metadata.get("uid")},
+            "Warning",
+            node.reason,
+            f"{node.message}; node skipped by the planner",
+        )
+    await _replan_for_node(state, name, change, indexes)
+
+
+async def node_topology_changed(state: ControllerState, name: str, type: str | None, indexes: Indexes) -> None:
+    """A NodeResourceTopology that appeared, changed or went changes its node's profile as a label change does
+    (the topology-updater rewrites it every minute with what pods use, which the profile does not read: noise);
+    one that cannot be read is logged once per problem, and its node planned from its labels."""
+    topology, logged = first(indexes["node_topologies"], name), state.topology_problems
+    problem = topology.message if isinstance(topology, NodeTopologyError) and type != "DELETED" else None
+    if problem and logged.get(name) != problem:
+        log.warning("%s; node %s is planned from its labels", problem, name)
+    logged[name] = problem
+    if first(indexes["node_profiles"], name) is None:
+        return  # no usable node of that name: its own events say what there is to say
+    # For the node, its NodeResourceTopology going is a change of its profile, not the node's deletion.
+    change = state.nodes.news(name, None if type is None else "MODIFIED", node_profile(name, indexes))
+    if change is not None:
+        await _replan_for_node(state, name, change, indexes)
+
+
+async def _replan_for_node(state: ControllerState, name: str, change: Change[Any], indexes: Indexes) -> None:
+    affected = [s for s in indexed(indexes["services"]) if affected_by_node(s, name, change.before, change.after)]
+    await reconcile_quietly(state, affected, indexes)
+
+
+async def daemonset_changed(
+    state: ControllerState, namespace: str, name: str, type: str | None, indexes: Indexes
+) -> None:
+    """Every service is re-planned when what a DaemonSet's pods take, or where, changed (a new agent, a bigger
+    request): rare, and any whole-node plan may have to leave it room. Its status (pods rolling) is noise."""
+    key = (namespace, name)
+    if state.daemonsets.news(key, type, first(indexes["daemonset_pods"], key)) is not None:
+        await reconcile_quietly(state, indexed(indexes["services"]), indexes)
+
+
+async def child_changed(state: ControllerState, namespace: str, type: str | None, indexes: Indexes) -> None:
+    """A child's owner (its controller owner reference, name and UID) is reconciled, which reverts drift and
+    refreshes status, when the event can change either (Reconciler.child_event): someone else's edit or deletion,
+    or a Deployment's replica counts; the operator's own writes and a Deployment's other status updates do not.
+    Kopf lists again (events of type None) when a watch failed and the API server no longer has its resource
+    version: what changed meanwhile is found there."""
+    service = owning_service(namespace, indexes["meta"], indexes["services"])
+    if service is None or not state.reconciler.child_event(
+        indexes["resource"].kind, namespace, indexes["name"], type, indexes["body"], service["metadata"]["name"]
+    ):
+        return
+    await reconcile_quietly(state, [service], indexes)
+
+
+async def pod_changed(state: ControllerState, namespace: str, name: str, type: str | None, indexes: Indexes) -> None:
+    """A server pod that became unschedulable, or schedulable again (or went), reconciles its service, so its
+    Ready condition carries the scheduler's reason; every other pod change (most of them) does nothing. A pod's
+    controller is its ReplicaSet: it is matched to its service by label, and changes only what status says."""
+    owner = (indexes["labels"] or {}).get(SERVICE_LABEL)
+    news = state.unschedulable_pods.news((namespace, name), type, scheduling_failure(indexes["status"]))
+    if news and (namespace, owner) in indexes["services"]:
+        await reconcile_quietly(state, list(indexes["services"][namespace, owner]), indexes)
+
+
+async def optional_api_changed(
+    state: ControllerState, name: str, type: str | None, status: Mapping[str, Any], indexes: Indexes
+) -> None:
+    """An optional API that began or stopped being served reconciles the services that ask for it (a PodMonitor
+    or an InferencePool is applied as soon as its CRD is established)."""
+    if state.served_optional_apis.news(name, type, True if established(status) else None) is None:
+        return  # no change in what is served (CRD edits, resyncs), or the operator's first listing
+    await reconcile_quietly(state, [s for s in indexed(indexes["services"]) if asks_for_api(s, name)], indexes)
