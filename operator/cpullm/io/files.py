@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from huggingface_hub import get_local_safetensors_metadata
@@ -21,6 +21,8 @@ from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFil
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError, NodeTopologyError
 from cpullm.io.hub import summarize_headers
+
+Parsed = TypeVar("Parsed")
 
 
 def read_objects(path: str) -> Iterator[dict[str, Any]]:
@@ -50,48 +52,46 @@ def load_nodes(path: str, warn: Callable[[str], None]) -> list[NodeProfile]:
     return profile_nodes(read_objects(path), warn)
 
 
-def profile_nodes(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[NodeProfile]:
-    """The usable nodes among these objects (a file's, or the cluster's); unparsable labels: skipped, warned."""
-    profiles = []
+def _parse_each(
+    objects: Iterable[Mapping[str, Any]],
+    kind: str,
+    parse: Callable[[Mapping[str, Any]], Parsed | None],
+    unreadable: type[Exception],
+    skipped: str,
+    warn: Callable[[str], None],
+) -> list[Parsed]:
+    """Each object of `kind` parsed (None: nothing to keep); one that cannot be is left out and warned, with what
+    leaving it out means (`skipped`)."""
+    parsed = []
     for obj in objects:
-        if obj.get("kind", "Node") != "Node":
+        if obj.get("kind", "Node") != kind:  # a node list's items may come without their kind
             continue
         try:
-            profiles.append(parse_node(obj))
-        except NodeLabelError as err:
-            warn(f"{err.message}; node skipped")
-    return profiles
+            found = parse(obj)
+        except unreadable as err:
+            warn(f"{getattr(err, 'message', err)}; {skipped}")
+            continue
+        if found is not None:
+            parsed.append(found)
+    return parsed
+
+
+def profile_nodes(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[NodeProfile]:
+    """The usable nodes among these objects (a file's, or the cluster's); unparsable labels: skipped, warned."""
+    return _parse_each(objects, "Node", parse_node, NodeLabelError, "node skipped", warn)
 
 
 def profile_daemonsets(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[DaemonPods]:
     """The DaemonSets among these objects whose pods request CPU or memory (whole-node plans leave them room);
     an unreadable one is skipped, warned."""
-    daemons = []
-    for obj in objects:
-        if obj.get("kind") != "DaemonSet":
-            continue
-        try:
-            pods = parse_daemonset(obj)
-        except DaemonSetUnreadable as err:
-            warn(f"{err}; DaemonSet skipped")
-            continue
-        if pods is not None:
-            daemons.append(pods)
-    return daemons
+    return _parse_each(objects, "DaemonSet", parse_daemonset, DaemonSetUnreadable, "DaemonSet skipped", warn)
 
 
 def profile_topologies(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[NodeTopology]:
     """The NodeResourceTopologies among these objects; an unreadable one is skipped, warned (its node is then
     planned from its labels)."""
-    topologies = []
-    for obj in objects:
-        if obj.get("kind") != TOPOLOGY_KIND:
-            continue
-        try:
-            topologies.append(parse_topology(obj))
-        except NodeTopologyError as err:
-            warn(f"{err.message}; its node is planned from its labels")
-    return topologies
+    skipped = "its node is planned from its labels"
+    return _parse_each(objects, TOPOLOGY_KIND, parse_topology, NodeTopologyError, skipped, warn)
 
 
 def load_service(path: str) -> dict[str, Any]:
