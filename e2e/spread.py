@@ -21,12 +21,12 @@ from typing import Any
 
 import yaml
 from testbed.cluster import tool_dirs, tool_version
-from testbed.images import build_haproxy, build_operator, build_vllm, log
+from testbed.images import CACHE, build_haproxy, build_operator, build_vllm, log
 from testbed.kind_cluster import cgroup_v1_host, cluster_config
 from testbed.kind_images import build_kind_node
 from testbed.realnode import lacks_cap_sys_resource
 from testbed.registry import Registry, local_registry, push_archive, push_docker_image
-from testbed.tools import ROOT, Kubectl, free_port
+from testbed.tools import ROOT, Kubectl, free_port, require_free_space
 from tests.vllm.harness import make_tiny_model, vllm_python
 
 from e2e.serving import TINY
@@ -35,6 +35,7 @@ from e2e.test_operator import ready
 NAME = "cpullm-quickstart-test"
 REGISTRY_DIRECTORY = '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
 SPREAD = "spread"
+QUICK_START_DISK_BYTES = 34 * 10**9
 NAMESPACE = "default"
 
 
@@ -58,6 +59,9 @@ def kind_config(path: Path) -> Path:
 @contextmanager
 def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[QuickStart]:
     """The quick start run from no cluster (asserted to succeed), its cluster deleted at the end."""
+    # Measured: 31.7 GB at the most, with both workers running vLLM (the registry's uncompressed copy of the 6 GB
+    # image, and each worker's blob and unpacked snapshot of it).
+    require_free_space([workdir, CACHE], QUICK_START_DISK_BYTES, "the quick start's cluster with two workers")
     tools = tool_dirs(["kubernetes", "helm", "kind"])
     make_tiny_model(vllm_python(), workdir / TINY)
     env = {**docker_env, "PATH": os.pathsep.join([*(str(d) for d in tools.values()), docker_env["PATH"]])}
@@ -127,7 +131,12 @@ def deploy_spread(quick_start: QuickStart, replicas: int, **spec: Any) -> str:
     }
     metadata = {"name": SPREAD, "namespace": NAMESPACE}
     kubectl.apply({"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "metadata": metadata, "spec": body})
-    ready(kubectl, NAMESPACE, SPREAD, replicas, timeout=600, interval=2)
+    try:
+        ready(kubectl, NAMESPACE, SPREAD, replicas, timeout=600, interval=2)
+    except AssertionError as failed:  # the cluster goes with the context: say here what its pods went through
+        pods = kubectl.run("describe", "pods", "-n", NAMESPACE, "-l", f"cpullm.io/service={SPREAD}", check=False)
+        events = kubectl.run("get", "events", "-n", NAMESPACE, "--sort-by=.lastTimestamp", check=False)
+        raise AssertionError(f"{failed}\n{pods.stdout}\n{events.stdout[-6000:]}") from failed
     return str(body["model"]["name"])
 
 

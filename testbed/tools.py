@@ -4,6 +4,7 @@ way to wait (eventually), and a kubectl wrapper."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import time
@@ -84,3 +85,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def require_free_space(paths: list[Path], needed: int, what: str) -> None:
+    """Fail at once where a long setup would run out of disk midway: a kind node's image pull then fails after
+    minutes as "no space left on device", said only in a pod's events."""
+    for path in paths:
+        free = shutil.disk_usage(path).free
+        if free < needed:
+            raise AssertionError(f"{what} needs {needed / 1e9:.0f} GB free on {path}'s disk; {free / 1e9:.1f} GB are")
