@@ -8,11 +8,13 @@ from typing import Any
 
 import kopf
 import pytest
+from kopf._cogs.structs.references import Selector  # Kopf's, to log what Kopf logs
 from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
 
 from cpullm.controller import dispatch, handlers
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
+from cpullm.core import node_topology
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
 
@@ -682,8 +684,9 @@ def test_an_unreadable_topology_is_warned_once_and_its_node_planned_from_its_lab
 def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_unserved_too(caplog):
     logger = __import__("logging").getLogger("kopf._core.reactor.observation")
     logger.addFilter(handlers._optional_node_facts_unresolved)
-    nrt = "Selector(group='topology.node.k8s.io', version='v1alpha2', plural='noderesourcetopologies')"
-    other = "Selector(group='example.com', version='v1', plural='widgets')"
+    # As Kopf prints the selectors its decorators made (names given positionally are `any_name=`).
+    nrt = str(Selector(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL))
+    other = str(Selector("example.com", "v1", "widgets"))
     try:
         for selectors in (nrt, f"{nrt}, {other}"):
             logger.warning(f"Unresolved resources cannot be served (try creating their CRDs): {selectors}")

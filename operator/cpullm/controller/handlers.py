@@ -96,7 +96,7 @@ def _optional_node_facts_unresolved(record: logging.LogRecord) -> bool:
     message = record.getMessage()
     if not message.startswith("Unresolved resources cannot be served"):
         return True
-    return not (message.count("Selector(") == 1 and f"plural='{node_topology.PLURAL}'" in message)
+    return not (message.count("Selector(") == 1 and f"='{node_topology.PLURAL}'" in message)
 
 
 def _state(memo: kopf.Memo) -> ControllerState:
