@@ -8,7 +8,7 @@ bytes is the bandwidth decode reached. The roofline is the bandwidth the rank's 
 container as a local process, tests/vllm/harness.py) and one sequence's decode rate is measured from two
 completions of different lengths (their difference cancels prefill and request overheads).
 
-    .venv/bin/python bench/roofline_bench.py [--model qwen2.5-1.5b] [--rounds 3]
+    .venv/bin/python bench/roofline_bench.py [--model qwen2.5-1.5b] [--rounds 3] [--only rendered eager ...]
 
 Configurations: the rendered pod (launcher binding), the same with one CPU kept for the API server and engine
 core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), glibc's allocator
@@ -107,7 +107,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-1.5b")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--only", nargs="+", metavar="WORD", help="only the configurations whose name starts with one of these words"
+    )
     args = parser.parse_args()
+    chosen = [c for c in configurations() if not args.only or any(c[0].startswith(w) for w in args.only)]
     python = vllm_python()
     model = built_model(python, args.model)
     config = json.loads((model / "config.json").read_text())
@@ -122,7 +126,7 @@ def main() -> None:
     shard = roof["weights_bytes"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="cpullm-roofline-") as tmp:
-        for index, (name, spec, edit) in enumerate(configurations()):
+        for index, (name, spec, edit) in enumerate(chosen):
             workdir = Path(tmp) / f"c{index}"
             workdir.mkdir()
             _, container = render_service(workdir, model, 1, kvCacheGiB=1, maxModelLen=2048, maxNumSeqs=8, **spec)
