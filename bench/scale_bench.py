@@ -19,6 +19,7 @@ mixed shapes and N tiny CpuLLMServices over up to 10 namespaces, then measures:
 
 Each `--variant` runs steps 1 and 3-6 again after the operator as shipped, with that environment added, in
 fresh namespaces once the previous run's are deleted; it gets its own column (the ratio stays the shipped one's).
+A variant `PYTHONPATH=<checkout>/operator` runs another commit's operator, against that checkout's CRDs.
 
 Prints one table and ends with `converge ratio to floor at N=<N>: <x.xx>`. Everything it starts is stopped on
 exit, Ctrl-C or failure; the logs are kept and their place printed.
@@ -445,8 +446,7 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
         stack.callback(cluster.delete, results.workdir / "cluster-logs")
         cluster.create()
         kubectl = Kubectl(str(cluster.kubectl), str(cluster.kubeconfig))
-        kubectl.run("apply", "--server-side", "-f", str(ROOT / "crds"))
-        kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
+        install_crds(kubectl, ROOT / "crds")
         create_nodes(cluster.api_client(AGENT_DRIVER), kubectl, args.services, log)
         results.cluster_setup_s = time.monotonic() - started
         tracker = Tracker()
@@ -459,7 +459,9 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
             if keys:  # the next operator must not find the previous run's services and children
                 delete_namespaces(kubectl, {ns for ns, _ in keys}, args.services, log)
             keys = service_keys(args.services, f"op{index}", namespaces)
+            install_crds(kubectl, crds_of(operator_run))
             operator_phase(cluster, operator_run, keys, tracker, audit, stack, args, rng, log)
+        install_crds(kubectl, ROOT / "crds")
         floor_phase(cluster, results, floor_keys, decisions, tracker, audit, rng, log)
     finally:
         say("stopping the operator and the cluster", log)
@@ -469,6 +471,18 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
         finally:
             signal.signal(signal.SIGINT, previous)
     results.total_s = time.monotonic() - results.started
+
+
+def crds_of(operator_run: OperatorRun) -> Path:
+    """The CRDs a run's operator was made with: another checkout's, when its PYTHONPATH names one (another commit's
+    spec model may refuse the fields this tree's CRD defaults), else this tree's."""
+    source = Path(operator_run.env.get("PYTHONPATH", str(ROOT / "operator")))
+    return source.parent / "crds" if (source.parent / "crds").is_dir() else ROOT / "crds"
+
+
+def install_crds(kubectl: Kubectl, crds: Path) -> None:
+    kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
 
 
 def table(results: Results) -> str:
