@@ -29,7 +29,6 @@ def test_the_limit_is_its_parts_rounded_up_to_a_mib():
     measured = server + qwen.weights_bytes + GiB + runtime + memory.PAGE_CACHE_BYTES
     parts = measured * margin + memory.SHM_CHARGED_BASE_BYTES
     assert budget.limit_bytes == math.ceil(parts / MiB) * MiB  # to the byte but for rounding
-    assert budget.margin_bytes == pytest.approx(measured * memory.MARGIN_FRACTION, abs=2)
 
 
 @pytest.mark.parametrize(

@@ -78,13 +78,6 @@ class MemoryBudget:
         return math.ceil((self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes) * (1 + MARGIN_FRACTION))
 
     @property
-    def margin_bytes(self) -> int:
-        """The margin over the measured parts, in all."""
-        measured = self.server_bytes + self.page_cache_bytes
-        per_rank = self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes
-        return math.ceil(measured * MARGIN_FRACTION) + self.tensor_parallel_size * (self.per_rank_bytes - per_rank)
-
-    @property
     def limit_bytes(self) -> int:
         """The container's memory request and limit, rounded up to a whole MiB."""
         shared = math.ceil((self.server_bytes + self.page_cache_bytes) * (1 + MARGIN_FRACTION))
