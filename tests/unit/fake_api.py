@@ -10,7 +10,7 @@ from typing import Any
 import urllib3
 from kubernetes import client
 
-from cpullm.io.kube import Kube
+from cpullm.io.kube import BoundedApiClient, Kube
 
 RESET = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError(104, "Connection reset by peer"))
 
@@ -51,6 +51,6 @@ class FakeTransport:
 
 
 def kube(transport: FakeTransport) -> Kube:
-    api_client = client.ApiClient(client.Configuration(host="http://api.invalid"))
+    api_client = BoundedApiClient(client.Configuration(host="http://api.invalid"))
     api_client.rest_client.pool_manager = transport
     return Kube(api_client)

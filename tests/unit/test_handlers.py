@@ -485,29 +485,54 @@ def test_a_resync_lists_the_optional_kinds_whose_crds_are_served():
     assert "InferencePool" in rec.listed and "HTTPRoute" not in rec.listed and "PodMonitor" not in rec.listed
 
 
-def test_a_resync_reconciles_the_owners_of_children_deleted_unseen(caplog):
+def test_a_resync_reconciles_each_owner_of_children_deleted_unseen_once(caplog):
     rec = RecordingReconciler()
     rec.vanished = {
         "Deployment": [("ns", "a")],
         "Service": TransientApiError("cannot list Services: HTTP 503"),  # skipped; the others still run
-        "ConfigMap": [("ns", "a"), ("ns", "deleted-meanwhile")],  # a service no longer in the index is skipped
+        "ConfigMap": [("ns", "a"), ("ns", "b"), ("ns", "deleted-meanwhile")],  # one no longer in the index: skipped
     }
     memo = handler_memo(rec)
-    last_seen = {"status": {"readyReplicas": 1}}
+    last_seen = {"a": {"status": {"readyReplicas": 1}}, "b": {"status": {"readyReplicas": 2}}}
+    services = {**SERVICES, ("ns", "b"): [{"metadata": {"name": "b", "namespace": "ns", "uid": "uid-b"}}]}
     indexes = {
-        "services": SERVICES,
+        "services": services,
         "node_profiles": {},
         **OTHER_INDEXES,
-        "owned_deployments": {("ns", "a"): [last_seen]},
+        "owned_deployments": {("ns", name): [seen] for name, seen in last_seen.items()},
     }
     asyncio.run(dispatch.resync(memo["state"], indexes, []))
     # Every kind that is served: the built-in ones, not those whose CRD is not installed.
     assert rec.listed == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
-    assert [name for name, _ in rec.calls] == ["a", "a"]
-    # The vanished Deployment's last status (still in Kopf's index) is not reported as its replacement's; the
-    # kinds are listed in apply order (the ConfigMap's owner is reconciled with the Deployment's status it has).
-    assert rec.deployments == [last_seen, None]
+    # Once each, whatever number of its kinds drifted. A vanished Deployment's last status (still in Kopf's index)
+    # is not reported as its replacement's; a service whose Deployment is there keeps its status.
+    assert sorted(zip((name for name, _ in rec.calls), rec.deployments, strict=True)) == [
+        ("a", None),
+        ("b", last_seen["b"]),
+    ]
     assert "resync of Services skipped: cannot list Services: HTTP 503" in caplog.text
+
+
+class MeetingReconciler(RecordingReconciler):
+    """Each reconcile waits until `parties` of them run at once (a reconcile at a time would wait for good)."""
+
+    def __init__(self, parties: int) -> None:
+        super().__init__()
+        self.meeting = threading.Barrier(parties, timeout=5)
+
+    def reconcile(self, service: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+        self.meeting.wait()
+        super().reconcile(service, *args, **kwargs)
+
+
+@pytest.mark.parametrize("workers", [2, 4])
+def test_the_services_one_event_affects_are_reconciled_as_many_at_once_as_there_are_workers(workers):
+    rec = MeetingReconciler(parties=workers)
+    services = {("ns", f"s{i}"): [{"metadata": {"name": f"s{i}", "namespace": "ns"}}] for i in range(2 * workers)}
+    indexes = {**OTHER_INDEXES, "services": services, "node_profiles": {}}
+    memo = handler_memo(rec, workers=workers)
+    asyncio.run(dispatch.reconcile_quietly(memo["state"], dispatch.indexed(services), indexes))
+    assert sorted(name for name, _ in rec.calls) == sorted(name for _, name in services)
 
 
 def test_the_resync_runs_in_the_background_until_cleanup():
@@ -525,6 +550,27 @@ def test_the_resync_runs_in_the_background_until_cleanup():
         return task.cancelled(), disabled["state"].resync is not None
 
     assert asyncio.run(scenario()) == (True, False)
+
+
+def test_a_resync_round_that_fails_unforeseen_is_logged_and_the_next_round_runs(caplog):
+    """The resync is the only thing that finds what the watches missed: an error no one mapped (here a listing
+    that cannot be parsed) must not end it."""
+    rec = RecordingReconciler()
+    rec.vanished = {"ConfigMap": ValueError("Expecting value: line 1 column 1 (char 0)")}
+    memo = handler_memo(rec, workers=1)
+    indexes = {**OTHER_INDEXES, "services": SERVICES, "node_profiles": {}}
+
+    async def scenario() -> None:
+        task = asyncio.get_running_loop().create_task(dispatch.resync_forever(memo["state"], indexes, 0.01, []))
+        while rec.listed.count("ConfigMap") < 2:  # the loop went on after the failed round
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert "resync round failed; the next one is due in 0 s" in caplog.text
+    assert "ValueError: Expecting value" in caplog.text  # with its traceback
 
 
 def test_the_services_index_keeps_what_reconciles_read_without_other_writers_bookkeeping():

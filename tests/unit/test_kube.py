@@ -8,11 +8,12 @@ import logging
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+import urllib3
 from kubernetes import client
 
 from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
-from cpullm.io.kube import Kube
+from cpullm.io.kube import REQUEST_TIMEOUT, Kube
 
 from .fake_api import RESET, FakeTransport, kube
 
@@ -124,9 +125,21 @@ def test_listing_owned_children_of_watched_namespaces_lists_each_of_them():
     ]
 
 
-def test_listing_errors_are_typed():
-    with pytest.raises(TransientApiError, match="cannot list Services: ProtocolError"):
-        kube(FakeTransport(error=RESET)).list_owned("Service", [])
+@pytest.mark.parametrize(
+    ("error", "message"),
+    [
+        (RESET, "cannot list Services: ProtocolError"),
+        # A connection closed mid-handshake: the client raises an ApiException of status 0 for it.
+        (
+            urllib3.exceptions.SSLError("[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol"),
+            "cannot list Services: SSLError: .*UNEXPECTED_EOF",
+        ),
+    ],
+    ids=["reset", "tls-eof"],
+)
+def test_connection_errors_are_transient(error, message):
+    with pytest.raises(TransientApiError, match=message):
+        kube(FakeTransport(error=error)).list_owned("Service", [])
 
 
 @pytest.mark.parametrize(
@@ -150,6 +163,15 @@ def test_whether_a_child_exists_is_one_metadata_read(kind, status, expected, pat
     (request,) = transport.requests
     assert (request["method"], urlsplit(request["url"]).path) == ("GET", path)
     assert request["headers"]["Accept"].startswith("application/json;as=PartialObjectMetadata;")
+
+
+def test_every_request_has_a_deadline():
+    """A connection the network dropped without a reset must not hold a reconcile thread for good."""
+    transport = FakeTransport(200, {"metadata": {"name": "llama"}})
+    kube(transport).child_exists("Deployment", "serving", "llama")
+    (request,) = transport.requests
+    timeout = request["timeout"]
+    assert (timeout.connect_timeout, timeout.read_timeout) == REQUEST_TIMEOUT
 
 
 def test_an_unmapped_answer_stays_loud():

@@ -82,34 +82,40 @@ class _Facts:
 async def reconcile_quietly(
     state: ControllerState, services: list[Mapping[str, Any]], indexes: Indexes, attempt: int = 0
 ) -> None:
-    """Reconciles report through status. One that could not finish (API server unreachable, Hub down,
-    permission denied) is tried again later with the latest service and indexes (controller/outcomes.py's
-    delays), until one finishes or the service is gone; a handler bug is logged with its traceback and not
-    retried."""
-    for service in [s for s in services if not s["metadata"].get("deletionTimestamp")]:
-        meta = service["metadata"]
-        try:
-            async with state.workers.slot:
-                outcome = await _Facts(indexes).reconcile(state, copy.deepcopy(dict(service)))
-        except Exception:  # an event handler must not stop the watch; the error is in the log
-            log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
-            continue
-        delay = retry_delay(outcome, attempt, spread=random.random())
-        if delay is not None:
-            key = (meta["namespace"], meta["name"])
+    """Reconciles report through status. The services are reconciled side by side, as many at once as there are
+    worker slots (one event can affect hundreds: a node's change, a resync after an outage). One that could not
+    finish (API server unreachable, Hub down, permission denied) is tried again later with the latest service and
+    indexes (controller/outcomes.py's delays), until one finishes or the service is gone; a handler bug is logged
+    with its traceback and not retried."""
+    live = [s for s in services if not s["metadata"].get("deletionTimestamp")]
+    await asyncio.gather(*(_reconcile_one(state, service, indexes, attempt) for service in live))
 
-            async def again(key: tuple[str, str] = key) -> None:  # from Kopf's indexes as they are then
-                latest = list(indexes["services"].get(key, ())) if "services" in indexes else []
-                await reconcile_quietly(state, latest, indexes, attempt + 1)
 
-            state.retries.later(key, delay, again)
+async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], indexes: Indexes, attempt: int) -> None:
+    meta = service["metadata"]
+    try:
+        async with state.workers.slot:
+            outcome = await _Facts(indexes).reconcile(state, copy.deepcopy(dict(service)))
+    except Exception:  # an event handler must not stop the watch; the error is in the log
+        log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
+        return
+    delay = retry_delay(outcome, attempt, spread=random.random())
+    if delay is not None:
+        key = (meta["namespace"], meta["name"])
+
+        async def again() -> None:  # from Kopf's indexes as they are then
+            latest = list(indexes["services"].get(key, ())) if "services" in indexes else []
+            await reconcile_quietly(state, latest, indexes, attempt + 1)
+
+        state.retries.later(key, delay, again)
 
 
 async def resync(state: ControllerState, indexes: Indexes, namespaces: list[str]) -> None:
-    """One round: per kind that is served, list what exists, and reconcile the owners of what vanished or was
-    changed by another writer (the only way a change to a kind that is not watched, e.g. an InferencePool, is
-    seen)."""
+    """One round: per kind that is served, list what exists; then reconcile, once each, the owners of what
+    vanished or was changed by another writer (the only way a change to a kind that is not watched, e.g. an
+    InferencePool, is seen)."""
     served = installed(indexes["installed_crds"])
+    drifted: dict[tuple[str, str], set[str]] = {}  # owner -> the kinds of its children that drifted
     for kind in (k.kind for k in CHILD_KINDS if k.crd is None or k.crd in served):
         try:
             owners = await asyncio.to_thread(state.reconciler.find_drifted, kind, namespaces)
@@ -118,16 +124,28 @@ async def resync(state: ControllerState, indexes: Indexes, namespaces: list[str]
             continue
         if owners:
             log.info("%d %s(s) deleted or changed unseen, applying again: %s", len(owners), kind, owners[:5])
-        vanished = [s for owner in owners for s in indexes["services"].get(owner, ())]
-        # Kopf's index still holds a vanished Deployment's last status (no event removed it): not the replacement's.
-        facts = {**indexes, "owned_deployments": {}} if kind == "Deployment" else indexes
-        await reconcile_quietly(state, vanished, facts)
+        for owner in owners:
+            drifted.setdefault(owner, set()).add(kind)
+    if not drifted:
+        return
+    # Kopf's index still holds a vanished Deployment's last status (no event removed it): not the replacement's.
+    deployments = indexes["owned_deployments"]
+    facts = {
+        **indexes,
+        "owned_deployments": {k: v for k, v in deployments.items() if "Deployment" not in drifted.get(k, ())},
+    }
+    await reconcile_quietly(state, [s for owner in drifted for s in indexes["services"].get(owner, ())], facts)
 
 
 async def resync_forever(state: ControllerState, indexes: Indexes, every: float, namespaces: list[str]) -> None:
+    """A round that fails in a way no one foresaw is logged with its traceback; the rounds go on (the task is
+    the only one that finds what the watches missed: ended, nothing would say so)."""
     while True:
         await asyncio.sleep(every)
-        await resync(state, indexes, namespaces)
+        try:
+            await resync(state, indexes, namespaces)
+        except Exception:
+            log.exception("resync round failed; the next one is due in %.0f s", every)
 
 
 async def service_changed(

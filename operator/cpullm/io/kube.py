@@ -39,9 +39,28 @@ FIELD_MANAGER = "cpullm-operator"
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 LIST_PAGE = 500
+# Every request has a deadline (the client's default is none): a connection the network dropped without a reset
+# (a partition, an API server host gone) would otherwise hold a reconcile thread, or the resync, for good.
+# Seconds to connect, and between bytes read; an API server under load answers a page of 500 well within them.
+REQUEST_TIMEOUT = (10.0, 60.0)
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 log = logging.getLogger(__name__)
+
+
+class BoundedApiClient(client.ApiClient):
+    """The Kubernetes client with REQUEST_TIMEOUT on every request that does not set its own."""
+
+    def call_api(
+        self,
+        method: str,
+        url: str,
+        header_params: Any = None,
+        body: Any = None,
+        post_params: Any = None,
+        _request_timeout: Any = None,
+    ) -> Any:
+        return super().call_api(method, url, header_params, body, post_params, _request_timeout or REQUEST_TIMEOUT)
 
 
 class Kube:
@@ -65,7 +84,7 @@ class Kube:
         # No silent retries inside urllib3 (its default: 3, each a warning line): a failed request is one
         # TransientApiError, and the caller's jittered retry (controller/outcomes.py) is the only retry policy.
         configuration.retries = False
-        return cls(client.ApiClient(configuration), read_any_secret)
+        return cls(BoundedApiClient(configuration), read_any_secret)
 
     def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply an owned child (the kinds of core/children); returns the object as stored."""
@@ -282,6 +301,10 @@ def _api_errors(action: str, *, absent_ok: bool = False, absent_is_transient: bo
             typed = ChildRejected(f"the API server refused to {action}: {_message(err)}")
         elif err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500 or (err.status == 404 and absent_is_transient):
             typed = TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}")
+        elif err.status == 0 and isinstance(err.__context__, urllib3.exceptions.HTTPError):
+            # The client answers a TLS failure (a connection cut mid-handshake) with a status-0 ApiException.
+            cause = err.__context__
+            typed = TransientApiError(f"cannot {action}: {type(cause).__name__}: {cause}")
         API_ERRORS.labels(error=typed.reason if typed else f"HTTP{err.status}").inc()
         if typed is None:
             raise
