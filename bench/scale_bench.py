@@ -482,7 +482,7 @@ def crds_of(operator_run: OperatorRun) -> Path:
 
 def install_crds(kubectl: Kubectl, crds: Path) -> None:
     kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
+    kubectl.wait_established("cpullmservices.cpullm.io")
 
 
 def table(results: Results) -> str:

@@ -55,7 +55,7 @@ def kubectl(local_cluster: LocalCluster | None) -> Kubectl:
 def cluster_ready(kubectl: Kubectl) -> Kubectl:
     """CRD installed and established; sample nodes Ready."""
     kubectl.run("apply", "--server-side", "-f", str(ROOT / "crds"))
-    kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
+    kubectl.wait_established("cpullmservices.cpullm.io")
     kubectl.apply(*sample_nodes())
     for node in sample_nodes():
         eventually(lambda n=node: node_ready(kubectl, n["metadata"]["name"]), timeout=60, what="sample node Ready")

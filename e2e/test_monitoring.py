@@ -22,7 +22,7 @@ SCALEDOBJECT_CRD = "scaledobjects.keda.sh"
 
 def install(kubectl: Kubectl, path: str, name: str) -> None:
     kubectl.run("apply", "--server-side", "-f", path)
-    kubectl.run("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    kubectl.wait_established(name)
 
 
 def condition(kubectl: Kubectl, namespace: str, name: str, type_: str, status: str, reason: str) -> dict[str, Any]:

@@ -175,7 +175,7 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
     except AssertionError as failed:
         pods = kubectl.run("describe", "pods", "-n", OPERATOR_NAMESPACE, check=False).stdout
         raise AssertionError(f"{failed}\n{pods}\noperator log:\n{operator.log_tail(40)}") from failed
-    kubectl.run("wait", "--for=condition=Established", "crd/cpullmservices.cpullm.io", "--timeout=60s")
+    kubectl.wait_established("cpullmservices.cpullm.io")
     models = real_node.workdir / "models"
     make_tiny_model(vllm_python(), models / TINY)
     try:

@@ -63,6 +63,16 @@ class Kubectl:
     def apply(self, *objects: dict[str, Any], check: bool = True) -> subprocess.CompletedProcess[str]:
         return self.run("apply", "-f", "-", input=yaml.safe_dump_all(objects), check=check)
 
+    def wait_established(self, crd: str, timeout: float = 60) -> None:
+        """Until the API server serves a CRD just applied. Not `kubectl wait --for=condition=Established`: that
+        fails at once while the new CRD has no status conditions yet ("<nil> is of the type <nil>")."""
+
+        def served() -> bool:
+            conditions = ((self.get("crd", crd) or {}).get("status") or {}).get("conditions") or []
+            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+
+        eventually(served, timeout=timeout, what=f"CRD {crd} established")
+
     def get(self, kind: str, name: str | None = None, namespace: str | None = None, **selector: str) -> Any:
         """The object (or list items); None when a named object does not exist."""
         args = ["get", kind, "-o", "json"]
