@@ -95,12 +95,18 @@ def prefill_rate(server: LocalServer, vocab: int, rounds: int) -> float:
 
 
 def threads_of(log: Path) -> str:
-    """The CPUs vLLM says its rank's OpenMP threads are bound to, or the thread count under nobind."""
-    text = log.read_text(errors="replace")
-    for line in text.splitlines():
-        if "OpenMP thread binding info" in line or "OMP threads binding" in line:
-            return line.split("]", 1)[-1].strip()[:60]
-    return "-"
+    """The CPUs vLLM bound its rank's OpenMP threads to and those it reserved, from the lines that follow its
+    "OpenMP thread binding info" header ("-": not logged)."""
+    lines = log.read_text(errors="replace").splitlines()
+    start = next((i for i, line in enumerate(lines) if "OpenMP thread binding info" in line), None)
+    if start is None:
+        return "-"
+    found = {}
+    for line in lines[start + 1 : start + 8]:
+        for key in ("core ids=", "reserved_cpus="):
+            if key in line:
+                found[key.rstrip("=")] = line.split(key, 1)[1].strip()
+    return ", ".join(f"{key} {value}" for key, value in found.items()) or "-"
 
 
 def main() -> None:
