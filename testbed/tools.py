@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 
 import yaml
 
+from cpullm.core.children import crd_established
+
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,8 +70,7 @@ class Kubectl:
         fails at once while the new CRD has no status conditions yet ("<nil> is of the type <nil>")."""
 
         def served() -> bool:
-            conditions = ((self.get("crd", crd) or {}).get("status") or {}).get("conditions") or []
-            return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+            return crd_established((self.get("crd", crd) or {}).get("status") or {})
 
         eventually(served, timeout=timeout, what=f"CRD {crd} established")
 

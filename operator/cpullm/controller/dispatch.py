@@ -20,7 +20,7 @@ from typing import Any
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.state import Change, ControllerState
 from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
-from cpullm.core.children import CHILD_KINDS
+from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, with_topology
@@ -44,11 +44,6 @@ def first(index: Mapping[Any, Any], key: Any) -> Any:
 
 def installed(index: Mapping[Any, Any]) -> frozenset[str]:
     return frozenset(index.keys())
-
-
-def established(status: Mapping[str, Any]) -> bool:
-    """Whether the API server serves a CRD's kind: before that an apply answers 404."""
-    return any(c.get("type") == "Established" and c.get("status") == "True" for c in status.get("conditions") or [])
 
 
 def node_profile(name: str, indexes: Indexes) -> NodeProfile | None:
@@ -245,6 +240,6 @@ async def optional_api_changed(
 ) -> None:
     """An optional API that began or stopped being served reconciles the services that ask for it (a PodMonitor
     or an InferencePool is applied as soon as its CRD is established)."""
-    if state.served_optional_apis.news(name, type, True if established(status) else None) is None:
+    if state.served_optional_apis.news(name, type, True if crd_established(status) else None) is None:
         return  # no change in what is served (CRD edits, resyncs), or the operator's first listing
     await reconcile_quietly(state, [s for s in indexed(indexes["services"]) if asks_for_api(s, name)], indexes)

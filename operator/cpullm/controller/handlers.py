@@ -32,7 +32,7 @@ from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
-from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS
+from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_topology import NodeTopology, parse_topology
@@ -165,7 +165,7 @@ def _optional_api(name: str, **_: Any) -> bool:
 @kopf.index("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
 async def installed_crds(name: str, status: Mapping[str, Any], **_: Any) -> dict[str, bool]:
     """The optional APIs' CRDs that are served (a PodMonitor or ScaledObject is applied only where they are)."""
-    return {name: True} if dispatch.established(status) else {}
+    return {name: True} if crd_established(status) else {}
 
 
 @kopf.index(GROUP, VERSION, PLURAL)

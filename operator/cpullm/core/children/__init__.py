@@ -155,3 +155,8 @@ def marker(stored: Mapping[str, Any]) -> str:
     generation (its spec), or its resourceVersion for the kinds without a generation (ConfigMap, Service)."""
     meta = stored.get("metadata") or {}
     return f"{meta.get('uid')}/{meta.get('generation') or meta.get('resourceVersion')}"
+
+
+def crd_established(status: Mapping[str, Any]) -> bool:
+    """Whether the API server serves a CRD's kind (its status): before that an apply answers 404."""
+    return any(c.get("type") == "Established" and c.get("status") == "True" for c in status.get("conditions") or [])
