@@ -446,7 +446,6 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
         stack.callback(cluster.delete, results.workdir / "cluster-logs")
         cluster.create()
         kubectl = Kubectl(str(cluster.kubectl), str(cluster.kubeconfig))
-        install_crds(kubectl, ROOT / "crds")
         create_nodes(cluster.api_client(AGENT_DRIVER), kubectl, args.services, log)
         results.cluster_setup_s = time.monotonic() - started
         tracker = Tracker()

@@ -184,6 +184,21 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
         print(f"\noperator log (in-cluster, last lines):\n{operator.log_tail(30)}")
 
 
+@pytest.fixture
+def namespace(serving: tuple[Kubectl, InClusterOperator, Path]) -> Iterator[str]:
+    """A namespace of the test's own with the model cache's claim; its CpuLLMServices are deleted afterwards, pass
+    or fail, and their pods gone: the server holds the node's one allocatable CPU, which the next test needs."""
+    kubectl, _, models = serving
+    name = f"node-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", name)
+    kubectl.apply(*model_volume(name, str(models)))
+    try:
+        yield name
+    finally:
+        kubectl.run("delete", "cpullm", "--all", "-n", name, "--wait=false", check=False)
+        eventually(lambda: not server_pods(kubectl, name), timeout=120, what=f"the server pods of {name} gone")
+
+
 def complete(address: str, tokens: int) -> tuple[int, float]:
     """One completion of `tokens` tokens (ignore_eos); returns the tokens and the seconds it took."""
     body = json.dumps(completion_request(tokens)).encode()
@@ -196,12 +211,9 @@ def complete(address: str, tokens: int) -> tuple[int, float]:
 
 
 def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
-    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path]
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
 ) -> None:
     kubectl, _, models = serving
-    namespace = f"serve-{uuid.uuid4().hex[:5]}"
-    kubectl.run("create", "namespace", namespace)
-    kubectl.apply(*model_volume(namespace, str(models)))
     started = time.monotonic()
     kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR))
     service = ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
@@ -234,8 +246,7 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     # Usage includes page cache, which may grow to the limit and be reclaimed there (seen with a 0.5B model in
     # tests/vllm); what the kubelet evicts on and the OOM killer acts on is the working set.
     assert working_set < limit and int(seen["oom_kills"] or 0) == 0
-    restarts = [c["restartCount"] for c in kubectl.get("pod", name, namespace)["status"]["containerStatuses"]]
-    assert restarts == [0]
+    assert_never_restarted(kubectl, real_node, kubectl.get("pod", name, namespace))
 
     # The server started again on the same node with the same model cache (the claim): what the first start
     # compiled (inductor's kernels) and inspected (vLLM's model info) is on the model cache, and the second start
@@ -250,8 +261,6 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     second = start_of(real_node, again)
     assert cache_files(models) == compiled, "the second start compiled something again"
 
-    kubectl.run("delete", "cpullm", "tiny", "-n", namespace)  # the node's one allocatable CPU, for the next test
-    eventually(lambda: not kubectl.get("pods", namespace=namespace), timeout=120, what="the server pod gone")
     print(
         f"\nreal node: pod start to Ready {to_ready:.0f}s (startup probe budget "
         f"{budget}s); decode {tokens / seconds:.1f} tokens/s through the Service's "
@@ -261,6 +270,26 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     print(
         f"real node: container start to Ready, s (before load + load + compile and warm-up + rest): first "
         f"{first.row()}, second {second.row()}; second / first {second.total / first.total:.2f}"
+    )
+
+
+def assert_never_restarted(kubectl: Kubectl, real_node: RealNode, pod: dict[str, Any]) -> None:
+    """The pod's vLLM container has run once; if not, the failure says how the earlier one ended, the pod's events
+    (probe failures) and how its log ends (the kubelet keeps the last ended container's log beside the running
+    one's)."""
+    (status,) = pod["status"]["containerStatuses"]
+    if status["restartCount"] == 0:
+        return
+    meta = pod["metadata"]
+    events = kubectl.run(
+        "get", "events", "-n", meta["namespace"], "--field-selector", f"involvedObject.uid={meta['uid']}", check=False
+    ).stdout
+    logs = sorted((real_node.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "vllm").glob("*.log"))
+    earlier = logs[0].read_text(errors="replace").splitlines()[-40:] if len(logs) > 1 else ["(no earlier log kept)"]
+    raise AssertionError(
+        f"the vLLM container restarted {status['restartCount']} time(s); the last one ended: "
+        f"{status.get('lastState')}\nthe pod's events:\n{events}\nthe earlier container's log ends:\n"
+        + "\n".join(earlier)
     )
 
 
@@ -300,13 +329,12 @@ def startup_budget(kubectl: Kubectl, namespace: str) -> int:
     return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
 
 
-def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path]) -> None:
+def test_unhappy_paths_on_the_real_node(
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
+) -> None:
     """A second replica the node cannot admit says why in Ready; a pod deleted by hand comes back; the node
     drained and uncordoned converges again."""
     kubectl, _, models = serving
-    namespace = f"unhappy-{uuid.uuid4().hex[:5]}"
-    kubectl.run("create", "namespace", namespace)
-    kubectl.apply(*model_volume(namespace, str(models)))
     kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, replicas=2))
 
     def unschedulable() -> str:
@@ -328,13 +356,16 @@ def test_unhappy_paths_on_the_real_node(real_node: RealNode, serving: tuple[Kube
     )
     ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
 
-    kubectl.run("drain", real_node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s")
-
     def cordoned() -> str:
         found = conditions(kubectl.get("cpullm", "tiny", namespace)).get("Ready", {})
         assert found.get("reason") == "NoEligibleNode" and "cordoned" in found.get("message", ""), found
         return str(found["message"])
 
-    eventually(cordoned, timeout=120, interval=2, what="NoEligibleNode naming the cordon while the node is drained")
-    kubectl.run("uncordon", real_node.name)
+    try:
+        kubectl.run(
+            "drain", real_node.name, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s"
+        )
+        eventually(cordoned, timeout=120, interval=2, what="NoEligibleNode naming the cordon while the node is drained")
+    finally:
+        kubectl.run("uncordon", real_node.name)
     ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)

@@ -303,15 +303,18 @@ def _api_errors(action: str, *, absent_ok: bool = False, absent_is_transient: bo
             typed = TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}")
         elif err.status == 0 and isinstance(err.__context__, urllib3.exceptions.HTTPError):
             # The client answers a TLS failure (a connection cut mid-handshake) with a status-0 ApiException.
-            cause = err.__context__
-            typed = TransientApiError(f"cannot {action}: {type(cause).__name__}: {cause}")
+            typed = _connection_failed(action, err.__context__)
         API_ERRORS.labels(error=typed.reason if typed else f"HTTP{err.status}").inc()
         if typed is None:
             raise
         raise typed from err
     except urllib3.exceptions.HTTPError as err:
         API_ERRORS.labels(error=TransientApiError.reason).inc()
-        raise TransientApiError(f"cannot {action}: {type(err).__name__}: {err}") from err
+        raise _connection_failed(action, err) from err
+
+
+def _connection_failed(action: str, cause: urllib3.exceptions.HTTPError) -> TransientApiError:
+    return TransientApiError(f"cannot {action}: {type(cause).__name__}: {cause}")
 
 
 def _paged(action: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
