@@ -15,7 +15,9 @@ core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NU
 instead of tcmalloc (LD_PRELOAD without it), no torch.compile (--enforce-eager: a start without compilation or
 warm-up), and a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill). SMT
 siblings are compared where the CPUs have them. Each row also gives the server's start, one 1,024-token prompt's
-prefill rate, and the peak working set of its memory cgroup against the plan's limit.
+prefill rate, and the peak working set of its memory cgroup against the plan's limit. Each row's ratios divide by
+the roofline measured again right after its decode (the server idle): on a shared machine the bandwidth moves
+between rows minutes apart.
 """
 
 from __future__ import annotations
@@ -122,13 +124,7 @@ def main() -> None:
     model = built_model(python, args.model)
     config = json.loads((model / "config.json").read_text())
     cpus = sorted(os.sched_getaffinity(0))
-    probe = subprocess.run(
-        [str(python), str(PROBE), str(model / "config.json"), *map(str, sorted({1, len(cpus)}))],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    roof = json.loads(probe.stdout)
+    roof = bandwidth(python, model, sorted({1, len(cpus)}))
     shard = roof["weights_bytes"]
     rows = []
     with tempfile.TemporaryDirectory(prefix="cpullm-roofline-") as tmp:
@@ -143,32 +139,46 @@ def main() -> None:
                 server.start(timeout=3600)
                 rate = decode_rate(server, config["vocab_size"], args.rounds)
                 prefill = prefill_rate(server, config["vocab_size"], args.rounds)
+                # The roofline again, right after this row's decode (the server idle): a shared machine's
+                # bandwidth moves between rows, and the row's ratio is against what its own minutes gave.
+                own = bandwidth(python, model, [len(cpus)])["by_threads"][str(len(cpus))]
             finally:
                 server.stop()
             measured = server.measured
             memory = measured.peak_working_set_bytes / measured.limit_bytes if measured.limit_bytes else 0.0
-            rows.append((name, measured.startup_seconds, rate, prefill, memory, threads_of(server.log)))
+            rows.append((name, measured.startup_seconds, rate, own, prefill, memory, threads_of(server.log)))
             print(f"roofline_bench: {name}: {rate:.2f} tok/s", file=sys.stderr, flush=True)
 
     print(
         f"\n{args.model}: {shard / 1e9:.2f} GB of weights streamed per token; {len(cpus)} CPUs (SMT: {smt_siblings()})"
     )
-    print("bandwidth one rank's threads get (torch " + roof["torch"] + "):")
+    print("bandwidth one rank's threads get, before the servers (torch " + roof["torch"] + "):")
     for threads, figures in sorted(roof["by_threads"].items()):
         print(
             f"  {threads} thread(s): streaming read {figures['stream_read_gbps']:.1f} GB/s, "
             f"bf16 GEMV of the model's shapes {figures['gemv_gbps']:.1f} GB/s"
         )
-    best = roof["by_threads"][str(len(cpus))]
-    read, gemv = best["stream_read_gbps"], best["gemv_gbps"]
-    print(f"\n{'configuration':<30}{'start s':>8}{'decode tok/s':>13}{'GB/s':>7}{'/read':>7}{'/GEMV':>7}", end="")
-    print(f"{'prefill tok/s':>14}{'WS/limit':>9}  binding")
-    for name, started, rate, prefill, memory, threads in rows:
-        gbps = rate * shard / 1e9
+    print(f"\n{'configuration':<30}{'start s':>8}{'decode tok/s':>13}{'GB/s':>7}{'read':>7}{'/read':>7}", end="")
+    print(f"{'/GEMV':>7}{'prefill tok/s':>14}{'WS/limit':>9}  binding")
+    for name, started, rate, own, prefill, memory, threads in rows:
+        gbps, read, gemv = rate * shard / 1e9, own["stream_read_gbps"], own["gemv_gbps"]
         print(
-            f"{name:<30}{started:>8.0f}{rate:>13.2f}{gbps:>7.1f}{gbps / read:>7.2f}{gbps / gemv:>7.2f}"
+            f"{name:<30}{started:>8.0f}{rate:>13.2f}{gbps:>7.1f}{read:>7.1f}{gbps / read:>7.2f}{gbps / gemv:>7.2f}"
             f"{prefill:>14.1f}{memory:>9.3f}  {threads}"
         )
+    print(f"(read, /read, /GEMV: the {len(cpus)}-thread roofline measured right after each row's decode)")
+
+
+def bandwidth(python: Path, model: Path, threads: list[int]) -> dict[str, Any]:
+    """bench/roofline_probe.py's figures for these thread counts, in the vLLM environment."""
+    probe = subprocess.run(
+        [str(python), str(PROBE), str(model / "config.json"), *map(str, threads)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    result: dict[str, Any] = json.loads(probe.stdout)
+    return result
 
 
 if __name__ == "__main__":

@@ -284,7 +284,8 @@ def assert_never_restarted(kubectl: Kubectl, real_node: RealNode, pod: dict[str,
     events = kubectl.run(
         "get", "events", "-n", meta["namespace"], "--field-selector", f"involvedObject.uid={meta['uid']}", check=False
     ).stdout
-    logs = sorted((real_node.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "vllm").glob("*.log"))
+    directory = real_node.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "vllm"
+    logs = sorted(directory.glob("*.log"), key=lambda path: int(path.stem))  # <restart count>.log
     earlier = logs[0].read_text(errors="replace").splitlines()[-40:] if len(logs) > 1 else ["(no earlier log kept)"]
     raise AssertionError(
         f"the vLLM container restarted {status['restartCount']} time(s); the last one ended: "
