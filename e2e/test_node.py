@@ -286,12 +286,19 @@ def assert_never_restarted(kubectl: Kubectl, real_node: RealNode, pod: dict[str,
     ).stdout
     directory = real_node.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "vllm"
     logs = sorted(directory.glob("*.log"), key=lambda path: int(path.stem))  # <restart count>.log
-    earlier = logs[0].read_text(errors="replace").splitlines()[-40:] if len(logs) > 1 else ["(no earlier log kept)"]
+    earlier = first_error(logs[0].read_text(errors="replace")) if len(logs) > 1 else "(no earlier log kept)"
     raise AssertionError(
         f"the vLLM container restarted {status['restartCount']} time(s); the last one ended: "
-        f"{status.get('lastState')}\nthe pod's events:\n{events}\nthe earlier container's log ends:\n"
-        + "\n".join(earlier)
+        f"{status.get('lastState')}\nthe pod's events:\n{events}\nthe earlier container's log:\n{earlier}"
     )
+
+
+def first_error(log: str) -> str:
+    """A log's first error with what follows it (vLLM's processes log the root cause before the API server's own
+    traceback), then its last lines."""
+    lines = log.splitlines()
+    start = next((i for i, line in enumerate(lines) if "ERROR" in line or "Traceback" in line), len(lines))
+    return "\n".join([*lines[max(0, start - 5) : start + 80], "[...]", *lines[-10:]])
 
 
 def cache_files(models: Path) -> dict[str, float]:
