@@ -284,8 +284,7 @@ def assert_never_restarted(kubectl: Kubectl, real_node: RealNode, pod: dict[str,
     events = kubectl.run(
         "get", "events", "-n", meta["namespace"], "--field-selector", f"involvedObject.uid={meta['uid']}", check=False
     ).stdout
-    directory = real_node.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "vllm"
-    logs = sorted(directory.glob("*.log"), key=lambda path: int(path.stem))  # <restart count>.log
+    logs = real_node.container_log_files(pod, "vllm")
     earlier = first_error(logs[0].read_text(errors="replace")) if len(logs) > 1 else "(no earlier log kept)"
     raise AssertionError(
         f"the vLLM container restarted {status['restartCount']} time(s); the last one ended: "
@@ -297,7 +296,9 @@ def first_error(log: str) -> str:
     """A log's first error with what follows it (vLLM's processes log the root cause before the API server's own
     traceback), then its last lines."""
     lines = log.splitlines()
-    start = next((i for i, line in enumerate(lines) if "ERROR" in line or "Traceback" in line), len(lines))
+    start = next((i for i, line in enumerate(lines) if "ERROR" in line or "Traceback" in line), None)
+    if start is None:
+        return "\n".join(lines[-40:])
     return "\n".join([*lines[max(0, start - 5) : start + 80], "[...]", *lines[-10:]])
 
 
@@ -320,8 +321,8 @@ def replaced_and_ready(kubectl: Kubectl, namespace: str, gone: dict[str, Any]) -
 def start_of(real_node: RealNode, pod: dict[str, Any]) -> StartSplit:
     """The start of the pod's vLLM container, split by its log (the kubelet's pod log directory): from the
     container's start to the pod's Ready condition, timestamps to the second."""
-    meta, status = pod["metadata"], pod["status"]
-    log = real_node.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / "vllm" / "0.log"
+    status = pod["status"]
+    log = real_node.container_log_files(pod, "vllm")[-1]  # the running container's, as startedAt below
     started = utc(status["containerStatuses"][0]["state"]["running"]["startedAt"])
     became_ready = utc(next(c for c in status["conditions"] if c["type"] == "Ready")["lastTransitionTime"])
     return start_split(log.read_text(errors="replace"), started, (became_ready - started).total_seconds())

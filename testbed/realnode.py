@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -360,6 +361,13 @@ class RealNode:
     def log_tail(self, name: str = "kubelet", lines: int = 40) -> str:
         path = self.workdir / f"{name}.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def container_log_files(self, pod: Mapping[str, Any], container: str) -> list[Path]:
+        """A pod's container's log files as the kubelet keeps them, <restart count>.log: the last ended container's,
+        then the running one's."""
+        meta = pod["metadata"]
+        directory = self.pod_logs_dir / f"{meta['namespace']}_{meta['name']}_{meta['uid']}" / container
+        return sorted(directory.glob("*.log"), key=lambda path: int(path.stem))
 
     def container_log(self, namespace: str, pod: str, container: str) -> str:
         """A container's output as the kubelet wrote it (its pod log dir), without the CRI line prefixes."""
