@@ -1,9 +1,11 @@
 """This machine as a Node would be labelled (NFD-style and cpullm.io labels), read from its real CPU flags, CPU
 topology, NUMA nodes and memory: never hard-coded, since development machines differ (AVX-512/AMX Xeons, AVX2-only
-EPYCs). Used by the real node (testbed/realnode.py) and the vLLM tests' harness (tests/vllm/harness.py)."""
+EPYCs). Used by the real node (testbed/realnode.py) and the vLLM tests' harness (tests/vllm/harness.py). Also
+drops files from its page cache, for a start charged as on a node that has not read them yet."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import re
@@ -68,3 +70,17 @@ def machine_labels(numa_nodes: int | None = None) -> dict[str, str]:
     labels.update({f"cpullm.io/isa.{flag}": "true" for flag in ISA_FLAGS if flag in flags})
     labels["feature.node.kubernetes.io/cpu-hardware_multithreading"] = str(smt_siblings()).lower()
     return labels
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """Writes back and drops the cached pages of a file, or of every file under a directory (pages that some
+    process maps stay)."""
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
+    for file in files:
+        with contextlib.suppress(OSError):  # a file that went away or cannot be opened keeps its pages
+            fd = os.open(file, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)

@@ -111,6 +111,11 @@ class RealNode:
         return self.workdir / "containerd"
 
     @property
+    def containerd_root(self) -> Path:
+        """containerd's persistent store: the images' content and their unpacked layers (snapshots)."""
+        return self.image_store or self.containerd_dir / "root"
+
+    @property
     def socket(self) -> Path:
         return self.containerd_dir / "containerd.sock"
 
@@ -180,7 +185,7 @@ class RealNode:
             runc_options["BinaryName"] = str(RUNC_WRAPPER)
         config = {
             "version": 2,
-            "root": str(self.image_store or self.containerd_dir / "root"),
+            "root": str(self.containerd_root),
             "state": str(self.containerd_dir / "state"),
             "grpc": {"address": str(self.socket)},
             "ttrpc": {"address": str(self.socket) + ".ttrpc"},

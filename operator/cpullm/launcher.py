@@ -6,11 +6,15 @@ on NUMA node 1 gets rank 0 bound to node 0, where it has no CPU (zero OpenMP thr
 TP=1 pod whose cpuset spans two nodes uses only the first. The kubelet picks the cpuset at admission, so only
 code running inside the container can know it: this launcher reads it, writes explicit
 `VLLM_CPU_OMP_THREADS_BIND` (ranks separated by `|`) and `CPU_VISIBLE_MEMORY_NODES`, then execs the server.
+A bind the pod's env already makes explicit ('nobind', CPU lists) is left as it is. Either way `--python-path`
+goes first on the server's PYTHONPATH: the operator passes the directory holding cpullm/memory_check.py as
+sitecustomize.py, which makes vLLM's memory checks count what the kernel cannot reclaim.
 
 The operator ships this file's source text in a ConfigMap and the stock vLLM image runs it with its own
 python3, so it imports the standard library only (never `cpullm`):
 
-    python3 /opt/cpullm/launcher.py --ranks N --reserved-cpus-per-rank R -- python3 -m vllm.entrypoints...
+    python3 /opt/cpullm/launcher.py --ranks N --reserved-cpus-per-rank R --python-path /opt/cpullm/site \
+        -- python3 -m vllm.entrypoints...
 
 Decision rules (`decide`, pure):
 1. usable CPUs = allowed (`Cpus_allowed_list`) ∩ online; none usable => refuse. ranks < 1 => refuse.
@@ -315,12 +319,18 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(
         prog="launcher.py",
         description="Bind vLLM's CPU ranks to the cpuset this container got, then exec the server.",
-        usage="%(prog)s --ranks N --reserved-cpus-per-rank R [--root DIR] [--dry-run] -- COMMAND...",
+        usage="%(prog)s --ranks N --reserved-cpus-per-rank R [--python-path DIR] [--root DIR] [--dry-run] "
+        "-- COMMAND...",
     )
     parser.add_argument("--ranks", type=int, required=True, help="vLLM ranks in this pod (TP x PP)")
     parser.add_argument("--reserved-cpus-per-rank", type=int, required=True, help="cores kept off each rank")
     parser.add_argument("--root", type=Path, default=Path("/"), help="where procfs and sysfs are (tests)")
     parser.add_argument("--dry-run", action="store_true", help="print the plan as JSON instead of exec")
+    parser.add_argument(
+        "--python-path",
+        type=Path,
+        help="a directory put first on the server's PYTHONPATH (the operator's: vLLM's memory check correction)",
+    )
     args = list(argv)
     split = args.index("--") if "--" in args else len(args)
     options, command = parser.parse_args(args[:split]), args[split + 1 :]
@@ -332,6 +342,8 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Read, decide, report one line on stderr, then exec the command with vLLM's knobs set."""
     options, command = _parse_args(sys.argv[1:] if argv is None else argv)
+    if options.python_path is not None and not options.dry_run:
+        _prepend_python_path(options.python_path)
     chosen = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
     if chosen != "auto" and not options.dry_run:  # the user set it in the pod's env: theirs wins
         print(f"cpullm-launch: VLLM_CPU_OMP_THREADS_BIND={chosen} set in the environment, left as is", file=sys.stderr)
@@ -357,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     # vLLM 0.32 asserts with it set and an explicit list, and ignores CPU_VISIBLE_MEMORY_NODES while it is set.
     os.environ.pop("VLLM_CPU_SIM_MULTI_NUMA", None)
     return _exec(command)
+
+
+def _prepend_python_path(directory: Path) -> None:
+    """The directory first on PYTHONPATH, before whatever the pod's env put there (the user's stays)."""
+    current = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(directory), *([current] if current else [])])
 
 
 def _exec(command: Sequence[str]) -> int:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cpullm import launcher
+from cpullm import launcher, memory_check
 from cpullm.launcher import CpuFacts, FactsError, LaunchRefusal, decide, launch_plan_json, read_facts
 
 TREES = Path(__file__).parent / "fixtures" / "cpu-trees"
@@ -292,9 +292,10 @@ def test_main_execs_the_command_with_the_knobs_set():
     assert result.stderr.startswith("cpullm-launch: saw cpuset 0-15")
 
 
-def test_launcher_imports_only_the_standard_library():
-    """The operator ships launcher.py alone into the stock vLLM image: no cpullm, no third-party module."""
-    tree = ast.parse(LAUNCHER.read_text())
+@pytest.mark.parametrize("source", [LAUNCHER, Path(memory_check.__file__)], ids=["launcher", "memory_check"])
+def test_the_in_pod_files_import_only_the_standard_library(source: Path):
+    """The operator ships these files alone into the stock vLLM image: no cpullm, no third-party module."""
+    tree = ast.parse(source.read_text())
     modules = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -324,3 +325,30 @@ def test_a_bind_the_user_set_in_the_pod_env_is_left_alone(user_value):
     assert (
         result.stderr == f"cpullm-launch: VLLM_CPU_OMP_THREADS_BIND={user_value} set in the environment, left as is\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("bind", "inherited", "expected"),
+    [
+        ("auto", None, "/opt/cpullm/site"),
+        ("auto", "/user/lib", "/opt/cpullm/site:/user/lib"),
+        ("nobind", "/user/lib", "/opt/cpullm/site:/user/lib"),  # left as it is: the path is still put first
+    ],
+    ids=["binding", "binding-keeps-the-users-path", "explicit-bind"],
+)
+def test_the_python_path_goes_first_on_the_servers_pythonpath(bind, inherited, expected):
+    env = {name: value for name, value in os.environ.items() if name not in ("PYTHONPATH", "CPU_VISIBLE_MEMORY_NODES")}
+    env["VLLM_CPU_OMP_THREADS_BIND"] = bind
+    if inherited:
+        env["PYTHONPATH"] = inherited
+    launch = [sys.executable, str(LAUNCHER), "--root", str(TREES / "graviton-1n-16"), "--ranks", "1"]
+    launch += ["--reserved-cpus-per-rank", "0", "--python-path", "/opt/cpullm/site", "--"]
+    result = subprocess.run(
+        [*launch, sys.executable, "-S", "-c", "import os; print(os.environ['PYTHONPATH'])"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=30,
+    )
+    assert result.stdout == f"{expected}\n"

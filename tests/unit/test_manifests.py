@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from cpullm import launcher
+from cpullm import launcher, memory_check
 from cpullm.core.children.common import Owner, binary_quantity
 from cpullm.core.children.deployment import build_deployment
 from cpullm.core.children.drain import DRAIN_SCRIPT
@@ -79,7 +79,8 @@ def test_deployment_whole_manifest():
                         {
                             "name": "vllm",
                             "image": "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64",
-                            # The in-pod launcher binds the ranks inside the cpuset, then execs vLLM.
+                            # The in-pod launcher binds the ranks inside the cpuset, puts vLLM's memory check
+                            # correction on PYTHONPATH, then execs vLLM.
                             "command": [
                                 "python3",
                                 "/opt/cpullm/launcher.py",
@@ -87,6 +88,8 @@ def test_deployment_whole_manifest():
                                 "2",
                                 "--reserved-cpus-per-rank",
                                 "1",
+                                "--python-path",
+                                "/opt/cpullm/site",
                                 "--",
                                 "python3",
                                 "-m",
@@ -192,7 +195,16 @@ def test_deployment_whole_manifest():
                     "volumes": [
                         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "768Mi"}},
                         {"name": "model-cache", "persistentVolumeClaim": {"claimName": "weights"}},
-                        {"name": "launcher", "configMap": {"name": "llama-launcher"}},
+                        {
+                            "name": "launcher",
+                            "configMap": {
+                                "name": "llama-launcher",
+                                "items": [
+                                    {"key": "launcher.py", "path": "launcher.py"},
+                                    {"key": "sitecustomize.py", "path": "site/sitecustomize.py"},
+                                ],
+                            },
+                        },
                     ],
                     "enableServiceLinks": False,
                     # 10 s settle + drainSeconds + 30 s for vLLM to exit; 16384 tokens x a 7.5 GiB shard at
@@ -256,30 +268,33 @@ def test_quantities_are_rendered_in_the_api_servers_canonical_form(n, text):
     assert binary_quantity(n) == text
 
 
-def test_launcher_config_map_carries_the_launcher_source():
+def test_launcher_config_map_carries_the_in_pod_files_sources():
     plan = plan_service(spec(), llama_8b(), [node(numa=2, memory="512Gi")])
     config_map = build_launcher_config_map(OWNER, spec(), plan)
-    source = (Path(launcher.__file__)).read_text()
     assert config_map == {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {**METADATA, "name": "llama-launcher"},
-        "data": {"launcher.py": source},
+        "data": {
+            "launcher.py": Path(launcher.__file__).read_text(),
+            "sitecustomize.py": Path(memory_check.__file__).read_text(),
+        },
     }
 
 
 @pytest.mark.parametrize(
-    ("cpu", "policy", "launcher_used", "bind"),
+    ("cpu", "policy", "launcher_used", "bind", "binding"),
     [
-        ({}, None, True, "auto"),
-        ({"launcher": False}, None, False, "auto"),
-        ({"threadsBind": "nobind"}, None, False, "nobind"),
-        ({"threadsBind": "0-31|32-63"}, None, False, "0-31|32-63"),
-        ({}, "none", False, "nobind"),  # no exclusive cpuset: nothing to bind to
+        ({}, None, True, "auto", "launcher"),
+        ({"launcher": False}, None, False, "auto", "auto"),
+        # The launcher leaves an explicit bind as it is and still corrects vLLM's memory checks.
+        ({"threadsBind": "nobind"}, None, True, "nobind", "nobind"),
+        ({"threadsBind": "0-31|32-63"}, None, True, "0-31|32-63", "0-31|32-63"),
+        ({}, "none", True, "nobind", "nobind"),  # no exclusive cpuset: nothing to bind to
     ],
     ids=["default", "opt-out", "nobind", "explicit-list", "cpu-manager-none"],
 )
-def test_launcher_only_turns_auto_into_lists(cpu, policy, launcher_used, bind):
+def test_the_launcher_starts_vllm_unless_opted_out_and_binds_only_auto(cpu, policy, launcher_used, bind, binding):
     service_spec = spec(cpu=cpu)
     plan = plan_service(service_spec, llama_8b(), [node(numa=2, cpu="64", memory="512Gi", policy=policy)])
     pod = build_deployment(OWNER, service_spec, plan)["spec"]["template"]["spec"]
@@ -288,8 +303,10 @@ def test_launcher_only_turns_auto_into_lists(cpu, policy, launcher_used, bind):
     assert (container["command"][:2] == ["python3", "/opt/cpullm/launcher.py"]) is launcher_used
     assert container["command"][-3:] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert ("launcher" in {v["name"] for v in pod["volumes"]}) is launcher_used
+    assert ("/opt/cpullm" in {m["mountPath"] for m in container["volumeMounts"]}) is launcher_used
     assert {e["name"]: e.get("value") for e in container["env"]}["VLLM_CPU_OMP_THREADS_BIND"] == bind
-    assert ("launcher binding" in plan.summary) is launcher_used
+    assert plan.binding == binding
+    assert f"{binding} binding" in plan.summary
 
 
 CLAIM = {"persistentVolumeClaim": {"claimName": "weights"}}

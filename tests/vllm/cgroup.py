@@ -22,6 +22,7 @@ import errno
 import os
 import signal
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,8 @@ class Hierarchy:
     own: Path  # this process's memory cgroup, as a directory under `mount`
 
 
+# Where a container finds its own memory cgroup (its runtime mounts it there).
+CONTAINER_VIEW = {1: "/sys/fs/cgroup/memory", 2: "/sys/fs/cgroup"}
 # memory.stat's names for the parts of usage reported next to the peaks (v1's hierarchical totals, v2's own).
 PARTS = {
     1: {"anon": "total_rss", "shmem": "total_shmem", "active_file": "total_active_file"},
@@ -155,6 +158,15 @@ class MemoryCgroup:
             os.write(fd, b"0")  # "0" is the writing process itself (v1 and v2 alike)
         finally:
             os.close(fd)
+
+    def seen_as_a_containers(self, command: Sequence[str]) -> list[str]:
+        """`command` run where it finds this cgroup at the paths a container finds its own (/sys/fs/cgroup on v2,
+        /sys/fs/cgroup/memory on v1), bound there in a mount namespace of its own: what reads the container's
+        limit and usage from those paths (vLLM's memory checks) reads this cgroup's, as in a pod."""
+        target = CONTAINER_VIEW[self.version]
+        mount_then_exec = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+        unshare = ["unshare", "--mount", "--propagation", "private", "--"]
+        return [*unshare, "sh", "-c", mount_then_exec, "sh", str(self.path), target, *command]
 
     def limit(self) -> int | None:
         text = self._file("memory.limit_in_bytes" if self.version == 1 else "memory.max").read_text().strip()

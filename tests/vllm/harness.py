@@ -24,6 +24,7 @@ from typing import Any
 import psutil
 import yaml
 from testbed import machine
+from testbed.machine import drop_from_page_cache
 from testbed.tools import free_port
 
 from cpullm.cli import main as cpullm
@@ -79,7 +80,7 @@ def render_service(
     """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the local
     model directory `model` as /models/<its name> (config inline), on this machine described with `numa_nodes`
     NUMA nodes (and `node_labels` over its own). The rendered launcher ConfigMap's files are written to
-    workdir/opt-cpullm (see pod_mounts)."""
+    workdir/opt-cpullm as the pod's volume places them (see pod_mounts)."""
     service = {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMService",
@@ -104,10 +105,13 @@ def render_service(
             raise RuntimeError(f"cpullm {command} exited {code}")
         outputs.append(buffer.getvalue())
     objects = {obj["kind"]: obj for obj in yaml.safe_load_all(outputs[1])}
-    launcher_dir = workdir / LAUNCHER_DIR
-    launcher_dir.mkdir(exist_ok=True)
-    for name, content in objects["ConfigMap"]["data"].items():
-        (launcher_dir / name).write_text(content)
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    data, name = objects["ConfigMap"]["data"], objects["ConfigMap"]["metadata"]["name"]
+    [volume] = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == name]
+    for item in volume["configMap"].get("items") or [{"key": key, "path": key} for key in data]:
+        path = workdir / LAUNCHER_DIR / item["path"]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(data[item["key"]])
     return json.loads(outputs[0]), objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
 
 
@@ -123,20 +127,6 @@ def substitute(args: Sequence[str], model: str, port: int) -> list[str]:
     for flag, value in (("--model", model), ("--port", str(port))):
         out[out.index(flag) + 1] = value
     return out
-
-
-def drop_from_page_cache(path: Path) -> None:
-    """Writes back and drops the cached pages of a file, or of every file under a directory (pages that some
-    process maps stay)."""
-    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file() and not p.is_symlink()]
-    for file in files:
-        with contextlib.suppress(OSError):  # a file that went away or cannot be opened keeps its pages
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.fdatasync(fd)
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
 
 
 def runtime_dirs(python: Path) -> list[Path]:
@@ -212,7 +202,9 @@ class LocalServer:
     `cold` files and directories (the model, the vLLM environment) are dropped from the page cache before
     start: the kernel charges a cached page to the cgroup that first read it, so without this a server would be
     charged for its libraries and model only if no earlier server had read them; with it every start is charged
-    as a pod starting on a node that has not yet read its image and model."""
+    as a pod starting on a node that has not yet read its image and model. The server finds its cgroup where a
+    container finds its own (MemoryCgroup.seen_as_a_containers), so vLLM's memory checks read its limit and usage as
+    they do in a pod."""
 
     command: list[str]
     env: dict[str, str]
@@ -236,7 +228,7 @@ class LocalServer:
         started, self.measured.started_at = time.monotonic(), datetime.now()
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                self.command,
+                self.cgroup.seen_as_a_containers(self.command),
                 env=self.env,
                 stdout=log,
                 stderr=subprocess.STDOUT,

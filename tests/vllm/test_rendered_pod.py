@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-from cpullm import launcher
+from cpullm import launcher, memory_check
 from tests.vllm.conftest import BINDINGS, MEMORY, WAITING_PEAKS
 from tests.vllm.harness import LocalServer, render_service, server_for_container
 
@@ -26,6 +26,7 @@ LAST_CPU = max(os.sched_getaffinity(0))
 # Peak working set / planned limit (docs/calibration.md, "The memory model by term"): measured 0.81-0.93 from the tiny
 # model to 3B parameters; below 0.80 the limits reserve memory for nothing, above 0.95 a pod runs at its limit.
 CALIBRATED_BAND = (0.80, 0.95)
+CORRECTED = f"{memory_check.LOG_PREFIX} cgroup usage "
 
 
 def pinned_cpus_by_process(server: LocalServer) -> dict[int, set[int]]:
@@ -106,6 +107,8 @@ def check_the_memory_cgroup(case: str, server: LocalServer, plan: dict[str, Any]
     the limit and then reclaims (measured: 0.5B at TP=1 reached the limit with no OOM kill)."""
     measured, limit = server.measured, plan["memoryLimitBytes"]
     MEMORY[case] = measured
+    # vLLM's KV check read the cgroup through the operator's correction (it fails a cold start without it).
+    assert CORRECTED in server.log.read_text(errors="replace"), "the server ran without vLLM's memory check correction"
     assert measured.limit_bytes == limit, (measured.limit_bytes, limit)
     assert measured.samples > 10
     assert measured.oom_kills == 0, f"the kernel OOM-killed {measured.oom_kills} process(es) in {measured.cgroup}"

@@ -67,6 +67,11 @@ class ModelSizing(_Model):
     )
 
 
+def binding_shown(launcher: bool, threads_bind: str) -> str:
+    """How the ranks' threads are bound, in a word: 'launcher' where it turns 'auto' into lists, else the bind."""
+    return "launcher" if launcher and threads_bind == "auto" else threads_bind
+
+
 class Plan(_Model):
     placement: str = Field(default="tensorParallel", description="The placement strategy that made this plan.")
     replicas: int = Field(default=1, description="vLLM pods planned (spec.replicas, capped by throughput placement).")
@@ -84,7 +89,8 @@ class Plan(_Model):
     threads_bind: str = Field(description="VLLM_CPU_OMP_THREADS_BIND.")
     launcher: bool = Field(
         default=False,
-        description="The in-pod launcher turns 'auto' into explicit per-rank CPU lists from the pod's cpuset.",
+        description="vLLM starts through the in-pod launcher, which turns 'auto' into explicit per-rank CPU lists "
+        "from the pod's cpuset and makes vLLM's memory checks count what the kernel cannot reclaim.",
     )
     reserved_cpus_per_rank: int = Field(description="Cores per rank kept off OpenMP for the HTTP front end.")
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")
@@ -156,6 +162,10 @@ class Plan(_Model):
     node_profile: NodeProfileSummary
     eligible_nodes: list[str] = Field(description="Nodes of the plan's shape that can run a pod of it.")
     summary: str = Field(description="One line: what was chosen and why.")
+
+    @property
+    def binding(self) -> str:
+        return binding_shown(self.launcher, self.threads_bind)
 
     def rank_numa_nodes(self) -> list[int] | None:
         """The NUMA node each tensor-parallel rank binds to, where the plan knows it: one rank per NUMA node of the

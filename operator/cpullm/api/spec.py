@@ -172,10 +172,12 @@ class CpuSettings(_Model):
     )
     launcher: bool = Field(
         default=True,
-        description="With threadsBind 'auto', start vLLM through the operator's in-pod launcher, which reads "
-        "the cpuset the pod really got (CPUs, their NUMA nodes, SMT siblings, CFS quota) and sets explicit "
-        "per-rank VLLM_CPU_OMP_THREADS_BIND lists and CPU_VISIBLE_MEMORY_NODES. false leaves 'auto' to vLLM, "
-        "which maps rank N to the N-th allowed memory node whether or not the pod has CPUs there.",
+        description="Start vLLM through the operator's in-pod launcher. With threadsBind 'auto' it reads the "
+        "cpuset the pod really got (CPUs, their NUMA nodes, SMT siblings, CFS quota) and sets explicit per-rank "
+        "VLLM_CPU_OMP_THREADS_BIND lists and CPU_VISIBLE_MEMORY_NODES; with any bind it makes vLLM's memory "
+        "checks leave out reclaimable page cache, which vLLM 0.32 counts as used (a pod that is the first on its "
+        "node to read its image and model would otherwise fail its first start). false runs vLLM's command as "
+        "is: 'auto' maps rank N to the N-th allowed memory node whether or not the pod has CPUs there.",
     )
 
 

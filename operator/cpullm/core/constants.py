@@ -59,9 +59,14 @@ DRAIN_SETTLE_SECONDS = 10
 # What vLLM takes to exit once told to (SIGTERM) after its requests are done.
 SERVER_EXIT_SECONDS = 30
 
-# The in-pod launcher (cpullm/launcher.py), shipped in a ConfigMap and mounted read-only here.
+# The in-pod launcher (cpullm/launcher.py), shipped in a ConfigMap and mounted read-only here, with vLLM's memory
+# check correction (cpullm/memory_check.py) as a sitecustomize module in a directory of its own, which the launcher
+# puts first on the server's PYTHONPATH.
 LAUNCHER_MOUNT = "/opt/cpullm"
 LAUNCHER_FILE = "launcher.py"
+MEMORY_CHECK_FILE = "memory_check.py"
+SITECUSTOMIZE_FILE = "sitecustomize.py"
+LAUNCHER_SITE_DIR = "site"
 
 MODEL_CACHE_MOUNT = "/models"
 # Beside the weights in the default model cache: tokenizer, configs, the Hub cache's own files.

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan
+from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan, binding_shown
 from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, RoutingMode, ThreadsBindMode
 from cpullm.core import constants as c
 from cpullm.core.daemonsets import DaemonPods
@@ -276,12 +276,12 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
     capacity = layout.pods_per_node * len(shape.members)
     replicas = strategy.replicas(spec.replicas, capacity)
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
-    launcher = spec.cpu.launcher and threads_bind == ThreadsBindMode.AUTO
+    binding = binding_shown(spec.cpu.launcher, threads_bind)
     image = spec.image or f"{c.DEFAULT_IMAGE_REPOSITORY}:{c.VLLM_VERSION}-{c.IMAGE_ARCH_SUFFIX[node.arch]}"
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     summary = (
         f"{strategy.name}: TP {tp} ({layout.why}), KV {kv.gib} GiB/rank ({kv.source}){context}, "
-        f"{'launcher' if launcher else threads_bind} binding, {layout.cpus_per_rank * tp} CPU, "
+        f"{binding} binding, {layout.cpus_per_rank * tp} CPU, "
         f"{_gib(budget.limit_bytes)} GiB on {len(shape.members)} {where}"
     )
     return Plan(
@@ -294,7 +294,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         kv_cache_source=kv.source,
         kv_tokens_per_rank=kv.tokens_per_rank,
         threads_bind=threads_bind,
-        launcher=launcher,
+        launcher=spec.cpu.launcher,
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,

@@ -11,7 +11,7 @@ from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.drain import drain_hook, grace_seconds
-from cpullm.core.children.launcher import launcher_config_map_name
+from cpullm.core.children.launcher import launcher_command, launcher_volume, launcher_volume_mount
 from cpullm.core.children.model_cache import ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
 
@@ -20,11 +20,10 @@ VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 
 
 def vllm_command(plan: Plan) -> list[str]:
-    """vLLM's server, started through the in-pod launcher when the plan binds there."""
+    """vLLM's server, started through the in-pod launcher unless the spec opts out (spec.cpu.launcher)."""
     if not plan.launcher:
         return list(VLLM_COMMAND)
-    launcher = ["python3", f"{c.LAUNCHER_MOUNT}/{c.LAUNCHER_FILE}", "--ranks", str(plan.tensor_parallel_size)]
-    return [*launcher, "--reserved-cpus-per-rank", str(plan.reserved_cpus_per_rank), "--", *VLLM_COMMAND]
+    return [*launcher_command(plan), "--", *VLLM_COMMAND]
 
 
 def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
@@ -128,7 +127,7 @@ def _volumes(owner: Owner, cache: dict[str, Any], plan: Plan) -> list[dict[str, 
         {"name": "model-cache", **cache},
     ]
     if plan.launcher:
-        volumes.append({"name": "launcher", "configMap": {"name": launcher_config_map_name(owner)}})
+        volumes.append(launcher_volume(owner))
     return volumes
 
 
@@ -148,7 +147,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": c.MODEL_CACHE_MOUNT},
-            *([{"name": "launcher", "mountPath": c.LAUNCHER_MOUNT, "readOnly": True}] if plan.launcher else []),
+            *([launcher_volume_mount()] if plan.launcher else []),
         ],
         **_probes(plan),
         "lifecycle": drain_hook(spec),

@@ -1,8 +1,9 @@
-"""The ConfigMap carrying the in-pod launcher (cpullm/launcher.py) into the vLLM container.
+"""The ConfigMap carrying the in-pod files into the vLLM container: the launcher (cpullm/launcher.py) and vLLM's
+memory check correction (cpullm/memory_check.py, as sitecustomize.py).
 
 The kubelet picks a Guaranteed pod's exclusive CPUs at admission, so only code running inside the container
-can bind vLLM's ranks to them; the stock vLLM image has python3, so the launcher ships as one stdlib-only
-file, mounted at constants.LAUNCHER_MOUNT.
+can bind vLLM's ranks to them; the stock vLLM image has python3, so both ship as stdlib-only files, mounted at
+constants.LAUNCHER_MOUNT (the correction in a directory of its own, which the launcher puts on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -15,8 +16,14 @@ from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core import constants as c
 from cpullm.core.children.common import Owner, metadata
 
-# The launcher's source is part of this package: read once, it is as fixed as any other constant.
-LAUNCHER_SOURCE = resources.files("cpullm").joinpath(c.LAUNCHER_FILE).read_text()
+# The files' sources are part of this package: read once, they are as fixed as any other constant.
+# ConfigMap key -> (source file in the package, path under the mount).
+IN_POD_FILES = {
+    c.LAUNCHER_FILE: (c.LAUNCHER_FILE, c.LAUNCHER_FILE),
+    c.SITECUSTOMIZE_FILE: (c.MEMORY_CHECK_FILE, f"{c.LAUNCHER_SITE_DIR}/{c.SITECUSTOMIZE_FILE}"),
+}
+SOURCES = {key: resources.files("cpullm").joinpath(source).read_text() for key, (source, _) in IN_POD_FILES.items()}
+VOLUME_NAME = "launcher"
 
 
 def launcher_config_map_name(owner: Owner) -> str:
@@ -24,10 +31,34 @@ def launcher_config_map_name(owner: Owner) -> str:
 
 
 def build_launcher_config_map(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
-    del spec, plan  # the same launcher serves every plan; the Deployment passes it the plan's ranks
+    del spec, plan  # the same files serve every plan; the Deployment passes the launcher the plan's ranks
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {**metadata(owner), "name": launcher_config_map_name(owner)},
-        "data": {c.LAUNCHER_FILE: LAUNCHER_SOURCE},
+        "data": dict(SOURCES),
     }
+
+
+def launcher_volume(owner: Owner) -> dict[str, Any]:
+    """The pod's volume of the ConfigMap, each file at its path under the mount."""
+    items = [{"key": key, "path": path} for key, (_, path) in IN_POD_FILES.items()]
+    return {"name": VOLUME_NAME, "configMap": {"name": launcher_config_map_name(owner), "items": items}}
+
+
+def launcher_volume_mount() -> dict[str, Any]:
+    return {"name": VOLUME_NAME, "mountPath": c.LAUNCHER_MOUNT, "readOnly": True}
+
+
+def launcher_command(plan: Plan) -> list[str]:
+    """The launcher's command line, before `--` and the server's."""
+    return [
+        "python3",
+        f"{c.LAUNCHER_MOUNT}/{c.LAUNCHER_FILE}",
+        "--ranks",
+        str(plan.tensor_parallel_size),
+        "--reserved-cpus-per-rank",
+        str(plan.reserved_cpus_per_rank),
+        "--python-path",
+        f"{c.LAUNCHER_MOUNT}/{c.LAUNCHER_SITE_DIR}",
+    ]
