@@ -143,18 +143,20 @@ def test_deployment_whole_manifest():
                                 {"name": "model-cache", "mountPath": "/models"},
                                 {"name": "launcher", "mountPath": "/opt/cpullm", "readOnly": True},
                             ],
-                            # 600 s + 60 s per GiB of weights (14.96 GiB) = 1498 s
+                            # 2 x (150 s + 10 s per GiB of weights (14.96 GiB) + a 2,048-token prefill step) + 43 s
+                            # per GiB for the download = 1380 s (core/timing.py), probed every 2 s
                             "startupProbe": {
                                 **probe,
-                                "periodSeconds": 10,
+                                "periodSeconds": 2,
                                 "timeoutSeconds": 5,
-                                "failureThreshold": 138,
+                                "failureThreshold": 690,
                             },
+                            # 30 s of failed probes before the pod leaves its Service
                             "readinessProbe": {
                                 **probe,
-                                "periodSeconds": 10,
+                                "periodSeconds": 2,
                                 "timeoutSeconds": 5,
-                                "failureThreshold": 3,
+                                "failureThreshold": 15,
                             },
                             "livenessProbe": {
                                 **probe,

@@ -43,7 +43,12 @@ FP8_KV_CACHE_ISA = frozenset({"avx512f"})
 # vLLM's CPU backend documents TP=6 as unsupported.
 UNSUPPORTED_TENSOR_PARALLEL_SIZES = frozenset({6})
 
-PROBE_PERIOD_SECONDS = 10
+# The startup and readiness probes' period: how late after the server answers /health the kubelet marks it started
+# and Ready (each up to one period: with 10 s, 5-14 s of a tiny model's 50-100 s starts on the real node were the
+# wait, docs/startup.md). /health is cheap; a server under full load answers slowly, so readiness tolerates
+# READINESS_TOLERANCE_SECONDS of failures before the pod leaves its Service.
+PROBE_PERIOD_SECONDS = 2
+READINESS_TOLERANCE_SECONDS = 30
 
 # Draining a server (core/children/deployment.py's preStop, the router's timeouts): the longest a request may run
 # is the context length decoded at a pessimistic rate. A CPU decode step streams the rank's weight shard from

@@ -90,7 +90,11 @@ def _probes(plan: Plan) -> dict[str, Any]:
             timeoutSeconds=5,
             failureThreshold=math.ceil(plan.startup_seconds / c.PROBE_PERIOD_SECONDS),
         ),
-        "readinessProbe": http(periodSeconds=c.PROBE_PERIOD_SECONDS, timeoutSeconds=5, failureThreshold=3),
+        "readinessProbe": http(
+            periodSeconds=c.PROBE_PERIOD_SECONDS,
+            timeoutSeconds=5,
+            failureThreshold=math.ceil(c.READINESS_TOLERANCE_SECONDS / c.PROBE_PERIOD_SECONDS),
+        ),
         # A CPU server under full load answers slowly: be patient before restarting it.
         "livenessProbe": http(periodSeconds=30, timeoutSeconds=10, failureThreshold=5),
     }
