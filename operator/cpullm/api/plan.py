@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from cpullm.api.spec import ThreadsBindMode
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
@@ -69,7 +71,7 @@ class ModelSizing(_Model):
 
 def binding_shown(launcher: bool, threads_bind: str) -> str:
     """How the ranks' threads are bound, in a word: 'launcher' where it turns 'auto' into lists, else the bind."""
-    return "launcher" if launcher and threads_bind == "auto" else threads_bind
+    return "launcher" if launcher and threads_bind == ThreadsBindMode.AUTO else threads_bind
 
 
 class Plan(_Model):
