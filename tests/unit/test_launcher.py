@@ -25,6 +25,21 @@ PRINT_KNOBS = (
 )
 
 
+PRINT_PYTHONPATH = "import os; print(os.environ['PYTHONPATH'])"
+
+
+def launch_printing(options: list[str], code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """As in the pod: the launcher run as a script, the server replaced by Python running `code`."""
+    return subprocess.run(
+        [sys.executable, str(LAUNCHER), *options, "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+        timeout=30,
+    )
+
+
 def facts(tree: str, arch: str = "x86_64") -> CpuFacts:
     return read_facts(TREES / tree, arch)
 
@@ -279,15 +294,7 @@ def test_main_execs_the_command_with_the_knobs_set():
     env = {name: value for name, value in os.environ.items() if name not in knobs}
     env["VLLM_CPU_SIM_MULTI_NUMA"] = "1"
     root = TREES / "graviton-1n-16"  # no SMT files: the same plan on every architecture
-    launch = [sys.executable, str(LAUNCHER), "--root", str(root), "--ranks", "2", "--reserved-cpus-per-rank", "1"]
-    result = subprocess.run(
-        [*launch, "--", sys.executable, "-c", PRINT_KNOBS],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=30,
-    )
+    result = launch_printing(["--root", str(root), "--ranks", "2", "--reserved-cpus-per-rank", "1"], PRINT_KNOBS, env)
     assert result.stdout == "0-6|8-14 0 2 False\n"
     assert result.stderr.startswith("cpullm-launch: saw cpuset 0-15")
 
@@ -312,15 +319,8 @@ def test_a_bind_the_user_set_in_the_pod_env_is_left_alone(user_value):
     """The pod's env is the user's to override (spec.env wins over the operator's): only 'auto' is replaced."""
     env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": user_value}
     env.pop("CPU_VISIBLE_MEMORY_NODES", None)
-    launch = [sys.executable, str(LAUNCHER), "--root", str(TREES / "graviton-1n-16"), "--ranks", "2"]
-    result = subprocess.run(
-        [*launch, "--reserved-cpus-per-rank", "1", "--", sys.executable, "-c", PRINT_ONE_KNOB],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=30,
-    )
+    options = ["--root", str(TREES / "graviton-1n-16"), "--ranks", "2", "--reserved-cpus-per-rank", "1"]
+    result = launch_printing(options, PRINT_ONE_KNOB, env)
     assert result.stdout == f"{user_value} unset\n"
     assert (
         result.stderr == f"cpullm-launch: VLLM_CPU_OMP_THREADS_BIND={user_value} set in the environment, left as is\n"
@@ -341,14 +341,6 @@ def test_the_python_path_goes_first_on_the_servers_pythonpath(bind, inherited, e
     env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     if inherited:
         env["PYTHONPATH"] = inherited
-    launch = [sys.executable, str(LAUNCHER), "--root", str(TREES / "graviton-1n-16"), "--ranks", "1"]
-    launch += ["--reserved-cpus-per-rank", "0", "--python-path", "/opt/cpullm/site", "--"]
-    result = subprocess.run(
-        [*launch, sys.executable, "-S", "-c", "import os; print(os.environ['PYTHONPATH'])"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-        timeout=30,
-    )
+    options = ["--root", str(TREES / "graviton-1n-16"), "--ranks", "1", "--reserved-cpus-per-rank", "0"]
+    result = launch_printing([*options, "--python-path", "/opt/cpullm/site"], PRINT_PYTHONPATH, env)
     assert result.stdout == f"{expected}\n"
