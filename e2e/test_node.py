@@ -29,7 +29,7 @@ from testbed.tools import Kubectl, eventually
 from tests.vllm.harness import make_tiny_model, vllm_python
 from tests.vllm.vllm_log import StartSplit, start_split
 
-from cpullm import launcher, memory_check
+from cpullm import launcher, vllm_fixes
 from e2e.helpers import InClusterOperator
 from e2e.serving import (
     CAP_SYS_NICE,
@@ -217,8 +217,8 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
 ) -> None:
     kubectl, _, models = serving
     # As on a node that has not read the image or the model yet: the first pod to read them is charged for their
-    # page cache, which vLLM's KV check counted as used until the launcher's memory check correction
-    # (docs/calibration.md); the start-up budget holds for that start too.
+    # page cache, which vLLM's KV check counted as used until the launcher's fixes to vLLM (docs/calibration.md);
+    # the start-up budget holds for that start too.
     drop_from_page_cache(real_node.containerd_root)
     drop_from_page_cache(models)
     started = time.monotonic()
@@ -254,8 +254,10 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     # tests/vllm); what the kubelet evicts on and the OOM killer acts on is the working set.
     assert working_set < limit and int(seen["oom_kills"] or 0) == 0
     assert_never_restarted(kubectl, real_node, kubectl.get("pod", name, namespace))
-    corrections = memory_check_corrections(real_node.container_log_files(pod, "vllm")[-1].read_text(errors="replace"))
-    assert corrections, "vLLM ran without the launcher's memory check correction"
+    log = real_node.container_log_files(pod, "vllm")[-1].read_text(errors="replace")
+    corrections = page_cache_left_out(log)
+    assert corrections, "vLLM ran without the fix to its KV check (cpullm/vllm_fixes.py)"
+    assert f"{vllm_fixes.LOG_PREFIX} warm-up compiles with a {vllm_fixes.WARM_UP_TOKENS}-token step" in log
 
     # The server started again on the same node with the same model cache (the claim): what the first start
     # compiled (inductor's kernels) and inspected (vLLM's model info) is on the model cache, and the second start
@@ -274,8 +276,8 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
         f"\nreal node: pod start to Ready {to_ready:.0f}s (startup probe budget "
         f"{budget}s); decode {tokens / seconds:.1f} tokens/s through the Service's "
         f"ClusterIP; cpuset {assigned}; cgroup peak {int(seen['peak']) / limit:.2f} and working set "
-        f"{working_set / limit:.2f} of the {limit / 2**30:.2f} GiB limit; page cache left out of vLLM's memory "
-        f"checks up to {max(corrections):.2f} GiB"
+        f"{working_set / limit:.2f} of the {limit / 2**30:.2f} GiB limit; page cache left out of vLLM's KV "
+        f"check up to {max(corrections):.2f} GiB"
     )
     print(
         f"real node: container start to Ready, s (before load + load + compile and warm-up + rest): first "
@@ -328,10 +330,10 @@ def replaced_and_ready(kubectl: Kubectl, namespace: str, gone: dict[str, Any]) -
     return pods[0]
 
 
-def memory_check_corrections(log: str) -> list[float]:
-    """The page cache (GiB) the memory check correction left out of each of vLLM's usage readings, from its lines
-    in the container's log (cpullm/memory_check.py)."""
-    pattern = re.escape(memory_check.LOG_PREFIX) + r" cgroup usage \S+ GiB less (\S+) GiB"
+def page_cache_left_out(log: str) -> list[float]:
+    """The page cache (GiB) the fix to vLLM's KV check left out of each of vLLM's usage readings, from its lines in
+    the container's log (cpullm/vllm_fixes.py)."""
+    pattern = re.escape(vllm_fixes.LOG_PREFIX) + r" cgroup usage \S+ GiB less (\S+) GiB"
     return [float(m) for m in re.findall(pattern, log)]
 
 

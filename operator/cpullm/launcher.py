@@ -7,8 +7,8 @@ TP=1 pod whose cpuset spans two nodes uses only the first. The kubelet picks the
 code running inside the container can know it: this launcher reads it, writes explicit
 `VLLM_CPU_OMP_THREADS_BIND` (ranks separated by `|`) and `CPU_VISIBLE_MEMORY_NODES`, then execs the server.
 A bind the pod's env already makes explicit ('nobind', CPU lists) is left as it is. Either way `--python-path`
-goes first on the server's PYTHONPATH: the operator passes the directory holding cpullm/memory_check.py as
-sitecustomize.py, which makes vLLM's memory checks count what the kernel cannot reclaim.
+goes first on the server's PYTHONPATH: the operator passes the directory holding cpullm/vllm_fixes.py as
+sitecustomize.py, the fixes applied inside vLLM's processes.
 
 The operator ships this file's source text in a ConfigMap and the stock vLLM image runs it with its own
 python3, so it imports the standard library only (never `cpullm`):
@@ -329,7 +329,7 @@ def _parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument(
         "--python-path",
         type=Path,
-        help="a directory put first on the server's PYTHONPATH (the operator's: vLLM's memory check correction)",
+        help="a directory put first on the server's PYTHONPATH (the operator's: the fixes to vLLM)",
     )
     args = list(argv)
     split = args.index("--") if "--" in args else len(args)

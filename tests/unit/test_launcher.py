@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cpullm import launcher, memory_check
+from cpullm import launcher, vllm_fixes
 from cpullm.launcher import CpuFacts, FactsError, LaunchRefusal, decide, launch_plan_json, read_facts
 
 TREES = Path(__file__).parent / "fixtures" / "cpu-trees"
@@ -299,7 +299,7 @@ def test_main_execs_the_command_with_the_knobs_set():
     assert result.stderr.startswith("cpullm-launch: saw cpuset 0-15")
 
 
-@pytest.mark.parametrize("source", [LAUNCHER, Path(memory_check.__file__)], ids=["launcher", "memory_check"])
+@pytest.mark.parametrize("source", [LAUNCHER, Path(vllm_fixes.__file__)], ids=["launcher", "vllm_fixes"])
 def test_the_in_pod_files_import_only_the_standard_library(source: Path):
     """The operator ships these files alone into the stock vLLM image: no cpullm, no third-party module."""
     tree = ast.parse(source.read_text())

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from cpullm import launcher, memory_check
+from cpullm import launcher, vllm_fixes
 from cpullm.core.children.common import Owner, binary_quantity
 from cpullm.core.children.deployment import build_deployment
 from cpullm.core.children.drain import DRAIN_SCRIPT
@@ -279,7 +279,7 @@ def test_launcher_config_map_carries_the_in_pod_files_sources():
         "metadata": {**METADATA, "name": "llama-launcher"},
         "data": {
             "launcher.py": Path(launcher.__file__).read_text(),
-            "sitecustomize.py": Path(memory_check.__file__).read_text(),
+            "sitecustomize.py": Path(vllm_fixes.__file__).read_text(),
         },
     }
 

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 
-from cpullm import launcher, memory_check
+from cpullm import launcher, vllm_fixes
 from tests.vllm.conftest import BINDINGS, MEMORY, WAITING_PEAKS
 from tests.vllm.harness import LocalServer, render_service, server_for_container
 
@@ -26,7 +26,11 @@ LAST_CPU = max(os.sched_getaffinity(0))
 # Peak working set / planned limit (docs/calibration.md, "The memory model by term"): measured 0.81-0.93 from the tiny
 # model to 3B parameters; below 0.80 the limits reserve memory for nothing, above 0.95 a pod runs at its limit.
 CALIBRATED_BAND = (0.80, 0.95)
-CORRECTED = f"{memory_check.LOG_PREFIX} cgroup usage "
+# The fixes' lines in the server's log (cpullm/vllm_fixes.py): each ran in the server's processes.
+FIXED = (
+    f"{vllm_fixes.LOG_PREFIX} cgroup usage ",
+    f"{vllm_fixes.LOG_PREFIX} warm-up compiles with a {vllm_fixes.WARM_UP_TOKENS}-token step",
+)
 
 
 def pinned_cpus_by_process(server: LocalServer) -> dict[int, set[int]]:
@@ -107,8 +111,10 @@ def check_the_memory_cgroup(case: str, server: LocalServer, plan: dict[str, Any]
     the limit and then reclaims (measured: 0.5B at TP=1 reached the limit with no OOM kill)."""
     measured, limit = server.measured, plan["memoryLimitBytes"]
     MEMORY[case] = measured
-    # vLLM's KV check read the cgroup through the operator's correction (it fails a cold start without it).
-    assert CORRECTED in server.log.read_text(errors="replace"), "the server ran without vLLM's memory check correction"
+    # vLLM's KV check read the cgroup through the operator's fix (a cold start fails without it), and its warm-up
+    # compiled with the short step.
+    log = server.log.read_text(errors="replace")
+    assert all(line in log for line in FIXED), "the server ran without the operator's fixes to vLLM"
     assert measured.limit_bytes == limit, (measured.limit_bytes, limit)
     assert measured.samples > 10
     assert measured.oom_kills == 0, f"the kernel OOM-killed {measured.oom_kills} process(es) in {measured.cgroup}"

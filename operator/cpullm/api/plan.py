@@ -92,7 +92,8 @@ class Plan(_Model):
     launcher: bool = Field(
         default=False,
         description="vLLM starts through the in-pod launcher, which turns 'auto' into explicit per-rank CPU lists "
-        "from the pod's cpuset and makes vLLM's memory checks count what the kernel cannot reclaim.",
+        "from the pod's cpuset and applies the operator's fixes to vLLM (its KV check leaves out reclaimable page "
+        "cache; its warm-up compiles with a short step).",
     )
     reserved_cpus_per_rank: int = Field(description="Cores per rank kept off OpenMP for the HTTP front end.")
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")

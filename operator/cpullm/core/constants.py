@@ -64,12 +64,12 @@ DRAIN_SETTLE_SECONDS = 10
 # What vLLM takes to exit once told to (SIGTERM) after its requests are done.
 SERVER_EXIT_SECONDS = 30
 
-# The in-pod launcher (cpullm/launcher.py), shipped in a ConfigMap and mounted read-only here, with vLLM's memory
-# check correction (cpullm/memory_check.py) as a sitecustomize module in a directory of its own, which the launcher
-# puts first on the server's PYTHONPATH.
+# The in-pod launcher (cpullm/launcher.py), shipped in a ConfigMap and mounted read-only here, with the fixes to vLLM
+# (cpullm/vllm_fixes.py) as a sitecustomize module in a directory of its own, which the launcher puts first on the
+# server's PYTHONPATH.
 LAUNCHER_MOUNT = "/opt/cpullm"
 LAUNCHER_FILE = "launcher.py"
-MEMORY_CHECK_FILE = "memory_check.py"
+VLLM_FIXES_FILE = "vllm_fixes.py"
 SITECUSTOMIZE_FILE = "sitecustomize.py"
 LAUNCHER_SITE_DIR = "site"
 

@@ -1,9 +1,9 @@
-"""The ConfigMap carrying the in-pod files into the vLLM container: the launcher (cpullm/launcher.py) and vLLM's
-memory check correction (cpullm/memory_check.py, as sitecustomize.py).
+"""The ConfigMap carrying the in-pod files into the vLLM container: the launcher (cpullm/launcher.py) and the fixes
+to vLLM (cpullm/vllm_fixes.py, as sitecustomize.py).
 
 The kubelet picks a Guaranteed pod's exclusive CPUs at admission, so only code running inside the container
 can bind vLLM's ranks to them; the stock vLLM image has python3, so both ship as stdlib-only files, mounted at
-constants.LAUNCHER_MOUNT (the correction in a directory of its own, which the launcher puts on PYTHONPATH).
+constants.LAUNCHER_MOUNT (the fixes in a directory of their own, which the launcher puts on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from cpullm.core.children.common import Owner, metadata
 # ConfigMap key -> (source file in the package, path under the mount).
 IN_POD_FILES = {
     c.LAUNCHER_FILE: (c.LAUNCHER_FILE, c.LAUNCHER_FILE),
-    c.SITECUSTOMIZE_FILE: (c.MEMORY_CHECK_FILE, f"{c.LAUNCHER_SITE_DIR}/{c.SITECUSTOMIZE_FILE}"),
+    c.SITECUSTOMIZE_FILE: (c.VLLM_FIXES_FILE, f"{c.LAUNCHER_SITE_DIR}/{c.SITECUSTOMIZE_FILE}"),
 }
 SOURCES = {key: resources.files("cpullm").joinpath(source).read_text() for key, (source, _) in IN_POD_FILES.items()}
 VOLUME_NAME = "launcher"

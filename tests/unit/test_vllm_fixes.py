@@ -1,19 +1,18 @@
-"""vLLM's memory check correction (cpullm/memory_check.py): the page cache read from recorded cgroup files, the
-wrapped usage reader, and the import hook as the server's Python processes run it (a fake `vllm` package)."""
+"""The fixes to vLLM (cpullm/vllm_fixes.py): the page cache read from recorded cgroup files, the wrapped usage
+reader, the short warm-up, and the import hook as the server's Python processes run it (a fake `vllm` package)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from cpullm import memory_check
-from cpullm.memory_check import GIB, file_pages, patch, without_page_cache
+from cpullm import vllm_fixes
+from cpullm.vllm_fixes import GIB, WARM_UP_TOKENS, apply, file_pages, without_page_cache
 
 V2_STAT = "anon 2147483648\nfile 1610612736\nactive_file 268435456\ninactive_file 1073741824\nshmem 1048576\n"
 # v1: the hierarchical totals are read (usage_in_bytes is hierarchical too), never the cgroup's own lines.
@@ -64,31 +63,66 @@ def test_usage_less_the_page_cache(tmp_path, usage, stat, expected):
 def test_a_correction_is_reported_on_one_line(tmp_path, capsys):
     without_page_cache(lambda: 3 * GIB, cgroup_tree(tmp_path, 2, V2_STAT))()
     assert capsys.readouterr().err == (
-        "cpullm-memory: cgroup usage 3.00 GiB less 1.25 GiB of reclaimable page cache: 1.75 GiB\n"
+        "cpullm-vllm: cgroup usage 3.00 GiB less 1.25 GiB of reclaimable page cache: 1.75 GiB\n"
     )
 
 
-def test_a_vllm_without_the_reader_is_left_as_it_is(capsys):
-    module = ModuleType("vllm.utils.cpu_resource_utils")
-    assert patch(module) is False
-    assert not hasattr(module, "get_cgroup_memory_usage")
-    assert "get_cgroup_memory_usage not found" in capsys.readouterr().err
+class Runner:
+    """vLLM's CPUModelRunner as the fix sees it: a step size, and a warm-up that reads it."""
+
+    def __init__(self, max_num_tokens: int) -> None:
+        self.max_num_tokens = max_num_tokens
+        self.warmed_up_with: int | None = None
+
+    def warming_up_model(self) -> None:
+        self.warmed_up_with = self.max_num_tokens
+
+
+@pytest.mark.parametrize(("full", "warm_up"), [(2048, WARM_UP_TOKENS), (8, 8)], ids=["short-step", "already-short"])
+def test_the_warm_up_runs_a_short_step_and_the_runner_keeps_its_size(capsys, full, warm_up):
+    module = ModuleType("vllm.v1.worker.cpu_model_runner")
+    module.CPUModelRunner = type("CPUModelRunner", (Runner,), {})  # type: ignore[attr-defined]
+    assert apply(module) is True
+    runner = module.CPUModelRunner(full)  # type: ignore[attr-defined]
+    runner.warming_up_model()
+    assert (runner.warmed_up_with, runner.max_num_tokens) == (warm_up, full)
+    assert capsys.readouterr().err == f"cpullm-vllm: warm-up compiles with a {warm_up}-token step, not {full}\n"
+
+
+def test_a_fix_named_in_the_env_is_left_out(capsys, monkeypatch):
+    monkeypatch.setenv("CPULLM_VLLM_FIXES_OFF", "leave_page_cache_out, short_warm_up")
+    module = ModuleType("vllm.v1.worker.cpu_model_runner")
+    module.CPUModelRunner = type("CPUModelRunner", (Runner,), {})  # type: ignore[attr-defined]
+    assert apply(module) is False
+    runner = module.CPUModelRunner(2048)  # type: ignore[attr-defined]
+    runner.warming_up_model()
+    assert runner.warmed_up_with == 2048
+    assert capsys.readouterr().err == (
+        "cpullm-vllm: vllm.v1.worker.cpu_model_runner: short_warm_up turned off (CPULLM_VLLM_FIXES_OFF)\n"
+    )
+
+
+@pytest.mark.parametrize("name", ["vllm.utils.cpu_resource_utils", "vllm.v1.worker.cpu_model_runner"])
+def test_a_vllm_without_what_a_fix_patches_is_left_as_it_is(capsys, name):
+    module = ModuleType(name)
+    assert apply(module) is False
+    assert vars(module).keys() == vars(ModuleType(name)).keys()
+    assert capsys.readouterr().err.startswith(f"cpullm-vllm: {name}: nothing for ")
 
 
 FAKE_VLLM = {
     "vllm/__init__.py": "",
     "vllm/utils/__init__.py": "",
-    "vllm/utils/cpu_resource_utils.py": textwrap.dedent(
-        """
-        def get_cgroup_memory_usage():
-            return 4 << 30
-        """
-    ),
+    "vllm/utils/cpu_resource_utils.py": "def get_cgroup_memory_usage():\n    return 4 << 30\n",
+    "vllm/v1/__init__.py": "",
+    "vllm/v1/worker/__init__.py": "",
+    "vllm/v1/worker/cpu_model_runner.py": "class CPUModelRunner:\n    def warming_up_model(self):\n        pass\n",
 }
 PROBE = (
     "import sys; before = 'vllm.utils.cpu_resource_utils' in sys.modules; "
-    "from vllm.utils import cpu_resource_utils as u; "
-    "print(before, u.get_cgroup_memory_usage.__name__, IMAGE_SITE_RAN)"
+    "from vllm.utils import cpu_resource_utils as u; from vllm.v1.worker import cpu_model_runner as r; "
+    "print(before, u.get_cgroup_memory_usage.__name__, r.CPUModelRunner.warming_up_model.__qualname__, "
+    "IMAGE_SITE_RAN)"
 )
 
 
@@ -97,7 +131,7 @@ def test_the_site_directory_patches_vllm_when_imported_and_runs_the_images_own_s
     further along it, and a server process that imports vLLM."""
     site, image_site, packages = tmp_path / "site", tmp_path / "image-site", tmp_path / "packages"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(Path(memory_check.__file__).read_text())
+    (site / "sitecustomize.py").write_text(Path(vllm_fixes.__file__).read_text())
     image_site.mkdir()
     (image_site / "sitecustomize.py").write_text("import builtins\nbuiltins.IMAGE_SITE_RAN = True\n")
     for name, text in FAKE_VLLM.items():
@@ -107,6 +141,7 @@ def test_the_site_directory_patches_vllm_when_imported_and_runs_the_images_own_s
     result = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True, timeout=30
     )
-    # Not imported at start-up (a process that never imports vLLM pays nothing), wrapped once it is; the image's
+    # Not imported at start-up (a process that never imports vLLM pays nothing), fixed once imported; the image's
     # sitecustomize ran too.
-    assert result.stdout == "False usage_the_kernel_cannot_reclaim True\n"
+    expected = "False usage_the_kernel_cannot_reclaim short_warm_up.<locals>.warming_up_model True\n"
+    assert result.stdout == expected

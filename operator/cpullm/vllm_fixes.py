@@ -1,0 +1,195 @@
+"""Fixes to vLLM 0.32's CPU backend, applied inside its processes. Shipped into the vLLM container as
+`sitecustomize.py` (core/children/launcher.py); the in-pod launcher puts its directory first on the server's
+PYTHONPATH, so every Python process of the server (the API server, the engine core, the workers vLLM spawns)
+runs it at start-up. Each fix patches one vLLM module when vLLM imports it (an import hook), so a process that
+never imports vLLM pays nothing; a vLLM without what a fix patches is left as it is, with one line on stderr.
+A new fix is a function and an entry in FIXES. The env variable CPULLM_VLLM_FIXES_OFF (spec.env) names fixes to
+leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix does not suit.
+
+1. The KV check leaves out reclaimable page cache (`leave_page_cache_out`). Before it allocates the KV cache,
+   the CPU worker requires the container's memory limit less its usage to hold the cache
+   (`cpu_worker.determine_available_memory` through `cpu_resource_utils.get_memory_node_info`, which clamps to the
+   cgroup since vllm PR 45086), and the usage it reads (`memory.current`, v1 `memory.usage_in_bytes`) counts page
+   cache: the image's libraries and the model's files, charged to the container that first reads (or downloads)
+   them. A pod that was the first on its node to read them failed its first start ("Available memory on node 0
+   (0.11/3.56 GiB) on kv cache allocation is less than requested memory for kv (1.0 GiB)", docs/calibration.md)
+   and started after a restart, in a new cgroup. Those pages are the kernel's to reclaim when the cache is
+   allocated; what cannot be reclaimed is the rest: anonymous memory, shmem (/dev/shm) and kernel memory. So
+   `get_cgroup_memory_usage` returns usage less the cgroup's file LRU pages (memory.stat `active_file` +
+   `inactive_file`; v1 `total_active_file` + `total_inactive_file`, hierarchical as its usage is), for every vLLM
+   reader of it (the KV check, the weight loader's prefetch choice).
+2. The warm-up compiles with a short step (`short_warm_up`). At every start the CPU worker's warm-up runs
+   `profile_run`, a forward of max_num_batched_tokens (2,048 by default) dummy tokens, to make torch.compile build
+   the model's graph. The graph is compiled once for the whole range of step sizes (vLLM's compile range
+   [1, max_num_batched_tokens]), so a step of WARM_UP_TOKENS builds the same graph, and the rest of that forward is
+   compute no cache keeps: 2 x parameters x 2,048 operations, ~57 s of a ~0.5B model's second start on two AVX2
+   cores (docs/startup.md). The first long prompt then reaches the activations' peak instead, which the memory
+   limit holds (measured: same peak working set, same long-prompt latency, no compilation at serving time).
+
+This file imports the standard library only, like the launcher.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+GIB = 1 << 30
+# What starts each line this module writes on stderr (the tests find the fixes in the server's log by it).
+LOG_PREFIX = "cpullm-vllm:"
+# memory.stat keys of the file LRU lists, by where vLLM reads usage from (the same test as vLLM's: v2 when
+# memory.max exists at the mount's root).
+FILE_PAGES_V2 = ("active_file", "inactive_file")
+FILE_PAGES_V1 = ("total_active_file", "total_inactive_file")
+# The warm-up step's tokens: more than 1, since torch.compile specializes on sizes 0 and 1.
+WARM_UP_TOKENS = 16
+OFF_ENV = "CPULLM_VLLM_FIXES_OFF"
+
+
+def report(message: str) -> None:
+    print(f"{LOG_PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+def file_pages(root: Path = CGROUP_ROOT) -> int | None:
+    """The container cgroup's page cache on the file LRU lists, in bytes; None when memory.stat is unreadable."""
+    if (root / "memory.max").exists():
+        stat_file, keys = root / "memory.stat", FILE_PAGES_V2
+    else:
+        stat_file, keys = root / "memory" / "memory.stat", FILE_PAGES_V1
+    try:
+        lines = stat_file.read_text().splitlines()
+    except OSError:
+        return None
+    values = dict(line.split(maxsplit=1) for line in lines if " " in line)
+    try:
+        return sum(int(values[key]) for key in keys)
+    except (KeyError, ValueError):
+        return None
+
+
+def without_page_cache(read_usage: Callable[[], int | None], root: Path = CGROUP_ROOT) -> Callable[[], int | None]:
+    """`read_usage` less the cgroup's file pages, reporting each correction on stderr."""
+
+    def usage_the_kernel_cannot_reclaim() -> int | None:
+        usage = read_usage()
+        cache = file_pages(root) if usage is not None else None
+        if usage is None or not cache:
+            return usage
+        corrected = max(0, usage - cache)
+        report(
+            f"cgroup usage {usage / GIB:.2f} GiB less {cache / GIB:.2f} GiB of reclaimable page cache: "
+            f"{corrected / GIB:.2f} GiB"
+        )
+        return corrected
+
+    return usage_the_kernel_cannot_reclaim
+
+
+def leave_page_cache_out(module: ModuleType) -> bool:
+    """Fix 1, on vllm.utils.cpu_resource_utils."""
+    original = getattr(module, "get_cgroup_memory_usage", None)
+    if not callable(original):
+        return False
+    module.get_cgroup_memory_usage = without_page_cache(original)  # type: ignore[attr-defined]
+    return True
+
+
+def short_warm_up(module: ModuleType) -> bool:
+    """Fix 2, on vllm.v1.worker.cpu_model_runner: the warm-up's profile_run sees at most WARM_UP_TOKENS as the
+    step's size (max_num_tokens, which sizes its dummy forward), restored when it returns."""
+    runner = getattr(module, "CPUModelRunner", None)
+    warm_up = getattr(runner, "warming_up_model", None)
+    if runner is None or not callable(warm_up):
+        return False
+
+    def warming_up_model(self: Any) -> None:
+        full = self.max_num_tokens
+        self.max_num_tokens = min(WARM_UP_TOKENS, full)
+        report(f"warm-up compiles with a {self.max_num_tokens}-token step, not {full}")
+        try:
+            warm_up(self)
+        finally:
+            self.max_num_tokens = full
+
+    runner.warming_up_model = warming_up_model
+    return True
+
+
+# The vLLM module each fix patches, as vLLM names it, and the fix.
+FIXES: dict[str, Callable[[ModuleType], bool]] = {
+    "vllm.utils.cpu_resource_utils": leave_page_cache_out,
+    "vllm.v1.worker.cpu_model_runner": short_warm_up,
+}
+
+
+def apply(module: ModuleType) -> bool:
+    """The module's fix; False (and one line on stderr) when it is turned off or this vLLM lacks what it patches."""
+    fix = FIXES[module.__name__]
+    if fix.__name__ in os.environ.get(OFF_ENV, "").replace(" ", "").split(","):
+        report(f"{module.__name__}: {fix.__name__} turned off ({OFF_ENV})")
+        return False
+    if fix(module):
+        return True
+    report(f"{module.__name__}: nothing for {fix.__name__} to patch in this vLLM; left as it is")
+    return False
+
+
+class _FixingLoader(importlib.abc.Loader):
+    """Runs the module's own loader, then its fix."""
+
+    def __init__(self, loader: importlib.abc.Loader) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        apply(module)
+
+    def __getattr__(self, name: str) -> Any:
+        """The rest (get_source for tracebacks, get_code, is_package) is the module's own loader's."""
+        return getattr(self._loader, name)
+
+
+class FixOnImport(importlib.abc.MetaPathFinder):
+    """Finds the modules in FIXES as the path finder would, with a loader that fixes each once it has run."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in FIXES:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        spec.loader = _FixingLoader(spec.loader)
+        return spec
+
+
+def run_shadowed_sitecustomize(here: Path) -> None:
+    """This file, as sitecustomize, hides the image's own (if any) further along sys.path: run that one too."""
+    rest = [entry for entry in sys.path if Path(entry or ".").resolve() != here]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", rest)
+    if spec is None or spec.loader is None or spec.origin is None or Path(spec.origin).resolve().parent == here:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+
+def install() -> None:
+    if not any(isinstance(finder, FixOnImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, FixOnImport())
+
+
+if __name__ == "sitecustomize":
+    install()
+    run_shadowed_sitecustomize(Path(__file__).resolve().parent)
