@@ -4,9 +4,10 @@ operator renders must hold on the slowest CPUs it may land on, not on the typica
 Prefill is compute-bound: a step of T tokens costs each rank 2 x (parameters / TP) x T floating-point operations.
 One scheduler step prefills up to max_num_batched_tokens, 2,048 x TP by default, so a rank computes
 2 x parameters x 2,048 whatever TP is, on its own CPUs. vLLM runs one such step at every start (its warm-up,
-profile_run), and gives any step VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s by default) before it declares the
-engine dead: measured, a 2,048-token step of a 3B model on two AVX2 cores took longer, and the server died at its
-first long prompt.
+profile_run; 16 tokens with the launcher's fix, cpullm/vllm_fixes.py, but the startup budget still counts a full
+step for a server started without it), and gives any step VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS (300 s by default)
+before it declares the engine dead: measured, a 2,048-token step of a 3B model on two AVX2 cores took longer, and
+the server died at its first long prompt.
 """
 
 from __future__ import annotations
