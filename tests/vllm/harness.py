@@ -108,11 +108,11 @@ def render_service(
     pod = objects["Deployment"]["spec"]["template"]["spec"]
     data, name = objects["ConfigMap"]["data"], objects["ConfigMap"]["metadata"]["name"]
     [volume] = [v for v in pod["volumes"] if v.get("configMap", {}).get("name") == name]
-    for item in volume["configMap"].get("items") or [{"key": key, "path": key} for key in data]:
+    for item in volume["configMap"]["items"]:
         path = workdir / LAUNCHER_DIR / item["path"]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(data[item["key"]])
-    return json.loads(outputs[0]), objects["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    return json.loads(outputs[0]), pod["containers"][0]
 
 
 def pod_mounts(workdir: Path, python: Path) -> dict[str, Path]:
