@@ -13,7 +13,8 @@ completions of different lengths (their difference cancels prefill and request o
 Configurations: the rendered pod (launcher binding), the same with one CPU kept for the API server and engine
 core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), glibc's allocator
 instead of tcmalloc (LD_PRELOAD without it), no torch.compile (--enforce-eager: a start without compilation or
-warm-up), and a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill). SMT
+warm-up), a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill), and the
+rank in a worker process of its own as vLLM starts it (the launcher's fix that runs it in the engine core off). SMT
 siblings are compared where the CPUs have them. Each row also gives the server's start, one 1,024-token prompt's
 prefill rate, and the peak working set of its memory cgroup against the plan's limit. Each row's ratios divide by
 the roofline measured again right after its decode (the server idle): on a shared machine the bandwidth moves
@@ -40,6 +41,8 @@ from bench.sizes_bench import built_model, prompt_ids
 from tests.vllm.harness import LocalServer, render_service, server_for_container, vllm_python
 
 PROBE = Path(__file__).resolve().parent / "roofline_probe.py"
+# vLLM's way for one rank: a worker process of its own, the launcher's fix turned off (cpullm/vllm_fixes.py).
+THREE_PROCESSES = {"name": "CPULLM_VLLM_FIXES_OFF", "value": "rank_in_engine_core"}
 Variant = Callable[[dict[str, Any]], None]  # edits the rendered container (its env) in place
 
 
@@ -63,6 +66,7 @@ def configurations() -> list[tuple[str, dict[str, Any], Variant | None]]:
         ("glibc malloc (no tcmalloc)", {}, without_tcmalloc),
         ("eager (no torch.compile)", {"extraArgs": ["--enforce-eager"]}, None),
         ("prefill chunks of 512 tokens", {"extraArgs": ["--max-num-batched-tokens", "512"]}, None),
+        ("rank in a worker process (vLLM's own)", {"env": [THREE_PROCESSES]}, None),
     ]
     if smt_siblings():
         rows.append(("no SMT siblings bound", {"cpu": {"threadsBind": "auto"}}, None))

@@ -136,7 +136,9 @@ def plan_table(plan: Plan) -> str:
         *table,
         "",
         f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, the API server's "
-        f"processes {plan.server_overhead_bytes / GiB:.2f}, page cache {plan.page_cache_bytes / GiB:.2f}, a "
+        f"processes {plan.server_overhead_bytes / GiB:.2f}"
+        + (" (the rank runs in its engine core)" if plan.rank_in_engine_core else "")
+        + f", page cache {plan.page_cache_bytes / GiB:.2f}, a "
         f"{MARGIN_FRACTION:.0%} margin, /dev/shm {plan.shm_bytes / GiB:.2f}; threads: "
         + ("launcher binding" if plan.binding == "launcher" else plan.binding),
         f"start   up to {plan.startup_seconds} s (startup probe); a scheduler step up to {plan.step_timeout_seconds} s",

@@ -25,12 +25,22 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    compute no cache keeps: 2 x parameters x 2,048 operations, ~57 s of a ~0.5B model's second start on two AVX2
    cores (docs/startup.md). The first long prompt then reaches the activations' peak instead, which the memory
    limit holds (measured: same peak working set, same long-prompt latency, no compilation at serving time).
+3. One rank runs in the engine core process (`rank_in_engine_core`). vLLM 0.32's CPU platform turns its one-process
+   executor into the multiprocess one, so a server of one rank is three processes started one after the other
+   (the API server, the engine core, one worker), each importing torch and vLLM: ~10 s of every start on two
+   AVX2 cores, and a process's worth of memory. The reason it gives is the OpenMP environment, which a process
+   reads when it loads its OpenMP runtime; the engine core is itself a process vLLM starts (spawned), so the
+   environment vLLM would give the worker (its rule: `OMPProcessManager.configure_omp_envs`) is given to the
+   engine core instead, set in the API server before it starts it. With one rank and one engine, the fix keeps
+   vLLM's one-process executor (VLLM_ENABLE_V1_MULTIPROCESSING=0, unless set in the environment) and sets that
+   environment. More ranks, more engines, or VLLM_ENABLE_V1_MULTIPROCESSING set otherwise: left as vLLM does it.
 
 This file imports the standard library only, like the launcher.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -52,6 +62,12 @@ FILE_PAGES_V1 = ("total_active_file", "total_inactive_file")
 # The warm-up step's tokens: more than 1, since torch.compile specializes on sizes 0 and 1.
 WARM_UP_TOKENS = 16
 OFF_ENV = "CPULLM_VLLM_FIXES_OFF"
+# vLLM's switch between its one-process and multiprocess executors (0: one process), read by the CPU platform.
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# What fix 3 says once it has kept the one-process executor (then the OpenMP variables it set, if any).
+RANK_IN_ENGINE_CORE = "one rank runs in the engine core process"
+# Where vLLM 0.32 keeps its rule for a worker's OpenMP environment.
+OMP_MODULE = "vllm.utils.ompmultiprocessing"
 
 
 def report(message: str) -> None:
@@ -123,17 +139,66 @@ def short_warm_up(module: ModuleType) -> bool:
     return True
 
 
+def rank_in_engine_core(module: ModuleType) -> bool:
+    """Fix 3, on vllm.platforms.cpu: CpuPlatform.check_and_update_config, which runs in the API server before it
+    starts the engine core, keeps the one-process executor for one rank and sets the rank's OpenMP environment."""
+    platform = getattr(module, "CpuPlatform", None)
+    check = getattr(platform, "check_and_update_config", None)
+    if platform is None or not callable(check):
+        return False
+
+    def check_and_update_config(cls: type, vllm_config: Any) -> None:
+        parallel = vllm_config.parallel_config
+        one_rank = parallel.world_size_across_dp == 1 and parallel.distributed_executor_backend == "uni"
+        manager = omp_process_manager() if one_rank else None
+        if manager is not None:
+            os.environ.setdefault(MULTIPROCESSING_ENV, "0")
+        check(vllm_config)
+        if manager is not None and parallel.distributed_executor_backend == "uni":
+            chosen = engine_core_omp_env(manager(vllm_config))
+            report(f"{RANK_IN_ENGINE_CORE}{' with ' + chosen if chosen else ''}")
+
+    platform.check_and_update_config = classmethod(check_and_update_config)
+    return True
+
+
+def omp_process_manager() -> Any:
+    """vLLM's rule for a worker's OpenMP environment (OMPProcessManager), or None, said on stderr, when this vLLM
+    has none: then the rank stays in a worker process of its own, whose threads vLLM binds its way."""
+    try:
+        return importlib.import_module(OMP_MODULE).OMPProcessManager
+    except (ImportError, AttributeError):
+        report(f"no {OMP_MODULE}.OMPProcessManager in this vLLM: the rank stays in a worker process")
+        return None
+
+
+def engine_core_omp_env(manager: Any) -> str:
+    """Sets in this process's environment, for the engine core it starts, what vLLM's OMPProcessManager sets for a
+    worker of rank 0; returns what changed as `NAME=value` pairs (nothing with `nobind`, or when set before)."""
+    before = dict(os.environ)
+    with manager.configure_omp_envs(rank=0, local_rank=0):
+        chosen = {name: value for name, value in os.environ.items() if before.get(name) != value}
+    os.environ.update(chosen)
+    return " ".join(f"{name}={value}" for name, value in sorted(chosen.items()))
+
+
 # The vLLM module each fix patches, as vLLM names it, and the fix.
 FIXES: dict[str, Callable[[ModuleType], bool]] = {
     "vllm.utils.cpu_resource_utils": leave_page_cache_out,
     "vllm.v1.worker.cpu_model_runner": short_warm_up,
+    "vllm.platforms.cpu": rank_in_engine_core,
 }
+
+
+def names_turned_off(value: str) -> set[str]:
+    """The fixes an OFF_ENV value names."""
+    return {name for name in value.replace(" ", "").split(",") if name}
 
 
 def apply(module: ModuleType) -> bool:
     """The module's fix; False (and one line on stderr) when it is turned off or this vLLM lacks what it patches."""
     fix = FIXES[module.__name__]
-    if fix.__name__ in os.environ.get(OFF_ENV, "").replace(" ", "").split(","):
+    if fix.__name__ in names_turned_off(os.environ.get(OFF_ENV, "")):
         report(f"{module.__name__}: {fix.__name__} turned off ({OFF_ENV})")
         return False
     if fix(module):

@@ -18,9 +18,13 @@ def model(**config):
     return size_model({**QWEN25_05B, **config}, DType.BFLOAT16)
 
 
+def budget_of(sized, shard_bytes=0, tp=1, in_engine_core=False):
+    return memory_budget(sized, tp, shard_bytes, 1, rank_in_engine_core=in_engine_core)
+
+
 def test_the_limit_is_its_parts_rounded_up_to_a_mib():
     qwen = model()
-    budget = memory_budget(qwen, 1, qwen.weights_bytes, 1)
+    budget = memory_budget(qwen, 1, qwen.weights_bytes, 1, rank_in_engine_core=False)
     server = memory.SERVER_BASE_BYTES + memory.SERVER_BYTES_PER_VOCAB_ENTRY * 151936
     runtime = memory.RANK_BASE_BYTES + memory.RANK_BYTES_PER_LAYER * 24
     assert (budget.server_bytes, budget.rank_runtime_bytes) == (server, runtime)
@@ -44,8 +48,15 @@ def test_the_limit_is_its_parts_rounded_up_to_a_mib():
 )  # fmt: skip
 def test_each_term_grows_with_what_it_stands_for(change, term, by):
     before, after = model(), model(**change)
-    grown = getattr(memory_budget(after, 1, 0, 1), term) - getattr(memory_budget(before, 1, 0, 1), term)
+    grown = getattr(budget_of(after), term) - getattr(budget_of(before), term)
     assert grown == by
+
+
+def test_a_rank_in_the_engine_core_process_counts_that_process_once():
+    qwen = model()
+    apart, together = budget_of(qwen, qwen.weights_bytes), budget_of(qwen, qwen.weights_bytes, in_engine_core=True)
+    assert apart.server_bytes - together.server_bytes == memory.ENGINE_CORE_PROCESS_BYTES > 0
+    assert (apart.rank_runtime_bytes, apart.shm_bytes) == (together.rank_runtime_bytes, together.shm_bytes)
 
 
 def test_a_config_without_its_vocabulary_is_not_assumed_to_have_a_small_one():
@@ -53,19 +64,19 @@ def test_a_config_without_its_vocabulary_is_not_assumed_to_have_a_small_one():
     sized = size_model(config, DType.BFLOAT16, weights_bytes=10**9)
     assert sized.anatomy.vocabulary is None
     expected = memory.SERVER_BASE_BYTES + memory.SERVER_BYTES_PER_VOCAB_ENTRY * memory.UNKNOWN_VOCABULARY
-    assert memory_budget(sized, 1, 10**9, 1).server_bytes == expected
+    assert budget_of(sized, 10**9).server_bytes == expected
 
 
 @pytest.mark.parametrize(
     ("tp", "size", "counted"), [(1, 256 * MiB, 256 * MiB), (2, 768 * MiB, 512 * MiB), (4, 1280 * MiB, 768 * MiB)]
 )
 def test_shared_memory_is_sized_for_vllms_checks_and_counted_for_what_it_writes(tp, size, counted):
-    assert (memory.shm_size_bytes(tp), memory_budget(model(), tp, 0, 1).shm_bytes) == (size, counted)
+    assert (memory.shm_size_bytes(tp), budget_of(model(), tp=tp).shm_bytes) == (size, counted)
 
 
 def test_the_ranks_share_nothing_but_the_server_and_the_page_cache():
     qwen = model()
-    one, two = memory_budget(qwen, 1, 100 * MiB, 1), memory_budget(qwen, 2, 100 * MiB, 1)
+    one, two = budget_of(qwen, 100 * MiB), budget_of(qwen, 100 * MiB, tp=2)
     shm_grew = two.shm_bytes - one.shm_bytes
     assert two.limit_bytes - one.limit_bytes == pytest.approx(one.per_rank_bytes + shm_grew, abs=MiB)
 

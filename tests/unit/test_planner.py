@@ -45,7 +45,7 @@ def test_tp_follows_heads_of_small_models():
 def test_memory_plan_fields():
     """The plan carries the memory model's parts (core/memory.py; tests/unit/test_memory.py holds the formula)."""
     plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="96", memory="512Gi")])
-    budget = memory_budget(llama_8b(), 2, plan.weight_shard_bytes, 4)
+    budget = memory_budget(llama_8b(), 2, plan.weight_shard_bytes, 4, rank_in_engine_core=False)
     assert plan.memory_limit_bytes == budget.limit_bytes
     assert (plan.rank_overhead_bytes, plan.server_overhead_bytes) == (budget.rank_runtime_bytes, budget.server_bytes)
     assert (plan.page_cache_bytes, plan.shm_bytes) == (budget.page_cache_bytes, 256 * MiB + 2 * 256 * MiB)
@@ -199,7 +199,7 @@ def test_selector_and_affinity_narrow_the_pool():
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
-        ([node(memory="20Gi")], r"needs 23\.1 GiB per pod .* have 20\.0 GiB"),
+        ([node(memory="20Gi")], r"needs 22\.5 GiB per pod .* have 20\.0 GiB"),
         (
             [node(numa=2, memory="26Gi")],
             r"13\.1 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
@@ -262,3 +262,32 @@ def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
     assert kept.eligible_nodes == ["a0", "a1"]
     moved = plan_service(spec(replicas=3), llama_8b(), running_pool + bigger_pool, current)
     assert moved.eligible_nodes == ["b0", "b1", "b2"]  # only the other shape has room for 3 replicas
+
+
+@pytest.mark.parametrize(
+    ("fields", "numa", "in_engine_core"),
+    [
+        pytest.param({}, 1, True, id="one-rank"),
+        pytest.param({}, 2, False, id="two-ranks"),
+        pytest.param({"cpu": {"launcher": False}}, 1, False, id="no-launcher-no-fix"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up, rank_in_engine_core"}]}, 1,
+                     False, id="fix-turned-off"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up"}]}, 1, True,
+                     id="another-fix-turned-off"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "valueFrom": {"configMapKeyRef": {"name": "f",
+                     "key": "off"}}}]}, 1, False, id="turned-off-by-reference-unknown"),
+        pytest.param({"env": [{"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "1"}]}, 1, False,
+                     id="multiprocess-executor-asked-for"),
+        pytest.param({"env": [{"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"}]}, 1, True,
+                     id="one-process-executor-asked-for"),
+    ],
+)  # fmt: skip
+def test_the_rank_runs_in_the_engine_core_only_where_the_launchers_fix_does_it(fields, numa, in_engine_core):
+    """The memory limit counts the engine core's process once where the rank runs in it (cpullm/vllm_fixes.py)."""
+    plan = plan_service(spec(**fields), llama_8b(), [node(numa=numa, cpu="64", memory="1Ti")])
+    assert plan.rank_in_engine_core is in_engine_core
+    budget = memory_budget(
+        llama_8b(), plan.tensor_parallel_size, plan.weight_shard_bytes, plan.kv_cache_gi_b,
+        rank_in_engine_core=in_engine_core,
+    )  # fmt: skip
+    assert plan.memory_limit_bytes == budget.limit_bytes

@@ -102,7 +102,99 @@ def test_a_fix_named_in_the_env_is_left_out(capsys, monkeypatch):
     )
 
 
-@pytest.mark.parametrize("name", ["vllm.utils.cpu_resource_utils", "vllm.v1.worker.cpu_model_runner"])
+class Parallel:
+    """vLLM's ParallelConfig as the fix sees it."""
+
+    def __init__(self, ranks: int, backend: str) -> None:
+        self.world_size_across_dp, self.distributed_executor_backend = ranks, backend
+
+
+class Platform:
+    """vLLM 0.32's CpuPlatform.check_and_update_config as far as the fix relies on it: it turns the one-process
+    executor into the multiprocess one unless VLLM_ENABLE_V1_MULTIPROCESSING is "0", and preloads libgomp."""
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: object) -> None:
+        parallel = vllm_config.parallel_config  # type: ignore[attr-defined]
+        multiprocess = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "1"
+        if multiprocess and parallel.distributed_executor_backend == "uni":
+            parallel.distributed_executor_backend = "mp"
+        os.environ["LD_PRELOAD"] = "libgomp.so.1"
+
+
+def omp_module() -> ModuleType:
+    """vllm.utils.ompmultiprocessing: a worker's OpenMP environment, set for the `with` block and then restored."""
+    import contextlib
+
+    class OMPProcessManager:
+        def __init__(self, vllm_config: object) -> None:
+            self.gomp = "libgomp" in os.environ.get("LD_PRELOAD", "")
+
+        @contextlib.contextmanager
+        def configure_omp_envs(self, rank: int, local_rank: int):  # type: ignore[no-untyped-def]
+            chosen = {"OMP_NUM_THREADS": "2", "GOMP_CPU_AFFINITY" if self.gomp else "OMP_PLACES": "0 1"}
+            saved = {name: os.environ.get(name) for name in chosen}
+            os.environ.update(chosen)
+            yield
+            for name, value in saved.items():
+                os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
+
+    module = ModuleType("vllm.utils.ompmultiprocessing")
+    module.OMPProcessManager = OMPProcessManager  # type: ignore[attr-defined]
+    return module
+
+
+@pytest.mark.parametrize(
+    ("ranks", "backend", "multiprocessing", "executor", "omp_env", "line"),
+    [
+        (1, "uni", None, "uni", {"OMP_NUM_THREADS": "2", "GOMP_CPU_AFFINITY": "0 1"},
+         "one rank runs in the engine core process with GOMP_CPU_AFFINITY=0 1 OMP_NUM_THREADS=2"),
+        (1, "uni", "1", "mp", {}, None),  # vLLM's multiprocess executor asked for: left so
+        (2, "mp", None, "mp", {}, None),  # more ranks: vLLM's own way
+    ],
+    ids=["one-rank", "multiprocess-asked-for", "two-ranks"],
+)  # fmt: skip
+def test_one_rank_runs_in_the_engine_core_with_a_workers_openmp_environment(
+    capsys, monkeypatch, ranks, backend, multiprocessing, executor, omp_env, line
+):
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES", "LD_PRELOAD"):
+        monkeypatch.delenv(name, raising=False)
+    if multiprocessing is not None:
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
+    monkeypatch.setitem(sys.modules, "vllm.utils.ompmultiprocessing", omp_module())
+    module = ModuleType("vllm.platforms.cpu")
+    module.CpuPlatform = type("CpuPlatform", (Platform,), {})  # type: ignore[attr-defined]
+    assert apply(module) is True
+    config = type("VllmConfig", (), {"parallel_config": Parallel(ranks, backend)})()
+    module.CpuPlatform.check_and_update_config(config)  # type: ignore[attr-defined]
+    assert config.parallel_config.distributed_executor_backend == executor
+    # What the engine core process inherits: the worker's OpenMP environment, kept after vLLM's `with` restored it.
+    assert {name: os.environ[name] for name in ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY") if name in os.environ} == (
+        omp_env
+    )
+    assert capsys.readouterr().err == (f"cpullm-vllm: {line}\n" if line else "")
+
+
+def test_without_vllms_openmp_rule_the_rank_stays_in_a_worker(capsys, monkeypatch):
+    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.setitem(sys.modules, "vllm.utils.ompmultiprocessing", ModuleType("vllm.utils.ompmultiprocessing"))
+    module = ModuleType("vllm.platforms.cpu")
+    module.CpuPlatform = type("CpuPlatform", (Platform,), {})  # type: ignore[attr-defined]
+    assert apply(module) is True
+    config = type("VllmConfig", (), {"parallel_config": Parallel(1, "uni")})()
+    module.CpuPlatform.check_and_update_config(config)  # type: ignore[attr-defined]
+    assert config.parallel_config.distributed_executor_backend == "mp"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
+    assert capsys.readouterr().err == (
+        "cpullm-vllm: no vllm.utils.ompmultiprocessing.OMPProcessManager in this vLLM: the rank stays in a worker "
+        "process\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "name", ["vllm.utils.cpu_resource_utils", "vllm.v1.worker.cpu_model_runner", "vllm.platforms.cpu"]
+)
 def test_a_vllm_without_what_a_fix_patches_is_left_as_it_is(capsys, name):
     module = ModuleType(name)
     assert apply(module) is False

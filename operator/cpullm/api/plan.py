@@ -93,7 +93,13 @@ class Plan(_Model):
         default=False,
         description="vLLM starts through the in-pod launcher, which turns 'auto' into explicit per-rank CPU lists "
         "from the pod's cpuset and applies the operator's fixes to vLLM (its KV check leaves out reclaimable page "
-        "cache; its warm-up compiles with a short step).",
+        "cache; its warm-up compiles with a short step; one rank runs in the engine core process).",
+    )
+    rank_in_engine_core: bool = Field(
+        default=False,
+        description="The one rank runs in vLLM's engine core process (the launcher's fix to vLLM 0.32, which "
+        "otherwise starts a worker process of its own): two processes instead of three, one import of torch and "
+        "vLLM less at every start, and the engine core's process memory counted once.",
     )
     reserved_cpus_per_rank: int = Field(description="Cores per rank kept off OpenMP for the HTTP front end.")
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")

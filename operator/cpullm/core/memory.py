@@ -6,7 +6,9 @@ bench/sizes_bench.py: random-weight models of 20M to 3B parameters, two vocabula
             + /dev/shm
 
 - server processes: the API server and the engine core (and the in-pod launcher). What they hold whatever the
-  model, and the tokenizer's tables, which both load: a share per vocabulary entry.
+  model, and the tokenizer's tables, which both load: a share per vocabulary entry. Where the one rank runs in
+  the engine core process (the launcher's fix, cpullm/vllm_fixes.py), the engine core's own Python, torch and
+  vLLM state is the rank's, which the rank runtime counts: the server term counts it once, not twice.
 - weight shard, KV cache: the rank's weights as vLLM holds them, and VLLM_CPU_KVCACHE_SPACE (allocated and
   zero-filled at start).
 - rank runtime: a worker's Python, torch and oneDNN state, and for each decoder layer its share of the compiled
@@ -29,6 +31,10 @@ from cpullm.core.sizing import ModelSize
 # 2,115 bytes more per vocabulary entry (1.381 GiB at Qwen2.5's 151,936 entries, 1.150 at TinyLlama's 32,000).
 SERVER_BASE_BYTES = 1108 * c.MiB
 SERVER_BYTES_PER_VOCAB_ENTRY = 2115
+# Of that, the engine core's process of its own (Python, torch and vLLM's state, and the file pages only it kept
+# active), which a rank running in it shares: the working set's peak fell by 0.66 GiB (tiny model) and 0.58 GiB
+# (Qwen2.5-0.5B) with the rank in the engine core, anonymous memory by 0.53 and 0.57 GiB (docs/calibration.md).
+ENGINE_CORE_PROCESS_BYTES = 590 * c.MiB
 # A config without vocab_size (spec.model.weightsBytes sizes its weights) is not assumed to have a small one.
 UNKNOWN_VOCABULARY = 262_144
 # A worker beyond its weights and KV cache, measured: 582 MiB + 13.7 MiB per decoder layer (0.62 GiB at 4 layers,
@@ -85,12 +91,15 @@ class MemoryBudget:
         return math.ceil(total / c.MiB) * c.MiB
 
 
-def memory_budget(model: ModelSize, tp: int, shard_bytes: int, kv_gib: int) -> MemoryBudget:
+def memory_budget(
+    model: ModelSize, tp: int, shard_bytes: int, kv_gib: int, *, rank_in_engine_core: bool
+) -> MemoryBudget:
     anatomy = model.anatomy
     vocabulary = anatomy.vocabulary or UNKNOWN_VOCABULARY
+    shared_process = ENGINE_CORE_PROCESS_BYTES if rank_in_engine_core else 0
     return MemoryBudget(
         tensor_parallel_size=tp,
-        server_bytes=SERVER_BASE_BYTES + SERVER_BYTES_PER_VOCAB_ENTRY * vocabulary,
+        server_bytes=SERVER_BASE_BYTES + SERVER_BYTES_PER_VOCAB_ENTRY * vocabulary - shared_process,
         shard_bytes=shard_bytes,
         kv_bytes=kv_gib * c.GiB,
         rank_runtime_bytes=RANK_BASE_BYTES + RANK_BYTES_PER_LAYER * anatomy.layers,

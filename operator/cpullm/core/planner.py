@@ -26,6 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cpullm import vllm_fixes
 from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan, binding_shown
 from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, RoutingMode, ThreadsBindMode
 from cpullm.core import constants as c
@@ -240,8 +241,23 @@ def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shap
         kv = _kv_cache(spec, model, 1)
     except KVCacheTooSmall:
         return False
-    budget = memory_budget(model, 1, model.weights_bytes, kv.gib)
+    budget = memory_budget(model, 1, model.weights_bytes, kv.gib, rank_in_engine_core=_rank_in_engine_core(spec, 1))
     return budget.limit_bytes <= shape.numa_memory_bytes
+
+
+def _rank_in_engine_core(spec: CpuLLMServiceSpec, tp: int) -> bool:
+    """Does a server of `tp` ranks run its rank in vLLM's engine core process (the launcher's fix,
+    cpullm/vllm_fixes.py)? Only with one rank and the launcher, unless spec.env turns the fix off or asks for vLLM's
+    multiprocess executor; a value from a reference (valueFrom) is not known here, so it counts as either."""
+    if not spec.cpu.launcher or tp != 1:
+        return False
+    env = {entry.name: entry for entry in spec.env}
+    off, executor = env.get(vllm_fixes.OFF_ENV), env.get(vllm_fixes.MULTIPROCESSING_ENV)
+    if off is not None and (
+        off.value is None or vllm_fixes.rank_in_engine_core.__name__ in vllm_fixes.names_turned_off(off.value)
+    ):
+        return False
+    return executor is None or executor.value == "0"
 
 
 def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, capacity: int) -> str | None:
@@ -268,9 +284,12 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
-    _check_fits(memory_budget(model, tp, shard, 0), layout, where, "the weights alone need")
+    in_engine_core = _rank_in_engine_core(spec, tp)
+    _check_fits(
+        memory_budget(model, tp, shard, 0, rank_in_engine_core=in_engine_core), layout, where, "the weights alone need"
+    )
     kv = _kv_cache(spec, model, tp)
-    budget = memory_budget(model, tp, shard, kv.gib)
+    budget = memory_budget(model, tp, shard, kv.gib, rank_in_engine_core=in_engine_core)
     _check_fits(budget, layout, where, "needs")
 
     capacity = layout.pods_per_node * len(shape.members)
@@ -295,6 +314,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         kv_tokens_per_rank=kv.tokens_per_rank,
         threads_bind=threads_bind,
         launcher=spec.cpu.launcher,
+        rank_in_engine_core=in_engine_core,
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,
