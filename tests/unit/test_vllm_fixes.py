@@ -12,6 +12,7 @@ from types import ModuleType
 import pytest
 
 from cpullm import vllm_fixes
+from cpullm.api.spec import CpuSettings
 from cpullm.vllm_fixes import GIB, WARM_UP_TOKENS, apply, file_pages, without_page_cache
 
 V2_STAT = "anon 2147483648\nfile 1610612736\nactive_file 268435456\ninactive_file 1073741824\nshmem 1048576\n"
@@ -237,3 +238,10 @@ def test_the_site_directory_patches_vllm_when_imported_and_runs_the_images_own_s
     # sitecustomize ran too.
     expected = "False usage_the_kernel_cannot_reclaim short_warm_up.<locals>.warming_up_model True\n"
     assert result.stdout == expected
+
+
+def test_every_fix_is_named_where_users_read_how_to_turn_it_off():
+    """spec.cpu.launcher's description (the CRD's, kubectl explain's) lists the names CPULLM_VLLM_FIXES_OFF takes."""
+    description = CpuSettings.model_fields["launcher"].description or ""
+    assert vllm_fixes.OFF_ENV in description
+    assert all(fix.__name__ in description for fix in vllm_fixes.FIXES.values())
