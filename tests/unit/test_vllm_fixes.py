@@ -3,6 +3,7 @@ reader, the short warm-up, and the import hook as the server's Python processes 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -125,7 +126,6 @@ class Platform:
 
 def omp_module() -> ModuleType:
     """vllm.utils.ompmultiprocessing: a worker's OpenMP environment, set for the `with` block and then restored."""
-    import contextlib
 
     class OMPProcessManager:
         def __init__(self, vllm_config: object) -> None:
@@ -143,6 +143,16 @@ def omp_module() -> ModuleType:
     module = ModuleType("vllm.utils.ompmultiprocessing")
     module.OMPProcessManager = OMPProcessManager  # type: ignore[attr-defined]
     return module
+
+
+def checked_by_the_fixed_platform(parallel: Parallel) -> Parallel:
+    """The parallel config after vllm.platforms.cpu's check_and_update_config, as the fix patched it, ran on it."""
+    module = ModuleType("vllm.platforms.cpu")
+    module.CpuPlatform = type("CpuPlatform", (Platform,), {})  # type: ignore[attr-defined]
+    assert apply(module) is True
+    config = type("VllmConfig", (), {"parallel_config": parallel})()
+    module.CpuPlatform.check_and_update_config(config)  # type: ignore[attr-defined]
+    return parallel
 
 
 @pytest.mark.parametrize(
@@ -163,12 +173,8 @@ def test_one_rank_runs_in_the_engine_core_with_a_workers_openmp_environment(
     if multiprocessing is not None:
         monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
     monkeypatch.setitem(sys.modules, "vllm.utils.ompmultiprocessing", omp_module())
-    module = ModuleType("vllm.platforms.cpu")
-    module.CpuPlatform = type("CpuPlatform", (Platform,), {})  # type: ignore[attr-defined]
-    assert apply(module) is True
-    config = type("VllmConfig", (), {"parallel_config": Parallel(ranks, backend)})()
-    module.CpuPlatform.check_and_update_config(config)  # type: ignore[attr-defined]
-    assert config.parallel_config.distributed_executor_backend == executor
+    parallel = checked_by_the_fixed_platform(Parallel(ranks, backend))
+    assert parallel.distributed_executor_backend == executor
     # What the engine core process inherits: the worker's OpenMP environment, kept after vLLM's `with` restored it.
     assert {name: os.environ[name] for name in ("OMP_NUM_THREADS", "GOMP_CPU_AFFINITY") if name in os.environ} == (
         omp_env
@@ -180,12 +186,7 @@ def test_without_vllms_openmp_rule_the_rank_stays_in_a_worker(capsys, monkeypatc
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
     monkeypatch.delenv("LD_PRELOAD", raising=False)
     monkeypatch.setitem(sys.modules, "vllm.utils.ompmultiprocessing", ModuleType("vllm.utils.ompmultiprocessing"))
-    module = ModuleType("vllm.platforms.cpu")
-    module.CpuPlatform = type("CpuPlatform", (Platform,), {})  # type: ignore[attr-defined]
-    assert apply(module) is True
-    config = type("VllmConfig", (), {"parallel_config": Parallel(1, "uni")})()
-    module.CpuPlatform.check_and_update_config(config)  # type: ignore[attr-defined]
-    assert config.parallel_config.distributed_executor_backend == "mp"
+    assert checked_by_the_fixed_platform(Parallel(1, "uni")).distributed_executor_backend == "mp"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
     assert capsys.readouterr().err == (
         "cpullm-vllm: no vllm.utils.ompmultiprocessing.OMPProcessManager in this vLLM: the rank stays in a worker "
