@@ -10,8 +10,9 @@ import kopf
 import pytest
 from kopf._cogs.structs.references import Selector  # Kopf's, to log what Kopf logs
 from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
+from kopf._core.reactor import observation  # Kopf's handler of CRD events, which configure() wraps
 
-from cpullm.controller import dispatch, handlers
+from cpullm.controller import discovery_wait, dispatch, handlers
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
@@ -319,7 +320,14 @@ def test_services_asking_for_an_optional_api_are_reconciled_when_it_becomes_serv
     assert memo["state"].reconciler.calls == [("m", ["n1"]), ("m", ["n1"])]  # once served, once gone
 
 
-def test_children_are_watched_with_a_server_side_label_selector():
+@pytest.fixture
+def kopf_scanning(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Kopf's module whose handler of CRD events configure() wraps, put back as it was after the test."""
+    monkeypatch.setattr(observation, "process_discovered_resource_event", observation.process_discovered_resource_event)
+    return observation
+
+
+def test_children_are_watched_with_a_server_side_label_selector(kopf_scanning: Any):
     """Only what the operator owns comes down the child watches (not every Deployment of the cluster)."""
     settings = kopf.OperatorSettings()
     memo = handler_memo(RecordingReconciler())
@@ -332,6 +340,15 @@ def test_children_are_watched_with_a_server_side_label_selector():
         ("", "v1", "configmaps"): owned,
         ("", "v1", "pods"): owned,
     }
+
+
+def test_kopf_waits_for_discovery_before_it_scans_a_new_crd(kopf_scanning: Any):
+    """A CRD installed after the operator (NodeResourceTopology) is watched even when its Established event comes
+    before the API server's discovery lists it (controller/discovery_wait.py)."""
+    original = kopf_scanning.process_discovered_resource_event
+    handlers.configure(settings=kopf.OperatorSettings(), memo=handler_memo(RecordingReconciler()))
+    wrapped = kopf_scanning.process_discovered_resource_event
+    assert wrapped is not original and getattr(wrapped, discovery_wait.WRAPPED_MARK)
 
 
 def test_a_node_event_replans_only_the_services_it_can_affect():

@@ -27,7 +27,7 @@ from typing import Any
 import kopf
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
-from cpullm.controller import dispatch
+from cpullm.controller import discovery_wait, dispatch
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
@@ -56,7 +56,9 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     """Every Kopf setting the operator changes from Kopf's defaults, each with its reason."""
     # Kopf's resource scanning stays on (its default): a NodeResourceTopology CRD installed after the operator is
     # watched from then on. It lists and watches CRDs, which the operator reads anyway (optional APIs); in
-    # watched-namespace mode it cannot list Namespaces (no RBAC) and keeps to the namespaces it was given.
+    # watched-namespace mode it cannot list Namespaces (no RBAC) and keeps to the namespaces it was given. Kopf
+    # reads a new CRD's kind from discovery at the CRD's events only, which can precede discovery: it waits for it.
+    discovery_wait.install()
     logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_node_facts_unresolved)
     # Our own events say what was decided; Kopf's per-handler events would double them. Kopf still posts
     # its warnings and errors.
