@@ -164,11 +164,16 @@ def rank_in_engine_core(module: ModuleType) -> bool:
 
 def omp_process_manager() -> Any:
     """vLLM's rule for a worker's OpenMP environment (OMPProcessManager), or None, said on stderr, when this vLLM
-    has none: then the rank stays in a worker process of its own, whose threads vLLM binds its way."""
+    has none: then the rank stays in a worker process of its own, whose threads vLLM binds its way, and which the
+    plan (plan.rankInEngineCore) did not count: the line says how to get a plan that does."""
     try:
         return importlib.import_module(OMP_MODULE).OMPProcessManager
     except (ImportError, AttributeError):
-        report(f"no {OMP_MODULE}.OMPProcessManager in this vLLM: the rank stays in a worker process")
+        report(
+            f"no {OMP_MODULE}.OMPProcessManager in this vLLM: the rank stays in a worker process, which the plan's "
+            f"memory limit does not count; set {OFF_ENV}={rank_in_engine_core.__name__} in the service's env for a "
+            "limit that does"
+        )
         return None
 
 

@@ -190,7 +190,8 @@ def test_without_vllms_openmp_rule_the_rank_stays_in_a_worker(capsys, monkeypatc
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
     assert capsys.readouterr().err == (
         "cpullm-vllm: no vllm.utils.ompmultiprocessing.OMPProcessManager in this vLLM: the rank stays in a worker "
-        "process\n"
+        "process, which the plan's memory limit does not count; set CPULLM_VLLM_FIXES_OFF=rank_in_engine_core in the "
+        "service's env for a limit that does\n"
     )
 
 
