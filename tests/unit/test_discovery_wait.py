@@ -14,7 +14,7 @@ from kopf._core.reactor import observation
 from cpullm.controller import discovery_wait
 from cpullm.controller.discovery_wait import DISCOVERY_WAITS_SECONDS, CustomKind, established_kind
 
-NRT = CustomKind("topology.node.k8s.io", "noderesourcetopologies")
+NRT = CustomKind("topology.node.k8s.io", "noderesourcetopologies", frozenset({"v1alpha1", "v1alpha2"}))
 
 
 def crd_event(type_: str | None, *, established: str | None = "True", deleting: bool = False) -> dict[str, Any]:
@@ -28,7 +28,15 @@ def crd_event(type_: str | None, *, established: str | None = "True", deleting: 
         "type": type_,
         "object": {
             "metadata": metadata,
-            "spec": {"group": NRT.group, "names": {"plural": NRT.plural, "kind": "NodeResourceTopology"}},
+            "spec": {
+                "group": NRT.group,
+                "names": {"plural": NRT.plural, "kind": "NodeResourceTopology"},
+                "versions": [
+                    {"name": "v1alpha1", "served": True},
+                    {"name": "v1alpha2", "served": True},
+                    {"name": "v1alpha0", "served": False},  # not served: discovery never lists it
+                ],
+            },
             "status": {"conditions": conditions},
         },
     }
@@ -45,6 +53,11 @@ def crd_event(type_: str | None, *, established: str | None = "True", deleting: 
         pytest.param(crd_event("DELETED"), None, id="deleted"),
         pytest.param(crd_event("MODIFIED", deleting=True), None, id="being-deleted"),
         pytest.param({"type": "MODIFIED", "object": {}}, None, id="no-body"),
+        pytest.param(
+            {**crd_event("MODIFIED"), "object": {**crd_event("MODIFIED")["object"], "spec": {"group": NRT.group}}},
+            None,
+            id="no-names-or-versions",
+        ),
     ],
 )
 def test_only_an_established_crd_has_a_kind_to_wait_for(event: dict[str, Any], kind: CustomKind | None) -> None:
@@ -55,10 +68,12 @@ def test_only_an_established_crd_has_a_kind_to_wait_for(event: dict[str, Any], k
 class Resource:
     group: str
     plural: str
+    version: str
 
 
 class Discovery:
-    """Kopf's discovery read, listing the kind from its `listed_at`-th read on (never when None), and the sleeps."""
+    """Kopf's discovery read, listing the kind in its first version from the `listed_at`-th read on and in both
+    from the one after (never when None), and the sleeps."""
 
     def __init__(self, listed_at: int | None) -> None:
         self.listed_at, self.reads, self.slept = listed_at, 0, list[float]()
@@ -66,9 +81,9 @@ class Discovery:
 
     async def scan(self, *, groups: set[str], settings: Any, logger: Any) -> set[Resource]:
         self.reads += 1
-        listed = self.listed_at is not None and self.reads >= self.listed_at
-        other = Resource(NRT.group, "othertopologies")  # same group, another kind: not the one waited for
-        return {other, Resource(NRT.group, NRT.plural)} if listed and NRT.group in groups else {other}
+        listed = 0 if self.listed_at is None or NRT.group not in groups else max(0, self.reads - self.listed_at + 1)
+        other = Resource(NRT.group, "othertopologies", "v1alpha2")  # same group, another kind: not the one waited for
+        return {other, *(Resource(NRT.group, NRT.plural, v) for v in ("v1alpha1", "v1alpha2")[:listed])}
 
     async def sleep(self, seconds: float) -> None:
         self.slept.append(seconds)
@@ -81,8 +96,9 @@ class Discovery:
 @pytest.mark.parametrize(
     ("event", "listed_at", "reads", "slept"),
     [
-        pytest.param(crd_event("MODIFIED"), 1, 1, (), id="listed-at-once"),
-        pytest.param(crd_event("MODIFIED"), 3, 3, DISCOVERY_WAITS_SECONDS[:2], id="listed-after-two-waits"),
+        pytest.param(crd_event("MODIFIED"), 0, 1, (), id="listed-at-once"),
+        pytest.param(crd_event("MODIFIED"), 1, 2, DISCOVERY_WAITS_SECONDS[:1], id="one-version-listed-first"),
+        pytest.param(crd_event("MODIFIED"), 3, 4, DISCOVERY_WAITS_SECONDS[:3], id="listed-after-three-waits"),
         pytest.param(
             crd_event("MODIFIED"), None, len(DISCOVERY_WAITS_SECONDS) + 1, DISCOVERY_WAITS_SECONDS, id="never-listed"
         ),
@@ -113,7 +129,7 @@ def test_the_waits_span_tens_of_seconds() -> None:
 @pytest.mark.parametrize(
     ("listed_at", "level", "says"),
     [
-        pytest.param(3, logging.INFO, "Kopf scans its group now", id="late"),
+        pytest.param(2, logging.INFO, "Kopf scans its group now", id="late"),
         pytest.param(None, logging.WARNING, "not watched until its CRD changes again", id="never"),
     ],
 )

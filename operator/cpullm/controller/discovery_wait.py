@@ -34,6 +34,9 @@ class DiscoveredResource(Protocol):
     @property
     def plural(self) -> str: ...
 
+    @property
+    def version(self) -> str: ...
+
 
 Scan = Callable[..., Awaitable[Collection[DiscoveredResource]]]
 Process = Callable[..., Awaitable[Any]]
@@ -42,19 +45,24 @@ Sleep = Callable[[float], Awaitable[None]]
 
 @dataclass(frozen=True)
 class CustomKind:
-    """A kind a CRD defines, as discovery lists it."""
+    """A kind a CRD defines, as discovery lists it: in each version the CRD serves."""
 
     group: str
     plural: str
+    versions: frozenset[str]
+
+    def listed_in(self, found: Collection[DiscoveredResource]) -> bool:
+        """Whether discovery lists this kind in every version its CRD serves (each version is read on its own)."""
+        return self.versions <= {r.version for r in found if (r.group, r.plural) == (self.group, self.plural)}
 
     def __str__(self) -> str:
         return f"{self.plural}.{self.group}"
 
 
 def established_kind(raw_event: Mapping[str, Any]) -> CustomKind | None:
-    """The kind of the CRD in a watch event, where the API server says it is Established (so discovery should list
-    it); None for the initial listing (Kopf already scanned), a deletion, and a CRD not Established yet (a later
-    event will say when it is)."""
+    """The kind of the CRD in a watch event and the versions it serves, where the API server says it is Established
+    (so discovery should list it); None for the initial listing (Kopf already scanned), a deletion, and a CRD not
+    Established yet (a later event will say when it is)."""
     crd = raw_event.get("object") or {}
     if raw_event.get("type") not in ("ADDED", "MODIFIED") or (crd.get("metadata") or {}).get("deletionTimestamp"):
         return None
@@ -63,7 +71,8 @@ def established_kind(raw_event: Mapping[str, Any]) -> CustomKind | None:
         return None
     spec = crd.get("spec") or {}
     group, plural = spec.get("group"), (spec.get("names") or {}).get("plural")
-    return CustomKind(group, plural) if group and plural else None
+    versions = frozenset(v.get("name") for v in spec.get("versions") or [] if v.get("served") and v.get("name"))
+    return CustomKind(group, plural, versions) if group and plural and versions else None
 
 
 async def waits_until_served(served: Callable[[], Awaitable[bool]], sleep: Sleep = asyncio.sleep) -> int | None:
@@ -92,8 +101,7 @@ def waiting_for_discovery(process: Process, scan: Scan, sleep: Sleep = asyncio.s
 
 async def _until_listed(kind: CustomKind, scan: Scan, settings: Any, sleep: Sleep) -> None:
     async def listed() -> bool:
-        found = await scan(groups={kind.group}, settings=settings, logger=log)
-        return any(r.group == kind.group and r.plural == kind.plural for r in found)
+        return kind.listed_in(await scan(groups={kind.group}, settings=settings, logger=log))
 
     started = time.monotonic()
     waits = await waits_until_served(listed, sleep)
