@@ -137,7 +137,9 @@ def plan_table(plan: Plan) -> str:
         "",
         f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, the API server's "
         f"processes {plan.server_overhead_bytes / GiB:.2f}"
-        + (" (the rank runs in its engine core)" if plan.rank_in_engine_core else "")
+        + (" (the rank runs in its engine core" if plan.rank_in_engine_core else "")
+        + (", forked from the API server" if plan.engine_core_forked else "")
+        + (")" if plan.rank_in_engine_core else "")
         + f", page cache {plan.page_cache_bytes / GiB:.2f}, a "
         f"{MARGIN_FRACTION:.0%} margin, /dev/shm {plan.shm_bytes / GiB:.2f}; threads: "
         + ("launcher binding" if plan.binding == "launcher" else plan.binding),

@@ -34,6 +34,9 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    engine core instead, set in the API server before it starts it. With one rank and one engine, the fix keeps
    vLLM's one-process executor (VLLM_ENABLE_V1_MULTIPROCESSING=0, unless set in the environment) and sets that
    environment. More ranks, more engines, or VLLM_ENABLE_V1_MULTIPROCESSING set otherwise: left as vLLM does it.
+   Where the OpenMP runtime is Intel's (x86), the engine core is also forked from the API server rather than
+   spawned (`engine_core_forked`, which CPULLM_VLLM_FIXES_OFF turns off on its own): it shares the API server's
+   imports instead of importing torch and vLLM again.
 
 This file imports the standard library only, like the launcher.
 """
@@ -68,6 +71,14 @@ MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 RANK_IN_ENGINE_CORE = "one rank runs in the engine core process"
 # Where vLLM 0.32 keeps its rule for a worker's OpenMP environment.
 OMP_MODULE = "vllm.utils.ompmultiprocessing"
+# How vLLM starts its engine core process (the CPU platform sets `spawn`), and what a process's own maps show of
+# the OpenMP runtime it loaded: Intel's (libiomp5, the x86 image's LD_PRELOAD) reads its environment when first
+# used, GNU's (libgomp) as it loads.
+START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
+PROCESS_MAPS = Path("/proc/self/maps")
+INTEL_OPENMP = "libiomp"
+# What fix 3 adds to its line when the engine core is forked.
+FORKED = "forked from the API server"
 
 
 def report(message: str) -> None:
@@ -156,7 +167,8 @@ def rank_in_engine_core(module: ModuleType) -> bool:
         check(vllm_config)
         if manager is not None and parallel.distributed_executor_backend == "uni":
             chosen = engine_core_omp_env(manager(vllm_config))
-            report(f"{RANK_IN_ENGINE_CORE}{' with ' + chosen if chosen else ''}")
+            how = f", {FORKED}" if engine_core_forked() else ""
+            report(f"{RANK_IN_ENGINE_CORE}{how}{' with ' + chosen if chosen else ''}")
 
     platform.check_and_update_config = classmethod(check_and_update_config)
     return True
@@ -175,6 +187,25 @@ def omp_process_manager() -> Any:
             "limit that does"
         )
         return None
+
+
+def engine_core_forked() -> bool:
+    """Part of fix 3, turned off by its own name: the engine core that holds the rank is forked from the API server
+    instead of spawned, so it shares the API server's imports of torch and vLLM (~9 s of every start on two AVX2
+    cores, and ~0.2-0.3 GiB, docs/startup.md) instead of importing them again. Only where the OpenMP runtime loaded
+    here is Intel's, which reads the rank's environment when the engine core first uses it; GNU's read its
+    environment as it loaded in the API server, before that environment was set, so there the engine core is
+    spawned as vLLM does. Called where the API server sets that environment, in the process that starts the engine
+    core."""
+    if engine_core_forked.__name__ in names_turned_off(os.environ.get(OFF_ENV, "")):
+        return False
+    try:
+        intel = INTEL_OPENMP in PROCESS_MAPS.read_text()
+    except OSError:
+        intel = False
+    if intel:
+        os.environ[START_METHOD_ENV] = "fork"
+    return intel
 
 
 def engine_core_omp_env(manager: Any) -> str:

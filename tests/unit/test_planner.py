@@ -199,7 +199,7 @@ def test_selector_and_affinity_narrow_the_pool():
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
-        ([node(memory="20Gi")], r"needs 22\.5 GiB per pod .* have 20\.0 GiB"),
+        ([node(memory="20Gi")], r"needs 22\.2 GiB per pod .* have 20\.0 GiB"),
         (
             [node(numa=2, memory="26Gi")],
             r"13\.1 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
@@ -265,29 +265,36 @@ def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
 
 
 @pytest.mark.parametrize(
-    ("fields", "numa", "in_engine_core"),
+    ("fields", "numa", "arch", "in_engine_core", "forked"),
     [
-        pytest.param({}, 1, True, id="one-rank"),
-        pytest.param({}, 2, False, id="two-ranks"),
-        pytest.param({"cpu": {"launcher": False}}, 1, False, id="no-launcher-no-fix"),
+        pytest.param({}, 1, "amd64", True, True, id="one-rank"),
+        pytest.param({}, 1, "arm64", True, False, id="one-rank-gnu-openmp-spawned"),
+        pytest.param({}, 2, "amd64", False, False, id="two-ranks"),
+        pytest.param({"cpu": {"launcher": False}}, 1, "amd64", False, False, id="no-launcher-no-fix"),
         pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up, rank_in_engine_core"}]}, 1,
-                     False, id="fix-turned-off"),
-        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up"}]}, 1, True,
+                     "amd64", False, False, id="fix-turned-off"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "engine_core_forked"}]}, 1, "amd64", True,
+                     False, id="fork-turned-off"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up"}]}, 1, "amd64", True, True,
                      id="another-fix-turned-off"),
         pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "valueFrom": {"configMapKeyRef": {"name": "f",
-                     "key": "off"}}}]}, 1, False, id="turned-off-by-reference-unknown"),
-        pytest.param({"env": [{"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "1"}]}, 1, False,
+                     "key": "off"}}}]}, 1, "amd64", False, False, id="turned-off-by-reference-unknown"),
+        pytest.param({"env": [{"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "1"}]}, 1, "amd64", False, False,
                      id="multiprocess-executor-asked-for"),
-        pytest.param({"env": [{"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"}]}, 1, True,
+        pytest.param({"env": [{"name": "VLLM_ENABLE_V1_MULTIPROCESSING", "value": "0"}]}, 1, "amd64", True, True,
                      id="one-process-executor-asked-for"),
     ],
 )  # fmt: skip
-def test_the_rank_runs_in_the_engine_core_only_where_the_launchers_fix_does_it(fields, numa, in_engine_core):
-    """The memory limit counts the engine core's process once where the rank runs in it (cpullm/vllm_fixes.py)."""
-    plan = plan_service(spec(**fields), llama_8b(), [node(numa=numa, cpu="64", memory="1Ti")])
-    assert plan.rank_in_engine_core is in_engine_core
+def test_the_rank_runs_in_the_engine_core_only_where_the_launchers_fix_does_it(
+    fields, numa, arch, in_engine_core, forked
+):
+    """The memory limit counts the engine core's process once where the rank runs in it, and the imports it shares
+    with the API server once where it is forked (cpullm/vllm_fixes.py)."""
+    flags = () if arch == "arm64" else ("avx2",)
+    plan = plan_service(spec(**fields), llama_8b(), [node(numa=numa, cpu="64", memory="1Ti", arch=arch, flags=flags)])
+    assert (plan.rank_in_engine_core, plan.engine_core_forked) == (in_engine_core, forked)
     budget = memory_budget(
         llama_8b(), plan.tensor_parallel_size, plan.weight_shard_bytes, plan.kv_cache_gi_b,
-        rank_in_engine_core=in_engine_core,
+        rank_in_engine_core=in_engine_core, engine_core_forked=forked,
     )  # fmt: skip
     assert plan.memory_limit_bytes == budget.limit_bytes

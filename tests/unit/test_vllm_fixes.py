@@ -145,6 +145,24 @@ def omp_module() -> ModuleType:
     return module
 
 
+ONE_RANK_ENV = (
+    "VLLM_ENABLE_V1_MULTIPROCESSING",
+    "VLLM_WORKER_MULTIPROC_METHOD",
+    "OMP_NUM_THREADS",
+    "GOMP_CPU_AFFINITY",
+    "OMP_PLACES",
+    "LD_PRELOAD",
+    "CPULLM_VLLM_FIXES_OFF",
+)
+
+
+def process_maps(tmp_path: Path, runtime: str) -> Path:
+    """A /proc/self/maps whose process loaded the OpenMP runtime `runtime`."""
+    maps = tmp_path / "maps"
+    maps.write_text(f"7f0000000000-7f0000100000 r-xp 00000000 08:01 42 /opt/venv/lib/{runtime}\n")
+    return maps
+
+
 def checked_by_the_fixed_platform(parallel: Parallel) -> Parallel:
     """The parallel config after vllm.platforms.cpu's check_and_update_config, as the fix patched it, ran on it."""
     module = ModuleType("vllm.platforms.cpu")
@@ -166,10 +184,11 @@ def checked_by_the_fixed_platform(parallel: Parallel) -> Parallel:
     ids=["one-rank", "multiprocess-asked-for", "two-ranks"],
 )  # fmt: skip
 def test_one_rank_runs_in_the_engine_core_with_a_workers_openmp_environment(
-    capsys, monkeypatch, ranks, backend, multiprocessing, executor, omp_env, line
+    capsys, monkeypatch, tmp_path, ranks, backend, multiprocessing, executor, omp_env, line
 ):
-    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "OMP_NUM_THREADS", "GOMP_CPU_AFFINITY", "OMP_PLACES", "LD_PRELOAD"):
+    for name in ONE_RANK_ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(vllm_fixes, "PROCESS_MAPS", process_maps(tmp_path, "libgomp.so.1"))
     if multiprocessing is not None:
         monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", multiprocessing)
     monkeypatch.setitem(sys.modules, "vllm.utils.ompmultiprocessing", omp_module())
@@ -180,6 +199,32 @@ def test_one_rank_runs_in_the_engine_core_with_a_workers_openmp_environment(
         omp_env
     )
     assert capsys.readouterr().err == (f"cpullm-vllm: {line}\n" if line else "")
+
+
+@pytest.mark.parametrize(
+    ("runtime", "off", "start_method", "forked"),
+    [
+        pytest.param("libiomp5.so", "", "fork", True, id="intel-openmp-forked"),
+        pytest.param("libgomp.so.1", "", None, False, id="gnu-openmp-spawned"),
+        pytest.param("libiomp5.so", "short_warm_up,engine_core_forked", None, False, id="fork-turned-off"),
+        pytest.param(None, "", None, False, id="maps-unreadable"),
+    ],
+)
+def test_the_engine_core_is_forked_only_where_intels_openmp_reads_its_environment_late(
+    capsys, monkeypatch, tmp_path, runtime, off, start_method, forked
+):
+    """GNU's OpenMP read its environment as it loaded, in the API server: a forked engine core would keep that."""
+    for name in ONE_RANK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("CPULLM_VLLM_FIXES_OFF", off)
+    maps = process_maps(tmp_path, runtime) if runtime else tmp_path / "absent"
+    monkeypatch.setattr(vllm_fixes, "PROCESS_MAPS", maps)
+    monkeypatch.setitem(sys.modules, "vllm.utils.ompmultiprocessing", omp_module())
+    assert checked_by_the_fixed_platform(Parallel(1, "uni")).distributed_executor_backend == "uni"
+    assert os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") == start_method
+    line = capsys.readouterr().err
+    assert line.startswith("cpullm-vllm: one rank runs in the engine core process")
+    assert ("forked from the API server" in line) is forked
 
 
 def test_without_vllms_openmp_rule_the_rank_stays_in_a_worker(capsys, monkeypatch):
@@ -246,4 +291,5 @@ def test_every_fix_is_named_where_users_read_how_to_turn_it_off():
     """spec.cpu.launcher's description (the CRD's, kubectl explain's) lists the names CPULLM_VLLM_FIXES_OFF takes."""
     description = CpuSettings.model_fields["launcher"].description or ""
     assert vllm_fixes.OFF_ENV in description
-    assert all(fix.__name__ in description for fix in vllm_fixes.FIXES.values())
+    names = [fix.__name__ for fix in (*vllm_fixes.FIXES.values(), vllm_fixes.engine_core_forked)]
+    assert all(name in description for name in names)

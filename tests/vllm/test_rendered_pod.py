@@ -117,6 +117,8 @@ def check_the_memory_cgroup(case: str, server: LocalServer, plan: dict[str, Any]
     assert all(line in log for line in FIXED), "the server ran without the operator's fixes to vLLM"
     # One rank ran in the engine core process, as planned (the plan's memory counts that process once).
     assert (f"{vllm_fixes.LOG_PREFIX} {vllm_fixes.RANK_IN_ENGINE_CORE}" in log) is plan["rankInEngineCore"]
+    # And that engine core was forked from the API server where the plan counts it (Intel's OpenMP, x86).
+    assert (f"{vllm_fixes.RANK_IN_ENGINE_CORE}, {vllm_fixes.FORKED}" in log) is plan["engineCoreForked"]
     assert measured.limit_bytes == limit, (measured.limit_bytes, limit)
     assert measured.samples > 10
     assert measured.oom_kills == 0, f"the kernel OOM-killed {measured.oom_kills} process(es) in {measured.cgroup}"

@@ -101,6 +101,12 @@ class Plan(_Model):
         "otherwise starts a worker process of its own): two processes instead of three, one import of torch and "
         "vLLM less at every start, and the engine core's process memory counted once.",
     )
+    engine_core_forked: bool = Field(
+        default=False,
+        description="That engine core is forked from the API server rather than spawned (where the image's OpenMP "
+        "runtime is Intel's, on x86): it shares the API server's imports of torch and vLLM, which it does not "
+        "import again, and the memory limit counts the pages they share once.",
+    )
     reserved_cpus_per_rank: int = Field(description="Cores per rank kept off OpenMP for the HTTP front end.")
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")
     cpus_per_rank: int = Field(description="Whole CPUs per rank.")

@@ -180,8 +180,10 @@ class CpuSettings(_Model):
         "compiles with a 16-token step instead of a full max_num_batched_tokens prefill (the same graph, without "
         "minutes of compute on a large model at every start); one rank runs in the engine core process, with the "
         "OpenMP binding vLLM gives a worker, instead of a worker process of its own (one import of torch and vLLM "
-        "and a process's memory less). CPULLM_VLLM_FIXES_OFF in env names fixes to leave out (leave_page_cache_out, "
-        "short_warm_up, rank_in_engine_core). false runs vLLM's command as is: 'auto' maps rank N to the N-th "
+        "and a process's memory less), forked from the API server where the OpenMP runtime is Intel's (x86), so it "
+        "shares the API server's imports. CPULLM_VLLM_FIXES_OFF in env names fixes to leave out "
+        "(leave_page_cache_out, short_warm_up, rank_in_engine_core, engine_core_forked). false runs vLLM's "
+        "command as is: 'auto' maps rank N to the N-th "
         "allowed memory node whether or not the pod has CPUs there.",
     )
 

@@ -35,6 +35,10 @@ SERVER_BYTES_PER_VOCAB_ENTRY = 2115
 # active), which a rank running in it shares: the working set's peak fell by 0.66 GiB (tiny model) and 0.58 GiB
 # (Qwen2.5-0.5B) with the rank in the engine core, anonymous memory by 0.53 and 0.57 GiB (docs/calibration.md).
 ENGINE_CORE_PROCESS_BYTES = 590 * c.MiB
+# And of the rest, what an engine core forked from the API server shares with it (the pages of the imports of torch
+# and vLLM it does not write to): the working set's peak fell by 0.22 GiB (tiny model) and 0.32 GiB (Qwen2.5-0.5B)
+# with the engine core forked (docs/calibration.md).
+FORKED_ENGINE_CORE_SHARED_BYTES = 220 * c.MiB
 # A config without vocab_size (spec.model.weightsBytes sizes its weights) is not assumed to have a small one.
 UNKNOWN_VOCABULARY = 262_144
 # A worker beyond its weights and KV cache, measured: 582 MiB + 13.7 MiB per decoder layer (0.62 GiB at 4 layers,
@@ -92,11 +96,19 @@ class MemoryBudget:
 
 
 def memory_budget(
-    model: ModelSize, tp: int, shard_bytes: int, kv_gib: int, *, rank_in_engine_core: bool
+    model: ModelSize,
+    tp: int,
+    shard_bytes: int,
+    kv_gib: int,
+    *,
+    rank_in_engine_core: bool,
+    engine_core_forked: bool = False,
 ) -> MemoryBudget:
+    """`rank_in_engine_core`, `engine_core_forked`: what the launcher's fix 3 does for the server (Plan's fields)."""
     anatomy = model.anatomy
     vocabulary = anatomy.vocabulary or UNKNOWN_VOCABULARY
     shared_process = ENGINE_CORE_PROCESS_BYTES if rank_in_engine_core else 0
+    shared_process += FORKED_ENGINE_CORE_SHARED_BYTES if rank_in_engine_core and engine_core_forked else 0
     return MemoryBudget(
         tensor_parallel_size=tp,
         server_bytes=SERVER_BASE_BYTES + SERVER_BYTES_PER_VOCAB_ENTRY * vocabulary - shared_process,

@@ -241,23 +241,43 @@ def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shap
         kv = _kv_cache(spec, model, 1)
     except KVCacheTooSmall:
         return False
-    budget = memory_budget(model, 1, model.weights_bytes, kv.gib, rank_in_engine_core=_rank_in_engine_core(spec, 1))
+    budget = memory_budget(
+        model,
+        1,
+        model.weights_bytes,
+        kv.gib,
+        rank_in_engine_core=_rank_in_engine_core(spec, 1),
+        engine_core_forked=_engine_core_forked(spec, 1, shape.node.arch),
+    )
     return budget.limit_bytes <= shape.numa_memory_bytes
 
 
 def _rank_in_engine_core(spec: CpuLLMServiceSpec, tp: int) -> bool:
     """Does a server of `tp` ranks run its rank in vLLM's engine core process (the launcher's fix,
     cpullm/vllm_fixes.py)? Only with one rank and the launcher, unless spec.env turns the fix off or asks for vLLM's
-    multiprocess executor; a value from a reference (valueFrom) is not known here, so it counts as either."""
-    if not spec.cpu.launcher or tp != 1:
+    multiprocess executor."""
+    if not spec.cpu.launcher or tp != 1 or _turned_off(spec, vllm_fixes.rank_in_engine_core.__name__):
         return False
-    env = {entry.name: entry for entry in spec.env}
-    off, executor = env.get(vllm_fixes.OFF_ENV), env.get(vllm_fixes.MULTIPROCESSING_ENV)
-    if off is not None and (
-        off.value is None or vllm_fixes.rank_in_engine_core.__name__ in vllm_fixes.names_turned_off(off.value)
-    ):
-        return False
+    executor = next((entry for entry in spec.env if entry.name == vllm_fixes.MULTIPROCESSING_ENV), None)
     return executor is None or executor.value == "0"
+
+
+def _engine_core_forked(spec: CpuLLMServiceSpec, tp: int, arch: str) -> bool:
+    """Is that engine core forked from the API server (vllm_fixes.engine_core_forked)? Where the rank runs in it,
+    unless spec.env turns the fork off, and where the image's OpenMP runtime is Intel's: the one the rendered
+    LD_PRELOAD of the node's arch loads."""
+    return (
+        _rank_in_engine_core(spec, tp)
+        and vllm_fixes.INTEL_OPENMP in c.LD_PRELOAD_BY_ARCH.get(arch, "")
+        and not _turned_off(spec, vllm_fixes.engine_core_forked.__name__)
+    )
+
+
+def _turned_off(spec: CpuLLMServiceSpec, fix: str) -> bool:
+    """Does spec.env turn a fix to vLLM off? A value from a reference (valueFrom) is not known here, so it counts as
+    off: the plan then counts what vLLM does without the fix."""
+    off = next((entry for entry in spec.env if entry.name == vllm_fixes.OFF_ENV), None)
+    return off is not None and (off.value is None or fix in vllm_fixes.names_turned_off(off.value))
 
 
 def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, capacity: int) -> str | None:
@@ -284,12 +304,11 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
-    in_engine_core = _rank_in_engine_core(spec, tp)
-    _check_fits(
-        memory_budget(model, tp, shard, 0, rank_in_engine_core=in_engine_core), layout, where, "the weights alone need"
-    )
+    in_engine_core, forked = _rank_in_engine_core(spec, tp), _engine_core_forked(spec, tp, node.arch)
+    processes = {"rank_in_engine_core": in_engine_core, "engine_core_forked": forked}
+    _check_fits(memory_budget(model, tp, shard, 0, **processes), layout, where, "the weights alone need")
     kv = _kv_cache(spec, model, tp)
-    budget = memory_budget(model, tp, shard, kv.gib, rank_in_engine_core=in_engine_core)
+    budget = memory_budget(model, tp, shard, kv.gib, **processes)
     _check_fits(budget, layout, where, "needs")
 
     capacity = layout.pods_per_node * len(shape.members)
@@ -315,6 +334,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         threads_bind=threads_bind,
         launcher=spec.cpu.launcher,
         rank_in_engine_core=in_engine_core,
+        engine_core_forked=forked,
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,
