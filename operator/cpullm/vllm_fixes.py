@@ -176,8 +176,8 @@ def rank_in_engine_core(module: ModuleType) -> bool:
 
 def omp_process_manager() -> Any:
     """vLLM's rule for a worker's OpenMP environment (OMPProcessManager), or None, said on stderr, when this vLLM
-    has none: then the rank stays in a worker process of its own, whose threads vLLM binds its way, and which the
-    plan (plan.rankInEngineCore) did not count: the line says how to get a plan that does."""
+    has none: then the rank stays in a worker process of its own, whose threads vLLM binds its way, and which a
+    plan with rankInEngineCore does not count: the line says how to get a plan that does."""
     try:
         return importlib.import_module(OMP_MODULE).OMPProcessManager
     except (ImportError, AttributeError):
@@ -191,8 +191,8 @@ def omp_process_manager() -> Any:
 
 def engine_core_forked() -> bool:
     """Part of fix 3, turned off by its own name: the engine core that holds the rank is forked from the API server
-    instead of spawned, so it shares the API server's imports of torch and vLLM (~9 s of every start on two AVX2
-    cores, and ~0.2-0.3 GiB, docs/startup.md) instead of importing them again. Only where the OpenMP runtime loaded
+    instead of spawned, so it shares the API server's imports of torch and vLLM (9-12 s of every start on two AVX2
+    cores, and 0.34 GiB, docs/startup.md) instead of importing them again. Only where the OpenMP runtime loaded
     here is Intel's, which reads the rank's environment when the engine core first uses it; GNU's read its
     environment as it loaded in the API server, before that environment was set, so there the engine core is
     spawned as vLLM does. Called where the API server sets that environment, in the process that starts the engine

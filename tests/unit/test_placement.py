@@ -94,7 +94,7 @@ def test_throughput_summary_in_full():
     plan = plan_service(spec(placement="throughput", replicas=3, **QWEN), qwen_05b(), pool())
     assert plan.summary == (
         "throughput: TP 1 (one TP=1 server per NUMA node, 4 per node), KV 1 GiB/rank (explicit), launcher binding, "
-        "16 CPU, 4.3 GiB on 2 amd64/4-NUMA/64-CPU nodes (n0, n1)"
+        "16 CPU, 4.2 GiB on 2 amd64/4-NUMA/64-CPU nodes (n0, n1)"
     )
     assert plan.placement_note == (
         "NUMA alignment best-effort: the nodes' topology manager policy (label cpullm.io/topology-manager-policy, "
@@ -133,14 +133,14 @@ def test_throughput_refuses_more_than_one_rank(fields):
         pytest.param(
             4,
             "64Gi",
-            r"^the weights alone need 18\.0 GiB per pod \(16\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB "
+            r"^the weights alone need 17\.9 GiB per pod \(16\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB "
             r"weights\); amd64/4-NUMA/64-CPU nodes \(n0, n1\) have 16\.0 GiB \(16\.0 GiB per NUMA node\)$",
             id="weights-exceed-one-numa-node",
         ),
         pytest.param(
             2,
             "44Gi",
-            r"^needs 22\.2 GiB per pod \(21\.0 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB weights "
+            r"^needs 22\.1 GiB per pod \(21\.0 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB weights "
             r"\+ 4\.0 GiB KV\); "
             r"amd64/2-NUMA/64-CPU nodes \(n0, n1\) have 22\.0 GiB \(22\.0 GiB per NUMA node\)$",
             id="weights-fit-but-not-with-kv",
@@ -243,5 +243,5 @@ def test_weights_that_do_not_fit_are_model_too_large_before_the_kv_cache_is_judg
     """Memory is checked most fundamental first: a 1 GiB KV cache cannot hold 131072 tokens either, but a
     node that cannot hold the weights is what the user must hear about."""
     fields = {"placement": placement, "kvCacheGiB": 1, "maxModelLen": 131072}
-    with pytest.raises(ModelTooLarge, match=r"^the weights alone need 18\.0 GiB per pod .* have 8\.0 GiB"):
+    with pytest.raises(ModelTooLarge, match=r"^the weights alone need 17\.9 GiB per pod .* have 8\.0 GiB"):
         plan_service(spec(**fields), llama_8b(), [node(memory="8Gi")])

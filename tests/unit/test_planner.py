@@ -199,7 +199,7 @@ def test_selector_and_affinity_narrow_the_pool():
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
-        ([node(memory="20Gi")], r"needs 22\.2 GiB per pod .* have 20\.0 GiB"),
+        ([node(memory="20Gi")], r"needs 22\.1 GiB per pod .* have 20\.0 GiB"),
         (
             [node(numa=2, memory="26Gi")],
             r"13\.1 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",

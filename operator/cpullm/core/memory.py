@@ -36,9 +36,9 @@ SERVER_BYTES_PER_VOCAB_ENTRY = 2115
 # (Qwen2.5-0.5B) with the rank in the engine core, anonymous memory by 0.53 and 0.57 GiB (docs/calibration.md).
 ENGINE_CORE_PROCESS_BYTES = 590 * c.MiB
 # And of the rest, what an engine core forked from the API server shares with it (the pages of the imports of torch
-# and vLLM it does not write to): the working set's peak fell by 0.22 GiB (tiny model) and 0.32 GiB (Qwen2.5-0.5B)
-# with the engine core forked (docs/calibration.md).
-FORKED_ENGINE_CORE_SHARED_BYTES = 220 * c.MiB
+# and vLLM neither writes to): the working set's peak fell by 0.34 GiB (tiny model) and 0.34 GiB (Qwen2.5-0.5B),
+# anonymous memory by 0.34 and 0.33 GiB, with the engine core forked (docs/calibration.md).
+FORKED_ENGINE_CORE_SHARED_BYTES = 340 * c.MiB
 # A config without vocab_size (spec.model.weightsBytes sizes its weights) is not assumed to have a small one.
 UNKNOWN_VOCABULARY = 262_144
 # A worker beyond its weights and KV cache, measured: 582 MiB + 13.7 MiB per decoder layer (0.62 GiB at 4 layers,
