@@ -191,7 +191,7 @@ def omp_process_manager() -> Any:
 
 def engine_core_forked() -> bool:
     """Part of fix 3, turned off by its own name: the engine core that holds the rank is forked from the API server
-    instead of spawned, so it shares the API server's imports of torch and vLLM (9-12 s of every start on two AVX2
+    instead of spawned, so it shares the API server's imports of torch and vLLM (6-12 s of every start on two AVX2
     cores, and 0.34 GiB, docs/startup.md) instead of importing them again. Only where the OpenMP runtime loaded
     here is Intel's, which reads the rank's environment when the engine core first uses it; GNU's read its
     environment as it loaded in the API server, before that environment was set, so there the engine core is
