@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,11 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from e2e.kopf_probe import installed_and_indexed, kopf_probe, probe_crd
 from testbed.cluster import LocalCluster
-from testbed.tools import Kubectl
+from testbed.tools import Kubectl, published_crds
 
 from cpullm.controller import discovery_wait
 
-ROOT = Path(__file__).resolve().parents[1]
 ROWS = (("Kopf as it is", lambda: None), ("with the operator's wait", discovery_wait.install))
 
 
@@ -54,8 +52,7 @@ def main() -> int:
     wait_log = logging.getLogger(discovery_wait.__name__)
     wait_log.setLevel(logging.INFO)
     wait_log.addHandler(held_back)
-    crds = subprocess.run(["bash", str(ROOT / "scripts" / "fetch-crds.sh")], check=True, capture_output=True, text=True)
-    crd = probe_crd(dict(line.split("=", 1) for line in crds.stdout.split())["NODERESOURCETOPOLOGY_CRD"])
+    crd = probe_crd(published_crds()["NODERESOURCETOPOLOGY_CRD"])
     with tempfile.TemporaryDirectory(prefix="cpullm-crd-bench-") as workdir:
         cluster = LocalCluster.start(Path(workdir), name="cpullm-crd-bench")
         try:

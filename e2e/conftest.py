@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from testbed.cluster import LocalCluster
-from testbed.tools import ROOT, Kubectl, eventually, free_port
+from testbed.tools import ROOT, Kubectl, eventually, free_port, published_crds
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import sample_nodes
@@ -152,7 +152,4 @@ def docker_env() -> Iterator[dict[str, str]]:
 @pytest.fixture(scope="session")
 def crd_files() -> dict[str, str]:
     """The optional APIs' published CRDs (scripts/fetch-crds.sh, from their Go modules), by name."""
-    out = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "fetch-crds.sh")], check=True, capture_output=True, text=True
-    ).stdout
-    return dict(line.split("=", 1) for line in out.strip().splitlines())
+    return published_crds()

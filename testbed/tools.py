@@ -1,5 +1,5 @@
 """What every part of the test bed and the suites built on it share: the repository's root, a free local port, the one
-way to wait (eventually), and a kubectl wrapper."""
+way to wait (eventually), a kubectl wrapper, and the published CRDs of the APIs the operator integrates with."""
 
 from __future__ import annotations
 
@@ -18,6 +18,14 @@ from cpullm.core.children import crd_established
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def published_crds() -> dict[str, str]:
+    """The optional APIs' published CRDs (scripts/fetch-crds.sh, from their Go modules): file path by name."""
+    out = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "fetch-crds.sh")], check=True, capture_output=True, text=True
+    ).stdout
+    return dict(line.split("=", 1) for line in out.strip().splitlines())
 
 
 class NotYet(AssertionError):
