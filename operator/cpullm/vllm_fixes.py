@@ -197,7 +197,7 @@ def engine_core_forked() -> bool:
     environment as it loaded in the API server, before that environment was set, so there the engine core is
     spawned as vLLM does. Called where the API server sets that environment, in the process that starts the engine
     core."""
-    if engine_core_forked.__name__ in names_turned_off(os.environ.get(OFF_ENV, "")):
+    if turned_off(engine_core_forked):
         return False
     try:
         intel = INTEL_OPENMP in PROCESS_MAPS.read_text()
@@ -231,10 +231,15 @@ def names_turned_off(value: str) -> set[str]:
     return {name for name in value.replace(" ", "").split(",") if name}
 
 
+def turned_off(fix: Callable[..., Any]) -> bool:
+    """Whether this process's OFF_ENV names the fix (or part of one)."""
+    return fix.__name__ in names_turned_off(os.environ.get(OFF_ENV, ""))
+
+
 def apply(module: ModuleType) -> bool:
     """The module's fix; False (and one line on stderr) when it is turned off or this vLLM lacks what it patches."""
     fix = FIXES[module.__name__]
-    if fix.__name__ in names_turned_off(os.environ.get(OFF_ENV, "")):
+    if turned_off(fix):
         report(f"{module.__name__}: {fix.__name__} turned off ({OFF_ENV})")
         return False
     if fix(module):
