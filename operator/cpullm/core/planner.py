@@ -241,14 +241,7 @@ def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shap
         kv = _kv_cache(spec, model, 1)
     except KVCacheTooSmall:
         return False
-    budget = memory_budget(
-        model,
-        1,
-        model.weights_bytes,
-        kv.gib,
-        rank_in_engine_core=_rank_in_engine_core(spec, 1),
-        engine_core_forked=_engine_core_forked(spec, 1, shape.node.arch),
-    )
+    budget = memory_budget(model, 1, model.weights_bytes, kv.gib, **_server_processes(spec, 1, shape.node.arch))
     return budget.limit_bytes <= shape.numa_memory_bytes
 
 
@@ -262,15 +255,18 @@ def _rank_in_engine_core(spec: CpuLLMServiceSpec, tp: int) -> bool:
     return executor is None or executor.value == "0"
 
 
-def _engine_core_forked(spec: CpuLLMServiceSpec, tp: int, arch: str) -> bool:
-    """Is that engine core forked from the API server (vllm_fixes.engine_core_forked)? Where the rank runs in it,
-    unless spec.env turns the fork off, and where the image's OpenMP runtime is Intel's: the one the rendered
-    LD_PRELOAD of the node's arch loads."""
-    return (
-        _rank_in_engine_core(spec, tp)
+def _server_processes(spec: CpuLLMServiceSpec, tp: int, arch: str) -> dict[str, bool]:
+    """Where the launcher's fix 3 runs a server's rank (vllm_fixes.rank_in_engine_core), as memory_budget's and
+    Plan's fields: in the engine core, and that engine core forked from the API server (vllm_fixes.engine_core_forked)
+    unless spec.env turns the fork off, where the image's OpenMP runtime is Intel's: the one the rendered LD_PRELOAD
+    of the node's arch loads."""
+    in_engine_core = _rank_in_engine_core(spec, tp)
+    forked = (
+        in_engine_core
         and vllm_fixes.INTEL_OPENMP in c.LD_PRELOAD_BY_ARCH.get(arch, "")
         and not _turned_off(spec, vllm_fixes.engine_core_forked.__name__)
     )
+    return {"rank_in_engine_core": in_engine_core, "engine_core_forked": forked}
 
 
 def _turned_off(spec: CpuLLMServiceSpec, fix: str) -> bool:
@@ -304,8 +300,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
-    in_engine_core, forked = _rank_in_engine_core(spec, tp), _engine_core_forked(spec, tp, node.arch)
-    processes = {"rank_in_engine_core": in_engine_core, "engine_core_forked": forked}
+    processes = _server_processes(spec, tp, node.arch)
     _check_fits(memory_budget(model, tp, shard, 0, **processes), layout, where, "the weights alone need")
     kv = _kv_cache(spec, model, tp)
     budget = memory_budget(model, tp, shard, kv.gib, **processes)
@@ -333,8 +328,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         kv_tokens_per_rank=kv.tokens_per_rank,
         threads_bind=threads_bind,
         launcher=spec.cpu.launcher,
-        rank_in_engine_core=in_engine_core,
-        engine_core_forked=forked,
+        **processes,
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,
