@@ -3,6 +3,7 @@ responses; a FakeTransport stands in for urllib3's pool manager (shared by test_
 
 from __future__ import annotations
 
+import http.client
 import io
 import json
 from typing import Any
@@ -18,7 +19,8 @@ RESET = urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetE
 class FakeTransport:
     """Records each request and answers with a canned status and body (a Status naming the code when none is
     given), or the next of `pages` (a paged listing), echoes the request body (as the API server answers a
-    create), or raises the connection error."""
+    create), or raises the connection error; `cut` ends the body's stream mid-answer, as an API server that
+    stops does."""
 
     def __init__(
         self,
@@ -27,8 +29,9 @@ class FakeTransport:
         error: Exception | None = None,
         echo: bool = False,
         pages: list[Any] | None = None,
+        cut: bool = False,
     ) -> None:
-        self.status, self.body, self.error, self.echo = status, body, error, echo
+        self.status, self.body, self.error, self.echo, self.cut = status, body, error, echo, cut
         self.pages = list(pages or [])
         self.requests: list[dict[str, Any]] = []
 
@@ -41,13 +44,21 @@ class FakeTransport:
             body = self.pages.pop(0)
         if self.echo:
             body = json.loads(kwargs["body"])
+        data = json.dumps(body).encode()
         return urllib3.HTTPResponse(
-            body=io.BytesIO(json.dumps(body).encode()),
+            body=_CutStream(data) if self.cut else io.BytesIO(data),
             status=self.status,
             reason="Fake",
             headers={"Content-Type": "application/json"},
             preload_content=False,
         )
+
+
+class _CutStream(io.BytesIO):
+    """A body whose connection closes after its first half, as http.client reports it."""
+
+    def read(self, size: int | None = -1) -> bytes:
+        raise http.client.IncompleteRead(self.getvalue()[: len(self.getvalue()) // 2], len(self.getvalue()))
 
 
 def kube(transport: FakeTransport) -> Kube:

@@ -143,6 +143,23 @@ def test_connection_errors_are_transient(error, message):
 
 
 @pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda k: k.apply(DEPLOYMENT), "cannot apply Deployment serving/llama: ProtocolError"),
+        (lambda k: k.child_exists("Service", "serving", "llama"), "cannot read Service serving/llama: ProtocolError"),
+        (lambda k: k.list_owned("Service", []), "cannot list Services: ProtocolError"),
+        (lambda k: k.list_nodes(), "cannot list nodes: ProtocolError"),
+    ],
+    ids=["apply", "read-metadata", "list-owned", "list-nodes"],
+)
+def test_an_answer_cut_mid_body_is_transient(call, message):
+    """The API server stopped while it sent the body (seen in the control-plane outage test): the read of the
+    body fails, not the request, and that is as transient as a refused connection."""
+    with pytest.raises(TransientApiError, match=message):
+        call(kube(FakeTransport(200, {"metadata": {"name": "llama"}, "items": []}, cut=True)))
+
+
+@pytest.mark.parametrize(
     ("kind", "status", "expected", "path"),
     [
         ("Deployment", 200, True, "/apis/apps/v1/namespaces/serving/deployments/llama"),

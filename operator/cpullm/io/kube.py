@@ -107,7 +107,8 @@ class Kube:
                 response = self.custom.patch_namespaced_custom_object(
                     group, version, namespace, plural, name, dict(manifest), **options
                 )
-        return _json(response)
+            # The body is read here, within the mapping: a connection cut mid-answer is transient too.
+            return _json(response)
 
     def delete(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> None:
         """Delete an optional child the spec no longer asks for, only if the service `owner_uid` controls it, with
@@ -330,7 +331,8 @@ def _paged(action: str, call: Callable[..., Any], *args: Any, **kwargs: Any) -> 
 
 
 def _json(response: Any) -> dict[str, Any]:
-    """The body of a call made with _preload_content=False (the client's models drop unknown fields)."""
+    """The body of a call made with _preload_content=False (the client's models drop unknown fields); it is
+    read from the network here, so every caller calls it inside _api_errors."""
     result: dict[str, Any] = json.loads(response.data)
     return result
 
