@@ -37,8 +37,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.sizes_bench import built_model, prompt_ids
-from tests.vllm.harness import LocalServer, render_service, server_for_container, vllm_python
+from bench.sizes_bench import prompt_ids
+from tests.vllm.harness import LocalServer, built_model, render_service, server_for_container, vllm_python
 
 PROBE = Path(__file__).resolve().parent / "roofline_probe.py"
 # vLLM's way for one rank: a worker process of its own, the launcher's fix turned off (cpullm/vllm_fixes.py).

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,25 +28,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm.harness import LocalServer, render_service, server_for_container, vllm_python
+from tests.vllm.harness import LocalServer, built_model, render_service, server_for_container, vllm_python
 from tests.vllm.vllm_log import StartSplit, start_split
 
-MODELS_CACHE = Path.home() / ".cache" / "cpullm-operator" / "models"
-VLLM_TESTS = Path(__file__).resolve().parents[1] / "tests" / "vllm"
 SIM_MULTI_NUMA = [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]
 GiB = 2**30
-
-
-def built_model(python: Path, name: str) -> Path:
-    """The model's directory, built on first use (a random-weight checkpoint of that architecture)."""
-    out = MODELS_CACHE / name
-    if not (out / "config.json").exists():
-        if name == "tiny":
-            command = [str(python), str(VLLM_TESTS / "make_tiny_model.py"), str(out)]
-        else:
-            command = [str(python), str(VLLM_TESTS / "make_sized_model.py"), name, str(out)]
-        subprocess.run(command, check=True)
-    return out
 
 
 def prompt_ids(count: int, vocab: int, rng: random.Random) -> list[int]:

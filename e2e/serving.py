@@ -48,16 +48,19 @@ def model_volume(namespace: str, models_on_node: str) -> list[dict[str, Any]]:
     ]
 
 
-def tiny_served(namespace: str, models: Path, node_selector: dict[str, str], **spec: Any) -> dict[str, Any]:
-    """The tiny model on one real CPU, its config read from the local models directory."""
+def tiny_served(
+    namespace: str, models: Path, node_selector: dict[str, str], model: str = TINY, **spec: Any
+) -> dict[str, Any]:
+    """The service `tiny`: a model of the local models directory (the tiny one unless `model` names another) on one
+    real CPU, its config read from there."""
     return {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMService",
         "metadata": {"name": "tiny", "namespace": namespace},
         "spec": {
             "model": {
-                "name": f"{MODEL_CACHE_MOUNT}/{TINY}",
-                "config": json.loads((models / TINY / "config.json").read_text()),
+                "name": f"{MODEL_CACHE_MOUNT}/{model}",
+                "config": json.loads((models / model / "config.json").read_text()),
             },
             "kvCacheGiB": 1,
             "maxModelLen": 1024,

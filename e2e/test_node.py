@@ -2,7 +2,9 @@
 bridge and kube-proxy joined to a local control plane of its own (cluster cpullm-node, where KWOK manages only
 annotated fake nodes), testbed/realnode.py. The operator runs there as users run it: its image built from the
 Dockerfile, installed with the Helm chart. Run: python -m pytest e2e/test_node.py -m node (first run: builds the
-kubelet, kube-proxy and the images, scripts/setup-node.sh and scripts/build-images.sh)."""
+kubelet, kube-proxy and the images, scripts/setup-node.sh and scripts/build-images.sh). CPULLM_NODE_MODEL=NAME
+(one of tests/vllm/make_sized_model.py's SIZES, e.g. qwen2.5-0.5b) serves that random-weight model in the test of
+the two starts instead of the tiny one (opt-in: minutes more per start)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from testbed.images import CACHE, build_debian, build_operator
 from testbed.machine import drop_from_page_cache
 from testbed.realnode import REAL_NODE_SELECTOR, RealNode
 from testbed.tools import Kubectl, eventually
-from tests.vllm.harness import make_tiny_model, vllm_python
+from tests.vllm.harness import built_model, make_tiny_model, vllm_python
 from tests.vllm.vllm_log import StartSplit, start_split
 
 from cpullm import launcher, vllm_fixes
@@ -50,6 +52,7 @@ pytestmark = [
     pytest.mark.skipif(bool(os.environ.get("CPULLM_E2E_KUBECONFIG")), reason="joins a local control plane only"),
 ]
 NODE_CLUSTER_NAME = "cpullm-node"
+STARTED_MODEL = os.environ.get("CPULLM_NODE_MODEL", TINY)
 SHM = 64 * 1024 * 1024
 MEMORY = 300 * 1024 * 1024
 
@@ -180,6 +183,8 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
     kubectl.wait_established("cpullmservices.cpullm.io")
     models = real_node.workdir / "models"
     make_tiny_model(vllm_python(), models / TINY)
+    if STARTED_MODEL != TINY:
+        shutil.copytree(built_model(vllm_python(), STARTED_MODEL), models / STARTED_MODEL)
     try:
         yield kubectl, operator, models
     finally:
@@ -222,7 +227,7 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     drop_from_page_cache(real_node.containerd_root)
     drop_from_page_cache(models)
     started = time.monotonic()
-    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR))
+    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, model=STARTED_MODEL))
     service = ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
     to_ready = time.monotonic() - started
     budget = startup_budget(kubectl, namespace)
@@ -282,8 +287,8 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
         f"check up to {max(corrections):.2f} GiB"
     )
     print(
-        f"real node: container start to Ready, s (before load + load + compile and warm-up + rest): first "
-        f"{first.row()}, second {second.row()}; second / first {second.total / first.total:.2f}"
+        f"real node, {STARTED_MODEL}: container start to Ready, s (before load + load + compile and warm-up + "
+        f"rest): first {first.row()}, second {second.row()}; second / first {second.total / first.total:.2f}"
     )
 
 

@@ -54,6 +54,23 @@ def make_tiny_model(python: Path, dest: Path) -> Path:
     return dest
 
 
+# Random-weight models of published sizes, built once and kept (bench/, the opt-in real-node start).
+MODELS_CACHE = Path.home() / ".cache" / "cpullm-operator" / "models"
+
+
+def built_model(python: Path, name: str) -> Path:
+    """The model's directory under MODELS_CACHE, built on first use: `tiny` (make_tiny_model.py) or a random-weight
+    checkpoint of one of make_sized_model.py's SIZES."""
+    out = MODELS_CACHE / name
+    if not (out / "config.json").exists():
+        if name == "tiny":
+            make_tiny_model(python, out)
+        else:
+            make = ROOT / "tests" / "vllm" / "make_sized_model.py"
+            subprocess.run([str(python), str(make), name, str(out)], check=True)
+    return out
+
+
 def vllm_python() -> Path:
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "setup-vllm.sh")], check=True, stdout=subprocess.PIPE, text=True
