@@ -145,10 +145,10 @@ def assert_as_planned(seen: dict[str, Any], plan: dict[str, Any]) -> None:
     assert int(seen["limit"]) == plan["memoryLimitBytes"] and int(seen["oom_kills"] or 0) == 0, seen
 
 
-def completion_request(tokens: int) -> dict[str, Any]:
-    """A completion of exactly `tokens` tokens (ignore_eos) from the tiny model."""
+def completion_request(tokens: int, model: str) -> dict[str, Any]:
+    """A completion of exactly `tokens` tokens (ignore_eos) from a model of the model cache."""
     return {
-        "model": f"{MODEL_CACHE_MOUNT}/{TINY}",
+        "model": f"{MODEL_CACHE_MOUNT}/{model}",
         "prompt": "The quick brown fox",
         "max_tokens": tokens,
         "ignore_eos": True,

@@ -206,9 +206,9 @@ def namespace(serving: tuple[Kubectl, InClusterOperator, Path]) -> Iterator[str]
         eventually(lambda: not server_pods(kubectl, name), timeout=120, what=f"the server pods of {name} gone")
 
 
-def complete(address: str, tokens: int) -> tuple[int, float]:
-    """One completion of `tokens` tokens (ignore_eos); returns the tokens and the seconds it took."""
-    body = json.dumps(completion_request(tokens)).encode()
+def complete(address: str, tokens: int, model: str) -> tuple[int, float]:
+    """One completion of `tokens` tokens (ignore_eos) from `model`; returns the tokens and the seconds it took."""
+    body = json.dumps(completion_request(tokens, model)).encode()
     headers = {"Content-Type": "application/json"}
     request = urllib.request.Request(f"http://{address}:8000/v1/completions", body, headers)
     started = time.monotonic()
@@ -243,8 +243,8 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     addresses = [a for s in slices for e in s.get("endpoints") or [] for a in e["addresses"]]
     assert addresses == [pod["status"]["podIP"]], addresses
     cluster_ip = kubectl.get("service", "tiny", namespace)["spec"]["clusterIP"]
-    complete(cluster_ip, 4)  # warm-up
-    tokens, seconds = complete(cluster_ip, 64)
+    complete(cluster_ip, 4, STARTED_MODEL)  # warm-up
+    tokens, seconds = complete(cluster_ip, 64, STARTED_MODEL)
     assert tokens == 64
 
     seen = in_container(kubectl, namespace, name)
