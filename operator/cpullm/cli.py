@@ -108,6 +108,13 @@ ROUTING_SHOWN = {
 }
 
 
+def _engine_core_note(plan: Plan) -> str:
+    """Where the launcher's fix 3 runs the rank, after the server processes' memory in the plan table."""
+    if not plan.rank_in_engine_core:
+        return ""
+    return f" (the rank runs in its engine core{', forked from the API server' if plan.engine_core_forked else ''})"
+
+
 def plan_table(plan: Plan) -> str:
     """The plan for people: where the ranks go, what each holds, and why these nodes (-o json|yaml for machines)."""
     node, sizing, tp = plan.node_profile, plan.sizing, plan.tensor_parallel_size
@@ -137,9 +144,7 @@ def plan_table(plan: Plan) -> str:
         "",
         f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, the API server's "
         f"processes {plan.server_overhead_bytes / GiB:.2f}"
-        + (" (the rank runs in its engine core" if plan.rank_in_engine_core else "")
-        + (", forked from the API server" if plan.engine_core_forked else "")
-        + (")" if plan.rank_in_engine_core else "")
+        + _engine_core_note(plan)
         + f", page cache {plan.page_cache_bytes / GiB:.2f}, a "
         f"{MARGIN_FRACTION:.0%} margin, /dev/shm {plan.shm_bytes / GiB:.2f}; threads: "
         + ("launcher binding" if plan.binding == "launcher" else plan.binding),
