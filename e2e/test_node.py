@@ -181,10 +181,10 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
         pods = kubectl.run("describe", "pods", "-n", OPERATOR_NAMESPACE, check=False).stdout
         raise AssertionError(f"{failed}\n{pods}\noperator log:\n{operator.log_tail(40)}") from failed
     kubectl.wait_established("cpullmservices.cpullm.io")
-    models = real_node.workdir / "models"
-    make_tiny_model(vllm_python(), models / TINY)
+    models, python = real_node.workdir / "models", vllm_python()
+    make_tiny_model(python, models / TINY)
     if STARTED_MODEL != TINY:
-        shutil.copytree(built_model(vllm_python(), STARTED_MODEL), models / STARTED_MODEL)
+        shutil.copytree(built_model(python, STARTED_MODEL), models / STARTED_MODEL)
     try:
         yield kubectl, operator, models
     finally:

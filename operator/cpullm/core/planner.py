@@ -28,7 +28,14 @@ from typing import Any
 
 from cpullm import vllm_fixes
 from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan, binding_shown
-from cpullm.api.spec import EXPLICIT_BIND_PATTERN, CpuLLMServiceSpec, KVCacheDType, RoutingMode, ThreadsBindMode
+from cpullm.api.spec import (
+    EXPLICIT_BIND_PATTERN,
+    CpuLLMServiceSpec,
+    EnvVar,
+    KVCacheDType,
+    RoutingMode,
+    ThreadsBindMode,
+)
 from cpullm.core import constants as c
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
@@ -251,7 +258,7 @@ def _rank_in_engine_core(spec: CpuLLMServiceSpec, tp: int) -> bool:
     multiprocess executor."""
     if not spec.cpu.launcher or tp != 1 or _turned_off(spec, vllm_fixes.rank_in_engine_core.__name__):
         return False
-    executor = next((entry for entry in spec.env if entry.name == vllm_fixes.MULTIPROCESSING_ENV), None)
+    executor = _env_entry(spec, vllm_fixes.MULTIPROCESSING_ENV)
     return executor is None or executor.value == "0"
 
 
@@ -272,8 +279,12 @@ def _server_processes(spec: CpuLLMServiceSpec, tp: int, arch: str) -> dict[str, 
 def _turned_off(spec: CpuLLMServiceSpec, fix: str) -> bool:
     """Does spec.env turn a fix to vLLM off? A value from a reference (valueFrom) is not known here, so it counts as
     off: the plan then counts what vLLM does without the fix."""
-    off = next((entry for entry in spec.env if entry.name == vllm_fixes.OFF_ENV), None)
+    off = _env_entry(spec, vllm_fixes.OFF_ENV)
     return off is not None and (off.value is None or fix in vllm_fixes.names_turned_off(off.value))
+
+
+def _env_entry(spec: CpuLLMServiceSpec, name: str) -> EnvVar | None:
+    return next((entry for entry in spec.env if entry.name == name), None)
 
 
 def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, capacity: int) -> str | None:
