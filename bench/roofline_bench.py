@@ -13,12 +13,13 @@ completions of different lengths (their difference cancels prefill and request o
 Configurations: the rendered pod (launcher binding), the same with one CPU kept for the API server and engine
 core (cpu.reservedCpusPerRank 1), fewer OpenMP threads than CPUs (nobind, OMP_NUM_THREADS 1), glibc's allocator
 instead of tcmalloc (LD_PRELOAD without it), no torch.compile (--enforce-eager: a start without compilation or
-warm-up), a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill), and the
-rank in a worker process of its own as vLLM starts it (the launcher's fix that runs it in the engine core off). SMT
+warm-up), a smaller prefill step (--max-num-batched-tokens 512: a quarter of the start's warm-up prefill), the
+rank in a worker process of its own as vLLM starts it (the launcher's fix that runs it in the engine core off), and
+float32 weights (model.dtype: twice the bytes per token, no bf16 widened before each multiply-add). SMT
 siblings are compared where the CPUs have them. Each row also gives the server's start, one 1,024-token prompt's
 prefill rate, and the peak working set of its memory cgroup against the plan's limit. Each row's ratios divide by
 the roofline measured again right after its decode (the server idle): on a shared machine the bandwidth moves
-between rows minutes apart.
+between rows minutes apart. A configuration whose server does not start is listed under the table with vLLM's error.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sizes_bench import prompt_ids
 from tests.vllm.harness import LocalServer, built_model, render_service, server_for_container, vllm_python
+
+from cpullm.core.constants import DTYPE_BYTES
 
 PROBE = Path(__file__).resolve().parent / "roofline_probe.py"
 # vLLM's way for one rank: a worker process of its own, the launcher's fix turned off (cpullm/vllm_fixes.py).
@@ -67,6 +70,7 @@ def configurations() -> list[tuple[str, dict[str, Any], Variant | None]]:
         ("eager (no torch.compile)", {"extraArgs": ["--enforce-eager"]}, None),
         ("prefill chunks of 512 tokens", {"extraArgs": ["--max-num-batched-tokens", "512"]}, None),
         ("rank in a worker process (vLLM's own)", {"env": [THREE_PROCESSES]}, None),
+        ("float32 weights", {"model": {"dtype": "float32"}}, None),
     ]
     if smt_siblings():
         rows.append(("no SMT siblings bound", {"cpu": {"threadsBind": "auto"}}, None))
@@ -131,6 +135,7 @@ def main() -> None:
     roof = bandwidth(python, model, sorted({1, len(cpus)}))
     shard = roof["weights_bytes"]
     rows = []
+    failures: list[tuple[str, str]] = []  # (configuration, the error vLLM exited with)
     with tempfile.TemporaryDirectory(prefix="cpullm-roofline-") as tmp:
         for index, (name, spec, edit) in enumerate(chosen):
             workdir = Path(tmp) / f"c{index}"
@@ -141,6 +146,12 @@ def main() -> None:
             server = server_for_container(container, workdir=workdir, python=python, model=model)
             try:
                 server.start(timeout=3600)
+            except RuntimeError as err:  # a configuration that does not start is a row of its own, not the end
+                server.stop()
+                failures.append((name, next((line for line in str(err).splitlines() if "Error" in line), str(err))))
+                print(f"roofline_bench: {name}: did not start", file=sys.stderr, flush=True)
+                continue
+            try:
                 rate = decode_rate(server, config["vocab_size"], args.rounds)
                 prefill = prefill_rate(server, config["vocab_size"], args.rounds)
                 # The roofline again, right after this row's decode (the server idle): a shared machine's
@@ -150,11 +161,13 @@ def main() -> None:
                 server.stop()
             measured = server.measured
             memory = measured.peak_working_set_bytes / measured.limit_bytes if measured.limit_bytes else 0.0
-            rows.append((name, measured.startup_seconds, rate, own, prefill, memory, threads_of(server.log)))
+            streamed = shard * DTYPE_BYTES[spec.get("model", {}).get("dtype", "bfloat16")] // DTYPE_BYTES["bfloat16"]
+            rows.append((name, measured.startup_seconds, rate, streamed, own, prefill, memory, threads_of(server.log)))
             print(f"roofline_bench: {name}: {rate:.2f} tok/s", file=sys.stderr, flush=True)
 
     print(
-        f"\n{args.model}: {shard / 1e9:.2f} GB of weights streamed per token; {len(cpus)} CPUs (SMT: {smt_siblings()})"
+        f"\n{args.model}: {shard / 1e9:.2f} GB of bf16 weights streamed per token (in proportion for other dtypes); "
+        f"{len(cpus)} CPUs (SMT: {smt_siblings()})"
     )
     print("bandwidth one rank's threads get, before the servers (torch " + roof["torch"] + "):")
     for threads, figures in sorted(roof["by_threads"].items()):
@@ -164,13 +177,15 @@ def main() -> None:
         )
     print(f"\n{'configuration':<30}{'start s':>8}{'decode tok/s':>13}{'GB/s':>7}{'read':>7}{'/read':>7}", end="")
     print(f"{'/GEMV':>7}{'prefill tok/s':>14}{'WS/limit':>9}  binding")
-    for name, started, rate, own, prefill, memory, threads in rows:
-        gbps, read, gemv = rate * shard / 1e9, own["stream_read_gbps"], own["gemv_gbps"]
+    for name, started, rate, streamed, own, prefill, memory, threads in rows:
+        gbps, read, gemv = rate * streamed / 1e9, own["stream_read_gbps"], own["gemv_gbps"]
         print(
             f"{name:<30}{started:>8.0f}{rate:>13.2f}{gbps:>7.1f}{read:>7.1f}{gbps / read:>7.2f}{gbps / gemv:>7.2f}"
             f"{prefill:>14.1f}{memory:>9.3f}  {threads}"
         )
     print(f"(read, /read, /GEMV: the {len(cpus)}-thread roofline measured right after each row's decode)")
+    for name, error in failures:
+        print(f"{name}: did not start: {error.strip()}")
 
 
 def bandwidth(python: Path, model: Path, threads: list[int]) -> dict[str, Any]:

@@ -92,18 +92,23 @@ def this_machine(numa_nodes: int, labels: dict[str, str] | None = None) -> dict[
 
 
 def render_service(
-    workdir: Path, model: Path, numa_nodes: int, node_labels: dict[str, str] | None = None, **spec: Any
+    workdir: Path, model: Path, numa_nodes: int, /, node_labels: dict[str, str] | None = None, **spec: Any
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the local
-    model directory `model` as /models/<its name> (config inline), on this machine described with `numa_nodes`
-    NUMA nodes (and `node_labels` over its own). The rendered launcher ConfigMap's files are written to
-    workdir/opt-cpullm as the pod's volume places them (see pod_mounts)."""
+    model directory `model` as /models/<its name> (config inline; a `model` entry in `spec` adds fields such as
+    dtype), on this machine described with `numa_nodes` NUMA nodes (and `node_labels` over its own). The rendered
+    launcher ConfigMap's files are written to workdir/opt-cpullm as the pod's volume places them (see pod_mounts)."""
+    model_fields = spec.pop("model", {})
     service = {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMService",
         "metadata": {"name": "tiny", "namespace": "default"},
         "spec": {
-            "model": {"name": f"/models/{model.name}", "config": json.loads((model / "config.json").read_text())},
+            "model": {
+                "name": f"/models/{model.name}",
+                "config": json.loads((model / "config.json").read_text()),
+                **model_fields,
+            },
             "kvCacheGiB": 1,
             "maxModelLen": 1024,
             "maxNumSeqs": 4,
