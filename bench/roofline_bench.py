@@ -28,6 +28,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,11 @@ def prefill_rate(server: LocalServer, vocab: int, rounds: int) -> float:
     return best
 
 
+def exception_line(text: str) -> str:
+    """The first `SomeError: message` line of a server's exit report (its log's tail), else the whole report."""
+    return next((line.strip() for line in text.splitlines() if re.match(r"\s*\w+(Error|Exception): ", line)), text)
+
+
 def threads_of(log: Path) -> str:
     """The CPUs vLLM bound its rank's OpenMP threads to and those it reserved, from the lines that follow its
     "OpenMP thread binding info" header ("-": not logged)."""
@@ -148,7 +154,7 @@ def main() -> None:
                 server.start(timeout=3600)
             except RuntimeError as err:  # a configuration that does not start is a row of its own, not the end
                 server.stop()
-                failures.append((name, next((line for line in str(err).splitlines() if "Error" in line), str(err))))
+                failures.append((name, exception_line(str(err))))
                 print(f"roofline_bench: {name}: did not start", file=sys.stderr, flush=True)
                 continue
             try:
@@ -185,7 +191,7 @@ def main() -> None:
         )
     print(f"(read, /read, /GEMV: the {len(cpus)}-thread roofline measured right after each row's decode)")
     for name, error in failures:
-        print(f"{name}: did not start: {error.strip()}")
+        print(f"{name}: did not start: {error}")
 
 
 def bandwidth(python: Path, model: Path, threads: list[int]) -> dict[str, Any]:
