@@ -19,7 +19,8 @@ float32 weights (model.dtype: twice the bytes per token, no bf16 widened before 
 siblings are compared where the CPUs have them. Each row also gives the server's start, one 1,024-token prompt's
 prefill rate, and the peak working set of its memory cgroup against the plan's limit. Each row's ratios divide by
 the roofline measured again right after its decode (the server idle): on a shared machine the bandwidth moves
-between rows minutes apart. A configuration whose server does not start is listed under the table with vLLM's error.
+between rows minutes apart. A configuration whose server exits before it answers is listed under the table with
+vLLM's error (a server that never answers still ends the run, at the start's timeout).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def main() -> None:
     roof = bandwidth(python, model, sorted({1, len(cpus)}))
     shard = roof["weights_bytes"]
     rows = []
-    failures: list[tuple[str, str]] = []  # (configuration, the error vLLM exited with)
+    failures: list[tuple[str, str]] = []  # (configuration, the error vLLM exited with while starting)
     with tempfile.TemporaryDirectory(prefix="cpullm-roofline-") as tmp:
         for index, (name, spec, edit) in enumerate(chosen):
             workdir = Path(tmp) / f"c{index}"
@@ -152,7 +153,7 @@ def main() -> None:
             server = server_for_container(container, workdir=workdir, python=python, model=model)
             try:
                 server.start(timeout=3600)
-            except RuntimeError as err:  # a configuration that does not start is a row of its own, not the end
+            except RuntimeError as err:  # vLLM exited while starting: a row of its own, not the end of the run
                 server.stop()
                 failures.append((name, exception_line(str(err))))
                 print(f"roofline_bench: {name}: did not start", file=sys.stderr, flush=True)
