@@ -4,7 +4,8 @@ cache there, as a restarted pod on the same node does), splits each start by vLL
 and, between the two, drives a long prompt (the context less 64 tokens, as one prefill) and a full batch
 (maxNumSeqs requests at once) while the server's memory cgroup, limited to the plan's limit, is sampled.
 
-    .venv/bin/python bench/sizes_bench.py [--models tiny qwen2.5-0.5b ...] [--tp 1] [--json FILE]
+    .venv/bin/python bench/sizes_bench.py [--models tiny qwen2.5-0.5b ...] [--tp 1] [--dtype float32]
+                                          [--limit-gib N] [--json FILE]
 
 Models: `tiny` (tests/vllm/make_tiny_model.py) and the random-weight models of tests/vllm/make_sized_model.py,
 built once and kept under ~/.cache/cpullm-operator/models. Prints, per model and TP: the planned limit and its
@@ -62,16 +63,19 @@ def start(server: LocalServer) -> StartSplit:
     return start_split(text, server.measured.started_at, server.measured.startup_seconds)
 
 
-def run_case(
-    python: Path, name: str, tp: int, context: int, seqs: int, workdir: Path, env: dict[str, str]
-) -> dict[str, Any]:
+def run_case(python: Path, name: str, tp: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     model = built_model(python, name)
     config = json.loads((model / "config.json").read_text())
+    context, seqs = args.context, args.seqs
     spec: dict[str, Any] = {"kvCacheGiB": 1, "maxModelLen": context, "maxNumSeqs": seqs}
     if tp > 1:
         spec["env"] = SIM_MULTI_NUMA
+    if args.dtype:
+        spec["model"] = {"dtype": args.dtype}
     plan, container = render_service(workdir, model, tp, **spec)
-    container["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    container["env"] += [{"name": k, "value": v} for k, v in (item.split("=", 1) for item in args.env)]
+    if args.limit_gib:  # the cgroup's limit; the plan's stays in the tables for comparison
+        container["resources"]["limits"]["memory"] = f"{args.limit_gib}Gi"
     case: dict[str, Any] = {"model": name, "tp": tp, "vocab": config["vocab_size"], "plan": plan}
     server = server_for_container(container, workdir=workdir, python=python, model=model, log_name="first.log")
     try:
@@ -120,16 +124,18 @@ def print_tables(cases: list[dict[str, Any]]) -> None:
         shard, cache = gib(c["plan"]["weightShardBytes"]), c["compile_cache_bytes"] / 2**20
         first, second = split(c["first"]), split(c["second"])
         print(f"{c['model']:<16}{c['tp']:>3}  {shard:>9}  {first:<24}{second:<24}{ratio:>12.2f}{cache:>10.1f}")
-    print("\nmemory cgroup, GiB (limit: the plan's; WS: working set; start / requests: peaks in each stretch)")
-    header = f"{'model':<16}{'TP':>3}{'vocab':>8}{'limit':>7}{'WS start':>9}{'WS req':>8}{'anon start':>11}"
-    print(header + f"{'anon req':>9}{'WS/limit':>9}{'OOM':>4}  anon by process at its peak")
+    print("\nmemory cgroup, GiB (plan: the plan's limit; limit: the cgroup's, the plan's unless --limit-gib;")
+    print("WS: working set; start / requests: peaks in each stretch; WS/plan: the working set's peak over the plan's)")
+    header = f"{'model':<16}{'TP':>3}{'vocab':>8}{'plan':>7}{'limit':>7}{'WS start':>9}{'WS req':>8}{'anon start':>11}"
+    print(header + f"{'anon req':>9}{'WS/plan':>9}{'OOM':>4}  anon by process at its peak")
     for c in cases:
-        m = c["memory"]
+        m, planned = c["memory"], c["plan"]["memoryLimitBytes"]
         (ws_start, anon_start), (ws_req, anon_req) = m["stretches"]["start"], m["stretches"]["requests"]
         by_process = ", ".join(f"{n} {gib(b)}" for n, b in m["anon_by_process"])
         print(
-            f"{c['model']:<16}{c['tp']:>3}{c['vocab']:>8}{gib(m['limit']):>7}{gib(ws_start):>9}{gib(ws_req):>8}"
-            f"{gib(anon_start):>11}{gib(anon_req):>9}{m['peak_working_set'] / m['limit']:>9.3f}{m['oom_kills']:>4}"
+            f"{c['model']:<16}{c['tp']:>3}{c['vocab']:>8}{gib(planned):>7}{gib(m['limit']):>7}{gib(ws_start):>9}"
+            f"{gib(ws_req):>8}{gib(anon_start):>11}{gib(anon_req):>9}{m['peak_working_set'] / planned:>9.3f}"
+            f"{m['oom_kills']:>4}"
             f"  {by_process}"
         )
 
@@ -140,6 +146,10 @@ def main() -> None:
     parser.add_argument("--tp", nargs="+", type=int, default=[1])
     parser.add_argument("--context", type=int, default=2048, help="maxModelLen (default 2048)")
     parser.add_argument("--seqs", type=int, default=8, help="maxNumSeqs (default 8)")
+    parser.add_argument("--dtype", help="spec.model.dtype (default: the spec's, bfloat16)")
+    parser.add_argument(
+        "--limit-gib", type=int, help="run under this memory limit, not the plan's (to measure what a plan lacks)"
+    )
     parser.add_argument("--json", type=Path, help="also write every figure here")
     parser.add_argument(
         "--env", action="append", default=[], metavar="NAME=VALUE", help="add to the rendered env (alternatives)"
@@ -152,8 +162,7 @@ def main() -> None:
         for tp in args.tp:
             workdir = tmp / f"{name}-tp{tp}"
             workdir.mkdir()
-            env = dict(item.split("=", 1) for item in args.env)
-            cases.append(run_case(python, name, tp, args.context, args.seqs, workdir, env))
+            cases.append(run_case(python, name, tp, args, workdir))
             print(f"sizes_bench: {name} TP {tp} done", file=sys.stderr, flush=True)
             if args.json:
                 args.json.write_text(json.dumps(cases, indent=1, default=str))
