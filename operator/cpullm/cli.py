@@ -122,7 +122,7 @@ def plan_table(plan: Plan) -> str:
     numa = {rank: str(numa_node) for rank, numa_node in enumerate(plan.rank_numa_nodes() or [])}
     if plan.placement == Placement.THROUGHPUT:  # one TP=1 server on each NUMA node: any of them
         numa = {0: f"one per pod ({node.numa_nodes} per node)"}
-    shard, overhead = f"{plan.weight_shard_bytes / GiB:.2f}", f"{plan.rank_overhead_bytes / GiB:.2f}"
+    shard, overhead = f"{plan.weight_shard_bytes / GiB:.2f}", f"{plan.rank_extra_bytes / GiB:.2f}"
     rows = [["rank", "NUMA node", "CPUs", "weights GiB", "KV GiB", "overhead GiB"]]
     rows += [
         [str(rank), numa.get(rank, "-"), str(plan.cpus_per_rank), shard, str(plan.kv_cache_gi_b), overhead]
@@ -141,6 +141,14 @@ def plan_table(plan: Plan) -> str:
         f"{sizing.kv_layout}",
         "",
         *table,
+        *(
+            [
+                f"overhead per rank: runtime {plan.rank_overhead_bytes / GiB:.2f} GiB, oneDNN's packed embeddings "
+                f"{plan.packed_embeddings_bytes / GiB:.2f} GiB"
+            ]
+            if plan.packed_embeddings_bytes
+            else []
+        ),
         "",
         f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, the API server's "
         f"processes {plan.server_overhead_bytes / GiB:.2f}"

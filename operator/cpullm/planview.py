@@ -55,7 +55,7 @@ def plan_svg(plan: Plan) -> str:
     shown = min(numa_cpus, CELLS_SHOWN)
     grid_height = -(-shown // per_row) * (CELL + GAP)
     numa_memory = node.memory_bytes / numa
-    per_rank = (plan.weight_shard_bytes, plan.kv_cache_gi_b * GiB, plan.rank_overhead_bytes)
+    per_rank = (plan.weight_shard_bytes, plan.kv_cache_gi_b * GiB, plan.rank_extra_bytes)
     captions = []
     for owner in owners:
         used = per_rank if owner else (0, 0, 0)

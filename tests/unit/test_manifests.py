@@ -135,8 +135,8 @@ def test_deployment_whole_manifest():
                             ],
                             "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
                             "resources": {
-                                "requests": {"cpu": "64", "memory": "29265Mi"},
-                                "limits": {"cpu": "64", "memory": "29265Mi"},
+                                "requests": {"cpu": "64", "memory": "31369Mi"},
+                                "limits": {"cpu": "64", "memory": "31369Mi"},
                             },
                             "volumeMounts": [
                                 {"name": "dshm", "mountPath": "/dev/shm"},

@@ -18,13 +18,13 @@ def model(**config):
     return size_model({**QWEN25_05B, **config}, DType.BFLOAT16)
 
 
-def budget_of(sized, shard_bytes=0, tp=1, in_engine_core=False):
-    return memory_budget(sized, tp, shard_bytes, 1, rank_in_engine_core=in_engine_core)
+def budget_of(sized, shard_bytes=0, tp=1, in_engine_core=False, packed=False):
+    return memory_budget(sized, tp, shard_bytes, 1, rank_in_engine_core=in_engine_core, embeddings_packed=packed)
 
 
 def test_the_limit_is_its_parts_rounded_up_to_a_mib():
     qwen = model()
-    budget = memory_budget(qwen, 1, qwen.weights_bytes, 1, rank_in_engine_core=False)
+    budget = budget_of(qwen, qwen.weights_bytes)
     server = memory.SERVER_BASE_BYTES + memory.SERVER_BYTES_PER_VOCAB_ENTRY * 151936
     runtime = memory.RANK_BASE_BYTES + memory.RANK_BYTES_PER_LAYER * 24
     assert (budget.server_bytes, budget.rank_runtime_bytes) == (server, runtime)
@@ -50,6 +50,43 @@ def test_each_term_grows_with_what_it_stands_for(change, term, by):
     before, after = model(), model(**change)
     grown = getattr(budget_of(after), term) - getattr(budget_of(before), term)
     assert grown == by
+
+
+@pytest.mark.parametrize(
+    ("config", "dtype", "tp", "copies_of"),
+    [
+        pytest.param({}, DType.BFLOAT16, 1, 151936 * 896 * 2, id="tied-bf16"),
+        pytest.param({"tie_word_embeddings": False}, DType.BFLOAT16, 1, 151936 * 896 * 2, id="untied-the-same"),
+        pytest.param({}, DType.FLOAT32, 1, 151936 * 896 * 4, id="float32-twice-the-bytes"),
+        pytest.param({}, DType.BFLOAT16, 2, 151936 * 896 * 2 // 2, id="tp2-a-vocabulary-slice-per-rank"),
+        pytest.param({"vocab_size": 32000, "hidden_size": 1792, "num_attention_heads": 28}, DType.BFLOAT16, 1,
+                     32000 * 1792 * 2, id="vocabulary-times-width"),
+    ],
+)  # fmt: skip
+def test_packed_embeddings_are_two_copies_of_the_vocabulary_matrix_per_rank(config, dtype, tp, copies_of):
+    """The input embedding and the LM head each keep a oneDNN-packed copy, tied or not (vocab_parallel_embedding)."""
+    sized = size_model({**QWEN25_05B, **config}, dtype)
+    packed, unpacked = budget_of(sized, tp=tp, packed=True), budget_of(sized, tp=tp)
+    assert packed.packed_embeddings_bytes == memory.PACKED_EMBEDDING_COPIES * copies_of and copies_of > 0
+    assert unpacked.packed_embeddings_bytes == 0
+    grown = packed.per_rank_bytes - unpacked.per_rank_bytes
+    assert grown == pytest.approx(packed.packed_embeddings_bytes * (1 + memory.MARGIN_FRACTION), abs=1)
+
+
+@pytest.mark.parametrize(
+    ("arch", "isa", "dtype", "packs"),
+    [
+        ("amd64", {"avx2"}, "float32", True),  # measured: the copies are there
+        ("amd64", {"avx2"}, "bfloat16", False),  # measured: "Failed to create oneDNN linear", torch's linear
+        ("amd64", {"avx2"}, "float16", False),
+        ("amd64", {"avx2", "avx512f"}, "bfloat16", True),
+        ("amd64", {"avx2", "avx512f", "amx_bf16"}, "float16", True),
+        ("amd64", {"avx2", "avx_ne_convert"}, "bfloat16", True),
+        ("arm64", set(), "bfloat16", True),  # not measured: counted
+    ],
+)
+def test_onednn_packs_the_embeddings_where_it_builds_a_matmul_for_the_dtype(arch, isa, dtype, packs):
+    assert memory.onednn_packs_embeddings(arch, frozenset(isa), dtype) is packs
 
 
 def test_a_rank_in_the_engine_core_process_counts_that_process_once():

@@ -65,7 +65,9 @@ def test_throughput_runs_one_tp1_server_per_numa_node(
     assert (plan.capacity, plan.replicas) == (capacity, planned)
     assert plan.weight_shard_bytes == model.weights_bytes
     assert plan.rank_in_engine_core and plan.engine_core_forked  # one rank per pod, the launcher's fix, on x86
-    budget = memory_budget(model, 1, model.weights_bytes, 1, rank_in_engine_core=True, engine_core_forked=True)
+    budget = memory_budget(
+        model, 1, model.weights_bytes, 1, rank_in_engine_core=True, engine_core_forked=True, embeddings_packed=True
+    )  # the pool's nodes have AMX
     assert plan.memory_limit_bytes == budget.limit_bytes
     assert plan.memory_limit_bytes <= 256 * GiB // numa  # one pod fits one NUMA node's memory
     parts = note_parts(plan)
@@ -94,7 +96,7 @@ def test_throughput_summary_in_full():
     plan = plan_service(spec(placement="throughput", replicas=3, **QWEN), qwen_05b(), pool())
     assert plan.summary == (
         "throughput: TP 1 (one TP=1 server per NUMA node, 4 per node), KV 1 GiB/rank (explicit), launcher binding, "
-        "16 CPU, 4.2 GiB on 2 amd64/4-NUMA/64-CPU nodes (n0, n1)"
+        "16 CPU, 4.7 GiB on 2 amd64/4-NUMA/64-CPU nodes (n0, n1)"
     )
     assert plan.placement_note == (
         "NUMA alignment best-effort: the nodes' topology manager policy (label cpullm.io/topology-manager-policy, "
@@ -133,14 +135,14 @@ def test_throughput_refuses_more_than_one_rank(fields):
         pytest.param(
             4,
             "64Gi",
-            r"^the weights alone need 17\.9 GiB per pod \(16\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB "
+            r"^the weights alone need 20\.0 GiB per pod \(18\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB "
             r"weights\); amd64/4-NUMA/64-CPU nodes \(n0, n1\) have 16\.0 GiB \(16\.0 GiB per NUMA node\)$",
             id="weights-exceed-one-numa-node",
         ),
         pytest.param(
             2,
             "44Gi",
-            r"^needs 22\.1 GiB per pod \(21\.0 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB weights "
+            r"^needs 24\.2 GiB per pod \(23\.0 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB weights "
             r"\+ 4\.0 GiB KV\); "
             r"amd64/2-NUMA/64-CPU nodes \(n0, n1\) have 22\.0 GiB \(22\.0 GiB per NUMA node\)$",
             id="weights-fit-but-not-with-kv",
@@ -170,8 +172,9 @@ def test_tensor_parallel_is_one_pod_per_node_and_never_caps_replicas(fields, mod
     assert (plan.capacity, plan.replicas, plan.placement_note) == (capacity, 10, None)
     assert plan.rank_in_engine_core == plan.engine_core_forked == (tp == 1)
     budget = memory_budget(
-        sized, tp, plan.weight_shard_bytes, plan.kv_cache_gi_b, rank_in_engine_core=tp == 1, engine_core_forked=tp == 1
-    )
+        sized, tp, plan.weight_shard_bytes, plan.kv_cache_gi_b,
+        rank_in_engine_core=tp == 1, engine_core_forked=tp == 1, embeddings_packed=True,
+    )  # fmt: skip
     assert plan.memory_limit_bytes == budget.limit_bytes
     assert plan.summary.startswith(f"tensorParallel: TP {tp} (one rank per NUMA node of {numa})")
 
@@ -180,7 +183,7 @@ def test_tensor_parallel_is_one_pod_per_node_and_never_caps_replicas(fields, mod
     ("fields", "model", "numa", "memory", "placement", "tp"),
     [
         pytest.param(QWEN, "qwen", 2, "512Gi", "throughput", 1, id="qwen-fits-a-numa-node"),
-        # Llama-8B at TP 1 with 4 GiB KV needs 23.1 GiB: 22 GiB per NUMA node cannot hold it, 44 GiB holds TP 2.
+        # Llama-8B at TP 1 with 4 GiB KV needs 24.2 GiB: 22 GiB per NUMA node cannot hold it, 44 GiB holds TP 2.
         pytest.param({}, "llama", 2, "44Gi", "tensorParallel", 2, id="llama-too-big-for-a-numa-node"),
         pytest.param({}, "llama", 2, "64Gi", "throughput", 1, id="llama-fits-32gi-numa-nodes"),
         pytest.param({}, "llama", 1, "256Gi", "throughput", 1, id="1numa-node"),
@@ -243,5 +246,5 @@ def test_weights_that_do_not_fit_are_model_too_large_before_the_kv_cache_is_judg
     """Memory is checked most fundamental first: a 1 GiB KV cache cannot hold 131072 tokens either, but a
     node that cannot hold the weights is what the user must hear about."""
     fields = {"placement": placement, "kvCacheGiB": 1, "maxModelLen": 131072}
-    with pytest.raises(ModelTooLarge, match=r"^the weights alone need 17\.9 GiB per pod .* have 8\.0 GiB"):
+    with pytest.raises(ModelTooLarge, match=r"^the weights alone need 20\.0 GiB per pod .* have 8\.0 GiB"):
         plan_service(spec(**fields), llama_8b(), [node(memory="8Gi")])

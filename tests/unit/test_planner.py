@@ -45,9 +45,10 @@ def test_tp_follows_heads_of_small_models():
 def test_memory_plan_fields():
     """The plan carries the memory model's parts (core/memory.py; tests/unit/test_memory.py holds the formula)."""
     plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="96", memory="512Gi")])
-    budget = memory_budget(llama_8b(), 2, plan.weight_shard_bytes, 4, rank_in_engine_core=False)
+    budget = memory_budget(llama_8b(), 2, plan.weight_shard_bytes, 4, rank_in_engine_core=False, embeddings_packed=True)
     assert plan.memory_limit_bytes == budget.limit_bytes
     assert (plan.rank_overhead_bytes, plan.server_overhead_bytes) == (budget.rank_runtime_bytes, budget.server_bytes)
+    assert plan.packed_embeddings_bytes == budget.packed_embeddings_bytes > 0  # AMX: oneDNN builds bf16 matmuls
     assert (plan.page_cache_bytes, plan.shm_bytes) == (budget.page_cache_bytes, 256 * MiB + 2 * 256 * MiB)
     assert plan.kv_cache_gi_b == 4 and plan.kv_cache_source == "explicit"
     assert plan.kv_tokens_per_rank == 4 * GiB // 65536
@@ -199,10 +200,10 @@ def test_selector_and_affinity_narrow_the_pool():
 @pytest.mark.parametrize(
     ("nodes", "message"),
     [
-        ([node(memory="20Gi")], r"needs 22\.1 GiB per pod .* have 20\.0 GiB"),
+        ([node(memory="20Gi")], r"needs 24\.2 GiB per pod .* have 20\.0 GiB"),
         (
             [node(numa=2, memory="26Gi")],
-            r"13\.1 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
+            r"14\.1 GiB per NUMA node for 1 rank\(s\).*have 26\.0 GiB \(13\.0 GiB per NUMA",
         ),
     ],
 )
@@ -295,6 +296,6 @@ def test_the_rank_runs_in_the_engine_core_only_where_the_launchers_fix_does_it(
     assert (plan.rank_in_engine_core, plan.engine_core_forked) == (in_engine_core, forked)
     budget = memory_budget(
         llama_8b(), plan.tensor_parallel_size, plan.weight_shard_bytes, plan.kv_cache_gi_b,
-        rank_in_engine_core=in_engine_core, engine_core_forked=forked,
-    )  # fmt: skip
+        rank_in_engine_core=in_engine_core, engine_core_forked=forked, embeddings_packed=arch == "arm64",
+    )  # fmt: skip  # x86 here has AVX2 alone: bf16 falls back to torch's linear
     assert plan.memory_limit_bytes == budget.limit_bytes

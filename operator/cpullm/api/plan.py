@@ -121,6 +121,12 @@ class Plan(_Model):
         description="Runtime memory per rank beside weights and KV cache (measured: a base and a share per decoder "
         "layer)."
     )
+    packed_embeddings_bytes: int = Field(
+        default=0,
+        description="oneDNN's packed copies of the input embedding and the LM head per rank, which vLLM keeps beside "
+        "their weights where oneDNN builds a matmul for the serving dtype on the node (float32 on x86, 16-bit "
+        "dtypes with AVX-512); 0 where vLLM falls back to torch's linear (16-bit dtypes on AVX2).",
+    )
     server_overhead_bytes: int = Field(
         default=0,
         description="Memory of the API server and engine core processes (measured: a base and a share per "
@@ -181,6 +187,11 @@ class Plan(_Model):
     @property
     def binding(self) -> str:
         return binding_shown(self.launcher, self.threads_bind)
+
+    @property
+    def rank_extra_bytes(self) -> int:
+        """What a rank holds beside its weight shard and KV cache: its runtime and the packed embeddings."""
+        return self.rank_overhead_bytes + self.packed_embeddings_bytes
 
     def rank_numa_nodes(self) -> list[int] | None:
         """The NUMA node each tensor-parallel rank binds to, where the plan knows it: one rank per NUMA node of the

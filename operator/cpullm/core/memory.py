@@ -2,8 +2,8 @@
 The constants are measured with the memory cgroup the kubelet limits a container with (docs/calibration.md,
 bench/sizes_bench.py: random-weight models of 20M to 3B parameters, two vocabularies).
 
-    limit = (server processes + TP x (weight shard + KV cache + rank runtime) + page cache in use) x (1 + margin)
-            + /dev/shm
+    limit = (server processes + TP x (weight shard + KV cache + rank runtime + packed embeddings) + page cache in use)
+            x (1 + margin) + /dev/shm
 
 - server processes: the API server and the engine core (and the in-pod launcher). What they hold whatever the
   model, and the tokenizer's tables, which both load: a share per vocabulary entry. Where the one rank runs in
@@ -13,6 +13,8 @@ bench/sizes_bench.py: random-weight models of 20M to 3B parameters, two vocabula
   zero-filled at start).
 - rank runtime: a worker's Python, torch and oneDNN state, and for each decoder layer its share of the compiled
   graph and of the activations a prefill of max_num_batched_tokens leaves in the allocator.
+- packed embeddings: where oneDNN builds a matmul for the serving dtype on the node, vLLM keeps a packed copy of
+  the input embedding and of the LM head beside their weights.
 - page cache in use: file pages the server reads again and again (its libraries, the model's files), which the
   working set counts (the kubelet evicts on it) though the kernel can reclaim them.
 - /dev/shm (a memory-backed emptyDir, charged to the pod as it is written): sized for vLLM's free-space checks,
@@ -46,6 +48,23 @@ UNKNOWN_VOCABULARY = 262_144
 # full batch served.
 RANK_BASE_BYTES = 582 * c.MiB
 RANK_BYTES_PER_LAYER = 14 * c.MiB
+# vLLM 0.32 builds a oneDNN matmul for each unquantized vocabulary-sized module, the input embedding and the LM head
+# (layers/vocab_parallel_embedding.py: dispatch_cpu_unquantized_gemm with remove_weight=False), and keeps the weight
+# (the embedding lookup reads it) beside oneDNN's packed copy. A tied LM head is a module of its own that shares the
+# weight, so it packs a copy too: two copies of vocabulary x width per rank (its vocabulary slice). Measured with
+# float32 weights on AVX2: the engine core held 1.07 GiB (Qwen2.5-0.5B) and 1.70 GiB (-1.5B) more than the bf16
+# runs and twice the weights, against two copies of 1.01 and 1.74 GiB (docs/calibration.md).
+PACKED_EMBEDDING_COPIES = 2
+# Where oneDNN builds that matmul: float32 on every x86 CPU; the 16-bit dtypes need one of these flags (AVX-512, or
+# AVX2's VNNI-2 generation). Without them vLLM logs "Failed to create oneDNN linear" and falls back to torch's
+# linear, which keeps no copy (bf16 on AVX2: measured). On arm64 vLLM's oneDNN runs on the Arm Compute Library: not
+# measured, counted.
+ONEDNN_16_BIT_MATMUL_ISA = frozenset({"avx512f", "avx_ne_convert"})
+ONEDNN_MATMUL_ISA_BY_DTYPE = {
+    "float32": None,
+    "bfloat16": ONEDNN_16_BIT_MATMUL_ISA,
+    "float16": ONEDNN_16_BIT_MATMUL_ISA,
+}
 # Working set less anonymous memory at the peak, measured: 0.22 GiB (tiny model), 0.46-0.52 GiB (0.5B to 3B); these
 # pages are reclaimable, and the margin below covers the rest.
 PAGE_CACHE_BYTES = 448 * c.MiB
@@ -65,6 +84,14 @@ SHM_CHARGED_BASE_BYTES = 256 * c.MiB
 SHM_CHARGED_PER_RANK_BYTES = 128 * c.MiB  # with TP > 1
 
 
+def onednn_packs_embeddings(arch: str, isa: frozenset[str], dtype: str) -> bool:
+    """Does vLLM keep oneDNN's packed copies of the embeddings (PACKED_EMBEDDING_COPIES) on this node?"""
+    if arch != "amd64":
+        return True
+    needs = ONEDNN_MATMUL_ISA_BY_DTYPE[dtype]
+    return needs is None or bool(isa & needs)
+
+
 def shm_size_bytes(tp: int) -> int:
     """The size of the pod's /dev/shm."""
     return SHM_SIZE_BASE_BYTES + (tp * SHM_SIZE_PER_RANK_BYTES if tp > 1 else 0)
@@ -79,13 +106,15 @@ class MemoryBudget:
     shard_bytes: int
     kv_bytes: int
     rank_runtime_bytes: int
+    packed_embeddings_bytes: int
     page_cache_bytes: int
     shm_bytes: int  # what the limit counts of /dev/shm
 
     @property
     def per_rank_bytes(self) -> int:
         """What one rank needs on its NUMA node: its weight shard, its KV cache and its runtime, with the margin."""
-        return math.ceil((self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes) * (1 + MARGIN_FRACTION))
+        held = self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes + self.packed_embeddings_bytes
+        return math.ceil(held * (1 + MARGIN_FRACTION))
 
     @property
     def limit_bytes(self) -> int:
@@ -103,8 +132,10 @@ def memory_budget(
     *,
     rank_in_engine_core: bool,
     engine_core_forked: bool = False,
+    embeddings_packed: bool,
 ) -> MemoryBudget:
-    """`rank_in_engine_core`, `engine_core_forked`: what the launcher's fix 3 does for the server (Plan's fields)."""
+    """`rank_in_engine_core`, `engine_core_forked`: what the launcher's fix 3 does for the server (Plan's fields);
+    `embeddings_packed`: onednn_packs_embeddings on the node."""
     anatomy = model.anatomy
     vocabulary = anatomy.vocabulary or UNKNOWN_VOCABULARY
     shared_process = ENGINE_CORE_PROCESS_BYTES if rank_in_engine_core else 0
@@ -115,6 +146,11 @@ def memory_budget(
         shard_bytes=shard_bytes,
         kv_bytes=kv_gib * c.GiB,
         rank_runtime_bytes=RANK_BASE_BYTES + RANK_BYTES_PER_LAYER * anatomy.layers,
+        packed_embeddings_bytes=(
+            PACKED_EMBEDDING_COPIES * math.ceil(anatomy.embedding_parameters / tp) * model.dtype_bytes
+            if embeddings_packed
+            else 0
+        ),
         page_cache_bytes=PAGE_CACHE_BYTES,
         shm_bytes=SHM_CHARGED_BASE_BYTES + (tp * SHM_CHARGED_PER_RANK_BYTES if tp > 1 else 0),
     )

@@ -39,7 +39,7 @@ from cpullm.api.spec import (
 from cpullm.core import constants as c
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
-from cpullm.core.memory import MemoryBudget, memory_budget, shm_size_bytes
+from cpullm.core.memory import MemoryBudget, memory_budget, onednn_packs_embeddings, shm_size_bytes
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
@@ -248,7 +248,8 @@ def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shap
         kv = _kv_cache(spec, model, 1)
     except KVCacheTooSmall:
         return False
-    budget = memory_budget(model, 1, model.weights_bytes, kv.gib, **_server_processes(spec, 1, shape.node.arch))
+    processes = _server_processes(spec, 1, shape.node.arch)
+    budget = memory_budget(model, 1, model.weights_bytes, kv.gib, **processes, **_kernels(spec, shape.node))
     return budget.limit_bytes <= shape.numa_memory_bytes
 
 
@@ -274,6 +275,11 @@ def _server_processes(spec: CpuLLMServiceSpec, tp: int, arch: str) -> dict[str, 
         and not _turned_off(spec, vllm_fixes.engine_core_forked.__name__)
     )
     return {"rank_in_engine_core": in_engine_core, "engine_core_forked": forked}
+
+
+def _kernels(spec: CpuLLMServiceSpec, node: NodeProfile) -> dict[str, bool]:
+    """What vLLM's CPU kernels keep on this node beside the weights, as memory_budget's fields."""
+    return {"embeddings_packed": onednn_packs_embeddings(node.arch, node.isa, spec.model.dtype)}
 
 
 def _turned_off(spec: CpuLLMServiceSpec, fix: str) -> bool:
@@ -311,10 +317,10 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
-    processes = _server_processes(spec, tp, node.arch)
-    _check_fits(memory_budget(model, tp, shard, 0, **processes), layout, where, "the weights alone need")
+    processes, kernels = _server_processes(spec, tp, node.arch), _kernels(spec, node)
+    _check_fits(memory_budget(model, tp, shard, 0, **processes, **kernels), layout, where, "the weights alone need")
     kv = _kv_cache(spec, model, tp)
-    budget = memory_budget(model, tp, shard, kv.gib, **processes)
+    budget = memory_budget(model, tp, shard, kv.gib, **processes, **kernels)
     _check_fits(budget, layout, where, "needs")
 
     capacity = layout.pods_per_node * len(shape.members)
@@ -348,6 +354,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         weight_shard_bytes=shard,
         kv_bytes_per_token=kv.layout.bytes_per_token(1),
         rank_overhead_bytes=budget.rank_runtime_bytes,
+        packed_embeddings_bytes=budget.packed_embeddings_bytes,
         server_overhead_bytes=budget.server_bytes,
         page_cache_bytes=budget.page_cache_bytes,
         shm_bytes=shm_size_bytes(tp),

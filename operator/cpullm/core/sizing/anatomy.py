@@ -34,6 +34,11 @@ class Linear:
         return self.in_features * self.out_features * self.count
 
 
+# The input embedding's Params name (families.add_embeddings): vLLM's VocabParallelEmbedding, which the LM head's
+# module (ParallelLMHead) is shaped like, tied or not.
+EMBEDDING = "embed_tokens"
+
+
 @dataclass(frozen=True)
 class Params:
     """Parameters no quantization method touches, held in the serving dtype."""
@@ -87,6 +92,11 @@ class Anatomy:
     @property
     def parameters(self) -> int:
         return sum(linear.parameters for linear in self.linears) + sum(p.count for p in self.params)
+
+    @property
+    def embedding_parameters(self) -> int:
+        """The input embedding's parameters (vocabulary x width); the LM head has as many, tied or not."""
+        return sum(p.count for p in self.params if p.name == EMBEDDING)
 
     @property
     def layers(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cpullm.core import constants as c
-from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Linear, Params, Split
+from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, KVGroup, LayerKind, Linear, Params, Split
 from cpullm.core.sizing.config import (
     MAX_CONFIG_VALUES,
     ConfigView,
@@ -201,7 +201,7 @@ def attention_heads(config: ConfigView) -> tuple[int, int, int]:
 def add_embeddings(parts: _Parts, config: ConfigView, h: int, tied_default: bool) -> None:
     vocab = config.positive("vocab_size")
     tied = config.flag("tie_word_embeddings", tied_default)
-    parts.param("embed_tokens", vocab * h)
+    parts.param(EMBEDDING, vocab * h)
     parts.param("lm_head", vocab * h * (not tied))
 
 
@@ -338,7 +338,7 @@ def _opt(family: str, config: ConfigView) -> Anatomy:
         parts.linear("project_in", embed, h, 1, Split.REPLICATED)
         parts.linear("project_out", h, embed, 1, Split.REPLICATED)
     vocab = config.positive("vocab_size")
-    parts.param("embed_tokens", vocab * embed)
+    parts.param(EMBEDDING, vocab * embed)
     parts.param("lm_head", vocab * embed * (not config.flag("tie_word_embeddings", True)))
     return parts.anatomy(family, config, (KVGroup(LayerKind.FULL, layers, heads, 2 * (h // heads)),), heads, heads)
 
