@@ -5,6 +5,7 @@
 #   scripts/docker.sh start   # idempotent; prints DOCKER_HOST=... last (empty: the machine's own engine)
 #   scripts/docker.sh stop    # stops the engine `start` started, if any (its containers with it; never the
 #                             # machine's own engine); keeps the image store
+#   scripts/docker.sh install # Debian's docker.io where no engine answers and dockerd is missing (start does it too)
 #
 # State: images under ~/.cache/cpullm-operator/docker (kept between runs), sockets, pids and logs under
 # /run/cpullm-docker. Root only for `start` and `stop` of our own engine.
@@ -40,6 +41,15 @@ stop_pid() { # name: SIGTERM, then wait up to 60 s for it to go
   rm -f "$pid_file"
 }
 
+install() {
+  if command -v dockerd >/dev/null || { [[ -z ${CPULLM_OWN_DOCKER:-} ]] && docker version >/dev/null 2>&1; }; then
+    return
+  fi
+  log "apt-get install docker.io"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+}
+
 start() {
   if [[ -z ${CPULLM_OWN_DOCKER:-} ]] && docker version >/dev/null 2>&1; then
     log "using this machine's Docker engine"
@@ -54,11 +64,7 @@ start() {
     log "no Docker engine answers, and starting one needs root"
     exit 1
   fi
-  if ! command -v dockerd >/dev/null; then
-    log "apt-get install docker.io"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null
-  fi
+  install
   mkdir -p "$run_dir" "$cache/containerd" "$cache/data"
   # A containerd of its own (not the real node's, nor a system one): no CRI plugin, its own root and socket.
   cat >"$run_dir/containerd.toml" <<EOF
@@ -96,10 +102,11 @@ stop() {
 }
 
 case ${1:-} in
+  install) install ;;
   start) start ;;
   stop) stop ;;
   *)
-    echo "usage: $0 start|stop" >&2
+    echo "usage: $0 start|stop|install" >&2
     exit 2
     ;;
 esac

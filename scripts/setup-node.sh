@@ -8,9 +8,10 @@
 #    ~/.cache/cpullm-operator/tools/node-<version>).
 # Root only. Idempotent: a second run takes seconds. Writes nothing inside the repo.
 #
-#   sudo scripts/setup-node.sh
+#   sudo scripts/setup-node.sh               # the packages and the kubelet
+#   sudo scripts/setup-node.sh --packages    # the packages only (scripts/prepare.sh fetch)
 #
-# Prints, last, KEY=value lines: KUBELET_BIN_DIR, CONTAINERD, CTR, RUNC, CNI_BIN_DIR.
+# Prints, last, KEY=value lines: KUBELET_BIN_DIR, CONTAINERD, CTR, RUNC, CNI_BIN_DIR (not with --packages).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 log() { echo "setup-node: $*" >&2; }
@@ -32,6 +33,8 @@ if ((${#missing[@]})); then
   # testbed/realnode.py with its own config, never as a system service (there is no systemd here).
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+[[ ${1:-} == --packages ]] && exit 0
 
 kubelet_dir=$(bash "$here/build-tools.sh" kubelet | sed -n 's/^KUBELET_BIN_DIR=//p')
 

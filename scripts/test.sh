@@ -7,6 +7,9 @@
 # path (root: a Docker engine from scripts/docker.sh, kind's images built here; its own tests, then the e2e suite
 # on a kind cluster against the in-cluster operator, testbed/kind/run.sh; CPULLM_SKIP_KIND=1 skips them).
 # `scripts/test.sh --fast`: lint, types, the layer contract and the unit tests only (seconds, no cluster).
+# What the later stages install and build on first use is prepared in the background at idle priority
+# (scripts/prepare.sh): `fetch` from the start, `build` while the e2e suite runs; its log goes to the output if it
+# fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ ${1:-} == --fast ]]; then
@@ -18,6 +21,27 @@ fi
 stage() { echo "== test.sh [$((SECONDS / 60))m$((SECONDS % 60))s] $*" >&2; }
 stage "setup, lint, types, layer contract"
 scripts/setup.sh
+wanted() { [[ ${!1:-0} != 1 ]]; } # wanted CPULLM_SKIP_X: that stage runs
+prepare_log= prepare_pid=
+if wanted CPULLM_SKIP_VLLM || wanted CPULLM_SKIP_NODE || wanted CPULLM_SKIP_KIND; then
+  prepare_log=$(mktemp /tmp/cpullm-prepare-XXXXXX.log)
+fi
+prepare() { # STEP: scripts/prepare.sh STEP in the background at idle priority, when a later stage runs
+  [[ -z $prepare_log ]] && return
+  setsid nice -n 19 scripts/prepare.sh "$1" >>"$prepare_log" 2>&1 &
+  prepare_pid=$!
+}
+trap '[[ -z $prepare_pid ]] || kill -- "-$prepare_pid" 2>/dev/null' EXIT # a failed stage ends it too
+prepared() { # waits for that step; on failure, its log and the run's end
+  [[ -z $prepare_pid ]] && return
+  if ! wait "$prepare_pid"; then
+    echo "scripts/prepare.sh failed; the end of its log ($prepare_log):" >&2
+    tail -40 "$prepare_log" >&2
+    exit 1
+  fi
+  prepare_pid=
+}
+prepare fetch
 .venv/bin/ruff check operator tests e2e testbed bench
 .venv/bin/ruff format --check operator tests e2e testbed bench
 .venv/bin/mypy
@@ -25,19 +49,30 @@ scripts/setup.sh
 # Unit tests: warnings are errors (pyproject.toml); line+branch coverage must stay at 90% or more (95% now).
 stage "unit tests"
 .venv/bin/python -m pytest tests -q --cov --cov-report=term:skip-covered --cov-fail-under=90
-if [[ ${CPULLM_SKIP_E2E:-0} != 1 ]]; then
+if wanted CPULLM_SKIP_E2E || wanted CPULLM_SKIP_NODE || wanted CPULLM_SKIP_KIND; then
+  stage "the local control plane's tools (scripts/build-tools.sh)"
+  scripts/build-tools.sh >/dev/null
+fi
+prepared
+prepare build
+if wanted CPULLM_SKIP_E2E; then
   stage "e2e suite on a local control plane"
   .venv/bin/python -m pytest e2e -q -p no:logging
 fi
-if [[ ${CPULLM_SKIP_VLLM:-0} != 1 ]]; then
+prepared
+if [[ -n $prepare_log ]]; then
+  grep '^prepare: ' "$prepare_log" >&2 # each step's start, in seconds since its part began
+  rm -f "$prepare_log"
+fi
+if wanted CPULLM_SKIP_VLLM; then
   stage "real-vLLM tests"
   .venv/bin/python -m pytest tests/vllm -m vllm -q -p no:logging
 fi
-if [[ ${CPULLM_SKIP_NODE:-0} != 1 ]]; then
+if wanted CPULLM_SKIP_NODE; then
   stage "real-node tests"
   .venv/bin/python -m pytest e2e/test_node.py -m node -q -p no:logging
 fi
-if [[ ${CPULLM_SKIP_KIND:-0} != 1 ]]; then
+if wanted CPULLM_SKIP_KIND; then
   stage "kind tests"
   .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py -m kind -q -p no:logging
   stage "e2e suite on kind (testbed/kind/run.sh)"
