@@ -1,6 +1,6 @@
 import pytest
 
-from cpullm.core.constants import GiB, MiB
+from cpullm.core.constants import DTYPE_BYTES, GiB, MiB
 from cpullm.core.memory import memory_budget
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import size_model
@@ -11,7 +11,7 @@ from cpullm.errors import (
     NoEligibleNode,
 )
 
-from .builders import AVX512_FLAGS, QWEN25_05B, llama_8b, node, spec
+from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, spec
 
 LLAMA_SHARD_TP1 = 8_030_261_248 * 2
 
@@ -40,6 +40,24 @@ def test_tp_follows_heads_of_small_models():
     qwen = size_model(QWEN25_05B, spec().model.dtype)  # 14 heads, 2 KV heads
     plan = plan_service(spec(maxModelLen=8192, kvCacheGiB=1), qwen, [node(numa=4, memory="1Ti")])
     assert plan.tensor_parallel_size == 2
+
+
+@pytest.mark.parametrize(
+    ("flags", "dtype", "packed"),
+    [
+        (("AVX2",), "bfloat16", False),  # vLLM falls back to torch's linear: no copy
+        (("AVX2",), "float32", True),
+        (("AVX2", "AVXNECONVERT"), "bfloat16", True),
+        (AVX512_FLAGS, "bfloat16", True),
+    ],
+)
+def test_the_packed_embeddings_follow_the_nodes_isa_and_the_dtype(flags, dtype, packed):
+    """NFD's cpuid labels and spec.model.dtype decide whether the plan counts oneDNN's packed embeddings."""
+    service = spec(model={"name": "meta-llama/Llama-3.1-8B-Instruct", "dtype": dtype})
+    model = size_model(LLAMA_8B, service.model.dtype)
+    plan = plan_service(service, model, [node(numa=2, cpu="64", memory="512Gi", flags=flags)])
+    copies = 2 * 128256 * 4096 * DTYPE_BYTES[dtype] // plan.tensor_parallel_size
+    assert plan.packed_embeddings_bytes == (copies if packed else 0)
 
 
 def test_memory_plan_fields():

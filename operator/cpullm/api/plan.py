@@ -124,8 +124,9 @@ class Plan(_Model):
     packed_embeddings_bytes: int = Field(
         default=0,
         description="oneDNN's packed copies of the input embedding and the LM head per rank, which vLLM keeps beside "
-        "their weights where oneDNN builds a matmul for the serving dtype on the node (float32 on x86, 16-bit "
-        "dtypes with AVX-512); 0 where vLLM falls back to torch's linear (16-bit dtypes on AVX2).",
+        "their weights where oneDNN builds a matmul for the serving dtype on the node (float32 on x86; bf16 and "
+        "fp16 with AVX-512 or AVX-NE-CONVERT; arm64); 0 where vLLM falls back to torch's linear (bf16 and fp16 on "
+        "AVX2).",
     )
     server_overhead_bytes: int = Field(
         default=0,

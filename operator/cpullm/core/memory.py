@@ -52,8 +52,9 @@ RANK_BYTES_PER_LAYER = 14 * c.MiB
 # (layers/vocab_parallel_embedding.py: dispatch_cpu_unquantized_gemm with remove_weight=False), and keeps the weight
 # (the embedding lookup reads it) beside oneDNN's packed copy. A tied LM head is a module of its own that shares the
 # weight, so it packs a copy too: two copies of vocabulary x width per rank (its vocabulary slice). Measured with
-# float32 weights on AVX2: the engine core held 1.07 GiB (Qwen2.5-0.5B) and 1.70 GiB (-1.5B) more than the bf16
-# runs and twice the weights, against two copies of 1.01 and 1.74 GiB (docs/calibration.md).
+# float32 weights on AVX2: the engine core held 1.07 GiB (Qwen2.5-0.5B), 0.60 (TinyLlama-1.1B, untied) and 1.84
+# (Qwen2.5-1.5B) more than the bf16 runs and the weights again, against two copies of 1.01, 0.49 and 1.74 GiB
+# (docs/calibration.md).
 PACKED_EMBEDDING_COPIES = 2
 # Where oneDNN builds that matmul: float32 on every x86 CPU; the 16-bit dtypes need one of these flags (AVX-512, or
 # AVX2's VNNI-2 generation). Without them vLLM logs "Failed to create oneDNN linear" and falls back to torch's
@@ -112,7 +113,8 @@ class MemoryBudget:
 
     @property
     def per_rank_bytes(self) -> int:
-        """What one rank needs on its NUMA node: its weight shard, its KV cache and its runtime, with the margin."""
+        """What one rank needs on its NUMA node: its weight shard, KV cache, runtime and packed embeddings, with the
+        margin."""
         held = self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes + self.packed_embeddings_bytes
         return math.ceil(held * (1 + MARGIN_FRACTION))
 

@@ -50,6 +50,7 @@ _NFD_TO_LSCPU = {
     "AVX512VP2INTERSECT": "avx512_vp2intersect",
     "AVXVNNI": "avx_vnni",
     "AVXVNNIINT8": "avx_vnni_int8",
+    "AVXNECONVERT": "avx_ne_convert",
     "AMXTILE": "amx_tile",
     "AMXBF16": "amx_bf16",
     "AMXINT8": "amx_int8",
