@@ -2,7 +2,8 @@
 TP it starts the rendered container twice with the same model cache (the second start finds the first's compile
 cache there, as a restarted pod on the same node does), splits each start by vLLM's log (tests/vllm/vllm_log.py),
 and, between the two, drives a long prompt (the context less 64 tokens, as one prefill) and a full batch
-(maxNumSeqs requests at once) while the server's memory cgroup, limited to the plan's limit, is sampled.
+(maxNumSeqs requests at once) while the server's memory cgroup, limited to the plan's limit (or --limit-gib), is
+sampled.
 
     .venv/bin/python bench/sizes_bench.py [--models tiny qwen2.5-0.5b ...] [--tp 1] [--dtype float32]
                                           [--limit-gib N] [--json FILE]

@@ -8,7 +8,7 @@
 #   scripts/docker.sh install # Debian's docker.io where no engine answers and dockerd is missing (start does it too)
 #
 # State: images under ~/.cache/cpullm-operator/docker (kept between runs), sockets, pids and logs under
-# /run/cpullm-docker. Root only for `start` and `stop` of our own engine.
+# /run/cpullm-docker. Root only for `install`, and for `start` and `stop` of our own engine.
 #
 # Only where the capability bounding set lacks CAP_SYS_RESOURCE (some sandboxes, detected from
 # /proc/self/status): privileged containers (kind's nodes) fail there, so the engine's default runtime becomes

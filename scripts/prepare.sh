@@ -4,7 +4,7 @@
 # a stage that finds its part missing still builds it itself. scripts/test.sh runs `fetch` in the background at
 # idle priority from its start (it waits on the network and on the disk while lint, the unit tests and the control
 # plane's Go build use the CPU), then `build` while the e2e suite on the local control plane runs (that suite waits
-# on the API server, and leaves about half of the two cores idle: measured with vmstat, docs/testing.md).
+# on the API server: 36-70% of the two cores idle in the stretches measured with vmstat, docs/testing.md).
 #
 #   scripts/prepare.sh fetch   the vLLM environment (scripts/setup-vllm.sh), the real node's and Docker's Debian
 #                              packages (scripts/setup-node.sh --packages, scripts/docker.sh install) and Debian's
