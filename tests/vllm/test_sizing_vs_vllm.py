@@ -2,7 +2,7 @@
 hybrid sliding-window attention, MLA with the 576-wide latent, GPTQ int4), the rendered command is started and the
 plan's figures are compared with what vLLM reports for the same model, each within 5%. It starts with vLLM's
 compilation off (`--optimization-level 0`, in spec.extraArgs): neither figure depends on it, and each start is
-shorter by the graph's compile (30-34 s against 55-69 s; tests/vllm/test_rendered_pod.py starts the command as
+shorter by the graph's compile (30-36 s against 55-69 s; tests/vllm/test_rendered_pod.py starts the command as
 rendered):
 - KV: vLLM's "CPU KV cache size: N tokens" (the sequences of the max model length its KV cache holds, times that
   length) for the plan's VLLM_CPU_KVCACHE_SPACE, against the plan's kvTokensPerRank;
