@@ -28,6 +28,8 @@ lacks_cap_sys_resource() {
   (((0x$bounding >> 24 & 1) == 0))
 }
 
+machines_own_answers() { [[ -z ${CPULLM_OWN_DOCKER:-} ]] && docker version >/dev/null 2>&1; }
+
 ours_running() { [[ -S $socket ]] && docker -H "unix://$socket" version >/dev/null 2>&1; }
 
 stop_pid() { # name: SIGTERM, then wait up to 60 s for it to go
@@ -42,7 +44,7 @@ stop_pid() { # name: SIGTERM, then wait up to 60 s for it to go
 }
 
 install() {
-  if command -v dockerd >/dev/null || { [[ -z ${CPULLM_OWN_DOCKER:-} ]] && docker version >/dev/null 2>&1; }; then
+  if command -v dockerd >/dev/null || machines_own_answers; then
     return
   fi
   log "apt-get install docker.io"
@@ -51,7 +53,7 @@ install() {
 }
 
 start() {
-  if [[ -z ${CPULLM_OWN_DOCKER:-} ]] && docker version >/dev/null 2>&1; then
+  if machines_own_answers; then
     log "using this machine's Docker engine"
     echo "DOCKER_HOST=${DOCKER_HOST:-}"
     return
