@@ -5,8 +5,10 @@ bench/crd_discovery_bench.py)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -93,12 +95,25 @@ def kopf_probe(kubectl: Kubectl, on_startup: Callable[[], Any] = lambda: None) -
     finally:
         stop.set()
         thread.join(timeout=60)
+        collect_what_kopf_left()
         observation.process_discovered_resource_event = kept_handler
         if kept_kubeconfig is None:
             os.environ.pop("KUBECONFIG", None)
         else:
             os.environ["KUBECONFIG"] = kept_kubeconfig
         kubectl.run("delete", "crd", CRD_NAME, "--ignore-not-found", "--wait", check=False)
+
+
+def collect_what_kopf_left() -> None:
+    """Kopf stopped in a thread leaves its tasks, coroutines and connections in reference cycles (~1,350 objects a
+    run here), which Python's cyclic collector finalizes at some later moment, inside whichever test is running then.
+    One CI run on kind failed the next file's first test with two unraisable warnings (2026-11-26); these cycles are
+    the only asyncio objects the suite's process makes before it. They are finalized here instead, and a connection
+    Kopf still had open when it stopped is shown as a ResourceWarning in pytest's summary, not raised in another
+    test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", ResourceWarning)
+        gc.collect()
 
 
 def installed_and_indexed(kubectl: Kubectl, crd: dict[str, Any], indexed: Indexed, name: str, timeout: float) -> bool:
