@@ -41,7 +41,11 @@ class Operator:
                 stderr=subprocess.STDOUT,
                 cwd=ROOT,
             )
-        eventually(self._healthy, timeout=60, what="operator health endpoint")
+        try:
+            eventually(self._healthy, timeout=60, what="operator health endpoint")
+        except BaseException:  # not left running (and unreaped) behind a failed start
+            self.stop()
+            raise
 
     def _healthy(self) -> bool:
         assert self.process is not None and self.process.poll() is None, f"operator exited: {self.log_tail()}"
