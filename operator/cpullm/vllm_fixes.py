@@ -37,6 +37,15 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    Where the OpenMP runtime is Intel's (x86), the engine core is also forked from the API server rather than
    spawned (`engine_core_forked`, which CPULLM_VLLM_FIXES_OFF turns off on its own): it shares the API server's
    imports instead of importing torch and vLLM again.
+4. vLLM's AOT compile cache loads what it saved (`aot_cache_loads`). With VLLM_USE_AOT_COMPILE (the operator sets it
+   where this fix runs, Plan.aotCompileCache), the first start saves the compiled model under VLLM_CACHE_ROOT and a
+   later start with the same model and settings loads it instead of tracing the model again with torch.compile
+   (most of a second start's compilation: docs/startup.md). On CPU every such load failed on one call:
+   `_try_load_aot_compiled_fn` finishes the load with `compiled_fn.finalize_loading`, a method of vLLM's own
+   backend's function, and the CPU platform compiles with plain inductor, whose loaded function is complete and
+   has no such method ("'function' object has no attribute 'finalize_loading'"); vLLM then compiled anew and saved
+   again at every start. While vLLM loads, the fix gives a loaded function lacking that method one that does
+   nothing. A function that has it (vLLM's backend, another platform) is left as it is.
 
 This file imports the standard library only, like the launcher.
 """
@@ -77,6 +86,8 @@ OMP_MODULE = "vllm.utils.ompmultiprocessing"
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 PROCESS_MAPS = Path("/proc/self/maps")
 INTEL_OPENMP = "libiomp"
+# What fix 4 says when it completed a load of vLLM's AOT compile cache (the tests find it in the server's log).
+AOT_LOADED = "the compiled model was loaded from vLLM's AOT compile cache"
 # What fix 3 adds to its line when the engine core is forked.
 FORKED = "forked from the API server"
 
@@ -218,11 +229,50 @@ def engine_core_omp_env(manager: Any) -> str:
     return " ".join(f"{name}={value}" for name, value in sorted(chosen.items()))
 
 
+def aot_cache_loads(module: ModuleType) -> bool:
+    """Fix 4, on vllm.compilation.decorators: while _try_load_aot_compiled_fn runs, torch's load_compiled_function
+    returns a function whose compiled part has a finalize_loading (adding one that does nothing where it lacks it)."""
+    load = getattr(module, "_try_load_aot_compiled_fn", None)
+    compiler: Any = getattr(getattr(module, "torch", None), "compiler", None)
+    if not callable(load) or not callable(getattr(compiler, "load_compiled_function", None)):
+        return False
+
+    def try_load_aot_compiled_fn(model: Any, path: str) -> Any:
+        original = compiler.load_compiled_function
+        completed = []
+
+        def load_compiled_function(*args: Any, **kwargs: Any) -> Any:
+            loaded = original(*args, **kwargs)
+            compiled = getattr(getattr(loaded, "_artifacts", None), "compiled_fn", None)
+            if compiled is not None and not hasattr(compiled, "finalize_loading"):
+                compiled.finalize_loading = nothing_to_finalize
+                completed.append(compiled)
+            return loaded
+
+        compiler.load_compiled_function = load_compiled_function
+        try:
+            fn = load(model, path)
+        finally:
+            compiler.load_compiled_function = original
+        if fn is not None and completed:
+            report(AOT_LOADED)
+        return fn
+
+    module._try_load_aot_compiled_fn = try_load_aot_compiled_fn  # type: ignore[attr-defined]
+    return True
+
+
+def nothing_to_finalize(vllm_config: Any) -> None:
+    """What finalize_loading does for inductor's loaded function: nothing; it is complete when torch loads it."""
+    del vllm_config
+
+
 # The vLLM module each fix patches, as vLLM names it, and the fix.
 FIXES: dict[str, Callable[[ModuleType], bool]] = {
     "vllm.utils.cpu_resource_utils": leave_page_cache_out,
     "vllm.v1.worker.cpu_model_runner": short_warm_up,
     "vllm.platforms.cpu": rank_in_engine_core,
+    "vllm.compilation.decorators": aot_cache_loads,
 }
 
 

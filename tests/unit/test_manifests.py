@@ -122,8 +122,9 @@ def test_deployment_whole_manifest():
                                 {"name": "LD_PRELOAD", "value": f"{TCMALLOC_X86}:/opt/venv/lib/libiomp5.so"},
                                 {"name": "HF_HOME", "value": "/models/huggingface"},
                                 {"name": "VLLM_CACHE_ROOT", "value": "/models/vllm"},
-                                {"name": "VLLM_USE_AOT_COMPILE", "value": "0"},
                                 {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/models/vllm/inductor"},
+                                # The launcher's fix lets vLLM load its AOT compile cache (Plan.aotCompileCache).
+                                {"name": "VLLM_USE_AOT_COMPILE", "value": "1"},
                                 {"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": "300"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
                                 {

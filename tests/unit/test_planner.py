@@ -1,5 +1,6 @@
 import pytest
 
+from cpullm.core.children.deployment import vllm_env
 from cpullm.core.constants import DTYPE_BYTES, GiB, MiB
 from cpullm.core.memory import memory_budget
 from cpullm.core.planner import plan_service
@@ -281,6 +282,27 @@ def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
     assert kept.eligible_nodes == ["a0", "a1"]
     moved = plan_service(spec(replicas=3), llama_8b(), running_pool + bigger_pool, current)
     assert moved.eligible_nodes == ["b0", "b1", "b2"]  # only the other shape has room for 3 replicas
+
+
+@pytest.mark.parametrize(
+    ("fields", "aot"),
+    [
+        pytest.param({}, True, id="launcher"),
+        pytest.param({"cpu": {"launcher": False}}, False, id="no-launcher-no-fix"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "aot_cache_loads"}]}, False,
+                     id="fix-turned-off"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up"}]}, True,
+                     id="another-fix-turned-off"),
+        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "valueFrom": {"configMapKeyRef": {"name": "f",
+                     "key": "off"}}}]}, False, id="turned-off-by-reference-unknown"),
+    ],
+)  # fmt: skip
+def test_vllms_aot_compile_cache_is_on_only_where_the_launchers_fix_loads_it(fields, aot):
+    """Without the fix vLLM cannot load the cache on CPU, and would compile and save again at every start."""
+    plan = plan_service(spec(**fields), llama_8b(), [node(numa=2, cpu="64", memory="1Ti")])
+    assert plan.aot_compile_cache is aot
+    env = {e["name"]: e.get("value") for e in vllm_env(spec(**fields), plan)}
+    assert env["VLLM_USE_AOT_COMPILE"] == ("1" if aot else "0")
 
 
 @pytest.mark.parametrize(

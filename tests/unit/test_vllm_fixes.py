@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 
 import pytest
 
@@ -102,6 +102,66 @@ def test_a_fix_named_in_the_env_is_left_out(capsys, monkeypatch):
     assert capsys.readouterr().err == (
         "cpullm-vllm: vllm.v1.worker.cpu_model_runner: short_warm_up turned off (CPULLM_VLLM_FIXES_OFF)\n"
     )
+
+
+class Loaded:
+    """What torch.compiler.load_compiled_function returns, as vLLM's loader reads it: `_artifacts.compiled_fn`."""
+
+    def __init__(self, compiled_fn: object) -> None:
+        self._artifacts = SimpleNamespace(compiled_fn=compiled_fn)
+
+
+def inductors_function() -> None:
+    """The CPU platform's compiled model: inductor's function, which has no finalize_loading."""
+
+
+class VllmBackendFunction:
+    """vLLM's own backend's function (other platforms), which finalizes its load itself."""
+
+    def __init__(self) -> None:
+        self.finalized_with: object = None
+
+    def finalize_loading(self, vllm_config: object) -> None:
+        self.finalized_with = vllm_config
+
+
+def decorators_module(compiled_fn: object) -> ModuleType:
+    """vllm.compilation.decorators as fix 4 sees it: its loader of the AOT cache, which finishes the load with
+    compiled_fn.finalize_loading as vLLM 0.32's does, and the torch it reaches torch.compiler through."""
+    module = ModuleType("vllm.compilation.decorators")
+    compiler = SimpleNamespace(load_compiled_function=lambda f, f_globals: Loaded(compiled_fn))
+    module.torch = SimpleNamespace(compiler=compiler)  # type: ignore[attr-defined]
+
+    def _try_load_aot_compiled_fn(model: object, path: str) -> object | None:
+        try:
+            loaded = compiler.load_compiled_function(path, f_globals={})
+            loaded._artifacts.compiled_fn.finalize_loading(model)
+            return loaded
+        except AttributeError:  # vLLM logs the failure and compiles again
+            return None
+
+    module._try_load_aot_compiled_fn = _try_load_aot_compiled_fn  # type: ignore[attr-defined]
+    return module
+
+
+def test_the_aot_cache_loads_inductors_function_and_leaves_torch_as_it_was(capsys):
+    module = decorators_module(inductors_function)
+    load_compiled_function = module.torch.compiler.load_compiled_function  # type: ignore[attr-defined]
+    assert module._try_load_aot_compiled_fn("model", "/cache/model") is None  # type: ignore[attr-defined]
+    assert apply(module) is True
+    loaded = module._try_load_aot_compiled_fn("model", "/cache/model")  # type: ignore[attr-defined]
+    assert loaded._artifacts.compiled_fn is inductors_function
+    assert module.torch.compiler.load_compiled_function is load_compiled_function  # type: ignore[attr-defined]
+    assert capsys.readouterr().err == f"cpullm-vllm: {vllm_fixes.AOT_LOADED}\n"
+
+
+def test_a_function_that_finalizes_its_own_load_keeps_its_method(capsys):
+    compiled = VllmBackendFunction()
+    module = decorators_module(compiled)
+    assert apply(module) is True
+    assert module._try_load_aot_compiled_fn("config", "/cache/model") is not None  # type: ignore[attr-defined]
+    assert compiled.finalized_with == "config"
+    assert capsys.readouterr().err == ""
 
 
 class Parallel:
@@ -241,7 +301,13 @@ def test_without_vllms_openmp_rule_the_rank_stays_in_a_worker(capsys, monkeypatc
 
 
 @pytest.mark.parametrize(
-    "name", ["vllm.utils.cpu_resource_utils", "vllm.v1.worker.cpu_model_runner", "vllm.platforms.cpu"]
+    "name",
+    [
+        "vllm.utils.cpu_resource_utils",
+        "vllm.v1.worker.cpu_model_runner",
+        "vllm.platforms.cpu",
+        "vllm.compilation.decorators",
+    ],
 )
 def test_a_vllm_without_what_a_fix_patches_is_left_as_it_is(capsys, name):
     module = ModuleType(name)

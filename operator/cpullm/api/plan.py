@@ -93,7 +93,8 @@ class Plan(_Model):
         default=False,
         description="vLLM starts through the in-pod launcher, which turns 'auto' into explicit per-rank CPU lists "
         "from the pod's cpuset and applies the operator's fixes to vLLM (its KV check leaves out reclaimable page "
-        "cache; its warm-up compiles with a short step; one rank runs in the engine core process).",
+        "cache; its warm-up compiles with a short step; one rank runs in the engine core process; vLLM's AOT "
+        "compile cache loads what it saved).",
     )
     rank_in_engine_core: bool = Field(
         default=False,
@@ -106,6 +107,12 @@ class Plan(_Model):
         description="That engine core is forked from the API server rather than spawned (where the image's OpenMP "
         "runtime is Intel's, on x86): it shares the API server's imports of torch and vLLM, which it does not "
         "import again, and the memory limit counts the pages they share once.",
+    )
+    aot_compile_cache: bool = Field(
+        default=False,
+        description="vLLM's AOT compile cache is on (VLLM_USE_AOT_COMPILE, in the model cache): a later start of the "
+        "same model and settings loads the compiled model instead of tracing it again with torch.compile. Only with "
+        "the launcher, whose fix lets vLLM 0.32 load it on CPU.",
     )
     reserved_cpus_per_rank: int = Field(description="Cores per rank kept off OpenMP for the HTTP front end.")
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")

@@ -78,15 +78,16 @@ MODEL_CACHE_MOUNT = "/models"
 MODEL_CACHE_SPARE_BYTES = 2 * GiB
 HF_HOME = f"{MODEL_CACHE_MOUNT}/huggingface"
 # What a start compiles, kept beside the weights so a server that starts again with the same model cache reuses it
-# (docs/startup.md): vLLM's own cache (the model registry's inspection of the architecture, modelinfos/) and
-# inductor's (the C++ kernels torch.compile generates and builds with g++, and its FX graph cache). vLLM 0.32's AOT
-# compile cache is off: on CPU it saves a compiled function it cannot load again ("'function' object has no
-# attribute 'finalize_loading'": the CPU platform compiles with plain inductor, not vLLM's backend), so every start
-# would compile and save again. Measured on the tiny model, 2 CPUs: second start 43 s of 68 with it, 39 of 67
-# without it and with inductor's cache here (compilation and warm-up 23 s -> 5 s).
+# (docs/startup.md): vLLM's own cache (the model registry's inspection of the architecture, modelinfos/, and its AOT
+# compile cache, torch_compile_cache/) and inductor's (the C++ kernels torch.compile generates and builds with g++,
+# and its FX graph cache).
 VLLM_CACHE_ROOT = f"{MODEL_CACHE_MOUNT}/vllm"
 COMPILE_CACHE_ENV = {
     "VLLM_CACHE_ROOT": VLLM_CACHE_ROOT,
-    "VLLM_USE_AOT_COMPILE": "0",
     "TORCHINDUCTOR_CACHE_DIR": f"{VLLM_CACHE_ROOT}/inductor",
 }
+# vLLM's AOT compile cache: a later start loads the compiled model instead of tracing it again with torch.compile.
+# On only where the launcher's fix lets vLLM load it on CPU (cpullm/vllm_fixes.py aot_cache_loads,
+# Plan.aotCompileCache); without the fix every start would compile and save again (tiny model, 2 CPUs: second start
+# 43 s of 68 with the cache on and no fix, 39 of 67 with it off).
+AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"

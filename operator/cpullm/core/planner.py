@@ -277,6 +277,12 @@ def _server_processes(spec: CpuLLMServiceSpec, tp: int, arch: str) -> dict[str, 
     return {"rank_in_engine_core": in_engine_core, "engine_core_forked": forked}
 
 
+def _aot_compile_cache(spec: CpuLLMServiceSpec) -> bool:
+    """Is vLLM's AOT compile cache on? Only where the launcher's fix lets vLLM load it (vllm_fixes.aot_cache_loads)
+    and spec.env does not turn that fix off: without it every start would compile and save again."""
+    return spec.cpu.launcher and not _turned_off(spec, vllm_fixes.aot_cache_loads.__name__)
+
+
 def _kernels(spec: CpuLLMServiceSpec, node: NodeProfile) -> dict[str, bool]:
     """What vLLM's CPU kernels keep on this node beside the weights, as memory_budget's fields."""
     return {"embeddings_packed": onednn_packs_embeddings(node.arch, node.isa, spec.model.dtype)}
@@ -346,6 +352,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         threads_bind=threads_bind,
         launcher=spec.cpu.launcher,
         **processes,
+        aot_compile_cache=_aot_compile_cache(spec),
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,

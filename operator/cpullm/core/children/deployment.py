@@ -59,6 +59,7 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
         env.append({"name": "LD_PRELOAD", "value": preload})
     env.append({"name": "HF_HOME", "value": c.HF_HOME})
     env += [{"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV.items()]
+    env.append({"name": c.AOT_COMPILE_ENV, "value": "1" if plan.aot_compile_cache else "0"})
     env.append({"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": str(plan.step_timeout_seconds)})
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
