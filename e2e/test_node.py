@@ -267,17 +267,22 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     assert plan["engineCoreForked"] is (f"{vllm_fixes.RANK_IN_ENGINE_CORE}, {vllm_fixes.FORKED}" in log)
 
     # The server started again on the same node with the same model cache (the claim): what the first start
-    # compiled (inductor's kernels) and inspected (vLLM's model info) is on the model cache, and the second start
-    # finds all of it there: it writes nothing new.
+    # compiled (the model, in vLLM's AOT compile cache, and inductor's kernels beside it) and inspected (vLLM's
+    # model info) is on the model cache, and the second start loads the compiled model from there and writes
+    # nothing new.
     first = start_of(real_node, kubectl.get("pod", name, namespace))
     compiled = cache_files(models)
-    assert any(f.startswith("inductor/") and f.endswith(".so") for f in compiled), sorted(compiled)[:10]
+    assert plan["aotCompileCache"], plan
+    assert any(f.startswith("torch_compile_cache/torch_aot_compile/") and f.endswith("/model") for f in compiled)
+    assert any(f.endswith(".so") for f in compiled), sorted(compiled)[:10]  # inductor's kernels
     kubectl.run("delete", "pod", name, "-n", namespace, "--wait=false")
     again = eventually(
         lambda: replaced_and_ready(kubectl, namespace, pod), timeout=900, interval=2, what="the server started again"
     )
     second = start_of(real_node, again)
     assert cache_files(models) == compiled, "the second start compiled something again"
+    again_log = real_node.container_log_files(again, "vllm")[-1].read_text(errors="replace")
+    assert f"{vllm_fixes.LOG_PREFIX} {vllm_fixes.AOT_LOADED}" in again_log
 
     print(
         f"\nreal node: pod start to Ready {to_ready:.0f}s (startup probe budget "
