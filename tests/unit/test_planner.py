@@ -284,21 +284,28 @@ def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
     assert moved.eligible_nodes == ["b0", "b1", "b2"]  # only the other shape has room for 3 replicas
 
 
+CLAIM = {"persistentVolumeClaim": {"claimName": "models"}}
+
+
 @pytest.mark.parametrize(
     ("fields", "aot"),
     [
-        pytest.param({}, True, id="launcher"),
-        pytest.param({"cpu": {"launcher": False}}, False, id="no-launcher-no-fix"),
-        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "aot_cache_loads"}]}, False,
-                     id="fix-turned-off"),
-        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up"}]}, True,
-                     id="another-fix-turned-off"),
-        pytest.param({"env": [{"name": "CPULLM_VLLM_FIXES_OFF", "valueFrom": {"configMapKeyRef": {"name": "f",
-                     "key": "off"}}}]}, False, id="turned-off-by-reference-unknown"),
+        pytest.param({"modelCache": CLAIM}, True, id="claim"),
+        pytest.param({"modelCache": {"nodeLocal": True}}, True, id="node-local"),
+        pytest.param({}, False, id="default-pod-local-cache"),
+        pytest.param({"modelCache": {"emptyDir": {}}}, False, id="pod-local-cache"),
+        pytest.param({"modelCache": CLAIM, "cpu": {"launcher": False}}, False, id="no-launcher-no-fix"),
+        pytest.param({"modelCache": CLAIM, "env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "aot_cache_loads"}]},
+                     False, id="fix-turned-off"),
+        pytest.param({"modelCache": CLAIM, "env": [{"name": "CPULLM_VLLM_FIXES_OFF", "value": "short_warm_up"}]},
+                     True, id="another-fix-turned-off"),
+        pytest.param({"modelCache": CLAIM, "env": [{"name": "CPULLM_VLLM_FIXES_OFF", "valueFrom": {
+                     "configMapKeyRef": {"name": "f", "key": "off"}}}]}, False, id="turned-off-by-reference-unknown"),
     ],
 )  # fmt: skip
-def test_vllms_aot_compile_cache_is_on_only_where_the_launchers_fix_loads_it(fields, aot):
-    """Without the fix vLLM cannot load the cache on CPU, and would compile and save again at every start."""
+def test_vllms_aot_compile_cache_is_on_where_a_new_pod_finds_it_and_the_launchers_fix_loads_it(fields, aot):
+    """On a pod-local cache every pod's start is a first start, which the AOT cache makes longer; without the fix
+    vLLM cannot load the cache on CPU, and would compile and save again at every start."""
     plan = plan_service(spec(**fields), llama_8b(), [node(numa=2, cpu="64", memory="1Ti")])
     assert plan.aot_compile_cache is aot
     env = {e["name"]: e.get("value") for e in vllm_env(spec(**fields), plan)}

@@ -111,10 +111,6 @@ class Loaded:
         self._artifacts = SimpleNamespace(compiled_fn=compiled_fn)
 
 
-def inductors_function() -> None:
-    """The CPU platform's compiled model: inductor's function, which has no finalize_loading."""
-
-
 class VllmBackendFunction:
     """vLLM's own backend's function (other platforms), which finalizes its load itself."""
 
@@ -145,6 +141,9 @@ def decorators_module(compiled_fn: object) -> ModuleType:
 
 
 def test_the_aot_cache_loads_inductors_function_and_leaves_torch_as_it_was(capsys):
+    def inductors_function() -> None:
+        """The CPU platform's compiled model: inductor's function, which has no finalize_loading."""
+
     module = decorators_module(inductors_function)
     load_compiled_function = module.torch.compiler.load_compiled_function  # type: ignore[attr-defined]
     assert module._try_load_aot_compiled_fn("model", "/cache/model") is None  # type: ignore[attr-defined]

@@ -1,7 +1,8 @@
-"""vLLM's AOT compile cache as the operator renders it (Plan.aotCompileCache, the launcher's fix 4 in
-cpullm/vllm_fixes.py) against real vLLM on the tiny model: the first start saves the compiled model in the model
-cache, a second start on the same cache loads it instead of compiling, and the loaded model answers requests of
-other sizes than the warm-up's exactly as the first start and as a server with the cache off."""
+"""vLLM's AOT compile cache as the operator renders it for a model cache kept across pods (Plan.aotCompileCache,
+the launcher's fix 4 in cpullm/vllm_fixes.py) against real vLLM on the tiny model: the first start saves the
+compiled model in the model cache, a second start on the same cache loads it instead of compiling, and the loaded
+model answers requests of other sizes than the warm-up's exactly as the first start and as a server with the cache
+off."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from cpullm import vllm_fixes
 from tests.vllm.harness import render_service, server_for_container
 
 pytestmark = pytest.mark.vllm
+# A model cache kept across pods, where the plan turns the AOT cache on (the harness maps /models to a local
+# directory whatever the volume).
+CLAIM = {"persistentVolumeClaim": {"claimName": "models"}}
 SAVED = "saved AOT compiled function"
 LOADED_BY_VLLM = "Directly load AOT compilation"
 # Prompts of other sizes than the warm-up step's, one at a time and as a batch: the compiled model is traced for a
@@ -38,7 +42,7 @@ def answers(container: dict[str, Any], workdir: Path, log_name: str, vllm_python
 def test_a_second_start_loads_the_compiled_model_and_answers_as_the_first(
     vllm_python: Path, tiny_model: Path, tmp_path: Path
 ):
-    plan, container = render_service(tmp_path, tiny_model, 1)
+    plan, container = render_service(tmp_path, tiny_model, 1, modelCache=CLAIM)
     assert plan["aotCompileCache"]
     assert {"name": "VLLM_USE_AOT_COMPILE", "value": "1"} in container["env"]
     first = answers(container, tmp_path, "first.log", vllm_python, tiny_model)
@@ -52,7 +56,7 @@ def test_a_second_start_loads_the_compiled_model_and_answers_as_the_first(
     off = tmp_path / "off"
     off.mkdir()
     turned_off = [{"name": vllm_fixes.OFF_ENV, "value": vllm_fixes.aot_cache_loads.__name__}]
-    plan_off, container_off = render_service(off, tiny_model, 1, env=turned_off)
+    plan_off, container_off = render_service(off, tiny_model, 1, modelCache=CLAIM, env=turned_off)
     assert not plan_off["aotCompileCache"]
     assert {"name": "VLLM_USE_AOT_COMPILE", "value": "0"} in container_off["env"]
     assert answers(container_off, off, "off.log", vllm_python, tiny_model) == first

@@ -111,8 +111,9 @@ class Plan(_Model):
     aot_compile_cache: bool = Field(
         default=False,
         description="vLLM's AOT compile cache is on (VLLM_USE_AOT_COMPILE, in the model cache): a later start of the "
-        "same model and settings loads the compiled model instead of tracing it again with torch.compile. Only with "
-        "the launcher, whose fix lets vLLM 0.32 load it on CPU.",
+        "same model and settings loads the compiled model instead of tracing it again with torch.compile; the first "
+        "start compiles longer to save it. Only with a model cache kept across pods (persistentVolumeClaim, "
+        "nodeLocal) and the launcher, whose fix lets vLLM 0.32 load it on CPU.",
     )
     reserved_cpus_per_rank: int = Field(description="Cores per rank kept off OpenMP for the HTTP front end.")
     omp_num_threads: int | None = Field(default=None, description="OMP_NUM_THREADS, set only with 'nobind'.")

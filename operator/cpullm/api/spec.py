@@ -183,8 +183,9 @@ class CpuSettings(_Model):
         "and a process's memory less), forked from the API server where the OpenMP runtime is Intel's (x86), so it "
         "shares the API server's imports; its AOT compile cache, which it cannot load on CPU as it is, loads what "
         "a first start saved in the model cache, so a later start skips torch.compile's trace (the operator turns "
-        "that cache on with the fix). CPULLM_VLLM_FIXES_OFF in env names fixes to leave out (leave_page_cache_out, "
-        "short_warm_up, rank_in_engine_core, engine_core_forked, aot_cache_loads). false runs vLLM's "
+        "that cache on with the fix, where the model cache is kept across pods). CPULLM_VLLM_FIXES_OFF in env "
+        "names fixes to leave out (leave_page_cache_out, short_warm_up, rank_in_engine_core, engine_core_forked, "
+        "aot_cache_loads). false runs vLLM's "
         "command as is: 'auto' maps rank N to the N-th "
         "allowed memory node whether or not the pod has CPUs there.",
     )
@@ -344,6 +345,12 @@ class ModelCache(_Model):
         "namespace and model, under the operator's node cache directory (its setting nodeCacheDir; unset: "
         "refused with NodeCacheDisabled). A hostPath volume: Pod Security baseline refuses it.",
     )
+
+    @property
+    def kept_across_pods(self) -> bool:
+        """Does a new pod find what an earlier one left here (a claim, the node's directory), not only a restarted
+        container (an emptyDir)?"""
+        return self.persistent_volume_claim is not None or self.node_local
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelCache:

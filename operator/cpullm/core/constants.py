@@ -87,7 +87,6 @@ COMPILE_CACHE_ENV = {
     "TORCHINDUCTOR_CACHE_DIR": f"{VLLM_CACHE_ROOT}/inductor",
 }
 # vLLM's AOT compile cache: a later start loads the compiled model instead of tracing it again with torch.compile.
-# On only where the launcher's fix lets vLLM load it on CPU (cpullm/vllm_fixes.py aot_cache_loads,
-# Plan.aotCompileCache); without the fix every start would compile and save again (tiny model, 2 CPUs: second start
-# 43 s of 68 with the cache on and no fix, 39 of 67 with it off).
+# On only where a new pod finds it and the launcher's fix lets vLLM load it on CPU (Plan.aotCompileCache; planner's
+# _aot_compile_cache says why).
 AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"

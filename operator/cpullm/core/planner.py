@@ -278,9 +278,13 @@ def _server_processes(spec: CpuLLMServiceSpec, tp: int, arch: str) -> dict[str, 
 
 
 def _aot_compile_cache(spec: CpuLLMServiceSpec) -> bool:
-    """Is vLLM's AOT compile cache on? Only where the launcher's fix lets vLLM load it (vllm_fixes.aot_cache_loads)
-    and spec.env does not turn that fix off: without it every start would compile and save again."""
-    return spec.cpu.launcher and not _turned_off(spec, vllm_fixes.aot_cache_loads.__name__)
+    """Is vLLM's AOT compile cache on? Where a new pod finds what an earlier one saved (a claim, the node's
+    directory): it makes a later start faster and the first slower (Qwen2.5-1.5B on two CPUs: second start 58 -> 48
+    s, first 134 -> 159 s, docs/startup.md), and every pod on a pod-local emptyDir starts first. Only where the
+    launcher's fix lets vLLM load it (vllm_fixes.aot_cache_loads) and spec.env does not turn that fix off: without
+    it every start would compile and save again."""
+    kept = spec.model_cache is not None and spec.model_cache.kept_across_pods
+    return kept and spec.cpu.launcher and not _turned_off(spec, vllm_fixes.aot_cache_loads.__name__)
 
 
 def _kernels(spec: CpuLLMServiceSpec, node: NodeProfile) -> dict[str, bool]:
