@@ -38,7 +38,7 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    spawned (`engine_core_forked`, which CPULLM_VLLM_FIXES_OFF turns off on its own): it shares the API server's
    imports instead of importing torch and vLLM again.
 4. vLLM's AOT compile cache loads what it saved (`aot_cache_loads`). With VLLM_USE_AOT_COMPILE (the operator sets it
-   where this fix runs, Plan.aotCompileCache), the first start saves the compiled model under VLLM_CACHE_ROOT and a
+   where this fix runs and the model cache is kept across pods, Plan.aotCompileCache), the first start saves the compiled model under VLLM_CACHE_ROOT and a
    later start with the same model and settings loads it instead of tracing the model again with torch.compile
    (most of a second start's compilation: docs/startup.md). On CPU every such load failed on one call:
    `_try_load_aot_compiled_fn` finishes the load with `compiled_fn.finalize_loading`, a method of vLLM's own
