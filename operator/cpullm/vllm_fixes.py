@@ -38,14 +38,14 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    spawned (`engine_core_forked`, which CPULLM_VLLM_FIXES_OFF turns off on its own): it shares the API server's
    imports instead of importing torch and vLLM again.
 4. vLLM's AOT compile cache loads what it saved (`aot_cache_loads`). With VLLM_USE_AOT_COMPILE (the operator sets it
-   where this fix runs and the model cache is kept across pods, Plan.aotCompileCache), the first start saves the compiled model under VLLM_CACHE_ROOT and a
-   later start with the same model and settings loads it instead of tracing the model again with torch.compile
-   (most of a second start's compilation: docs/startup.md). On CPU every such load failed on one call:
-   `_try_load_aot_compiled_fn` finishes the load with `compiled_fn.finalize_loading`, a method of vLLM's own
-   backend's function, and the CPU platform compiles with plain inductor, whose loaded function is complete and
-   has no such method ("'function' object has no attribute 'finalize_loading'"); vLLM then compiled anew and saved
-   again at every start. While vLLM loads, the fix gives a loaded function lacking that method one that does
-   nothing. A function that has it (vLLM's backend, another platform) is left as it is.
+   where this fix runs and the model cache is kept across pods, Plan.aotCompileCache), the first start saves the
+   compiled model under VLLM_CACHE_ROOT and a later start with the same model and settings loads it instead of
+   tracing the model again with torch.compile (most of a second start's compilation: docs/startup.md). On CPU every
+   such load failed on one call: `_try_load_aot_compiled_fn` finishes the load with `compiled_fn.finalize_loading`,
+   a method of vLLM's own backend's function, and the CPU platform compiles with plain inductor, whose loaded
+   function is complete and has no such method ("'function' object has no attribute 'finalize_loading'"); vLLM then
+   compiled anew and saved again at every start. While vLLM loads, the fix gives a loaded function lacking that
+   method one that does nothing. A function that has it (vLLM's backend, another platform) is left as it is.
 
 This file imports the standard library only, like the launcher.
 """
