@@ -123,7 +123,7 @@ def test_deployment_whole_manifest():
                                 {"name": "HF_HOME", "value": "/models/huggingface"},
                                 {"name": "VLLM_CACHE_ROOT", "value": "/models/vllm"},
                                 {"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/models/vllm/inductor"},
-                                # The launcher's fix lets vLLM load its AOT compile cache (Plan.aotCompileCache).
+                                # A claim and the launcher's fix: vLLM's AOT compile cache (Plan.aotCompileCache).
                                 {"name": "VLLM_USE_AOT_COMPILE", "value": "1"},
                                 {"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": "300"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
