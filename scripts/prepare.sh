@@ -4,12 +4,13 @@
 # a stage that finds its part missing still builds it itself. scripts/test.sh runs `fetch` in the background at
 # idle priority from its start (it waits on the network and on the disk while lint, the unit tests and the control
 # plane's Go build use the CPU), then `build` while the e2e suite on the local control plane runs (that suite waits
-# on the API server: 36-70% of the two cores idle in the stretches measured with vmstat, docs/testing.md).
+# on the API server: 36-70% of the two cores idle in the stretches measured with vmstat, docs/testing.md) and then
+# the real-vLLM tests (which need only `fetch`'s part); the real-node stage waits for it.
 #
 #   scripts/prepare.sh fetch   the vLLM environment (scripts/setup-vllm.sh), the real node's and Docker's Debian
 #                              packages (scripts/setup-node.sh --packages, scripts/docker.sh install) and Debian's
 #                              docker-registry (testbed/registry.py)
-#   scripts/prepare.sh build   the kubelet, kube-proxy, kubeadm, CoreDNS and the local-path provisioner
+#   scripts/prepare.sh build   the kubelet, kube-proxy, kind, kubeadm, CoreDNS and the local-path provisioner
 #                              (scripts/build-tools.sh), the real node's images (scripts/build-images.sh) and kind's
 #                              base image (testbed/kind_images.py)
 #
@@ -41,7 +42,7 @@ fetch() {
 build() {
   local tools=() images=()
   node_or_kind && tools+=(kubelet) && images+=(pause debian vllm python-base operator)
-  wanted CPULLM_SKIP_KIND && tools+=(kubeadm coredns local-path-provisioner) && images+=(haproxy)
+  wanted CPULLM_SKIP_KIND && tools+=(kind kubeadm coredns local-path-provisioner) && images+=(haproxy)
   if ((${#tools[@]})); then
     step "Go tools: ${tools[*]}"
     scripts/build-tools.sh "${tools[@]}" >/dev/null

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The test command: lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local control plane (scripts/build-tools.sh
-# builds it on first use; CPULLM_SKIP_E2E=1 skips it), then the real-vLLM tests (scripts/setup-vllm.sh
+# The test command: lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local
+# control plane (scripts/build-tools.sh builds it on first use; CPULLM_SKIP_E2E=1 skips it), then the real-vLLM tests (scripts/setup-vllm.sh
 # installs vLLM's CPU build on first use; CPULLM_SKIP_VLLM=1 skips them), then the real-node tests (root: a
 # kubelet with containerd joined to a local control plane runs the operator's Deployment with real vLLM;
 # scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1 skips them), then the kind
@@ -8,8 +8,8 @@
 # on a kind cluster against the in-cluster operator, testbed/kind/run.sh; CPULLM_SKIP_KIND=1 skips them).
 # `scripts/test.sh --fast`: lint, types, the layer contract and the unit tests only (seconds, no cluster).
 # What the later stages install and build on first use is prepared in the background at idle priority
-# (scripts/prepare.sh): `fetch` from the start, `build` while the e2e suite runs; its log goes to the output if it
-# fails.
+# (scripts/prepare.sh): `fetch` from the start, `build` while the e2e suite and the real-vLLM tests run; its log goes
+# to the output if it fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [[ ${1:-} == --fast ]]; then
@@ -51,7 +51,7 @@ stage "unit tests"
 .venv/bin/python -m pytest tests -q --cov --cov-report=term:skip-covered --cov-fail-under=90
 if wanted CPULLM_SKIP_E2E || wanted CPULLM_SKIP_NODE || wanted CPULLM_SKIP_KIND; then
   stage "the local control plane's tools (scripts/build-tools.sh)"
-  scripts/build-tools.sh >/dev/null
+  scripts/build-tools.sh kubernetes etcd kwok helm >/dev/null # what the e2e suite runs; kind is prepared with `build`
 fi
 prepared
 prepare build
@@ -59,14 +59,14 @@ if wanted CPULLM_SKIP_E2E; then
   stage "e2e suite on a local control plane"
   .venv/bin/python -m pytest e2e -q -p no:logging
 fi
+if wanted CPULLM_SKIP_VLLM; then # needs only what `fetch` installed: `build` goes on beside it
+  stage "real-vLLM tests"
+  .venv/bin/python -m pytest tests/vllm -m vllm -q -p no:logging
+fi
 prepared
 if [[ -n $prepare_log ]]; then
   grep '^prepare: ' "$prepare_log" >&2 # each step's start, in seconds since its part began
   rm -f "$prepare_log"
-fi
-if wanted CPULLM_SKIP_VLLM; then
-  stage "real-vLLM tests"
-  .venv/bin/python -m pytest tests/vllm -m vllm -q -p no:logging
 fi
 if wanted CPULLM_SKIP_NODE; then
   stage "real-node tests"
