@@ -24,6 +24,15 @@ from e2e.objects import sample_nodes
 DOCKER_SCRIPT = ROOT / "scripts" / "docker.sh"
 
 
+IN_CLUSTER_OPERATOR = os.environ.get("CPULLM_E2E_OPERATOR")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Tests marked local_operator stop, restart or relay a local operator process: none runs in a cluster."""
+    if IN_CLUSTER_OPERATOR and item.get_closest_marker("local_operator"):
+        pytest.skip(f"drives a local operator process; the operator here is in-cluster ({IN_CLUSTER_OPERATOR})")
+
+
 @pytest.fixture(scope="session")
 def workdir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="cpullm-e2e-"))
@@ -70,9 +79,8 @@ def node_ready(kubectl: Kubectl, name: str) -> bool:
 
 @pytest.fixture(scope="session")
 def operator(cluster_ready: Kubectl, workdir: Path) -> Iterator[Operator | InClusterOperator]:
-    installed = os.environ.get("CPULLM_E2E_OPERATOR")
-    if installed:
-        namespace, deployment = installed.split("/", 1)
+    if IN_CLUSTER_OPERATOR:
+        namespace, deployment = IN_CLUSTER_OPERATOR.split("/", 1)
         in_cluster = InClusterOperator(cluster_ready, namespace, deployment)
         in_cluster.start()
         yield in_cluster

@@ -168,11 +168,13 @@ def converged(
 
 @pytest.fixture
 def local(local_cluster: LocalCluster | None, operator: Operator | InClusterOperator) -> tuple[LocalCluster, Operator]:
-    if local_cluster is None or not isinstance(operator, Operator):
-        pytest.skip("stops control-plane processes of the local cluster, watched from a local operator process")
+    assert isinstance(operator, Operator), "a test of a local operator process is marked local_operator"
+    if local_cluster is None:
+        pytest.skip("stops control-plane processes of the local cluster; this cluster is another")
     return local_cluster, operator
 
 
+@pytest.mark.local_operator
 @pytest.mark.parametrize(("component", "down_seconds", "services"), [("kube-apiserver", 30, 50), ("etcd", 15, 30)])
 def test_control_plane_outage_mid_reconcile(
     kubectl: Kubectl,
@@ -229,8 +231,7 @@ def proxied_operator(
     kubectl: Kubectl, operator: Operator | InClusterOperator, workdir: Path
 ) -> Iterator[tuple[Operator, CuttableProxy]]:
     """The suite's operator stopped and one started in its place that reaches the API server through a relay."""
-    if not isinstance(operator, Operator):
-        pytest.skip("cuts the connections of a local operator process")
+    assert isinstance(operator, Operator), "a test of a local operator process is marked local_operator"
     operator.stop()
     proxy = CuttableProxy.for_kubeconfig(Path(kubectl.kubeconfig), workdir / "kubeconfig-proxied")
     relayed = Operator(
@@ -248,6 +249,7 @@ def proxied_operator(
         operator.start()
 
 
+@pytest.mark.local_operator
 def test_cut_connections_resume_watching(
     kubectl: Kubectl, proxied_operator: tuple[Operator, CuttableProxy], namespace: str, nodes: NodePool
 ):
@@ -266,6 +268,7 @@ def test_cut_connections_resume_watching(
     log.assert_quiet()
 
 
+@pytest.mark.local_operator
 def test_a_child_deleted_while_the_operator_was_cut_off_and_the_api_server_restarted_comes_back(
     kubectl: Kubectl,
     local: tuple[LocalCluster, Operator],

@@ -114,11 +114,11 @@ def test_a_write_on_the_scale_subresource_reaches_the_deployment(
     assert kubectl.get("deployment", "hpa-write", namespace)["spec"]["replicas"] == 2
 
 
+@pytest.mark.local_operator  # the in-cluster operator's metrics are behind its Service
 def test_operator_metrics_count_reconciles_refusals_and_services(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
 ):
-    if not isinstance(operator, Operator) or operator.metrics_url is None:
-        pytest.skip("the in-cluster operator's metrics are behind its Service")
+    assert isinstance(operator, Operator) and operator.metrics_url is not None
     kubectl.apply(tiny_service("counted", namespace))
     ready(kubectl, namespace, "counted", 1)
     kubectl.apply(tiny_service("refused-m", namespace, cpu={"requiredISA": ["avx10_2"]}))  # no node has it

@@ -125,8 +125,7 @@ RESYNC_SECONDS = 5
 @pytest.fixture
 def resyncing_operator(kubectl: Kubectl, operator: Operator | InClusterOperator, workdir: Path) -> Iterator[Operator]:
     """The suite's operator stopped and one started in its place that lists its children every 5 s (default 300)."""
-    if not isinstance(operator, Operator):
-        pytest.skip("restarts a local operator process")
+    assert isinstance(operator, Operator), "a test of a local operator process is marked local_operator"
     operator.stop()
     resyncing = Operator(
         kubectl.kubeconfig,
@@ -142,6 +141,7 @@ def resyncing_operator(kubectl: Kubectl, operator: Operator | InClusterOperator,
         operator.start()
 
 
+@pytest.mark.local_operator
 def test_what_is_not_watched_is_applied_again_after_another_writer_changes_or_deletes_it(
     kubectl: Kubectl, resyncing_operator: Operator, namespace: str, crd_files: dict[str, str]
 ):

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The test command: lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local
-# control plane (scripts/build-tools.sh builds it on first use; CPULLM_SKIP_E2E=1 skips it), then the real-vLLM tests (scripts/setup-vllm.sh
+# control plane (scripts/build-tools.sh builds it on first use; CPULLM_SKIP_E2E=1 skips it; where the kind path runs
+# the whole suite against the in-cluster operator, only the tests it skips there, marker local_operator, so each test
+# runs once), then the real-vLLM tests (scripts/setup-vllm.sh
 # installs vLLM's CPU build on first use; CPULLM_SKIP_VLLM=1 skips them), then the real-node tests (root: a
 # kubelet with containerd joined to a local control plane runs the operator's Deployment with real vLLM;
 # scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1 skips them), then the kind
@@ -55,7 +57,10 @@ if wanted CPULLM_SKIP_E2E || wanted CPULLM_SKIP_NODE || wanted CPULLM_SKIP_KIND;
 fi
 prepared
 prepare build
-if wanted CPULLM_SKIP_E2E; then
+if wanted CPULLM_SKIP_E2E && wanted CPULLM_SKIP_KIND; then # the whole suite runs on kind below: here, what it skips
+  stage "e2e suite on a local control plane: the tests of a local operator process (marker local_operator)"
+  .venv/bin/python -m pytest e2e -q -p no:logging -m local_operator
+elif wanted CPULLM_SKIP_E2E; then
   stage "e2e suite on a local control plane"
   .venv/bin/python -m pytest e2e -q -p no:logging
 fi
