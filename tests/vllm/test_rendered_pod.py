@@ -20,7 +20,7 @@ from cpullm import launcher, vllm_fixes
 from tests.vllm.conftest import BINDINGS, MEMORY, WAITING_PEAKS
 from tests.vllm.harness import LocalServer, render_service, server_for_container
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.memory_peak]
 SIM_MULTI_NUMA = {"env": [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]}
 LAST_CPU = max(os.sched_getaffinity(0))
 # Peak working set / planned limit (docs/calibration.md, "The memory model by term"): measured 0.81-0.93 from the tiny
