@@ -5,7 +5,8 @@
 # idle priority from its start (it waits on the network and on the disk while lint, the unit tests and the control
 # plane's Go build use the CPU), then `build` while the e2e suite on the local control plane runs (that suite waits
 # on the API server: 36-70% of the two cores idle in the stretches measured with vmstat, docs/testing.md) and then
-# the real-vLLM tests (which need only `fetch`'s part); the real-node stage waits for it.
+# the real-vLLM tests but those of a server's memory peak (they need only `fetch`'s part; the memory-peak tests and the
+# real-node stage wait for it).
 #
 #   scripts/prepare.sh fetch   the vLLM environment (scripts/setup-vllm.sh), the real node's and Docker's Debian
 #                              packages (scripts/setup-node.sh --packages, scripts/docker.sh install) and Debian's
