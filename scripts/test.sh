@@ -4,11 +4,11 @@
 # the whole suite against the in-cluster operator, only the tests it skips there, marker local_operator, so each test
 # runs once), then the real-vLLM tests (scripts/setup-vllm.sh installs vLLM's CPU build on first use;
 # CPULLM_SKIP_VLLM=1 skips them; those of a server's memory peak, marker memory_peak, after prepare.sh's build),
-# then the real-node tests (root: a
-# kubelet with containerd joined to a local control plane runs the operator's Deployment with real vLLM;
-# scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1 skips them), then the kind
-# path (root: a Docker engine from scripts/docker.sh, kind's images built here; its own tests, then the e2e suite
-# on a kind cluster against the in-cluster operator, testbed/kind/run.sh; CPULLM_SKIP_KIND=1 skips them).
+# then the real-node tests (root: a kubelet with containerd joined to a local control plane runs the operator's
+# Deployment with real vLLM; scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1
+# skips them), then the kind path (root: a Docker engine from scripts/docker.sh, kind's images built here; its own
+# tests, then the e2e suite on a kind cluster against the in-cluster operator, testbed/kind/run.sh;
+# CPULLM_SKIP_KIND=1 skips them).
 # `scripts/test.sh --fast`: lint, types, the layer contract and the unit tests only (seconds, no cluster).
 # What the later stages install and build on first use is prepared in the background at idle priority
 # (scripts/prepare.sh): `fetch` from the start, `build` while the e2e suite and the real-vLLM tests but the
