@@ -1,9 +1,11 @@
 """The README's quick start, end to end, as a user runs it (pytest marker `kind`; root): `scripts/quickstart.sh
---offline` from a machine with no cluster, with every image pulled from a real registry on localhost (Debian's
-docker-registry, testbed/registry.py) into which the images built here are pushed first: kind's node image (the kind
-tests' own), the operator's and the stand-in vLLM image (the real-node tests'). The model is the tiny
+--offline` from a machine with no cluster, with the images pulled from a real registry on localhost (Debian's
+docker-registry, testbed/registry.py) into which the images built here are pushed first: the operator's and the
+stand-in vLLM image (the real-node tests'); kind's node image (the kind tests' own) is tagged under the registry's
+name in Docker's store, where kind looks before it pulls (e2e/spread.py). The model is the tiny
 random-weight one of the vLLM tests, from a local directory. Needs the vLLM environment (scripts/setup-vllm.sh).
-Then, on its cluster, the router (spec.routing) in front of a server on each worker, under load while it scales
+The run and its cluster are the session's `quick_start` fixture (e2e/conftest.py; e2e/test_kind.py uses the cluster
+too). Then, on its cluster, the router (spec.routing) in front of a server on each worker, under load while it scales
 and rolls (e2e/spread.py)."""
 
 from __future__ import annotations
@@ -12,10 +14,9 @@ import json
 import math
 import os
 import subprocess
-from collections.abc import Iterator
 
 import pytest
-from testbed.images import VLLM_VENV, log
+from testbed.images import log
 from testbed.tools import Kubectl, eventually, free_port
 
 from cpullm.core.topology import parse_quantity
@@ -26,7 +27,6 @@ from e2e.spread import (
     QuickStart,
     deploy_spread,
     patch_spec,
-    quick_start_cluster,
     rolled_out,
     router_ready,
     scale,
@@ -35,18 +35,8 @@ from e2e.spread import (
 )
 from e2e.test_operator import ready
 
-pytestmark = [
-    pytest.mark.kind,
-    pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root"),
-    pytest.mark.skipif(not (VLLM_VENV / ".complete").exists(), reason="needs the vLLM environment (setup-vllm.sh)"),
-]
+pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 PHASES = ("pulling the image", "loading the model", "ready", "completion:")
-
-
-@pytest.fixture(scope="module")
-def quick_start(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuickStart]:
-    with quick_start_cluster(docker_env, tmp_path_factory.mktemp("quickstart")) as made:
-        yield made
 
 
 def test_the_quick_start_serves_a_completion_from_images_pulled_from_a_registry(quick_start: QuickStart) -> None:

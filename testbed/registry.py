@@ -151,12 +151,3 @@ def push_archive(registry: Registry, image: Image, name: str) -> str:
     assert put.status == 201, f"manifest of {name}: {put.status} {content[:200]!r}"
     log(f"registry: pushed {image.ref} as {registry.host}/{name}")
     return f"{registry.host}/{name}"
-
-
-def push_docker_image(registry: Registry, docker_env: dict[str, str], ref: str, name: str) -> str:
-    """Pushes an image of a Docker engine's store as `name` (repository:tag) with `docker push`."""
-    target = f"{registry.host}/{name}"
-    subprocess.run(["docker", "tag", ref, target], check=True, env=docker_env)
-    subprocess.run(["docker", "push", target], check=True, env=docker_env, stdout=subprocess.DEVNULL)
-    log(f"registry: pushed {ref} as {target}")
-    return target
