@@ -42,16 +42,19 @@ def prompt_ids(count: int, vocab: int, rng: random.Random) -> list[int]:
     return [rng.randrange(3, vocab) for _ in range(count)]
 
 
-def requests(server: LocalServer, context: int, seqs: int, vocab: int) -> dict[str, float]:
-    """A long prompt alone, then `seqs` requests at once; the seconds each took."""
+def requests(server: LocalServer, context: int, seqs: int, vocab: int, step_timeout: float) -> dict[str, float]:
+    """A long prompt alone, then `seqs` requests at once; the seconds each took. Each may take a prefill step as
+    long as the server's step timeout (a 3B model's long prompt took over 600 s on two AVX2 CPUs), then its decode."""
     rng = random.Random(0)
     seconds: dict[str, float] = {}
     started = time.monotonic()
-    server.complete(prompt_ids(context - 64, vocab, rng), 32)
+    server.complete(prompt_ids(context - 64, vocab, rng), 32, timeout=2 * step_timeout)
     seconds["long prompt"] = time.monotonic() - started
     started = time.monotonic()
     with ThreadPoolExecutor(seqs) as pool:
-        done = list(pool.map(lambda _: server.complete(prompt_ids(256, vocab, rng), 32), range(seqs)))
+        done = list(
+            pool.map(lambda _: server.complete(prompt_ids(256, vocab, rng), 32, timeout=2 * step_timeout), range(seqs))
+        )
     assert all(r["usage"]["completion_tokens"] == 32 for r in done)
     seconds["full batch"] = time.monotonic() - started
     return seconds
@@ -82,7 +85,9 @@ def run_case(python: Path, name: str, tp: int, args: argparse.Namespace, workdir
     try:
         case["first"] = asdict(start(server))
         server.mark("start")
-        case["request_seconds"] = requests(server, context, seqs, config["vocab_size"])
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        step_timeout = float(env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"])
+        case["request_seconds"] = requests(server, context, seqs, config["vocab_size"], step_timeout)
         server.mark("requests")
     finally:
         server.stop()

@@ -305,7 +305,7 @@ class LocalServer:
         )
         self.measured.oom_kills = self.cgroup.oom_kills()
 
-    def complete(self, prompt: str | list[str] | list[int], max_tokens: int) -> dict[str, Any]:
+    def complete(self, prompt: str | list[str] | list[int], max_tokens: int, timeout: float = 600) -> dict[str, Any]:
         body = {
             "model": self.served_model(),
             "prompt": prompt,
@@ -319,7 +319,7 @@ class LocalServer:
             data=json.dumps(body).encode(),
             headers={"Content-Type": "application/json"},
         )
-        with urllib.request.urlopen(request, timeout=600) as response:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
             result: dict[str, Any] = json.loads(response.read())
         return result
 
