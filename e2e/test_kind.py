@@ -95,9 +95,9 @@ def test_a_kind_node_container_of_the_local_base_image_boots_and_runs_a_nested_c
 
 @pytest.fixture(scope="module")
 def kind_cluster(quick_start: QuickStart) -> Iterator[Kubectl]:
-    """kubectl on a kind cluster of the images built here, pulled from nothing: the quick start's (a control plane
-    and two workers of the node image of testbed/kind_images.py, with the static CPU manager; e2e/spread.py), shared
-    with e2e/test_quickstart.py. Its objects go in a namespace of their own, deleted after them."""
+    """kubectl on a kind cluster of the images built here: the quick start's (a control plane and two workers of the
+    node image of testbed/kind_images.py, with the static CPU manager; e2e/spread.py), shared with
+    e2e/test_quickstart.py. The checks' objects go in a namespace of their own, deleted after them."""
     kubectl = quick_start.kubectl
     kubectl.run("create", "namespace", CHECKS)
     try:
