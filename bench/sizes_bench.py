@@ -42,19 +42,16 @@ def prompt_ids(count: int, vocab: int, rng: random.Random) -> list[int]:
     return [rng.randrange(3, vocab) for _ in range(count)]
 
 
-def requests(server: LocalServer, context: int, seqs: int, vocab: int, step_timeout: float) -> dict[str, float]:
-    """A long prompt alone, then `seqs` requests at once; the seconds each took. Each may take a prefill step as
-    long as the server's step timeout (a 3B model's long prompt took over 600 s on two AVX2 CPUs), then its decode."""
+def requests(server: LocalServer, context: int, seqs: int, vocab: int, timeout: float) -> dict[str, float]:
+    """A long prompt alone, then `seqs` requests at once, each given `timeout` seconds; the seconds each took."""
     rng = random.Random(0)
     seconds: dict[str, float] = {}
     started = time.monotonic()
-    server.complete(prompt_ids(context - 64, vocab, rng), 32, timeout=2 * step_timeout)
+    server.complete(prompt_ids(context - 64, vocab, rng), 32, timeout=timeout)
     seconds["long prompt"] = time.monotonic() - started
     started = time.monotonic()
     with ThreadPoolExecutor(seqs) as pool:
-        done = list(
-            pool.map(lambda _: server.complete(prompt_ids(256, vocab, rng), 32, timeout=2 * step_timeout), range(seqs))
-        )
+        done = list(pool.map(lambda _: server.complete(prompt_ids(256, vocab, rng), 32, timeout=timeout), range(seqs)))
     assert all(r["usage"]["completion_tokens"] == 32 for r in done)
     seconds["full batch"] = time.monotonic() - started
     return seconds
@@ -85,9 +82,10 @@ def run_case(python: Path, name: str, tp: int, args: argparse.Namespace, workdir
     try:
         case["first"] = asdict(start(server))
         server.mark("start")
-        env = {e["name"]: e.get("value") for e in container["env"]}
-        step_timeout = float(env["VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS"])
-        case["request_seconds"] = requests(server, context, seqs, config["vocab_size"], step_timeout)
+        # A request may take a prefill step as long as the plan's step timeout (a 3B model's long prompt took over
+        # 600 s on two AVX2 CPUs), then its decode.
+        timeout = 2 * plan["stepTimeoutSeconds"]
+        case["request_seconds"] = requests(server, context, seqs, config["vocab_size"], timeout)
         server.mark("requests")
     finally:
         server.stop()

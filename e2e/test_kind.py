@@ -21,7 +21,7 @@ from testbed.images import build_debian
 from testbed.kind_images import build_kind_base, kind_cni, kind_module, kind_storage
 from testbed.tools import Kubectl, eventually
 
-from e2e.spread import QuickStart
+from e2e.spread import NAMESPACE, QuickStart
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 CHECKS = "kind-checks"  # the namespace of the cluster tests' objects
@@ -175,7 +175,7 @@ def test_a_kind_cluster_of_images_built_here_gives_a_guaranteed_pod_an_exclusive
         if "node-role.kubernetes.io/control-plane" not in n["metadata"]["labels"]
     }
     servers = {
-        p["spec"]["nodeName"] for p in kubectl.get("pods", namespace="default", **{"cpullm.io/service": "quickstart"})
+        p["spec"]["nodeName"] for p in kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/service": "quickstart"})
     }
     free = min(workers - servers)
     pod = one_shot_pod(
