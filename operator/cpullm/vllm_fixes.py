@@ -46,6 +46,15 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    function is complete and has no such method ("'function' object has no attribute 'finalize_loading'"); vLLM then
    compiled anew and saved again at every start. While vLLM loads, the fix gives a loaded function lacking that
    method one that does nothing. A function that has it (vLLM's backend, another platform) is left as it is.
+5. The checkpoint's page cache is dropped once the weights are loaded (`checkpoint_pages_dropped`). vLLM's default
+   loader reads each safetensors file whole in every rank (`safetensors_weights_iterator`: `get_tensor` on every
+   tensor, then each rank keeps its slice), so at TP > 1 every page of the checkpoint is read by each rank, and a
+   page read twice is on the kernel's active list: the working set, what the kubelet evicts on, held 1.18 GiB of
+   page cache at TP 2 on Qwen2.5-1.5B, 0.96 of the container's limit (docs/calibration.md). The weights are in
+   the ranks' memory by then, and nothing reads those pages again until the next start. After the default
+   loader's load_weights, each rank asks the kernel to drop the checkpoint's clean pages (vLLM's own
+   `drop_checkpoint_cache`: POSIX_FADV_DONTNEED on the model's *.safetensors, which leaves a page another process
+   still maps). The next start reads them from disk again.
 
 This file imports the standard library only, like the launcher.
 """
@@ -90,6 +99,9 @@ INTEL_OPENMP = "libiomp"
 AOT_LOADED = "the compiled model was loaded from vLLM's AOT compile cache"
 # What fix 3 adds to its line when the engine core is forked.
 FORKED = "forked from the API server"
+# Where fix 5 finds vLLM's drop_checkpoint_cache, and what it says once it has dropped the checkpoint's pages.
+WEIGHT_UTILS_MODULE = "vllm.model_executor.model_loader.weight_utils"
+CHECKPOINT_DROPPED = "the checkpoint's page cache dropped after loading the weights"
 
 
 def report(message: str) -> None:
@@ -262,6 +274,29 @@ def aot_cache_loads(module: ModuleType) -> bool:
     return True
 
 
+def checkpoint_pages_dropped(module: ModuleType) -> bool:
+    """Fix 5, on vllm.model_executor.model_loader.default_loader: DefaultModelLoader.load_weights, then the
+    checkpoint's page cache dropped by weight_utils.drop_checkpoint_cache."""
+    loader = getattr(module, "DefaultModelLoader", None)
+    load_weights = getattr(loader, "load_weights", None)
+    if loader is None or not callable(load_weights):
+        return False
+    try:
+        drop = importlib.import_module(WEIGHT_UTILS_MODULE).drop_checkpoint_cache
+    except (ImportError, AttributeError):
+        return False
+    if not callable(drop):
+        return False
+
+    def load_weights_then_drop_their_pages(self: Any, model: Any, model_config: Any) -> None:
+        load_weights(self, model, model_config)
+        drop(model_config.model, model_config.revision, self.load_config.download_dir)
+        report(CHECKPOINT_DROPPED)
+
+    loader.load_weights = load_weights_then_drop_their_pages
+    return True
+
+
 def nothing_to_finalize(vllm_config: Any) -> None:
     """What finalize_loading does for inductor's loaded function: nothing; it is complete when torch loads it."""
     del vllm_config
@@ -273,6 +308,7 @@ FIXES: dict[str, Callable[[ModuleType], bool]] = {
     "vllm.v1.worker.cpu_model_runner": short_warm_up,
     "vllm.platforms.cpu": rank_in_engine_core,
     "vllm.compilation.decorators": aot_cache_loads,
+    "vllm.model_executor.model_loader.default_loader": checkpoint_pages_dropped,
 }
 
 

@@ -299,15 +299,53 @@ def test_without_vllms_openmp_rule_the_rank_stays_in_a_worker(capsys, monkeypatc
     )
 
 
+class DefaultModelLoader:
+    """vLLM's DefaultModelLoader as fix 5 sees it: load_weights, and the LoadConfig's download_dir."""
+
+    def __init__(self, download_dir: str | None) -> None:
+        self.load_config = SimpleNamespace(download_dir=download_dir)
+        self.loaded: list[object] = []
+
+    def load_weights(self, model: object, model_config: object) -> None:
+        self.loaded.append(model)
+
+
+def weight_utils_module(drops: list[tuple[object, ...]]) -> ModuleType:
+    """vllm.model_executor.model_loader.weight_utils as fix 5 uses it: drop_checkpoint_cache, recording its calls."""
+    module = ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE)
+    module.drop_checkpoint_cache = lambda model, revision, cache_dir: drops.append((model, revision, cache_dir))  # type: ignore[attr-defined]
+    return module
+
+
 @pytest.mark.parametrize(
-    "name",
-    [
-        "vllm.utils.cpu_resource_utils",
-        "vllm.v1.worker.cpu_model_runner",
-        "vllm.platforms.cpu",
-        "vllm.compilation.decorators",
-    ],
+    ("model", "revision", "download_dir"),
+    [("/models/qwen2.5-1.5b", None, None), ("Qwen/Qwen2.5-1.5B", "main", "/models")],
+    ids=["local-directory", "hub-id-in-a-download-dir"],
 )
+def test_the_checkpoints_pages_are_dropped_once_the_weights_are_loaded(
+    capsys, monkeypatch, model, revision, download_dir
+):
+    drops: list[tuple[object, ...]] = []
+    monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, weight_utils_module(drops))
+    module = ModuleType("vllm.model_executor.model_loader.default_loader")
+    module.DefaultModelLoader = type("DefaultModelLoader", (DefaultModelLoader,), {})  # type: ignore[attr-defined]
+    assert apply(module) is True
+    loader = module.DefaultModelLoader(download_dir)  # type: ignore[attr-defined]
+    loader.load_weights("the model", SimpleNamespace(model=model, revision=revision))
+    assert (loader.loaded, drops) == (["the model"], [(model, revision, download_dir)])
+    assert capsys.readouterr().err == f"cpullm-vllm: {vllm_fixes.CHECKPOINT_DROPPED}\n"
+
+
+def test_a_vllm_without_drop_checkpoint_cache_keeps_its_loader(capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE))
+    module = ModuleType("vllm.model_executor.model_loader.default_loader")
+    module.DefaultModelLoader = type("DefaultModelLoader", (DefaultModelLoader,), {})  # type: ignore[attr-defined]
+    assert apply(module) is False
+    assert module.DefaultModelLoader.load_weights is DefaultModelLoader.load_weights  # type: ignore[attr-defined]
+    assert "nothing for checkpoint_pages_dropped to patch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", list(vllm_fixes.FIXES))
 def test_a_vllm_without_what_a_fix_patches_is_left_as_it_is(capsys, name):
     module = ModuleType(name)
     assert apply(module) is False

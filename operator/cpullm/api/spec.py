@@ -183,9 +183,10 @@ class CpuSettings(_Model):
         "and a process's memory less), forked from the API server where the OpenMP runtime is Intel's (x86), so it "
         "shares the API server's imports; its AOT compile cache, which it cannot load on CPU as it is, loads what "
         "a first start saved in the model cache, so a later start skips torch.compile's trace (the operator turns "
-        "that cache on with the fix, where the model cache is kept across pods). CPULLM_VLLM_FIXES_OFF in env "
-        "names fixes to leave out (leave_page_cache_out, short_warm_up, rank_in_engine_core, engine_core_forked, "
-        "aot_cache_loads). false runs vLLM's "
+        "that cache on with the fix, where the model cache is kept across pods); each rank drops the checkpoint's "
+        "page cache once its weights are loaded, so pages every rank read do not stay in the working set. "
+        "CPULLM_VLLM_FIXES_OFF in env names fixes to leave out (leave_page_cache_out, short_warm_up, "
+        "rank_in_engine_core, engine_core_forked, aot_cache_loads, checkpoint_pages_dropped). false runs vLLM's "
         "command as is: 'auto' maps rank N to the N-th "
         "allowed memory node whether or not the pod has CPUs there.",
     )
