@@ -265,6 +265,7 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     assert f"{vllm_fixes.LOG_PREFIX} warm-up compiles with a {vllm_fixes.WARM_UP_TOKENS}-token step" in log
     assert plan["rankInEngineCore"] and f"{vllm_fixes.LOG_PREFIX} {vllm_fixes.RANK_IN_ENGINE_CORE}" in log
     assert plan["engineCoreForked"] is (f"{vllm_fixes.RANK_IN_ENGINE_CORE}, {vllm_fixes.FORKED}" in log)
+    assert f"{vllm_fixes.LOG_PREFIX} {vllm_fixes.CHECKPOINT_DROPPED}" in log
 
     # The server started again on the same node with the same model cache (the claim): what the first start
     # compiled (the model, in vLLM's AOT compile cache, and inductor's kernels beside it) and inspected (vLLM's

@@ -1,11 +1,14 @@
 """This machine as a Node would be labelled (NFD-style and cpullm.io labels), read from its real CPU flags, CPU
 topology, NUMA nodes and memory: never hard-coded, since development machines differ (AVX-512/AMX Xeons, AVX2-only
 EPYCs). Used by the real node (testbed/realnode.py) and the vLLM tests' harness (tests/vllm/harness.py). Also
-drops files from its page cache, for a start charged as on a node that has not read them yet."""
+drops files from its page cache, for a start charged as on a node that has not read them yet, and tells how much of
+a file the page cache holds."""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import mmap
 import os
 import platform
 import re
@@ -84,3 +87,30 @@ def drop_from_page_cache(path: Path) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def cached_bytes(file: Path) -> int:
+    """How much of a file the page cache holds (mincore(2) over a mapping of it, which reads none of it)."""
+    size = file.stat().st_size
+    if size == 0:
+        return 0
+    pages = -(-size // mmap.PAGESIZE)
+    residency = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, ctypes.c_void_p(-1).value):
+            raise OSError(ctypes.get_errno(), f"mmap of {file}")
+        try:
+            if libc.mincore(address, size, residency) != 0:
+                raise OSError(ctypes.get_errno(), f"mincore of {file}")
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+    return sum(page & 1 for page in residency) * mmap.PAGESIZE

@@ -15,8 +15,9 @@ bench/sizes_bench.py: random-weight models of 20M to 3B parameters, two vocabula
   graph and of the activations a prefill of max_num_batched_tokens leaves in the allocator.
 - packed embeddings: where oneDNN builds a matmul for the serving dtype on the node, vLLM keeps a packed copy of
   the input embedding and of the LM head beside their weights.
-- page cache in use: file pages the server reads again and again (its libraries, the model's files), which the
-  working set counts (the kubelet evicts on it) though the kernel can reclaim them.
+- page cache in use: file pages the server reads again and again (its libraries, the model's small files), which
+  the working set counts (the kubelet evicts on it) though the kernel can reclaim them. Not the checkpoint, which
+  every rank reads whole: the launcher drops its pages once the weights are loaded (cpullm/vllm_fixes.py, fix 5).
 - /dev/shm (a memory-backed emptyDir, charged to the pod as it is written): sized for vLLM's free-space checks,
   counted in the limit for what vLLM writes there.
 """
@@ -66,12 +67,13 @@ ONEDNN_MATMUL_ISA_BY_DTYPE = {
     "bfloat16": ONEDNN_16_BIT_MATMUL_ISA,
     "float16": ONEDNN_16_BIT_MATMUL_ISA,
 }
-# Working set less anonymous memory at the peak, measured: 0.22 GiB (tiny model), 0.46-0.52 GiB (0.5B to 3B); these
-# pages are reclaimable, and the margin below covers the rest.
+# Working set less anonymous memory at the peak, measured: 0.22 GiB (tiny model), 0.46-0.52 GiB (0.5B to 3B) at TP 1;
+# with the checkpoint's pages dropped after loading (fix 5), 0.38 (0.5B) at TP 1, 0.32 (0.5B) and 0.63 (1.5B) at
+# TP 2, where they were 1.18-1.26 at 1.5B without. These pages are reclaimable, and the margin below covers the rest.
 PAGE_CACHE_BYTES = 448 * c.MiB
 # Over the measured parts: a node whose kernel or allocator holds a few % more than the measurement's did (page
 # tables and slab grow with the memory mapped, tcmalloc's caches with its threads). With it the working set's peak
-# measured 0.81-0.92 of the limit from 20M to 3B parameters (docs/calibration.md).
+# measured 0.84-0.94 of the limit from 20M to 3B parameters, at TP 1 and 2 (docs/calibration.md).
 MARGIN_FRACTION = 0.05
 # /dev/shm's size: each of vLLM's shared-memory ring buffers (the engine's broadcast to the workers, each worker's
 # reply; 10 chunks of 24 MiB) checks for its 240 MiB free when it is made (shm_broadcast.check_shm_free_space). They
