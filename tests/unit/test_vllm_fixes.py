@@ -312,8 +312,12 @@ class DefaultModelLoader:
 
 def weight_utils_module(drops: list[tuple[object, ...]]) -> ModuleType:
     """vllm.model_executor.model_loader.weight_utils as fix 5 uses it: drop_checkpoint_cache, recording its calls."""
+
+    def drop_checkpoint_cache(model: str, revision: str | None, cache_dir: str | None) -> None:
+        drops.append((model, revision, cache_dir))
+
     module = ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE)
-    module.drop_checkpoint_cache = lambda model, revision, cache_dir: drops.append((model, revision, cache_dir))  # type: ignore[attr-defined]
+    module.drop_checkpoint_cache = drop_checkpoint_cache  # type: ignore[attr-defined]
     return module
 
 
