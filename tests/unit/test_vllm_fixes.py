@@ -340,6 +340,23 @@ def test_the_checkpoints_pages_are_dropped_once_the_weights_are_loaded(
     assert capsys.readouterr().err == f"cpullm-vllm: {vllm_fixes.CHECKPOINT_DROPPED}\n"
 
 
+def test_a_drop_that_fails_leaves_the_loaded_weights_and_says_so(capsys, monkeypatch):
+    def drop_checkpoint_cache(model: str, revision: str | None, cache_dir: str | None) -> None:
+        raise RuntimeError(f"no snapshot of {model} with token hf_secret")
+
+    utils = ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE)
+    utils.drop_checkpoint_cache = drop_checkpoint_cache  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, utils)
+    module = ModuleType("vllm.model_executor.model_loader.default_loader")
+    module.DefaultModelLoader = type("DefaultModelLoader", (DefaultModelLoader,), {})  # type: ignore[attr-defined]
+    assert apply(module) is True
+    loader = module.DefaultModelLoader(None)  # type: ignore[attr-defined]
+    loader.load_weights("the model", SimpleNamespace(model="org/model", revision=None))
+    assert loader.loaded == ["the model"]
+    # The exception's kind only: its message may name what it should not.
+    assert capsys.readouterr().err == "cpullm-vllm: the checkpoint's page cache left as it is: RuntimeError\n"
+
+
 def test_a_vllm_without_drop_checkpoint_cache_keeps_its_loader(capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE))
     module = ModuleType("vllm.model_executor.model_loader.default_loader")
