@@ -174,7 +174,7 @@ class CpuSettings(_Model):
         default=True,
         description="Start vLLM through the operator's in-pod launcher. With threadsBind 'auto' it reads the "
         "cpuset the pod really got (CPUs, their NUMA nodes, SMT siblings, CFS quota) and sets explicit per-rank "
-        "VLLM_CPU_OMP_THREADS_BIND lists and CPU_VISIBLE_MEMORY_NODES. With any bind it applies four fixes to "
+        "VLLM_CPU_OMP_THREADS_BIND lists and CPU_VISIBLE_MEMORY_NODES. With any bind it applies five fixes to "
         "vLLM 0.32: its KV check leaves out reclaimable page cache, which it counts as used (a pod that is the "
         "first on its node to read its image and model would otherwise fail its first start); its warm-up "
         "compiles with a 16-token step instead of a full max_num_batched_tokens prefill (the same graph, without "
