@@ -68,12 +68,12 @@ ONEDNN_MATMUL_ISA_BY_DTYPE = {
     "float16": ONEDNN_16_BIT_MATMUL_ISA,
 }
 # Working set less anonymous memory at the peak, measured: 0.22 GiB (tiny model), 0.46-0.52 GiB (0.5B to 3B) at TP 1;
-# with the checkpoint's pages dropped after loading (fix 5), 0.38 (0.5B) at TP 1, 0.32 (0.5B) and 0.63 (1.5B) at
-# TP 2, where they were 1.18-1.26 at 1.5B without. These pages are reclaimable, and the margin below covers the rest.
+# with the checkpoint's pages dropped after loading (fix 5), 0.38-0.58 GiB (0.5B to 3B) at TP 1, 0.32 (0.5B) and 0.63
+# (1.5B) at TP 2, where they were 1.18-1.26 at 1.5B without. These pages are reclaimable; the margin covers the rest.
 PAGE_CACHE_BYTES = 448 * c.MiB
 # Over the measured parts: a node whose kernel or allocator holds a few % more than the measurement's did (page
 # tables and slab grow with the memory mapped, tcmalloc's caches with its threads). With it the working set's peak
-# measured 0.84-0.94 of the limit from 20M to 3B parameters, at TP 1 and 2 (docs/calibration.md).
+# measured 0.84-0.94 of the limit from 20M to 3B parameters, at TP 1 and 2 (docs/calibration.md, 2026-11-27).
 MARGIN_FRACTION = 0.05
 # /dev/shm's size: each of vLLM's shared-memory ring buffers (the engine's broadcast to the workers, each worker's
 # reply; 10 chunks of 24 MiB) checks for its 240 MiB free when it is made (shm_broadcast.check_shm_free_space). They
