@@ -7,6 +7,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
@@ -310,14 +311,15 @@ class DefaultModelLoader:
         self.loaded.append(model)
 
 
-def weight_utils_module(drops: list[tuple[object, ...]]) -> ModuleType:
-    """vllm.model_executor.model_loader.weight_utils as fix 5 uses it: drop_checkpoint_cache, recording its calls."""
-
-    def drop_checkpoint_cache(model: str, revision: str | None, cache_dir: str | None) -> None:
-        drops.append((model, revision, cache_dir))
-
-    module = ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE)
-    module.drop_checkpoint_cache = drop_checkpoint_cache  # type: ignore[attr-defined]
+def default_loader_module(monkeypatch: pytest.MonkeyPatch, drop: Callable[..., None] | None) -> ModuleType:
+    """vllm.model_executor.model_loader.default_loader as fix 5 sees it, and, imported beside it, weight_utils with
+    `drop` as its drop_checkpoint_cache (None: a vLLM without one)."""
+    utils = ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE)
+    if drop is not None:
+        utils.drop_checkpoint_cache = drop  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, utils)
+    module = ModuleType("vllm.model_executor.model_loader.default_loader")
+    module.DefaultModelLoader = type("DefaultModelLoader", (DefaultModelLoader,), {})  # type: ignore[attr-defined]
     return module
 
 
@@ -330,9 +332,11 @@ def test_the_checkpoints_pages_are_dropped_once_the_weights_are_loaded(
     capsys, monkeypatch, model, revision, download_dir
 ):
     drops: list[tuple[object, ...]] = []
-    monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, weight_utils_module(drops))
-    module = ModuleType("vllm.model_executor.model_loader.default_loader")
-    module.DefaultModelLoader = type("DefaultModelLoader", (DefaultModelLoader,), {})  # type: ignore[attr-defined]
+
+    def drop_checkpoint_cache(model: str, revision: str | None, cache_dir: str | None) -> None:
+        drops.append((model, revision, cache_dir))
+
+    module = default_loader_module(monkeypatch, drop_checkpoint_cache)
     assert apply(module) is True
     loader = module.DefaultModelLoader(download_dir)  # type: ignore[attr-defined]
     loader.load_weights("the model", SimpleNamespace(model=model, revision=revision))
@@ -344,11 +348,7 @@ def test_a_drop_that_fails_leaves_the_loaded_weights_and_says_so(capsys, monkeyp
     def drop_checkpoint_cache(model: str, revision: str | None, cache_dir: str | None) -> None:
         raise RuntimeError(f"no snapshot of {model} with token hf_secret")
 
-    utils = ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE)
-    utils.drop_checkpoint_cache = drop_checkpoint_cache  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, utils)
-    module = ModuleType("vllm.model_executor.model_loader.default_loader")
-    module.DefaultModelLoader = type("DefaultModelLoader", (DefaultModelLoader,), {})  # type: ignore[attr-defined]
+    module = default_loader_module(monkeypatch, drop_checkpoint_cache)
     assert apply(module) is True
     loader = module.DefaultModelLoader(None)  # type: ignore[attr-defined]
     loader.load_weights("the model", SimpleNamespace(model="org/model", revision=None))
@@ -358,9 +358,7 @@ def test_a_drop_that_fails_leaves_the_loaded_weights_and_says_so(capsys, monkeyp
 
 
 def test_a_vllm_without_drop_checkpoint_cache_keeps_its_loader(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, vllm_fixes.WEIGHT_UTILS_MODULE, ModuleType(vllm_fixes.WEIGHT_UTILS_MODULE))
-    module = ModuleType("vllm.model_executor.model_loader.default_loader")
-    module.DefaultModelLoader = type("DefaultModelLoader", (DefaultModelLoader,), {})  # type: ignore[attr-defined]
+    module = default_loader_module(monkeypatch, None)
     assert apply(module) is False
     assert module.DefaultModelLoader.load_weights is DefaultModelLoader.load_weights  # type: ignore[attr-defined]
     assert "nothing for checkpoint_pages_dropped to patch" in capsys.readouterr().err
