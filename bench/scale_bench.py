@@ -398,7 +398,7 @@ def floor_phase(
         uid = json.loads(response.data)["metadata"]["uid"]
         children, status_patch = decisions[key]
         for child in with_owner_uid(children, PLACEHOLDER_UID, uid):
-            kube.apply(child)
+            kube.apply(child, None)  # each one new
         kube.patch_service_status(namespace, name, status_patch)
 
     tracker.set_target(keys)

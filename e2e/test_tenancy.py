@@ -41,6 +41,29 @@ def test_a_same_name_service_someone_else_made_is_not_adopted(
     ready(kubectl, namespace, "taken", 1, timeout=120)  # retried with backoff: the name is free now
 
 
+def test_a_child_of_another_service_is_not_taken_over_by_a_service_named_like_it(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """Service x in router mode has a headless Service x-servers; a CpuLLMService named x-servers renders a
+    Service of that name. The operator had applied x-servers for x, so it skipped the ownership read and
+    force-applied over it: x-servers' selector and controller reference became the second service's, and x's
+    router lost its servers. Now the second service is a Conflict and x's Service is left as it was."""
+    kubectl.apply(tiny_service("x", namespace, routing={"mode": "router"}))
+    ready(kubectl, namespace, "x", 1)
+    uid = kubectl.get("cpullm", "x", namespace)["metadata"]["uid"]
+    before = kubectl.get("service", "x-servers", namespace)
+    assert [r["uid"] for r in before["metadata"]["ownerReferences"] if r.get("controller")] == [uid]
+    kubectl.apply(tiny_service("x-servers", namespace))
+    refused = not_planned(kubectl, namespace, "x-servers", "Conflict")
+    assert conditions(refused)["Planned"]["message"].startswith(
+        f"Service {namespace}/x-servers exists and is not controlled by this CpuLLMService"
+    )
+    after = kubectl.get("service", "x-servers", namespace)
+    assert after["spec"]["selector"] == before["spec"]["selector"]
+    assert after["metadata"]["ownerReferences"] == before["metadata"]["ownerReferences"]
+    assert kubectl.get("deployment", "x-servers", namespace) is None  # nothing of the second service applied
+
+
 @pytest.mark.parametrize("name", ["qwen.small", "q" * 64, "Qwen"])
 def test_a_name_the_children_cannot_take_is_refused_at_admission(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, name: str

@@ -13,7 +13,7 @@ from kubernetes import client
 
 from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
-from cpullm.io.kube import REQUEST_TIMEOUT, Kube
+from cpullm.io.kube import REQUEST_TIMEOUT, Kube, Ownership
 
 from .fake_api import RESET, FakeTransport, kube
 
@@ -21,16 +21,25 @@ DEPLOYMENT = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name"
 SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama", "namespace": "serving"}}
 
 
-def test_apply_is_a_forced_server_side_apply_under_our_field_manager():
+@pytest.mark.parametrize(
+    ("over", "force", "resource_version"),
+    [(None, "false", None), (Ownership(uid="d1", controller_uid="u1", resource_version="41"), "true", "41")],
+    ids=["absent-creates-unforced", "its-own-forced-at-the-read-version"],
+)
+def test_apply_is_a_server_side_apply_under_our_field_manager(over, force, resource_version):
+    """Over a child read as the service's, a forced apply preconditioned on the read's resourceVersion; where the
+    read found nothing, an apply that does not force (a same-name object made meanwhile is a conflict)."""
     transport = FakeTransport(200, {**DEPLOYMENT, "status": {"readyReplicas": 1}})
-    stored = kube(transport).apply(DEPLOYMENT)
+    stored = kube(transport).apply(DEPLOYMENT, over)
     assert stored["status"] == {"readyReplicas": 1}
     (request,) = transport.requests
     assert request["method"] == "PATCH"
     assert request["url"].startswith("http://api.invalid/apis/apps/v1/namespaces/serving/deployments/llama?")
-    assert "fieldManager=cpullm-operator" in request["url"] and "force=true" in request["url"]
+    assert "fieldManager=cpullm-operator" in request["url"] and f"force={force}" in request["url"]
     assert request["headers"]["Content-Type"] == "application/apply-patch+yaml"
-    assert json.loads(request["body"]) == DEPLOYMENT
+    body = json.loads(request["body"])
+    assert body["metadata"].pop("resourceVersion", None) == resource_version
+    assert body == DEPLOYMENT
 
 
 @pytest.mark.parametrize(
@@ -48,7 +57,7 @@ def test_apply_is_a_forced_server_side_apply_under_our_field_manager():
 )
 def test_apply_errors_map_to_typed_errors(status, error, expected, message):
     with pytest.raises(expected) as raised:
-        kube(FakeTransport(status, error=error)).apply(SERVICE)
+        kube(FakeTransport(status, error=error)).apply(SERVICE, None)
     assert raised.value.message.startswith(message)
 
 
@@ -145,7 +154,7 @@ def test_connection_errors_are_transient(error, message):
 @pytest.mark.parametrize(
     ("call", "message"),
     [
-        (lambda k: k.apply(DEPLOYMENT), "cannot apply Deployment serving/llama: ProtocolError"),
+        (lambda k: k.apply(DEPLOYMENT, None), "cannot apply Deployment serving/llama: ProtocolError"),
         (lambda k: k.child_exists("Service", "serving", "llama"), "cannot read Service serving/llama: ProtocolError"),
         (lambda k: k.list_owned("Service", []), "cannot list Services: ProtocolError"),
         (lambda k: k.list_nodes(), "cannot list nodes: ProtocolError"),
@@ -193,7 +202,7 @@ def test_every_request_has_a_deadline():
 
 def test_an_unmapped_answer_stays_loud():
     with pytest.raises(client.ApiException) as raised:
-        kube(FakeTransport(400)).apply(SERVICE)
+        kube(FakeTransport(400)).apply(SERVICE, None)
     assert raised.value.status == 400
 
 

@@ -49,7 +49,7 @@ class StubKube:
         self.fail_read: Exception | None = None
         self.status_patches: list[dict[str, Any]] = []
 
-    def apply(self, manifest):
+    def apply(self, manifest, over):
         if self.fail_apply is not None:
             raise self.fail_apply
         return manifest
@@ -204,7 +204,7 @@ API_ERRORS = tuple(
 
 
 def _apply(k: Kube) -> None:
-    k.apply(SERVICE)
+    k.apply(SERVICE, None)
 
 
 def _delete(k: Kube) -> None:

@@ -39,7 +39,7 @@ class RecordingKube:
         self.secret_reads.append((namespace, name, key))
         return TOKEN
 
-    def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
+    def apply(self, manifest: dict[str, Any], over: Any) -> dict[str, Any]:
         self.applied.append(manifest)
         return manifest
 

@@ -597,7 +597,7 @@ class RecordingKube:
         self.calls: list[tuple[str, ...]] = []
         self.status_patches: list[dict[str, Any]] = []
 
-    def apply(self, manifest):
+    def apply(self, manifest, over):
         self.calls.append(("apply", manifest["apiVersion"], manifest["kind"]))
         return manifest
 
@@ -740,14 +740,14 @@ def test_switching_hpa_to_keda_survives_the_keda_webhook():
     applied = kube.apply
     deleted = kube.delete
 
-    def apply(manifest):
+    def apply(manifest, over):
         if manifest["kind"] == "ScaledObject" and hpa_alive:
             raise PermissionDenied(
                 'forbidden to apply ScaledObject serving/llama: admission webhook "vscaledobject.kb.io" denied '
                 "the request: the workload 'llama' of type 'cpullm.io/v1alpha1.CpuLLMService' is already managed "
                 "by the hpa 'llama'"
             )
-        return applied(manifest)
+        return applied(manifest, over)
 
     def delete(api_version, kind, namespace, name, owner_uid):
         nonlocal hpa_alive

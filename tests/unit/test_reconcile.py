@@ -1,5 +1,6 @@
 """The reconcile path with the one API module stubbed (tests against a real API server live in e2e/)."""
 
+import itertools
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +39,7 @@ class StubKube:
         self.reads.append((kind, namespace, name))
         return (namespace, name) in self.present | self.unlisted
 
-    def apply(self, manifest):
+    def apply(self, manifest, over):
         self.applied.append(manifest)
         return manifest
 
@@ -233,7 +234,7 @@ def test_children_are_applied_again_only_when_they_or_someone_elses_edits_change
     its watch shows someone else's change (a Deployment's generation, another kind's resourceVersion), never
     for a Deployment's status updates."""
     rec, kube = reconciler()
-    kube.apply = lambda manifest: (
+    kube.apply = lambda manifest, over: (
         kube.applied.append(manifest)
         or {
             **manifest,
@@ -274,7 +275,7 @@ def applied_with_markers(kube: StubKube) -> None:
     """The API server's answer to an apply: what was applied, with resourceVersion 10, and generation 1 for a
     Deployment (ConfigMaps and Services have none)."""
 
-    def apply(manifest: dict[str, Any]) -> dict[str, Any]:
+    def apply(manifest: dict[str, Any], over: Ownership | None) -> dict[str, Any]:
         kube.applied.append(manifest)
         generation = {"generation": 1} if manifest["kind"] == "Deployment" else {}
         return {**manifest, "metadata": {**manifest["metadata"], **generation, "resourceVersion": "10"}}
@@ -437,3 +438,59 @@ def test_a_service_event_asks_for_a_reconcile_only_for_a_spec_no_reconcile_read(
 def test_retry_delays_back_off_within_a_jitter_band(outcome, retry, spread, delay):
     """Services one outage failed together retry spread over ±20% of the delay, not all at once."""
     assert retry_delay(outcome, retry, spread) == (pytest.approx(delay) if delay is not None else None)
+
+
+def owners_from_applies(kube: StubKube) -> None:
+    """The API server's record of what exists: each applied child, controlled by its controller reference, at a
+    resourceVersion bumped by each write."""
+    versions = itertools.count(1)
+
+    def apply(manifest: dict[str, Any], over: Ownership | None) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        key = (manifest["kind"], meta["namespace"], meta["name"])
+        existing = kube.owners.get(key)
+        assert over == existing  # every write names what was read just before it: the object, or its absence
+        controller = next(ref["uid"] for ref in meta["ownerReferences"] if ref.get("controller"))
+        kube.owners[key] = Ownership(uid=f"{key}", controller_uid=controller, resource_version=str(next(versions)))
+        kube.applied.append(manifest)
+        return manifest
+
+    kube.apply = apply
+
+
+def named(spec: dict[str, Any], name: str, uid: str) -> dict[str, Any]:
+    body = service(spec)
+    body["metadata"] = {**body["metadata"], "name": name, "uid": uid}
+    return body
+
+
+def test_a_child_another_service_of_this_process_applied_is_never_taken_over():
+    """Service `llama-servers` renders a Service of the name that service llama's router mode applied for its
+    servers: this process applied that name before, yet it is read again and refused, not force-applied over
+    llama's (which took llama's traffic and controller reference)."""
+    rec, kube = reconciler()
+    owners_from_applies(kube)
+    router = {"routing": {"mode": "router"}}
+    assert not isinstance(rec.reconcile(named(router, "llama", "u1"), NODES, READY), ChildConflict)
+    theirs = kube.owners[("Service", "serving", "llama-servers")]
+    assert theirs.controller_uid == "u1"
+    applied = len(kube.applied)
+    outcome = rec.reconcile(named({}, "llama-servers", "u2"), NODES, READY)
+    assert isinstance(outcome, ChildConflict)
+    assert outcome.message.startswith("Service serving/llama-servers exists and is not controlled by this")
+    assert len(kube.applied) == applied and kube.owners[("Service", "serving", "llama-servers")] == theirs
+
+
+def test_a_service_made_again_under_its_old_name_does_not_take_its_predecessors_children():
+    """Until the garbage collector removes the children of a deleted service, a new one of the same name (another
+    uid) finds them controlled by the old one: a conflict, retried, never a takeover; its own are then written
+    with the resourceVersion their read gave."""
+    rec, kube = reconciler()
+    owners_from_applies(kube)
+    rec.reconcile(named({}, "llama", "u1"), NODES, READY)
+    rec.forget("serving", "llama", "u1")
+    assert isinstance(rec.reconcile(named({}, "llama", "u2"), NODES, READY), ChildConflict)
+    kube.owners.clear()  # collected
+    rec.reconcile(named({}, "llama", "u2"), NODES, READY)
+    rec.reconcile(named({"kvCacheGiB": 5}, "llama", "u2"), NODES, READY)  # a spec change: read, then written over
+    assert {o.controller_uid for o in kube.owners.values()} == {"u2"}

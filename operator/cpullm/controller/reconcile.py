@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 class KubeGateway(ClusterFacts, Protocol):
     """The API calls a reconcile makes: the reads of gather, then the writes of apply."""
 
-    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]: ...
+    def apply(self, manifest: Mapping[str, Any], over: Ownership | None) -> dict[str, Any]: ...
     def delete(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> None: ...
     def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> Ownership | None: ...
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> dict[tuple[str, str], str]: ...
@@ -61,11 +61,23 @@ ChildKey = tuple[str, str, str]  # kind, namespace, name
 class _Applied:
     """What the operator last applied to a child, and how to tell a later change by someone else from noise:
     a Deployment's generation (its status changes all the time, its generation only with its spec), the
-    resourceVersion of the others (nothing but a change of them bumps it); and the service that owns it."""
+    resourceVersion of the others (nothing but a change of them bumps it); and the service that owns it (its
+    name, and its uid: a later service of the same name is another owner)."""
 
     digest: str
     marker: str
     owner: str
+    owner_uid: str
+
+
+@dataclass(frozen=True)
+class _Write:
+    """A child to apply: its manifest and digest, and what the read before the write found (None: absent)."""
+
+    key: ChildKey
+    child: Mapping[str, Any]
+    digest: str
+    read: Ownership | None
 
 
 @dataclass(frozen=True)
@@ -214,12 +226,19 @@ class Reconciler:
                 owners.add((key[1], applied.owner))
         return sorted(owners)
 
-    def _check_ownership(self, children: Sequence[Mapping[str, Any]], owner_uid: str) -> None:
-        """Before anything is applied: each child this process has not applied yet has a free name or is the
-        service's own (its controller owner reference). An object someone else made is never adopted."""
+    def _writes(self, children: Sequence[Mapping[str, Any]], owner_uid: str) -> list[_Write]:
+        """The children to write, each read just before: one whose manifest this process last applied for this
+        very service (its uid) unchanged is not written again; every other is read, whatever this process applied
+        before under its name (another service's child of the same name), and must be absent or controlled by the
+        service. Any that is not is a conflict before anything is written: an object someone else made, or that
+        another service owns, is never adopted or overwritten."""
+        writes = []
         for child in children:
             meta = child["metadata"]
-            if (child["kind"], meta["namespace"], meta["name"]) in self._applied:
+            key = (child["kind"], meta["namespace"], meta["name"])
+            digest = _digest(child)
+            applied = self._applied.get(key)
+            if applied is not None and applied.digest == digest and applied.owner_uid == owner_uid:
                 continue
             found = self.kube.ownership(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
             if found is not None and found.controller_uid != owner_uid:
@@ -227,17 +246,14 @@ class Reconciler:
                     f"{child['kind']} {meta['namespace']}/{meta['name']} exists and is not controlled by this "
                     "CpuLLMService: it is left untouched; delete or rename it, or give the CpuLLMService another name"
                 )
+            writes.append(_Write(key, child, digest, found))
+        return writes
 
-    def _apply(self, child: Mapping[str, Any]) -> None:
-        meta = child["metadata"]
-        key = (child["kind"], meta["namespace"], meta["name"])
-        digest = _digest(child)
-        applied = self._applied.get(key)
-        if applied is not None and applied.digest == digest:
-            return
-        self._applied.pop(key, None)  # until the server confirms it, the child is not known to match
-        stored = self.kube.apply(child)
-        self._applied[key] = _Applied(digest, marker(stored), meta["labels"][SERVICE_LABEL])
+    def _apply(self, write: _Write, owner_uid: str) -> None:
+        self._applied.pop(write.key, None)  # until the server confirms it, the child is not known to match
+        stored = self.kube.apply(write.child, write.read)
+        owner = write.child["metadata"]["labels"][SERVICE_LABEL]
+        self._applied[write.key] = _Applied(write.digest, marker(stored), owner, owner_uid)
 
     def reconcile(
         self,
@@ -314,11 +330,11 @@ class Reconciler:
             try:
                 # Obsolete children go first: a new autoscaler may be refused while the old one still
                 # targets the service (KEDA's admission webhook refuses a ScaledObject beside an HPA).
-                self._check_ownership(decision.children, uid)
+                writes = self._writes(decision.children, uid)
                 for gone in decision.obsolete:
                     self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], uid)
-                for child in decision.children:
-                    self._apply(child)
+                for write in writes:
+                    self._apply(write, uid)
             except (ChildRejected, ChildConflict, PermissionDenied) as err:
                 decision = decide(replace(observed, apply_error=err), self.clock())
             self._report(decision, observed.owner, uid)

@@ -86,13 +86,22 @@ class Kube:
         configuration.retries = False
         return cls(BoundedApiClient(configuration), read_any_secret)
 
-    def apply(self, manifest: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply an owned child (the kinds of core/children); returns the object as stored."""
+    def apply(self, manifest: Mapping[str, Any], over: Ownership | None) -> dict[str, Any]:
+        """Server-side apply an owned child (the kinds of core/children); returns the object as stored.
+
+        `over` is the child as read just before, controlled by the service (`ownership`), or None when it was
+        absent. Over a read child, the apply carries the read's resourceVersion: if anything changed it since
+        (deleted and made again by someone else, another controller set), the API server refuses with a conflict
+        instead of the apply taking it over. Where it was absent, the apply does not force: a same-name object
+        someone made meanwhile with other values is a conflict, not overwritten (and one with a controller of its
+        own cannot take a second). Both conflicts are retried, and the next read tells whose the object is."""
         meta = manifest["metadata"]
         kind, name, namespace = manifest["kind"], meta["name"], meta["namespace"]
+        if over is not None:
+            manifest = {**manifest, "metadata": {**meta, "resourceVersion": over.resource_version}}
         options: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
-            "force": True,
+            "force": over is not None,
             "_content_type": APPLY,
             "_preload_content": False,
         }
@@ -141,7 +150,11 @@ class Kube:
             meta = _json(response).get("metadata") or {}
         if meta is None:
             return None
-        return Ownership(uid=str(meta.get("uid") or ""), controller_uid=controller_reference(meta).get("uid"))
+        return Ownership(
+            uid=str(meta.get("uid") or ""),
+            controller_uid=controller_reference(meta).get("uid"),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
 
     def list_owned(self, kind: str, namespaces: Sequence[str]) -> dict[tuple[str, str], str]:
         """Each child of `kind` that carries the operator's managed-by label in `namespaces` (empty: cluster-wide),
@@ -272,8 +285,12 @@ _TRANSIENT_STATUS = frozenset({409, 429})
 
 @dataclass(frozen=True)
 class Ownership:
+    """An existing object as the operator reads it before writing it: which object (uid, resourceVersion) and
+    which object controls it."""
+
     uid: str
     controller_uid: str | None
+    resource_version: str = ""
 
 
 def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
