@@ -256,11 +256,10 @@ OPTED_IN = {"labels": {"cpullm.io/hf-token": "true"}}
     [
         (200, {"metadata": OPTED_IN, "data": {"HF_TOKEN": "aGZfc2VjcmV0"}}, "HF_TOKEN", "hf_secret"),
         (200, {"metadata": OPTED_IN, "data": {"OTHER": "eA=="}}, "HF_TOKEN", None),
-        (404, None, "HF_TOKEN", None),
         (403, None, "HF_TOKEN", PermissionDenied),
         (200, {"metadata": OPTED_IN, "data": {"HF_TOKEN": "//79"}}, "HF_TOKEN", ModelConfigUnavailable),  # ff fe fd
     ],
-    ids=["value", "no-such-key", "no-such-secret", "403", "not-utf8"],
+    ids=["value", "no-such-key", "403", "not-utf8"],
 )
 def test_read_secret_key(status, body, key, expected):
     transport = FakeTransport(status, body)
@@ -297,22 +296,31 @@ def test_event_body():
 
 
 @pytest.mark.parametrize(
-    ("labels", "read_any", "readable"),
-    [({}, False, False), ({"cpullm.io/hf-token": "false"}, False, False), ({}, True, True)],
-    ids=["no-label", "label-false", "read-any-secret"],
+    ("status", "labels", "read_any", "readable"),
+    [
+        (200, {}, False, False),
+        (200, {"cpullm.io/hf-token": "false"}, False, False),
+        (404, None, False, False),
+        (200, {}, True, True),
+        (404, None, True, None),
+    ],
+    ids=["no-label", "label-false", "absent", "read-any-secret", "read-any-secret-absent"],
 )
-def test_only_secrets_that_opt_in_are_read(labels, read_any, readable):
+def test_only_secrets_that_opt_in_are_read(status, labels, read_any, readable):
     """A tenant may name any Secret of the namespace in hfTokenSecret (a TLS key, say): without the opt-in
-    label it is not read into the operator, and the message never shows a value."""
-    body = {"metadata": {"labels": labels}, "data": {"tls.key": "c2VjcmV0LWtleQ=="}}
-    gateway = Kube(kube(FakeTransport(200, body)).core.api_client, read_any_secret=read_any)
-    if readable:
-        assert gateway.read_secret_key("serving", "tls", "tls.key") == "secret-key"
+    label it is not read into the operator, and the message never shows a value; an absent Secret reads the same,
+    so the operator does not tell a tenant which Secrets exist."""
+    body = {"metadata": {"labels": labels}, "data": {"tls.key": "c2VjcmV0LWtleQ=="}} if status == 200 else None
+    gateway = Kube(kube(FakeTransport(status, body)).core.api_client, read_any_secret=read_any)
+    if readable is not False:
+        assert gateway.read_secret_key("serving", "tls", "tls.key") == ("secret-key" if readable else None)
     else:
         with pytest.raises(ModelConfigUnavailable) as caught:
             gateway.read_secret_key("serving", "tls", "tls.key")
-        assert "is not labelled cpullm.io/hf-token=true" in caught.value.message
-        assert "secret-key" not in caught.value.message
+        assert caught.value.message == (
+            "secret serving/tls is absent or is not labelled cpullm.io/hf-token=true: the operator reads only "
+            "Secrets that opt in (create it with the label, or install the operator with readAnySecret)"
+        )
 
 
 def test_listing_daemonsets_reads_every_namespace_and_names_their_kind():

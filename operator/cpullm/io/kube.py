@@ -237,17 +237,19 @@ class Kube:
             )
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
-        """The decoded value, or None when the secret or key does not exist."""
+        """The decoded value, or None when the key does not exist (or the secret, with readAnySecret). An absent
+        Secret and one that did not opt in are refused alike: a tenant cannot learn through the operator which
+        Secrets exist in the namespace."""
         secret = None
         with _api_errors(f"read Secret {namespace}/{name}", absent_ok=True):
             secret = self.core.read_namespaced_secret(name, namespace)
-        if secret is None:
+        if secret is None and self.read_any_secret:
             return None
-        labels = (secret.metadata.labels if secret.metadata else None) or {}
-        if not self.read_any_secret and labels.get(HF_TOKEN_SECRET_LABEL) != "true":
+        labels = (secret.metadata.labels if secret is not None and secret.metadata else None) or {}
+        if secret is None or (not self.read_any_secret and labels.get(HF_TOKEN_SECRET_LABEL) != "true"):
             raise ModelConfigUnavailable(
-                f"secret {namespace}/{name} is not labelled {HF_TOKEN_SECRET_LABEL}=true: the operator reads only "
-                "Secrets that opt in (label it, or install the operator with readAnySecret)"
+                f"secret {namespace}/{name} is absent or is not labelled {HF_TOKEN_SECRET_LABEL}=true: the operator "
+                "reads only Secrets that opt in (create it with the label, or install the operator with readAnySecret)"
             )
         value = (secret.data or {}).get(key)
         if value is None:
