@@ -218,31 +218,103 @@ def test_peering_mode_runs_with_the_charts_rbac(
         kubectl.run("delete", "namespace", namespace, "--wait=false")
 
 
-def test_image_allowlist_policy_refuses_other_images_at_admission(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl):
-    """The chart's optional ValidatingAdmissionPolicy, on the real API server: an image outside the prefixes is
-    refused with the policy's message; the default image (spec.image unset) and an allowed one are admitted."""
-    rendered = objects(
-        helm.template("--set", "imageAllowlist.enabled=true,imageAllowlist.prefixes={registry.example/vllm}")
-    )
+# The admin's prefixes: a registry (any repository under it, any port of it), and the router pinned by digest only.
+ALLOWED = ("registry.corp", "docker.io/library/haproxy@")
+DIGEST = "sha256:" + "ab" * 32
+
+
+def dry_run(kubectl: Kubectl, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    """A server-side dry run: admission runs, nothing is stored."""
+    return kubectl.run("apply", "--dry-run=server", "-f", "-", input=yaml.safe_dump(obj), check=False)
+
+
+@pytest.fixture(scope="module")
+def allowlist_namespace(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl) -> Iterator[str]:
+    """The chart's optional ValidatingAdmissionPolicy with ALLOWED, enforced: a namespace to try images in."""
+    prefixes = ",".join(ALLOWED)
+    rendered = objects(helm.template("--set", f"imageAllowlist.enabled=true,imageAllowlist.prefixes={{{prefixes}}}"))
     policy = [o for o in rendered if o["kind"].startswith("ValidatingAdmissionPolicy")]
     assert {o["kind"] for o in policy} == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
     namespace = f"e2e-allow-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", namespace)
     kubectl.apply(*policy)
     try:
-
-        def refused() -> bool:  # a server-side dry run: admission runs, nothing is stored (no later no-op apply)
-            evil = yaml.safe_dump(tiny_service("evil", namespace, image="evil.example/miner:1"))
-            result = kubectl.run("apply", "--dry-run=server", "-f", "-", input=evil, check=False)
-            assert result.returncode != 0, "the policy is not enforced yet"
-            return "images must start with one of registry.example/vllm" in result.stderr
-
-        assert eventually(refused, timeout=60, what="the policy refuses an image outside the allowlist")
-        kubectl.apply(tiny_service("allowed", namespace, image="registry.example/vllm/cpu:1"))
-        kubectl.apply(tiny_service("default-image", namespace))
+        evil = tiny_service("evil", namespace, image="evil.example/miner:1")
+        assert eventually(lambda: dry_run(kubectl, evil).returncode != 0, timeout=60, what="the policy enforced")
+        yield namespace
     finally:
         for obj in policy:
             kubectl.run("delete", obj["kind"], obj["metadata"]["name"], "--ignore-not-found")
+        kubectl.run("delete", "namespace", namespace, "--wait=false")
+
+
+def router(image: str | None = None) -> dict[str, Any]:
+    return {"mode": "router", **({"router": {"image": image}} if image else {})}
+
+
+@pytest.mark.parametrize(
+    ("spec", "refused"),
+    [
+        pytest.param({"image": "registry.corp/vllm/cpu:1"}, None, id="under-a-prefix"),
+        pytest.param({"image": "registry.corp:5000/vllm:1"}, None, id="a-port-of-the-prefix"),
+        pytest.param({"image": "registry.corp.evil.net/x"}, "spec.image registry.corp.evil.net/x", id="no-boundary"),
+        pytest.param({"image": "registry.corpx/vllm:1"}, "spec.image registry.corpx/vllm:1", id="a-longer-name"),
+        pytest.param({}, None, id="images-unset"),
+        pytest.param({"routing": router()}, None, id="router-image-unset"),
+        pytest.param({"routing": router(f"docker.io/library/haproxy@{DIGEST}")}, None, id="router-by-digest"),
+        pytest.param({"routing": router("registry.corp/haproxy:3.2")}, None, id="router-under-a-prefix"),
+        pytest.param(
+            {"routing": router("docker.io/library/haproxy:3.2")},
+            "spec.routing.router.image docker.io/library/haproxy:3.2",
+            id="router-by-tag-refused",
+        ),
+        pytest.param(
+            {"image": "registry.corp/vllm:1", "routing": router("evil.example/haproxy:3")},
+            "spec.routing.router.image evil.example/haproxy:3",
+            id="only-the-refused-field-named",
+        ),
+        pytest.param(
+            {"image": "evil.example/vllm:1", "routing": router("evil.example/haproxy:3")},
+            "spec.image evil.example/vllm:1, spec.routing.router.image evil.example/haproxy:3",
+            id="both-refused",
+        ),
+    ],
+)
+def test_the_image_allowlist_checks_every_image_field_at_a_boundary(
+    kubectl: Kubectl, allowlist_namespace: str, spec: dict[str, Any], refused: str | None
+):
+    """The policy on the real API server: each image field of the spec matches a prefix only where the prefix
+    ends or the image goes on with '/', ':' or '@'; an unset image is the operator's own. The message names the
+    refused fields with their images, and the prefixes."""
+    result = dry_run(kubectl, tiny_service("images", allowlist_namespace, **spec))
+    if refused is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert f"not allowed here: {refused}; images must be one of these prefixes" in result.stderr
+        assert result.stderr.rstrip().endswith(", ".join(ALLOWED))
+
+
+def test_the_operator_pod_meets_the_pod_security_level_its_namespace_enforces(kubectl: Kubectl, cluster_ready: Kubectl):
+    """manifests/install.yaml's namespace enforces Pod Security restricted; the operator's pod, as the chart
+    renders it, is admitted there, and a pod without its security context is not (Pod Security admission on the
+    real API server)."""
+    install = objects((ROOT / "manifests" / "install.yaml").read_text())
+    (labels,) = [o["metadata"]["labels"] for o in install if o["kind"] == "Namespace"]
+    assert labels == {"pod-security.kubernetes.io/enforce": "restricted"}
+    (deployment,) = [o for o in install if o["kind"] == "Deployment"]
+    pod_spec = deployment["spec"]["template"]["spec"]
+    namespace = f"e2e-psa-{uuid.uuid4().hex[:5]}"
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}})
+    account = {"apiVersion": "v1", "kind": "ServiceAccount"}
+    kubectl.apply({**account, "metadata": {"name": pod_spec["serviceAccountName"], "namespace": namespace}})
+    try:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "operator", "namespace": namespace}}
+        admitted = dry_run(kubectl, {**pod, "spec": pod_spec})
+        assert admitted.returncode == 0, admitted.stderr
+        bare = {"containers": [{"name": "root", "image": pod_spec["containers"][0]["image"]}]}
+        refused = dry_run(kubectl, {**pod, "spec": bare})
+        assert 'violates PodSecurity "restricted:latest"' in refused.stderr
+    finally:
         kubectl.run("delete", "namespace", namespace, "--wait=false")
 
 

@@ -5,13 +5,15 @@ point it at a Secret that did not opt in), and that one tenant's bad spec never 
 from __future__ import annotations
 
 import base64
+import copy
+import json
 import urllib.request
 
 import pytest
 from testbed.tools import Kubectl, eventually
 
 from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import tiny_service
+from e2e.objects import QWEN_SMALL, tiny_service
 from e2e.test_faults import LogMark
 from e2e.test_operator import conditions, not_planned, ready
 
@@ -79,6 +81,17 @@ def test_a_name_the_children_cannot_take_is_refused_at_admission(
         ({"env": [{"name": "LD_PRELOAD", "value": "/tmp/x.so"}]}, "env sets a variable the operator owns"),
         ({"extraArgs": ["--port=9999"]}, "extraArgs sets a flag the operator owns"),
         ({"extraArgs": ["--tensor-parallel-size", "8"]}, "--tensor-parallel-size (use spec.tensorParallelSize)"),
+        ({"extraArgs": ["--max_model_len=64"]}, "extraArgs sets a flag the operator owns or refuses"),
+        ({"extraArgs": ["--tensor_parallel_size", "8"]}, "extraArgs sets a flag the operator owns or refuses"),
+        ({"extraArgs": ["--api-key", "sk-e2e"]}, "--api-key (use spec.apiKeySecret)"),
+        ({"extraArgs": ["--config", "/tmp/flags.yaml"]}, "--config (a file of flags the operator cannot check"),
+        ({"env": [{"name": "HUGGING_FACE_HUB_TOKEN", "value": "hf_e2e"}]}, "HUGGING_FACE_HUB_TOKEN (a token in"),
+        ({"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}, "VLLM_SERVER_DEV_MODE (adds development routes"),
+        ({"env": [{"name": "X", "valueFrom": {}}]}, "valueFrom needs exactly one of configMapKeyRef"),
+        (
+            {"autoscaling": {"kind": "keda", "maxReplicas": 2, "prometheusAddress": "http://169.254.169.254/x"}},
+            "prometheusAddress must not name a loopback or link-local host",
+        ),
     ],
 )
 def test_env_and_args_the_operator_owns_are_refused_at_admission(
@@ -86,6 +99,27 @@ def test_env_and_args_the_operator_owns_are_refused_at_admission(
 ):
     result = kubectl.apply(tiny_service("owned", namespace, **spec), check=False)
     assert result.returncode != 0 and message in result.stderr
+    assert "sk-e2e" not in result.stderr and "hf_e2e" not in result.stderr
+
+
+def test_a_spec_nested_too_deep_is_refused_without_a_traceback(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """A free-form field (an inline config.json) 600 levels deep passes the API server; it raised RecursionError
+    in Kopf's diff base and the operator's copies of the service: no status, a traceback per event. It is an
+    InvalidSpec now (controller/handlers.py's SpecBlindDiffBase, api/spec.py's copy_json and too_deep)."""
+    deep: dict = {}
+    for _ in range(600):
+        deep = {"a": deep}
+    mark = LogMark(operator) if isinstance(operator, Operator) else None
+    model = copy.deepcopy(QWEN_SMALL["spec"]["model"])
+    model["config"]["deep"] = deep
+    # As JSON: the test bed's YAML writer recurses once per level too.
+    kubectl.run("apply", "-f", "-", input=json.dumps(tiny_service("deep", namespace, model=model)))
+    refused = not_planned(kubectl, namespace, "deep", "InvalidSpec")
+    assert "nested more than 64 levels deep" in conditions(refused)["Planned"]["message"]
+    if mark:
+        mark.assert_quiet()
 
 
 def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(

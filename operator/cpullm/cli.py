@@ -92,6 +92,7 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
         cluster=OfflineCluster(settings.hf_token),
         models=models,
         node_cache_dir=settings.node_cache_dir,
+        router_image=settings.router_image,
     )
     decision = decide(observed, datetime.now(UTC))
     if not isinstance(decision.outcome, Plan):

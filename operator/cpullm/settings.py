@@ -10,6 +10,8 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CPULLM_", populate_by_name=True, extra="ignore")
@@ -85,4 +87,12 @@ class Settings(BaseSettings):
         ge=1,
         le=65535,
         description="Serve the operator's Prometheus metrics on this port (`--metrics-port`).",
+    )
+    router_image: str = Field(
+        default=DEFAULT_ROUTER_IMAGE,
+        pattern=r"^\S+$",
+        max_length=1024,
+        description="HAProxy image of the router of every service whose spec.routing.router.image is unset (chart: "
+        "router.image). Pin it by digest (repo@sha256:...): a tag can move, and routers started later would run "
+        "another build.",
     )

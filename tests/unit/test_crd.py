@@ -1,5 +1,7 @@
+import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from cpullm.api.crd import build_crd
@@ -81,4 +83,126 @@ def test_env_and_args_the_operator_owns_are_refused_naming_the_field_to_use():
     rules = [r["rule"] for r in build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"][
         "x-kubernetes-validations"]]  # fmt: skip
     assert any("VLLM_CPU_KVCACHE_SPACE" in rule for rule in rules)
-    assert any("'--port'" in rule and "startsWith" in rule for rule in rules)
+    assert any("|--port|" in rule and ".matches(" in rule for rule in rules)
+
+
+@pytest.mark.parametrize(
+    "arg",
+    ["--port", "--port=1", "--portx", "--max_model_len=9", "--max-model-len", "--max-model-lens", "-tp", "-tp=2",
+     "--api_key", "--config", "--configure", "--seed=1", "--enable-prefix-caching", "model", "--model_impl=x"],
+)  # fmt: skip
+def test_the_cel_rule_on_extra_args_refuses_what_the_model_refuses(arg):
+    """The API server's rule (a pattern, for its cost budget) and the operator's check agree on every spelling
+    but abbreviations, which only the operator's check refuses."""
+    from cpullm.api.spec import _CEL_OWNED_FLAGS, flag_meant, flag_name
+
+    pattern = re.search(r"matches\('([^']*)'\)", str(_CEL_OWNED_FLAGS["rule"]))
+    assert pattern is not None
+    refused = flag_meant(arg)
+    assert (re.match(pattern.group(1), arg) is not None) is (refused == flag_name(arg))
+
+
+@pytest.mark.parametrize(
+    ("arg", "meant"),
+    [("--max-model", "--max-model-len"), ("--tensor_parallel", "--tensor-parallel-size"), ("--api-k", "--api-key"),
+     ("--hos", "--host"), ("--conf", "--config"), ("-tp2", "-tp"), ("--model-impl", None), ("--max-num-batched-tokens",
+     None), ("--config-format", None), ("--", None), ("-t", None), ("--seed", None)],
+)  # fmt: skip
+def test_an_abbreviated_flag_is_taken_for_the_flag_vllms_parser_reads(arg, meant):
+    """vLLM 0.32's parser takes an unambiguous prefix of a long flag for the flag (measured: '--max-model 9' set
+    max_model_len, '--api-k x' the API key, '--hos' the host)."""
+    from cpullm.api.spec import flag_meant
+
+    assert flag_meant(arg) == meant
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def _keda(address: str) -> dict:
+    return {"autoscaling": {"kind": "keda", "maxReplicas": 2, "prometheusAddress": address}}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"extraArgs": ["--max_model_len=9"]}, "extraArgs --max-model-len (set spec.maxModelLen)"),
+        ({"extraArgs": ["--tensor_parallel_size", "8"]}, "extraArgs --tensor-parallel-size (set spec.tensorParallel"),
+        ({"extraArgs": ["--api-key", "sk-1"]}, "extraArgs --api-key (set spec.apiKeySecret)"),
+        ({"extraArgs": ["--api_key=sk-1"]}, "extraArgs --api-key (set spec.apiKeySecret)"),
+        ({"extraArgs": ["--config", "/etc/x.yaml"]}, "extraArgs --config (a file of flags the operator cannot check"),
+        ({"extraArgs": ["--max-model", "9"]}, "extraArgs --max-model-len as --max-model (set spec.maxModelLen)"),
+        ({"extraArgs": ["--api-k", "sk-1"]}, "extraArgs --api-key as --api-k (set spec.apiKeySecret)"),
+        ({"env": [{"name": "HUGGING_FACE_HUB_TOKEN", "value": "hf_x"}]}, "env HUGGING_FACE_HUB_TOKEN (a token in"),
+        ({"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}, "adds development routes the API key does not"),
+        ({"env": [{"name": "X", "valueFrom": _nested(600)}]}, "spec: nested more than 64 levels deep"),
+        ({"env": [{"name": "X", "valueFrom": {"a": {}}}]}, "spec.env.0.valueFrom.a: Extra inputs are not permitted"),
+        ({"env": [{"name": "X", "valueFrom": {}}]}, "valueFrom needs exactly one of configMapKeyRef, fieldRef"),
+        ({"model": {"name": "org/model", "config": _nested(100)}}, "spec: nested more than 64 levels deep"),
+        (_keda("http://169.254.169.254/latest/meta-data"), "must not name a loopback or link-local host"),
+        (_keda("http://127.0.0.1:9090"), "must not name a loopback or link-local host"),
+        (_keda("http://localhost:9090"), "must not name a loopback or link-local host"),
+        (_keda("http://admin:sk-1@prometheus:9090"), "prometheusAddress: String should match pattern"),
+        (_keda("file:///etc/passwd"), "prometheusAddress: String should match pattern"),
+    ],
+    ids=[
+        "underscored-flag",
+        "underscored-flag-apart",
+        "api-key",
+        "api-key-underscored",
+        "config-file",
+        "abbreviated-flag",
+        "abbreviated-api-key",
+        "hub-token-literal",
+        "dev-mode",
+        "deep-value-from",
+        "untyped-value-from",
+        "empty-value-from",
+        "deep-config",
+        "keda-metadata-service",
+        "keda-loopback",
+        "keda-localhost",
+        "keda-credentials",
+        "keda-file",
+    ],
+)
+def test_what_a_spec_may_not_set_is_refused_with_why(spec, message):
+    """Flags as vLLM's parser reads them ('_' is '-'), secrets as literals, dev routes, flag files and free-form
+    nesting: each refused with the field to use or the reason, never echoing a value."""
+    from cpullm.api.spec import parse_spec
+    from cpullm.errors import InvalidSpec
+
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec({"model": {"name": "org/model"}, "kvCacheGiB": 1, **spec})
+    assert message in refused.value.message
+    assert "sk-1" not in refused.value.message and "hf_x" not in refused.value.message
+
+
+def test_a_typed_value_from_passes_to_the_pod_as_written():
+    from cpullm.api.spec import parse_spec
+
+    source = {"secretKeyRef": {"name": "s", "key": "k"}}
+    spec = parse_spec({"model": {"name": "org/model"}, "kvCacheGiB": 1, "env": [{"name": "X", "valueFrom": source}]})
+    assert spec.env[0].model_dump(by_alias=True, exclude_none=True) == {"name": "X", "valueFrom": source}
+
+
+def test_json_is_copied_and_measured_at_any_depth():
+    """What Kopf's index and the reconcile copy of a stored spec: deeper than copy.deepcopy reaches, so that
+    parse_spec refuses it instead of a RecursionError before it."""
+    from cpullm.api.spec import copy_json, too_deep
+
+    deep: dict = {"leaf": [1, "x", None, {"k": True}]}
+    for _ in range(5000):
+        deep = {"a": [deep]}
+    copied = copy_json(deep)
+    assert too_deep(copied) and not too_deep({"a": [{"b": 1}]})
+    probe, original = copied, deep
+    while "a" in probe:
+        assert probe is not original
+        probe, original = probe["a"][0], original["a"][0]
+    assert probe == {"leaf": [1, "x", None, {"k": True}]} and probe["leaf"] is not original["leaf"]
+    assert copy_json("text") == "text"

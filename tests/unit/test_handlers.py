@@ -769,3 +769,15 @@ def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_un
 def test_the_deployment_index_keys_a_deployment_by_the_service_controlling_it(name, controller, indexed_as):
     found = asyncio.run(handlers.owned_deployments(namespace="ns", status={"replicas": 1}, **child(name, controller)))
     assert list(found) == ([indexed_as] if indexed_as else [])
+
+
+def test_kopfs_diff_base_leaves_out_a_spec_deeper_than_copying_reaches():
+    """Kopf builds it at every event; a 5,000-level spec raised RecursionError there before any handler ran."""
+    deep: dict[str, Any] = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    managed = [{"manager": "kubectl", "fieldsV1": {"f:spec": deep}}]  # the API server mirrors the spec's shape
+    meta = {"name": "x", "labels": {"team": "a"}, "managedFields": managed}
+    body = kopf.Body({"metadata": meta, "spec": {"model": {"config": deep}}})
+    essence = handlers.SpecBlindDiffBase().build(body=body)
+    assert essence == {"metadata": {"labels": {"team": "a"}}}

@@ -1,32 +1,44 @@
 """HubClient against real HTTP servers on 127.0.0.1 playing the Hub (and a CDN it redirects to): config.json, the
-safetensors index, and safetensors headers read with range requests through huggingface_hub."""
+safetensors index, and safetensors headers read with range requests within the client's byte caps; its cache
+bounded by entries and bytes, failures cached briefly."""
 
 from __future__ import annotations
 
 import json
 import re
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
+from huggingface_hub import HfApi
 
 from cpullm.api.spec import DType
 from cpullm.core.sizing import size_model
 from cpullm.errors import InvalidSpec, ModelConfigUnavailable
-from cpullm.io.hub import HubClient, checked_token
+from cpullm.io.hub import (
+    FAILURE_SECONDS,
+    HEADER_PROBE_BYTES,
+    INDEX_FILE,
+    HubClient,
+    checked_token,
+    summarize_headers,
+)
 
 from .builders import LLAMA_8B
 
 TOKEN = "hf_secret_token_value"
 
 
-def safetensors(tensors: dict[str, tuple[str, list[int]]], payload: bool = True) -> bytes:
+def safetensors(tensors: dict[str, tuple[str, list[int]]], payload: bool = True, metadata: str = "") -> bytes:
     """A safetensors file: 8-byte header length, the JSON header, then the data (zeros)."""
-    sizes = {"BF16": 2, "F32": 4, "I32": 4, "F16": 2, "U8": 1}
-    header, offset = {}, 0
+    sizes = {"BF16": 2, "F32": 4, "I32": 4, "F16": 2, "U8": 1, "F8_E4M3": 1}
+    header: dict[str, object] = {"__metadata__": {"format": "pt", "note": metadata}} if metadata else {}
+    offset = 0
     for name, (dtype, shape) in tensors.items():
         size = sizes[dtype]
         for dim in shape:
@@ -37,6 +49,25 @@ def safetensors(tensors: dict[str, tuple[str, list[int]]], payload: bool = True)
     return struct.pack("<Q", len(raw)) + raw + (b"\0" * offset if payload else b"")
 
 
+def header_declaring(length: int, body: bytes) -> bytes:
+    """A file whose first 8 bytes declare a header of `length` bytes, followed by `body` (however long)."""
+    return struct.pack("<Q", length) + body
+
+
+def layer_shard(layer: int) -> bytes:
+    """One decoder layer of a quantized MoE-like checkpoint; layers 0 and 1 have headers past the first range read
+    (~100 KB each, ~0.2 MB together)."""
+    prefix = f"model.layers.{layer}."
+    tensors = {
+        prefix + "self_attn.q_proj.weight": ("BF16", [64, 64]),
+        prefix + "mlp.experts.0.down_proj.weight": ("F8_E4M3", [64, 32]),
+        prefix + "mlp.experts.0.down_proj.weight_scale_inv": ("F32", [1, 1]),
+        prefix + "mlp.experts.0.down_proj.g_idx": ("I32", [32]),
+    }
+    return safetensors(tensors, payload=False, metadata="x" * 100_000 if layer < 2 else "")
+
+
+MANY_SHARDS = {f"model-{layer:05d}.safetensors": layer_shard(layer) for layer in range(12)}
 SHARD_1 = safetensors({"model.embed_tokens.weight": ("F32", [100, 8]), "model.layers.0.mlp.w": ("BF16", [8, 8])})
 SHARD_2 = safetensors({"model.layers.1.mlp.w": ("BF16", [8, 8]), "lm_head.weight": ("BF16", [100, 8])})
 CONFIG = {**LLAMA_8B, "num_hidden_layers": 2}
@@ -52,11 +83,31 @@ FILES: dict[str, bytes] = {
     "/org/configonly/resolve/main/config.json": json.dumps(CONFIG).encode(),
     "/org/list/resolve/main/config.json": b"[1, 2, 3]",
     "/org/deep/resolve/main/config.json": b"[" * 100_000 + b"]" * 100_000,
-    "/org/huge/resolve/main/config.json": b'{"a": "' + b"x" * (17 * 2**20) + b'"}',
+    "/org/huge/resolve/main/config.json": b'{"a": "' + b"x" * (2 * 2**20) + b'"}',
+    "/org/hugeindex/resolve/main/config.json": json.dumps(CONFIG).encode(),
+    "/org/hugeindex/resolve/main/model.safetensors.index.json": b'{"a": "' + b"x" * (17 * 2**20) + b'"}',
     "/org/badindex/resolve/main/config.json": json.dumps(CONFIG).encode(),
     "/org/badindex/resolve/main/model.safetensors.index.json": b'{"metadata": [1], "weight_map": 7}',
     "/org/junkheader/resolve/main/config.json": json.dumps(CONFIG).encode(),
-    "/org/junkheader/resolve/main/model.safetensors": struct.pack("<Q", 12) + b"not json!!!!",
+    "/org/junkheader/resolve/main/model.safetensors": header_declaring(12, b"not json!!!!"),
+    "/org/many/resolve/main/config.json": json.dumps(CONFIG).encode(),
+    "/org/many/resolve/main/model.safetensors.index.json": json.dumps(
+        {"metadata": {"total_size": 99}, "weight_map": {str(i): shard for i, shard in enumerate(MANY_SHARDS)}}
+    ).encode(),
+    **{f"/org/many/resolve/main/{shard}": body for shard, body in MANY_SHARDS.items()},
+    "/org/declares24mb/resolve/main/config.json": json.dumps(CONFIG).encode(),
+    "/org/declares24mb/resolve/main/model.safetensors": header_declaring(24 * 2**20, b"{" + b" " * 200_000),
+    **{
+        f"/org/{name}/resolve/main/{file}": body
+        for name, body in [
+            ("listheader", header_declaring(3, b"[1]")),
+            ("nodtype", header_declaring(15, b'{"a": {"x": 1}}')),
+            ("shortheader", header_declaring(1000, b'{"a": 1}')),
+            ("shortfile", b"\x07\x00"),
+            ("deepheader", header_declaring(200_000, b"[" * 200_000)),
+        ]
+        for file, body in [("config.json", json.dumps(CONFIG).encode()), ("model.safetensors", body)]
+    },
 }
 
 
@@ -70,6 +121,8 @@ class Hub(BaseHTTPRequestHandler):
         path = self.path.split("?")[0]
         if path.startswith("/gated/"):
             return self._send(401, b"")
+        if path.startswith("/overloaded/"):
+            return self._send(503, b"")
         if path.startswith("/private/") and auth != f"Bearer {TOKEN}":
             return self._send(404, b"")
         if path.startswith("/private/"):
@@ -140,7 +193,18 @@ def test_no_safetensors_leaves_the_formula(endpoint):
     assert (files.tensors, files.checkpoint_total_bytes) == (None, None)
 
 
-@pytest.mark.parametrize("name", ["org/badindex", "org/junkheader"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "org/badindex",
+        "org/junkheader",
+        "org/listheader",
+        "org/nodtype",
+        "org/shortheader",
+        "org/shortfile",
+        "org/deepheader",
+    ],
+)
 def test_a_malformed_index_or_header_falls_back(endpoint, name):
     files = HubClient(endpoint=endpoint, allow_http=True).fetch(name, None, None)
     assert (files.tensors, files.checkpoint_total_bytes) == (None, None)
@@ -170,6 +234,93 @@ def test_cache_is_bounded(endpoint):
     assert [key[0] for key in hub._cache] == ["org/configonly", "org/badindex"]
 
 
+def test_cache_is_bounded_by_bytes_the_least_recently_used_out_first(endpoint):
+    names = ("org/sharded", "org/configonly", "org/badindex")
+    unbounded = HubClient(endpoint=endpoint, allow_http=True)
+    for name in names:
+        unbounded.fetch(name, None, None)
+    size = {key[0]: cached.size for key, cached in unbounded._cache.items()}
+    assert size["org/sharded"] > size["org/configonly"] > len(json.dumps(CONFIG))  # parsed: more than its text
+    hub = HubClient(endpoint=endpoint, allow_http=True, cache_bytes=size["org/sharded"] + size["org/badindex"])
+    for name in ("org/sharded", "org/configonly", "org/sharded", "org/badindex"):
+        hub.fetch(name, None, None)
+    assert [key[0] for key in hub._cache] == ["org/sharded", "org/badindex"]
+    assert hub.cached_bytes == hub.cache_bytes
+
+
+def test_an_answer_larger_than_the_cache_is_not_kept(endpoint):
+    hub = HubClient(endpoint=endpoint, allow_http=True, cache_bytes=1000)
+    Hub.requests.clear()
+    assert hub.fetch("org/configonly", None, None) == hub.fetch("org/configonly", None, None)
+    assert not hub._cache
+    assert [path for path, _, _ in Hub.requests if path.endswith("config.json")] == [
+        "/org/configonly/resolve/main/config.json"
+    ] * 2
+
+
+@pytest.mark.parametrize(
+    ("name", "cached"),
+    [
+        ("org/none", True),
+        ("gated/model", True),
+        ("org/list", True),
+        ("org/declares24mb", True),
+        ("overloaded/x", False),
+    ],
+)
+def test_a_failure_is_answered_again_for_a_while_unless_transient(endpoint, name, cached):
+    now = [0.0]
+    hub = HubClient(endpoint=endpoint, allow_http=True, clock=lambda: now[0])
+    asked, messages = [], set()
+    for at in (0.0, FAILURE_SECONDS - 1, FAILURE_SECONDS):
+        now[0] = at
+        Hub.requests.clear()
+        with pytest.raises(ModelConfigUnavailable) as caught:
+            hub.fetch(name, None, None)
+        asked.append(len(Hub.requests))
+        messages.add(caught.value.message)
+    assert asked[0] > 0 and asked[2] == asked[0]  # expired: asked again
+    assert (asked[1] == 0) is cached
+    assert len(messages) == 1
+
+
+@pytest.mark.parametrize(("name", "revision"), [("org/sharded", None), ("org/single", "v1"), ("org/many", None)])
+def test_each_header_summed_on_its_own_sums_as_all_at_once(endpoint, name, revision):
+    """The files' summaries summed: the same as huggingface_hub's parsed headers summed at once (as before)."""
+    Hub.requests.clear()
+    files = HubClient(endpoint=endpoint, allow_http=True).fetch(name, revision, TOKEN)
+    mine = [(path, ranges) for path, _, ranges in Hub.requests if path.endswith(".safetensors")]
+    folder = f"/{name}/resolve/{revision or 'main'}/"
+    shards = sorted(
+        path.removeprefix(folder) for path in FILES if path.startswith(folder) and path.endswith(".safetensors")
+    )
+    api = HfApi(endpoint=endpoint, token=TOKEN)
+    headers = [api.parse_safetensors_file_metadata(name, shard, revision=revision) for shard in shards]
+    assert files.tensors is not None and files.tensors == summarize_headers(headers)
+    if name == "org/many":  # a header past the first read is read again, whole
+        long_header = len(MANY_SHARDS["model-00000.safetensors"])
+        assert (f"{folder}model-00000.safetensors", f"bytes=0-{long_header - 1}") in mine
+
+
+@pytest.mark.parametrize(
+    ("caps", "name", "message"),
+    [
+        ({}, "org/declares24mb", "model.safetensors in org/declares24mb@main declares 25165824 bytes, over the 8 MiB"),
+        (
+            {"max_header_bytes": 2**16},
+            "org/many",
+            f"model-00000.safetensors in org/many@main declares {len(MANY_SHARDS['model-00000.safetensors']) - 8} "
+            "bytes, over the 0.0625 MiB a checkpoint's header needs",
+        ),
+        ({"max_headers_bytes": 2**17}, "org/many", "headers of org/many@main declare more than 0.125 MiB together"),
+    ],
+)
+def test_headers_beyond_the_caps_are_refused(endpoint, caps, name, message):
+    with pytest.raises(ModelConfigUnavailable, match=re.escape(message)) as caught:
+        HubClient(endpoint=endpoint, allow_http=True, **caps).fetch(name, None, TOKEN)
+    assert TOKEN not in caught.value.message and "spec.model.weightsBytes" in caught.value.message
+
+
 @pytest.mark.parametrize(
     ("name", "message"),
     [
@@ -177,7 +328,8 @@ def test_cache_is_bounded(endpoint):
         ("org/none", "no such model or revision"),
         ("org/list", "config.json of org/list is a JSON list, not an object"),
         ("org/deep", "config.json of org/deep is not JSON (RecursionError)"),
-        ("org/huge", "config.json is larger than 16 MiB"),
+        ("org/huge", "config.json is larger than 1 MiB"),
+        ("org/hugeindex", "model.safetensors.index.json is larger than 16 MiB"),
     ],
 )
 def test_hub_answers_that_are_not_a_model_are_typed(endpoint, name, message):
@@ -191,11 +343,13 @@ def test_a_name_that_is_no_repo_id_is_an_invalid_spec(name):
         HubClient(endpoint="http://127.0.0.1:9", allow_http=True).fetch(name, None, None)
 
 
-def test_unreachable_endpoint_is_typed():
+def test_unreachable_endpoint_is_typed_and_not_cached():
+    hub = HubClient(endpoint="http://127.0.0.1:9", allow_http=True, timeout_seconds=2)
     with pytest.raises(
         ModelConfigUnavailable, match=re.escape("cannot reach http://127.0.0.1:9 for org/model: Connect")
     ):
-        HubClient(endpoint="http://127.0.0.1:9", allow_http=True, timeout_seconds=2).fetch("org/model", None, None)
+        hub.fetch("org/model", None, None)
+    assert not hub._cache
 
 
 @pytest.mark.parametrize(
@@ -218,3 +372,68 @@ def test_a_hub_endpoint_that_is_not_https_is_refused_unless_allowed(endpoint, al
     with pytest.raises(ValueError, match="is not https://"):
         HubClient(endpoint=endpoint, allow_http=allow_http)
     assert HubClient(endpoint="https://hub.example").endpoint == "https://hub.example"
+
+
+# The operator's fetch in a process of its own, its peak RSS printed: the high-water mark of its own memory
+# (VmHWM), as ru_maxrss in a child also counts the parent's RSS when it was spawned (pytest's, with these files).
+HOSTILE_FETCH = """
+import sys
+from cpullm.errors import ModelConfigUnavailable
+from cpullm.io.hub import HubClient
+try:
+    outcome = repr(HubClient(endpoint=sys.argv[1], allow_http=True).fetch(sys.argv[2], None, None).tensors)
+except ModelConfigUnavailable as err:
+    outcome = err.message
+peak = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print(int(peak) // 1024, outcome)
+"""
+# Against the chart's 512 MiB limit: the imports (~45 MiB) and at most 8 headers of 8 MiB (~115 MiB measured).
+# Through huggingface_hub's parse_safetensors_file_metadata, the first case peaked at 1.8 GiB (861 MiB in the
+# operator, with other headers), the second at ~450 MiB.
+PEAK_RSS_MIB = 160
+
+
+def parses_big(length: int) -> bytes:
+    """A safetensors file whose header is `length` bytes of the JSON that parses to the most Python objects per
+    byte (empty lists, ~25 bytes of objects per byte of text)."""
+    lists = (length - 7) // 3
+    return header_declaring(length, b'{"a":[' + b"[]," * (lists - 1) + b"[]]}" + b" " * ((length - 7) % 3))
+
+
+def real_sized(length: int) -> bytes:
+    """A safetensors file whose header is `length` bytes of real tensors (~140 bytes each) and padding."""
+    tensors = {
+        f"model.layers.{i // 512}.mlp.experts.{i % 512}.down_proj.qweight": ("I32", [64, 2048]) for i in range(56_000)
+    }
+    header = safetensors(tensors, payload=False)[8:]
+    return header_declaring(length, header + b" " * (length - len(header)))
+
+
+@pytest.mark.parametrize(
+    ("name", "shards", "shard", "header_bytes", "outcome"),
+    [
+        # Three 24 MB headers (under huggingface_hub's 25 MB cap): refused from their first 100 KB.
+        ("org/hostile", 3, parses_big, 24_000_000, "declares 24000000 bytes, over the 8 MiB"),
+        # Eight headers at the caps (8 MiB each, 64 MiB together) of real tensors: read, summed.
+        ("org/atthecaps", 8, real_sized, 8 * 2**20, "files=8, tensors=448000"),
+        # ... or of what parses to 25 times its bytes: read, not decoded; the sizing falls back to the formula.
+        ("org/nested", 8, parses_big, 8 * 2**20, "None"),
+    ],
+)
+def test_hostile_headers_keep_the_fetch_within_its_memory(
+    endpoint, monkeypatch, name, shards, shard, header_bytes, outcome
+):
+    header = shard(header_bytes)
+    weight_map = {str(shard): f"model-{shard}.safetensors" for shard in range(shards)}
+    monkeypatch.setitem(FILES, f"/{name}/resolve/main/config.json", json.dumps(CONFIG).encode())
+    monkeypatch.setitem(FILES, f"/{name}/resolve/main/{INDEX_FILE}", json.dumps({"weight_map": weight_map}).encode())
+    for file in weight_map.values():
+        monkeypatch.setitem(FILES, f"/{name}/resolve/main/{file}", header)
+    Hub.requests.clear()
+    fetched = subprocess.run(
+        [sys.executable, "-c", HOSTILE_FETCH, endpoint, name], capture_output=True, text=True, timeout=60, check=True
+    )
+    peak_mib, said = fetched.stdout.strip().split(" ", 1)
+    assert outcome in said and int(peak_mib) < PEAK_RSS_MIB, fetched.stdout
+    read = [int(ranges.rsplit("-", 1)[1]) + 1 for path, _, ranges in Hub.requests if ranges and name in path]
+    assert max(read) == (HEADER_PROBE_BYTES if header_bytes > 8 * 2**20 else 8 + header_bytes)

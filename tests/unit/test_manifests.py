@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from cpullm import launcher, vllm_fixes
+from cpullm import api_key_guard, launcher, vllm_fixes
 from cpullm.core.children.common import Owner, binary_quantity
 from cpullm.core.children.deployment import build_deployment
 from cpullm.core.children.drain import DRAIN_SCRIPT
@@ -112,6 +112,9 @@ def test_deployment_whole_manifest():
                                 "0.0.0.0",
                                 "--port",
                                 "8000",
+                                # apiKeySecret: the key on every path, not only vLLM's /v1 (cpullm/api_key_guard.py)
+                                "--middleware",
+                                "cpullm_api_key_guard.ApiKeyGuard",
                                 "--enable-prefix-caching",
                             ],
                             "env": [
@@ -131,6 +134,7 @@ def test_deployment_whole_manifest():
                                     "name": "VLLM_API_KEY",
                                     "valueFrom": {"secretKeyRef": {"name": "llama-api", "key": "api-key"}},
                                 },
+                                {"name": "PYTHONPATH", "value": "/opt/cpullm/guard"},
                                 {"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"},
                                 {"name": "EXTRA", "value": "1"},
                             ],
@@ -205,6 +209,7 @@ def test_deployment_whole_manifest():
                                 "items": [
                                     {"key": "launcher.py", "path": "launcher.py"},
                                     {"key": "sitecustomize.py", "path": "site/sitecustomize.py"},
+                                    {"key": "api_key_guard.py", "path": "guard/cpullm_api_key_guard.py"},
                                 ],
                             },
                         },
@@ -281,8 +286,47 @@ def test_launcher_config_map_carries_the_in_pod_files_sources():
         "data": {
             "launcher.py": Path(launcher.__file__).read_text(),
             "sitecustomize.py": Path(vllm_fixes.__file__).read_text(),
+            "api_key_guard.py": Path(api_key_guard.__file__).read_text(),
         },
     }
+
+
+@pytest.mark.parametrize(
+    ("extra", "python_path", "mounted"),
+    [
+        ({}, None, True),
+        ({"cpu": {"launcher": False}}, None, False),
+        ({"apiKeySecret": {"name": "k"}}, "/opt/cpullm/guard", True),
+        ({"apiKeySecret": {"name": "k"}, "cpu": {"launcher": False}}, "/opt/cpullm/guard", True),
+        (
+            {"apiKeySecret": {"name": "k"}, "env": [{"name": "PYTHONPATH", "value": "/mine"}]},
+            "/opt/cpullm/guard:/mine",
+            True,
+        ),
+        ({"env": [{"name": "PYTHONPATH", "value": "/mine"}]}, "/mine", True),
+    ],
+    ids=["no-key", "no-key-no-launcher", "key", "key-no-launcher", "key-and-users-path", "users-path"],
+)
+def test_the_api_key_guard_is_loaded_exactly_where_the_spec_has_a_key(extra, python_path, mounted):
+    """vLLM's --middleware loads the guard from its directory on PYTHONPATH (joined with the user's: one entry of
+    the name), with or without the launcher; a spec without a key renders as before the guard (no template
+    change on an operator upgrade)."""
+    service_spec = spec(**extra)
+    plan = plan_service(service_spec, llama_8b(), [node(numa=2, memory="512Gi")])
+    pod = build_deployment(OWNER, service_spec, plan)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    paths = [e.get("value") for e in container["env"] if e["name"] == "PYTHONPATH"]
+    assert paths == ([python_path] if python_path else [])
+    keyed = "apiKeySecret" in extra
+    assert (container["args"].count("--middleware"), "cpullm_api_key_guard.ApiKeyGuard" in container["args"]) == (
+        int(keyed),
+        keyed,
+    )
+    volumes = [v for v in pod["volumes"] if v["name"] == "launcher"]
+    assert bool(volumes) is mounted
+    if volumes:
+        items = {i["path"] for i in volumes[0]["configMap"]["items"]}
+        assert ("guard/cpullm_api_key_guard.py" in items) is keyed
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from cpullm import metrics
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
-from cpullm.errors import ChildRejected, PermissionDenied, TransientApiError
+from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.io.kube import Kube
 
 from .builders import LLAMA_8B, node
@@ -238,7 +238,10 @@ def _read_secret(k: Kube) -> None:
         pytest.param(_read_namespace, 403, None, PermissionDenied, [1, 0, 0, 0, 0], id="namespace-403"),
         pytest.param(_read_namespace, 503, None, TransientApiError, [0, 0, 1, 0, 0], id="namespace-503"),
         pytest.param(_read_namespace, 0, RESET, TransientApiError, [0, 0, 1, 0, 0], id="namespace-reset"),
-        pytest.param(_read_secret, 404, None, None, [0, 0, 0, 0, 0], id="secret-404-absent-not-an-error"),
+        # Absent reads as not opted in (a tenant learns nothing of which Secrets exist): no API error either.
+        pytest.param(
+            _read_secret, 404, None, ModelConfigUnavailable, [0, 0, 0, 0, 0], id="secret-404-absent-not-an-api-error"
+        ),
     ],
 )
 def test_api_errors_are_counted_by_the_typed_error(call, status, error, raised, counted):

@@ -338,6 +338,11 @@ def test_crd_carries_the_same_rules_as_cel():
         {"rule": "self.minReplicas <= self.maxReplicas", "message": MIN_OVER_MAX},
         {"rule": "self.minReplicas > 0 || self.kind == 'keda'", "message": ZERO_NEEDS_KEDA},
         {"rule": "self.kind != 'keda' || has(self.prometheusAddress)", "message": KEDA_NEEDS_PROMETHEUS},
+        {
+            "rule": "!has(self.prometheusAddress) || "
+            "!self.prometheusAddress.matches('^https?://(localhost([:/.]|$)|127[.]|169[.]254[.]|0[.])')",
+            "message": "prometheusAddress must not name a loopback or link-local host (KEDA's own pod would query it)",
+        },
     ]
     # The CEL rules read these fields with no has(): the API server must default them before validating.
     assert autoscaling["properties"]["kind"]["default"] == "hpa"

@@ -3,21 +3,28 @@ HTTPRoute, the PodDisruptionBudget, and how long a server may take to drain."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.controller.reconcile import Reconciler
 from cpullm.core.children import build_children
 from cpullm.core.children.common import Owner, suffixed_name
 from cpullm.core.children.router import haproxy_config
+from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.decision import decide
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.routing import drain_seconds
+from cpullm.io.files import load_nodes
+from cpullm.settings import Settings
 
 from .builders import llama_8b, node, spec
+from .test_offline_equals_operator import NODES, ROOT, ConfigHub, RecordingKube, cli
 from .test_optional_children import T0
 from .test_placement import qwen_05b
 
@@ -118,6 +125,41 @@ def test_the_router_children_and_the_service_that_selects_them():
     assert pod["spec"]["automountServiceAccountToken"] is False
     for owned in built.values():
         assert owned["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+
+
+PINNED = "registry.corp/haproxy@sha256:" + "ab" * 32
+
+
+@pytest.mark.parametrize(
+    ("asked", "admins", "image"),
+    [
+        pytest.param(None, None, DEFAULT_ROUTER_IMAGE, id="neither-the-operators-default"),
+        pytest.param(None, PINNED, PINNED, id="the-admins-setting"),
+        pytest.param("registry.corp/haproxy:3.3", PINNED, "registry.corp/haproxy:3.3", id="the-specs-own"),
+    ],
+)
+def test_the_router_runs_the_specs_image_else_the_admins_setting(asked, admins, image, monkeypatch, tmp_path, capsys):
+    """CPULLM_ROUTER_IMAGE (the chart's router.image) reaches the router's Deployment and status.plan.routerImage,
+    offline (`cpullm render`, `cpullm plan`) and in the operator's reconcile alike; a spec's own image wins."""
+    monkeypatch.delenv("CPULLM_ROUTER_IMAGE", raising=False)
+    if admins:
+        monkeypatch.setenv("CPULLM_ROUTER_IMAGE", admins)
+    service = yaml.safe_load((ROOT / "manifests" / "examples" / "qwen-throughput.yaml").read_text())
+    service["spec"]["routing"] = {"mode": "router", **({"router": {"image": asked}} if asked else {})}
+    path = tmp_path / "service.yaml"
+    path.write_text(yaml.safe_dump(service))
+    rendered = cli(capsys, "render", str(path), "--nodes", NODES, "-o", "json")["items"]
+    plan = cli(capsys, "plan", str(path), "--nodes", NODES, "-o", "json")
+    kube = RecordingKube()
+    reconciler = Reconciler(
+        kube, ConfigHub(None), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), router_image=Settings().router_image
+    )
+    reconciler.reconcile(service, load_nodes(NODES, pytest.fail))
+
+    for children in (rendered, kube.applied):
+        (router,) = [c for c in children if c["kind"] == "Deployment" and c["metadata"]["name"].endswith("-router")]
+        assert [c["image"] for c in router["spec"]["template"]["spec"]["containers"]] == [image]
+    assert plan["routerImage"] == kube.status_patches[0]["plan"]["routerImage"] == image
 
 
 def test_a_new_router_configuration_rolls_the_router_and_scaling_does_not():
@@ -306,6 +348,7 @@ def test_a_name_too_long_for_a_dns_label_is_cut_short_with_a_hash():
         ({"router": {"replicas": 0}}, "greater than or equal to 1"),
         ({"drainSeconds": -1}, "greater than or equal to 0"),
         ({"router": {"clusterDomain": "Bad_Domain"}}, "String should match pattern"),
+        ({"router": {"image": "r/" * 513}}, "at most 1024 characters"),
     ],
 )
 def test_bad_routing_is_refused(routing, message):
@@ -316,4 +359,4 @@ def test_bad_routing_is_refused(routing, message):
 def test_a_tensor_parallel_service_keeps_its_whole_cpus():
     """No router, no room: an 8B model over two NUMA nodes plans as before."""
     plan = plan_service(spec(replicas=3), llama_8b(), [node("n1", numa=2)])
-    assert (plan.routing, plan.cpu) == ("service", 64)
+    assert (plan.routing, plan.cpu, plan.router_image) == ("service", 64, None)

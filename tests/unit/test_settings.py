@@ -20,6 +20,7 @@ ENV_NAMES = (
     "CPULLM_PEERING",
     "CPULLM_LIVENESS",
     "CPULLM_VERBOSE",
+    "CPULLM_ROUTER_IMAGE",
 )
 
 
@@ -35,6 +36,7 @@ def test_defaults():
     assert (settings.hf_endpoint, settings.hf_token) == ("https://huggingface.co", None)
     assert (settings.hub_timeout_seconds, settings.hub_cache_seconds) == (10.0, 3600.0)
     assert (settings.namespaces, settings.peering, settings.liveness, settings.verbose) == ([], None, None, False)
+    assert settings.router_image == "docker.io/library/haproxy:3.2"
 
 
 @pytest.mark.parametrize(
@@ -51,6 +53,12 @@ def test_defaults():
         pytest.param({"CPULLM_RESYNC_SECONDS": "0"}, "resync_seconds", 0.0, id="resync-off"),
         pytest.param({"CPULLM_PEERING": "cpullm"}, "peering", "cpullm", id="peering"),
         pytest.param({"CPULLM_VERBOSE": "true"}, "verbose", True, id="verbose"),
+        pytest.param(
+            {"CPULLM_ROUTER_IMAGE": "registry.corp/haproxy@sha256:" + "0" * 64},
+            "router_image",
+            "registry.corp/haproxy@sha256:" + "0" * 64,
+            id="router-image-by-digest",
+        ),
     ],
 )
 def test_reads_the_environment(monkeypatch, env, field, value):
@@ -101,6 +109,8 @@ def test_keyword_arguments_override_the_environment(monkeypatch):
         pytest.param({"CPULLM_HUB_TIMEOUT_SECONDS": "soon"}, "hub_timeout_seconds", id="timeout-not-a-number"),
         pytest.param({"CPULLM_HUB_CACHE_SECONDS": "-1"}, "hub_cache_seconds", id="cache-negative"),
         pytest.param({"CPULLM_VERBOSE": "perhaps"}, "verbose", id="verbose-not-a-bool"),
+        pytest.param({"CPULLM_ROUTER_IMAGE": "haproxy 3.2"}, "router_image", id="router-image-with-a-space"),
+        pytest.param({"CPULLM_ROUTER_IMAGE": ""}, "router_image", id="router-image-empty"),
     ],
 )
 def test_invalid_environment_values_raise_naming_the_field(monkeypatch, env, field):

@@ -167,6 +167,11 @@ class Plan(_Model):
         description="The CPU each router pod requests (spec.routing.router.cpu, or 0 where the nodes have no CPU "
         "to spare beside the servers' whole ones); unset without a router.",
     )
+    router_image: str | None = Field(
+        default=None,
+        description="The router's image (spec.routing.router.image, else the operator's, its administrator's "
+        "choice); unset without a router.",
+    )
     drain_seconds: int = Field(
         default=0,
         description="The longest a request may run (spec.routing.drainSeconds, or the context length decoded at a "

@@ -293,10 +293,55 @@ class Affinity(_Model):
         return self.model_dump(by_alias=True, exclude_defaults=True)
 
 
+class KeySelector(_Model):
+    name: str = Field(min_length=1, max_length=253, description="The object's name, in the service's namespace.")
+    key: str = Field(min_length=1, max_length=253, description="The key to select.")
+    optional: bool | None = Field(default=None, description="Whether the object or its key may be missing.")
+
+
+class ObjectFieldSelector(_Model):
+    api_version: str | None = Field(default=None, max_length=64, description="The schema fieldPath is written in.")
+    field_path: str = Field(min_length=1, max_length=256, description="A field of the pod, e.g. status.podIP.")
+
+
+class ResourceFieldSelector(_Model):
+    container_name: str | None = Field(default=None, max_length=63, description="The container (default: this).")
+    resource: str = Field(min_length=1, max_length=64, description="A resource, e.g. limits.cpu.")
+    divisor: str | None = Field(
+        default=None, pattern=QUANTITY_PATTERN, max_length=64, description="The unit of the value."
+    )
+
+
+_VALUE_SOURCES = ("configMapKeyRef", "fieldRef", "resourceFieldRef", "secretKeyRef")
+_CEL_ONE_VALUE_SOURCE: dict[str, JsonValue] = {
+    "rule": " + ".join(f"(has(self.{source}) ? 1 : 0)" for source in _VALUE_SOURCES) + " == 1",
+    "message": "valueFrom needs exactly one of " + ", ".join(_VALUE_SOURCES),
+}
+
+
+class EnvVarSource(_Model):
+    """A container's env[].valueFrom, typed: a free-form object was passed to the pod unchecked (and a deeply
+    nested one exhausted the operator's recursion)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_ONE_VALUE_SOURCE]})
+
+    config_map_key_ref: KeySelector | None = Field(default=None, description="A key of a ConfigMap.")
+    field_ref: ObjectFieldSelector | None = Field(default=None, description="A field of the pod.")
+    resource_field_ref: ResourceFieldSelector | None = Field(default=None, description="A resource of a container.")
+    secret_key_ref: KeySelector | None = Field(default=None, description="A key of a Secret.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVarSource:
+        chosen = [self.config_map_key_ref, self.field_ref, self.resource_field_ref, self.secret_key_ref]
+        if sum(source is not None for source in chosen) != 1:
+            raise ValueError(str(_CEL_ONE_VALUE_SOURCE["message"]))
+        return self
+
+
 class EnvVar(_Model):
     name: str = Field(min_length=1, max_length=256, description="Variable name (not one the operator owns).")
     value: str | None = Field(default=None, max_length=32768, description="Variable value.")
-    value_from: dict[str, Any] | None = Field(default=None, description="As in a container's env[].valueFrom.")
+    value_from: EnvVarSource | None = Field(default=None, description="As in a container's env[].valueFrom.")
 
 
 # The label a Secret carries to let the operator read it for a spec's hfTokenSecret (unless it is installed with
@@ -388,10 +433,12 @@ class RoutingMode(StrEnum):
 
 
 class RouterSettings(_Model):
-    image: str = Field(
-        default="docker.io/library/haproxy:3.2",
+    image: str | None = Field(
+        default=None,
         max_length=1024,
-        description="HAProxy image of the router (any with `haproxy` on its PATH; HAProxy 2.6 or newer).",
+        description="HAProxy image of the router (any with `haproxy` on its PATH; HAProxy 2.6 or newer). Unset: "
+        "the operator's router image, its administrator's choice (the chart's router.image), as "
+        "status.plan.routerImage shows.",
     )
     replicas: int = Field(default=1, ge=1, le=10, description="Router pods (each balances on its own).")
     cpu: str = Field(
@@ -471,6 +518,17 @@ class Routing(_Model):
         return self
 
 
+# What KEDA's operator may be pointed at: http(s), a host (DNS name or IPv4), an optional port and path; no
+# userinfo, query or fragment; and not a loopback (127.0.0.0/8, localhost) or link-local (169.254.0.0/16, where
+# clouds serve instance metadata) host. KEDA queries it from its own pod: a tenant must not aim that pod at itself.
+PROMETHEUS_ADDRESS_PATTERN = r"^https?://[A-Za-z0-9]([-A-Za-z0-9.]*[A-Za-z0-9])?(:[0-9]{1,5})?(/[-A-Za-z0-9._~/]*)?$"
+PROMETHEUS_FORBIDDEN_HOSTS = r"^https?://(localhost([:/.]|$)|127[.]|169[.]254[.]|0[.])"  # no escapes: a CEL string too
+_CEL_PROMETHEUS_HOST: dict[str, JsonValue] = {
+    "rule": f"!has(self.prometheusAddress) || !self.prometheusAddress.matches('{PROMETHEUS_FORBIDDEN_HOSTS}')",
+    "message": "prometheusAddress must not name a loopback or link-local host (KEDA's own pod would query it)",
+}
+
+
 class AutoscalerKind(StrEnum):
     HPA = "hpa"
     KEDA = "keda"
@@ -492,6 +550,7 @@ class Autoscaling(_Model):
                     "rule": "self.kind != 'keda' || has(self.prometheusAddress)",
                     "message": "kind keda needs prometheusAddress (KEDA's Prometheus trigger queries it)",
                 },
+                _CEL_PROMETHEUS_HOST,
             ]
         }
     )
@@ -529,7 +588,10 @@ class Autoscaling(_Model):
     prometheus_address: str | None = Field(
         default=None,
         max_length=2048,
-        description="Prometheus URL for KEDA's trigger, e.g. http://prometheus.monitoring:9090.",
+        pattern=PROMETHEUS_ADDRESS_PATTERN,
+        description="Prometheus URL for KEDA's trigger, e.g. http://prometheus.monitoring:9090: http or https, a "
+        "host name or address and an optional port and path; no credentials, query or fragment, and no "
+        "loopback or link-local host (KEDA's own pod queries it: not a cloud's metadata service, not itself).",
     )
 
     @model_validator(mode="after")
@@ -541,6 +603,8 @@ class Autoscaling(_Model):
             raise ValueError("scaling to zero (minReplicas 0) needs kind keda")
         if self.kind == AutoscalerKind.KEDA and self.prometheus_address is None:
             raise ValueError("kind keda needs prometheusAddress (KEDA's Prometheus trigger queries it)")
+        if self.prometheus_address is not None and re.match(PROMETHEUS_FORBIDDEN_HOSTS, self.prometheus_address):
+            raise ValueError(str(_CEL_PROMETHEUS_HOST["message"]))
         return self
 
 
@@ -573,16 +637,49 @@ OWNED_FLAGS = {
     "--kv-cache-dtype": "kvCacheDtype",
     "--host": "service",
     "--port": "service.port",
+    "--api-key": "apiKeySecret",
+}
+# What spec.env and spec.extraArgs may not set at all, with why: each opens a way around the plan or the API key.
+REFUSED_ENV = {
+    "HUGGING_FACE_HUB_TOKEN": "a token in the Deployment's text: set spec.hfTokenSecret",
+    "VLLM_SERVER_DEV_MODE": "adds development routes the API key does not guard",
+}
+REFUSED_FLAGS = {
+    "--config": "a file of flags the operator cannot check: give each flag in extraArgs",
 }
 
 
+def flag_name(arg: str) -> str:
+    """An argument's flag as vLLM's parser reads it: '--max_model_len=8' is --max-model-len (vLLM turns '_' in a
+    flag into '-')."""
+    return arg.split("=", 1)[0].replace("_", "-")
+
+
+def flag_meant(arg: str) -> str | None:
+    """The owned or refused flag an argument sets, if any. vLLM's parser (argparse, allow_abbrev on in 0.32) also
+    takes a long flag's unambiguous prefix for it ('--max-model 9' sets --max-model-len), and a short flag's value
+    attached ('-tp2'): a prefix of one is taken for it. No vLLM flag is a prefix of one the operator owns."""
+    flag = flag_name(arg)
+    owned = OWNED_FLAGS.keys() | REFUSED_FLAGS.keys()
+    if flag in owned:
+        return flag
+    if flag.startswith("--") and len(flag) > 2:
+        return next((name for name in sorted(owned) if name.startswith(flag)), None)
+    return next((name for name in sorted(owned) if not name.startswith("--") and flag.startswith(name)), None)
+
+
 def owned_collisions(env_names: list[str], args: list[str]) -> list[str]:
-    """The spec.env names and spec.extraArgs flags the operator sets itself, each with the field to use instead."""
+    """The spec.env names and spec.extraArgs flags the operator sets itself, each with the field to use instead,
+    and those refused outright, each with why."""
     found = [f"env {name} (set spec.{OWNED_ENV[name]})" for name in env_names if name in OWNED_ENV]
+    found += [f"env {name} ({REFUSED_ENV[name]})" for name in env_names if name in REFUSED_ENV]
     for arg in args:
-        flag = arg.split("=", 1)[0]
+        flag = flag_meant(arg)
+        written = "" if flag is None or flag_name(arg) == flag else f" as {flag_name(arg)}"
         if flag in OWNED_FLAGS:
-            found.append(f"extraArgs {flag} (set spec.{OWNED_FLAGS[flag]})")
+            found.append(f"extraArgs {flag}{written} (set spec.{OWNED_FLAGS[flag]})")
+        elif flag in REFUSED_FLAGS:
+            found.append(f"extraArgs {flag}{written} ({REFUSED_FLAGS[flag]})")
     return found
 
 
@@ -591,16 +688,31 @@ def _cel_list(items: list[str]) -> str:
 
 
 _CEL_OWNED_ENV: dict[str, JsonValue] = {
-    "rule": f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(sorted(OWNED_ENV))}))",
-    "message": "env sets a variable the operator owns: "
-    + ", ".join(f"{name} (use spec.{field})" for name, field in sorted(OWNED_ENV.items())),
+    "rule": f"!has(self.env) || self.env.all(e, !(e.name in {_cel_list(sorted(OWNED_ENV | REFUSED_ENV))}))",
+    "message": "env sets a variable the operator owns or refuses: "
+    + ", ".join(f"{name} (use spec.{field})" for name, field in sorted(OWNED_ENV.items()))
+    + ", "
+    + ", ".join(f"{name} ({why})" for name, why in sorted(REFUSED_ENV.items())),
 }
+
+
+def _flags_pattern(flags: list[str]) -> str:
+    """An RE2 pattern matching an argument that is one of `flags`, alone or with '=value', '_' taken for '-' past
+    the leading dashes (as vLLM reads it): one match per argument keeps the rule within the API server's CEL
+    cost budget, where a replace and a comparison per flag and argument did not. Abbreviations (flag_meant) are
+    left to the operator's check, a condition on the service: all their spellings would not fit the budget."""
+    spelled = [flag[:2] + flag[2:].replace("-", "[-_]") if flag.startswith("--") else flag for flag in flags]
+    return "^(" + "|".join(spelled) + ")(=|$)"
+
+
 _CEL_OWNED_FLAGS: dict[str, JsonValue] = {
-    "rule": "!has(self.extraArgs) || self.extraArgs.all(a, !"
-    + _cel_list(sorted(OWNED_FLAGS))
-    + ".exists(f, a == f || a.startsWith(f + '=')))",
-    "message": "extraArgs sets a flag the operator owns: "
-    + ", ".join(f"{flag} (use spec.{field})" for flag, field in sorted(OWNED_FLAGS.items())),
+    "rule": "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('"
+    + _flags_pattern(sorted(OWNED_FLAGS | REFUSED_FLAGS))
+    + "'))",
+    "message": "extraArgs sets a flag the operator owns or refuses ('_' counts as '-'): "
+    + ", ".join(f"{flag} (use spec.{field})" for flag, field in sorted(OWNED_FLAGS.items()))
+    + ", "
+    + ", ".join(f"{flag} ({why})" for flag, why in sorted(REFUSED_FLAGS.items())),
 }
 _CEL_KV_SOURCE: dict[str, JsonValue] = {
     "rule": "has(self.kvCacheGiB) || (has(self.maxModelLen) && has(self.maxNumSeqs))",
@@ -688,7 +800,7 @@ class CpuLLMServiceSpec(_Model):
     )
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
         default_factory=list,
-        max_length=128,
+        max_length=64,  # with 4,096 characters each, what the API server's CEL cost budget lets the rule check
         description="Extra `vllm serve` arguments, appended. The flags the operator sets (--model, --port, "
         "--tensor-parallel-size, --max-model-len, ...) are refused: set the spec field that owns them.",
     )
@@ -697,9 +809,10 @@ class CpuLLMServiceSpec(_Model):
     )
     api_key_secret: ApiKeySecretRef | None = Field(
         default=None,
-        description="Secret holding an API key the OpenAI-compatible endpoint requires (vLLM's VLLM_API_KEY: "
-        "requests to /v1 need 'Authorization: Bearer <key>'; /health and /metrics stay open for probes and "
-        "scraping). Read by the pod only, never by the operator.",
+        description="Secret holding an API key that every request to the servers needs ('Authorization: Bearer "
+        "<key>'), on every path but /health and /metrics (open for probes and scraping). vLLM's own check "
+        "(VLLM_API_KEY) covers only /v1 and a few other prefixes; the operator adds a guard for the rest through "
+        "vLLM's --middleware. Read by the pod only, never by the operator.",
     )
     model_cache: ModelCache | None = Field(
         default=None,
@@ -747,12 +860,53 @@ class CpuLLMServiceSpec(_Model):
         """The CEL rules on env and extraArgs, again for the CLI and for objects stored before them."""
         collisions = owned_collisions([e.name for e in self.env], self.extra_args)
         if collisions:
-            raise ValueError("sets what the operator owns: " + "; ".join(collisions))
+            raise ValueError("sets what the operator owns or refuses: " + "; ".join(collisions))
         return self
+
+
+# The deepest nesting a spec may have: a real config.json or affinity is under 10 levels deep; the API server
+# stores far deeper ones in free-form fields, which would exhaust the recursion of whatever walks them.
+MAX_SPEC_DEPTH = 64
+
+
+def too_deep(value: Any, limit: int = MAX_SPEC_DEPTH) -> bool:
+    """Is `value` nested more than `limit` levels deep? Walked without recursion, so any depth is answered."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, Mapping) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, Mapping | list))
+    return False
+
+
+def copy_json(value: Any) -> Any:
+    """A deep copy of JSON data (mappings, lists, scalars) as dicts and lists, made without recursion: a stored
+    spec may be nested deeper than copy.deepcopy's recursion reaches, and it must still reach parse_spec to be
+    refused there."""
+    if not isinstance(value, Mapping | list):
+        return value
+    root: Any = {} if isinstance(value, Mapping) else []
+    stack: list[tuple[Any, Any]] = [(value, root)]
+    while stack:
+        source, target = stack.pop()
+        items = source.items() if isinstance(source, Mapping) else enumerate(source)
+        for key, item in items:
+            copied = {} if isinstance(item, Mapping) else [] if isinstance(item, list) else item
+            if isinstance(target, dict):
+                target[key] = copied
+            else:
+                target.append(copied)
+            if copied is not item:
+                stack.append((item, copied))
+    return root
 
 
 def parse_spec(raw: Mapping[str, Any] | None) -> CpuLLMServiceSpec:
     """Validate a spec as the API server stored it; errors become one InvalidSpec naming each field."""
+    if too_deep(raw):
+        raise InvalidSpec(f"spec: nested more than {MAX_SPEC_DEPTH} levels deep (no field of a spec needs that)")
     try:
         return CpuLLMServiceSpec.model_validate(raw or {})
     except ValidationError as err:

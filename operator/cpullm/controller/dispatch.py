@@ -11,12 +11,12 @@ retried on controller/outcomes.py's delays.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import random
 from collections.abc import Mapping
 from typing import Any
 
+from cpullm.api.spec import copy_json
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.state import Change, ControllerState
 from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
@@ -90,7 +90,7 @@ async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], ind
     meta = service["metadata"]
     try:
         async with state.workers.slot:
-            outcome = await _Facts(indexes).reconcile(state, copy.deepcopy(dict(service)))
+            outcome = await _Facts(indexes).reconcile(state, copy_json(service))
     except Exception:  # an event handler must not stop the watch; the error is in the log
         log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
         return

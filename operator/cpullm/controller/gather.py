@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
+from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, merge_topologies
 from cpullm.core.observation import NamespaceFacts, Observed
@@ -73,6 +74,7 @@ def gather(
     daemons: Sequence[DaemonPods] = (),
     topologies: Sequence[NodeTopology] = (),
     node_cache_dir: str | None = None,
+    router_image: str = DEFAULT_ROUTER_IMAGE,
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised. Each
@@ -113,4 +115,5 @@ def gather(
         status=last_status if last_status is not None else service.get("status") or {},
         installed_crds=installed_crds,
         node_cache_dir=node_cache_dir,
+        router_image=router_image,
     )

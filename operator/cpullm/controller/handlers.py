@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
 
-from cpullm.api.spec import GROUP, PLURAL, VERSION
+from cpullm.api.spec import GROUP, PLURAL, VERSION, copy_json
 from cpullm.controller import discovery_wait, dispatch
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
@@ -51,9 +51,23 @@ CHILD_RESOURCES = tuple((k.group, k.version, k.plural) for k in WATCHED_KINDS)
 POD_RESOURCE = ("", "v1", "pods")  # the server pods: only whether the scheduler can place them is read
 
 
+class SpecBlindDiffBase(kopf.AnnotationsDiffBaseStorage):
+    """Kopf's diff base, built without the spec and the managed fields. Kopf builds an essence of every object at
+    every event (a deep copy, then a diff) for change handlers; this operator has none (event handlers and
+    indexes read the spec themselves), and a spec nested deeper than copy.deepcopy reaches (and managedFields,
+    which mirror its shape) stopped each event of that service before any handler ran: no status, a traceback per
+    event. What the essence still holds (labels, annotations) is Kopf's."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None) -> kopf.BodyEssence:
+        meta = {k: v for k, v in body.get("metadata", {}).items() if k != "managedFields"}
+        shallow = {**{k: v for k, v in body.items() if k != "spec"}, "metadata": meta}
+        return super().build(body=kopf.Body(shallow), extra_fields=extra_fields)
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Every Kopf setting the operator changes from Kopf's defaults, each with its reason."""
+    settings.persistence.diffbase_storage = SpecBlindDiffBase()
     # Kopf's resource scanning stays on (its default): a NodeResourceTopology CRD installed after the operator is
     # watched from then on. It lists and watches CRDs, which the operator reads anyway (optional APIs); in
     # watched-namespace mode it cannot list Namespaces (no RBAC) and keeps to the namespaces it was given. Kopf
@@ -86,7 +100,11 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         # One API connection per reconcile thread, and one for the resync's lists.
         kube = Kube.from_environment(connections=config.reconcile_workers + 1, read_any_secret=config.read_any_secret)
         reconciler = Reconciler(
-            kube, hub, namespace_cache_seconds=config.namespace_cache_seconds, node_cache_dir=config.node_cache_dir
+            kube,
+            hub,
+            namespace_cache_seconds=config.namespace_cache_seconds,
+            node_cache_dir=config.node_cache_dir,
+            router_image=config.router_image,
         )
         memo["state"] = ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers))
         track_services(reconciler.services_by_readiness)
@@ -176,7 +194,7 @@ async def services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict
     annotations where kubectl and Kopf keep the last configuration), which nothing reads and which was over half
     of each copy (16.5 and 1.7 of 33 KB measured, for a service applied with kubectl)."""
     meta = {key: value for key, value in body.metadata.items() if key not in ("managedFields", "annotations")}
-    return {(namespace, name): copy.deepcopy({**body, "metadata": meta})}
+    return {(namespace, name): copy_json({**body, "metadata": meta})}
 
 
 @kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)

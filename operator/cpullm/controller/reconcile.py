@@ -21,6 +21,7 @@ from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
+from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.node_topology import NodeTopology
@@ -125,10 +126,12 @@ class Reconciler:
         namespace_cache_seconds: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
         node_cache_dir: str | None = None,
+        router_image: str = DEFAULT_ROUTER_IMAGE,
     ) -> None:
         self.kube = kube
         self.hub = hub
         self.node_cache_dir = node_cache_dir
+        self.router_image = router_image
         self.clock = clock
         self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
         # What was last applied to each child: a child whose desired manifest did not change and that nobody
@@ -325,6 +328,7 @@ class Reconciler:
                 daemons=daemons,
                 topologies=topologies,
                 node_cache_dir=self.node_cache_dir,
+                router_image=self.router_image,
             )
             decision = decide(observed, self.clock())
             try:

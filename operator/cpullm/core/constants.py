@@ -22,6 +22,9 @@ VLLM_VERSION = "v0.32.0"
 # vLLM publishes CPU images per arch on Docker Hub: vllm/vllm-openai-cpu:<version>-<arch suffix>.
 DEFAULT_IMAGE_REPOSITORY = "docker.io/vllm/vllm-openai-cpu"
 IMAGE_ARCH_SUFFIX = {"amd64": "x86_64", "arm64": "arm64"}
+# The router's image where neither the spec (routing.router.image) nor the operator's administrator
+# (settings.router_image) names one: HAProxy's official image, a moving tag the chart tells admins to pin by digest.
+DEFAULT_ROUTER_IMAGE = "docker.io/library/haproxy:3.2"
 # LD_PRELOAD as those images set it (vLLM's docker/Dockerfile.cpu, stages base-amd64 and base-arm64): tcmalloc,
 # and on x86 Intel OpenMP from the image's venv. The pod's env replaces the image's, so render the same value;
 # vLLM also reads it to choose how it pins OpenMP threads (KMP_AFFINITY when libiomp is preloaded).
@@ -72,6 +75,12 @@ LAUNCHER_FILE = "launcher.py"
 VLLM_FIXES_FILE = "vllm_fixes.py"
 SITECUSTOMIZE_FILE = "sitecustomize.py"
 LAUNCHER_SITE_DIR = "site"
+# The API key guard (cpullm/api_key_guard.py), shipped in the same ConfigMap into a directory of its own on the
+# server's PYTHONPATH (without the fixes: it serves a pod without the launcher too), loaded by vLLM's --middleware.
+API_KEY_GUARD_FILE = "api_key_guard.py"
+API_KEY_GUARD_DIR = "guard"
+API_KEY_GUARD_MODULE = "cpullm_api_key_guard"
+API_KEY_GUARD_MIDDLEWARE = f"{API_KEY_GUARD_MODULE}.ApiKeyGuard"
 
 MODEL_CACHE_MOUNT = "/models"
 # Beside the weights in the default model cache: tokenizer, configs, the Hub cache's own files.

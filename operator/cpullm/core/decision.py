@@ -70,7 +70,14 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
             return observed.model
         if observed.model is None:
             raise ValueError("decide_plan needs the model's size: gather resolves it for a valid spec")
-        plan = plan_service(spec, observed.model, observed.nodes, observed.status.get("plan"), observed.daemons)
+        plan = plan_service(
+            spec,
+            observed.model,
+            observed.nodes,
+            observed.status.get("plan"),
+            observed.daemons,
+            router_image=observed.router_image,
+        )
         if spec.model_cache and spec.model_cache.node_local:
             path = node_cache_path(observed.node_cache_dir, observed.owner.namespace, spec.model)
             plan = plan.model_copy(update={"node_cache_path": path})

@@ -9,6 +9,7 @@ from typing import Any
 
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.common import Owner
+from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
@@ -51,3 +52,5 @@ class Observed:
     installed_crds: frozenset[str] | None = None
     # The operator's node cache directory (settings.node_cache_dir; None: spec.modelCache.nodeLocal is refused).
     node_cache_dir: str | None = None
+    # The operator's router image (settings.router_image), for a router whose spec names none.
+    router_image: str = DEFAULT_ROUTER_IMAGE

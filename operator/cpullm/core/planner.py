@@ -64,9 +64,11 @@ def plan_service(
     nodes: Sequence[NodeProfile],
     current: Mapping[str, Any] | None = None,
     daemons: Sequence[DaemonPods] = (),
+    router_image: str = c.DEFAULT_ROUTER_IMAGE,
 ) -> Plan:
     """`current`: the plan the service runs (status.plan), so an equally good shape does not replace it;
-    `daemons`: the DaemonSets whose pods' requests the eligible nodes leave room for."""
+    `daemons`: the DaemonSets whose pods' requests the eligible nodes leave room for; `router_image`: the
+    operator's router image (settings.router_image), for a router whose spec names none."""
     explicit_tp = _explicit_tensor_parallel_size(spec)
     if explicit_tp is not None:
         problem = model.tensor_parallel_problem(explicit_tp)
@@ -89,7 +91,7 @@ def plan_service(
     refusals: list[tuple[Shape, PlanRefusal]] = []
     for shape in shapes_of(eligible, daemons):
         try:
-            plans.append((_plan_for_shape(spec, model, shape, explicit_tp), shape))
+            plans.append((_plan_for_shape(spec, model, shape, explicit_tp, router_image), shape))
         except PlanRefusal as refusal:
             refusals.append((shape, refusal))
             rejections.update(dict.fromkeys(shape.names, refusal.message))
@@ -318,11 +320,14 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
     return "; ".join(notes) or None
 
 
-def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None) -> Plan:
+def _plan_for_shape(
+    spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None, default_router_image: str
+) -> Plan:
     strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape), explicit_tp)
-    routing, router_cpu = routing_mode(spec, strategy), None
+    routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
     if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
         shape, router_cpu = leave_router_room(spec, shape)
+        router_image = spec.routing.router.image or default_router_image
     node, where = shape.node, shape.describe()
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
@@ -374,6 +379,7 @@ def _plan_for_shape(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, exp
         max_model_len_source=kv.max_model_len_source,
         routing=routing.value,
         router_cpu_millis=router_cpu,
+        router_image=router_image,
         drain_seconds=drain_seconds(spec, kv.max_model_len, shard),
         step_timeout_seconds=step_timeout_seconds(model, layout.cpus_per_rank),
         startup_seconds=startup_seconds(model, layout.cpus_per_rank, model.weights_bytes),

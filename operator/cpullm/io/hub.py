@@ -1,31 +1,32 @@
-"""The Hugging Face Hub (or a mirror) through huggingface_hub: config.json, the safetensors index, and every
-safetensors header (range requests, as `HfApi.parse_safetensors_file_metadata` reads them), so a model is sized
-from its checkpoint's real bytes. huggingface_hub builds the URLs and auth headers and types the Hub's errors;
-its HTTP client drops the token on a redirect to another host. Responses are size-capped; results are cached in
-a bounded LRU keyed by the model, the revision and a digest of the credential, so one tenant's private answer
+"""The Hugging Face Hub (or a mirror) through huggingface_hub's URLs, auth headers, HTTP client and typed errors:
+config.json, the safetensors index, and every safetensors header (range requests), so a model is sized from its
+checkpoint's real bytes. Its HTTP client drops the token on a redirect to another host.
+
+Whoever may create a service names the model, so everything read is bounded: config.json and the index by size;
+a header by its declared length (max_header_bytes), all of a checkpoint's together (max_headers_bytes), and the
+client-wide header reads (HEADER_READERS at once); each is decoded a tensor at a time (never the whole header as
+Python objects, up to ~25 times its bytes) and summed to a few dozen numbers. Results are cached in an LRU bounded by
+entries and bytes, keyed by the model, the revision and a digest of the credential, so one tenant's private answer
 never serves another."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx2
-from huggingface_hub import HfApi, get_session, hf_hub_url, hf_raise_for_status
-from huggingface_hub.errors import (
-    GatedRepoError,
-    HfHubHTTPError,
-    HFValidationError,
-    RevisionNotFoundError,
-    SafetensorsParsingError,
-)
+from huggingface_hub import get_session, hf_hub_url, hf_raise_for_status
+from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, HFValidationError, RevisionNotFoundError
 from huggingface_hub.utils._headers import build_hf_headers  # huggingface_hub.utils re-exports them implicitly
 from huggingface_hub.utils._validators import validate_repo_id
 
@@ -36,19 +37,64 @@ LIBRARY = "cpullm-operator"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 MAX_SHARDS = 4096
-HEADER_READERS = 8  # safetensors headers read at once (a 163-shard checkpoint in ~20 round trips)
+HEADER_READERS = 8  # safetensors headers read at once by the client (a 163-shard checkpoint in ~20 round trips)
+HEADER_PROBE_BYTES = 100_000  # a shard's first read; as huggingface_hub's, it holds 97% of headers whole
+FAILURE_SECONDS = 30.0  # a model's failure is answered again for this long without asking the Hub
+MAX_MEMBER_BYTES = 4096  # a tensor's name, dtype, shape and offsets in a header: ~100-300 bytes in real ones
+# A header is one JSON object: `{`, then members, each a name and a flat object (a tensor's dtype, shape and
+# data_offsets, or __metadata__'s strings) followed by `,` or the header's closing `}`. Possessive quantifiers:
+# no backtracking, linear in the header's length.
+_SPACE = rb"[ \t\n\r]*"
+_STRING = rb'"(?:[^"\\]++|\\.)*+"'
+_NUMBERS = rb'\[[^\[\]{}"]*+\]'
+_FIELD = _SPACE + _STRING + _SPACE + rb":" + _SPACE + rb"(?:" + _STRING + rb"|" + _NUMBERS + rb")" + _SPACE + rb",?"
+_FLAT_OBJECT = rb"\{(?:" + _FIELD + rb")*+" + _SPACE + rb"\}"
+_HEADER_OPEN = re.compile(_SPACE + rb"\{")
+_MEMBER = re.compile(
+    _SPACE + rb"(" + _STRING + rb")" + _SPACE + rb":" + _SPACE + rb"(" + _FLAT_OBJECT + rb")" + _SPACE
+    + rb"(,|\}" + _SPACE + rb"\Z)"
+)  # fmt: skip
+
+
+class _Transient(ModelConfigUnavailable):
+    """A failure the next reconcile may not meet (the Hub unreachable, timing out, HTTP 429 or 5xx): not cached."""
+
+
+@dataclass(frozen=True)
+class _Cached:
+    stamp: float
+    answer: ModelFiles | ModelConfigUnavailable
+    size: int  # bytes it holds, as far as the cache budget is concerned
 
 
 @dataclass
 class HubClient:
+    """Answers are cached for cache_seconds, failures a reconcile would meet again (no such model or revision,
+    gated, not a model's file, over a cap) for FAILURE_SECONDS, so a tenant's broken model is not fetched again
+    on every reconcile; a _Transient failure is not cached."""
+
     endpoint: str
     timeout_seconds: float = 10.0
     cache_seconds: float = 3600.0
     max_json_bytes: int = 16 * 2**20  # a 1T-parameter model's index is ~6 MiB
+    # Real config.json files are under ~100 KiB (a multimodal model's, with its vision and audio towers); one parses
+    # to ~3-8 times its text, for every reconcile running at once: a larger one is no model's config.
+    max_config_bytes: int = 1 * 2**20
+    # A header lists ~100-200 bytes per tensor. Real shards hold up to a few thousand tensors (DeepSeek-V3's ~560:
+    # ~80 KiB; Kimi-K2's ~2,300: ~0.3 MiB), an int4 MoE of small experts up to ~40,000 (Qwen3-Next's 512 experts
+    # of 512x2048, 4 tensors per matrix, in 5 GB shards: ~5.5 MiB). The client holds HEADER_READERS at most.
+    max_header_bytes: int = 8 * 2**20
+    # DeepSeek-V3's 163 headers: ~92,000 tensors at ~140 bytes, ~12 MiB; an int4 Qwen3-Next's ~300,000: ~40 MiB.
+    max_headers_bytes: int = 64 * 2**20
     cache_entries: int = 64
+    cache_bytes: int = 32 * 2**20  # a parsed config.json holds ~3-8 times its text: ~115 MiB for a 14.8 MiB one
     allow_http: bool = False
-    _cache: OrderedDict[tuple[str, str, str], tuple[float, ModelFiles]] = field(default_factory=OrderedDict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False)
+    _cache: OrderedDict[tuple[str, str, str], _Cached] = field(default_factory=OrderedDict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _header_readers: threading.Semaphore = field(
+        default_factory=lambda: threading.Semaphore(HEADER_READERS), init=False, repr=False
+    )
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith("https://") and not (self.allow_http and self.endpoint.startswith("http://")):
@@ -69,22 +115,52 @@ class HubClient:
             ) from err
         token = checked_token(token)
         key = (name, revision or "main", hashlib.sha256(token.encode()).hexdigest() if token else "")
+        answer = self._recall(key)
+        if isinstance(answer, ModelConfigUnavailable):
+            raise ModelConfigUnavailable(answer.message)  # a new one: raising the cached one would grow its traceback
+        if answer is not None:
+            return answer
+        try:
+            files = _Fetch(self, name, key[1], token).files()
+        except _Transient:
+            raise
+        except ModelConfigUnavailable as err:
+            self._remember(key, ModelConfigUnavailable(err.message), sys.getsizeof(err.message))  # no traceback held
+            raise
+        size = _footprint((files.config, files.tensors and files.tensors.elements), self.cache_bytes)
+        self._remember(key, files, size)
+        return files
+
+    def _recall(self, key: tuple[str, str, str]) -> ModelFiles | ModelConfigUnavailable | None:
         with self._lock:
             cached = self._cache.get(key)
-            if cached and time.monotonic() - cached[0] < self.cache_seconds:
-                self._cache.move_to_end(key)
-                return cached[1]
-        files = _Fetch(self, name, key[1], token).files()
-        with self._lock:
-            self._cache[key] = (time.monotonic(), files)
+            if cached is None:
+                return None
+            lifetime = FAILURE_SECONDS if isinstance(cached.answer, ModelConfigUnavailable) else self.cache_seconds
+            if self.clock() - cached.stamp >= lifetime:
+                del self._cache[key]
+                return None
             self._cache.move_to_end(key)
-            while len(self._cache) > self.cache_entries:
+            return cached.answer
+
+    def _remember(self, key: tuple[str, str, str], answer: ModelFiles | ModelConfigUnavailable, size: int) -> None:
+        """Least recently used out first, down to cache_entries and cache_bytes; an answer larger than
+        cache_bytes on its own is not kept."""
+        with self._lock:
+            self._cache.pop(key, None)
+            if size > self.cache_bytes:
+                return
+            self._cache[key] = _Cached(self.clock(), answer, size)
+            while len(self._cache) > self.cache_entries or self.cached_bytes > self.cache_bytes:
                 self._cache.popitem(last=False)
-        return files
+
+    @property
+    def cached_bytes(self) -> int:
+        return sum(cached.size for cached in self._cache.values())
 
 
 def summarize_headers(headers: Sequence[Any]) -> CheckpointTensors:
-    """huggingface_hub's safetensors headers, one per file (a Hub repo's or a local directory's), summed."""
+    """huggingface_hub's safetensors headers, one per file (a local directory's), summed."""
     tensors = ((name, info.dtype, info.shape) for header in headers for name, info in header.tensors.items())
     return summarize(tensors, files=len(headers))
 
@@ -113,37 +189,30 @@ class _Fetch:
     name: str
     revision: str
     token: str | None
-
-    @property
-    def api(self) -> HfApi:
-        return HfApi(endpoint=self.client.endpoint, token=self.token or False, library_name=LIBRARY)
+    header_bytes: int = field(default=0, init=False)  # declared by the headers read so far
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def files(self) -> ModelFiles:
-        config = self.json("config.json", required=True)
+        config = self.json("config.json", required=True, limit=self.client.max_config_bytes)
         if not isinstance(config, dict):
             raise ModelConfigUnavailable(f"config.json of {self.name} is a JSON {type(config).__name__}, not an object")
-        index = self.json(INDEX_FILE, required=False)
+        index = self.json(INDEX_FILE, required=False, limit=self.client.max_json_bytes)
         total, shards = _index_facts(index)
         tensors = self.tensors(shards if index is not None else [SINGLE_FILE])
         return ModelFiles(config=config, checkpoint_total_bytes=total, tensors=tensors)
 
-    def json(self, filename: str, *, required: bool) -> Any:
-        url = hf_hub_url(self.name, filename, revision=self.revision, endpoint=self.client.endpoint)
-        headers = build_hf_headers(token=self.token or False, library_name=LIBRARY)
+    def json(self, filename: str, *, required: bool, limit: int) -> Any:
         try:
-            with get_session().stream("GET", url, headers=headers, timeout=self.client.timeout_seconds) as response:
-                if response.status_code >= 400:
-                    response.read()
-                hf_raise_for_status(response)
-                body = b"".join(_capped(response.iter_bytes(), self.client.max_json_bytes, filename))
+            with self._get(filename) as response:
+                body = b"".join(_capped(response.iter_bytes(), limit, filename))
         except HfHubHTTPError as err:  # RepositoryNotFound, RevisionNotFound, EntryNotFound, Gated...
-            if not required and _status(err) == 404:
+            status = _status(err)
+            if not required and status == 404:
                 return None
-            raise ModelConfigUnavailable(self._http_hint(filename, err)) from None
+            error = _Transient if status is not None and (status == 429 or status >= 500) else ModelConfigUnavailable
+            raise error(self._http_hint(filename, err)) from None
         except httpx2.HTTPError as err:
-            raise ModelConfigUnavailable(
-                f"cannot reach {self.client.endpoint} for {self.name}: {type(err).__name__}"
-            ) from None
+            raise _Transient(f"cannot reach {self.client.endpoint} for {self.name}: {type(err).__name__}") from None
         try:
             return json.loads(body)
         except (ValueError, RecursionError) as err:
@@ -151,20 +220,83 @@ class _Fetch:
 
     def tensors(self, shards: list[str]) -> CheckpointTensors | None:
         """The checkpoint's tensors from its safetensors headers; None (size from the index or the formula) when
-        there are none or one cannot be read."""
+        there are none or one cannot be read; ModelConfigUnavailable when they are beyond the client's caps."""
         if not shards or len(shards) > MAX_SHARDS:
             return None
         try:
             with ThreadPoolExecutor(min(HEADER_READERS, len(shards))) as pool:
-                headers = list(pool.map(self._header, shards))
-            return summarize_headers(headers)
-        except (SafetensorsParsingError, CheckpointUnreadable, HfHubHTTPError, httpx2.HTTPError, ValueError):
+                return _summed(list(pool.map(self._shard_tensors, shards)))
+        except CheckpointUnreadable:
             return None
 
-    def _header(self, shard: str) -> Any:
-        return self.api.parse_safetensors_file_metadata(
-            self.name, shard, revision=self.revision, timeout=self.client.timeout_seconds
-        )
+    def _shard_tensors(self, shard: str) -> CheckpointTensors:
+        """One shard's tensors (_read_shard), its errors raised afresh out of the except block: their tracebacks'
+        frames hold a header, and a failed future keeps its error until the pool is done."""
+        try:
+            return self._read_shard(shard)
+        except ModelConfigUnavailable as err:
+            error: Exception = ModelConfigUnavailable(err.message)
+        except (CheckpointUnreadable, HfHubHTTPError, httpx2.HTTPError) as err:
+            error = CheckpointUnreadable(f"{shard[:100]}: {type(err).__name__}")
+        raise error
+
+    def _read_shard(self, shard: str) -> CheckpointTensors:
+        """Its header read and summed while holding one of the client's HEADER_READERS: at once at most
+        HEADER_READERS headers of at most max_header_bytes."""
+        with self.client._header_readers:
+            header = self._prefix(shard, HEADER_PROBE_BYTES)
+            if len(header) < 8:
+                raise CheckpointUnreadable(f"{shard} is shorter than a safetensors header")
+            length = int.from_bytes(header[:8], "little")
+            self._count_header(shard, length)
+            if len(header) < 8 + length:
+                header = self._prefix(shard, 8 + length)
+            if len(header) < 8 + length:
+                raise CheckpointUnreadable(f"{shard} ends within its header")
+            del header[8 + length :]  # in place: no copy of a header
+            del header[:8]
+            return summarize(_header_tensors(header), files=1)
+
+    def _count_header(self, shard: str, length: int) -> None:
+        """A header's declared length against the caps, before it is read."""
+        if length > self.client.max_header_bytes:
+            raise ModelConfigUnavailable(
+                f"the safetensors header of {shard[:100]} in {self.name}@{self.revision} declares {length} bytes, "
+                f"over the {self.client.max_header_bytes / 2**20:g} MiB a checkpoint's header needs: give "
+                "spec.model.config and spec.model.weightsBytes to size it without reading its headers"
+            )
+        with self._lock:
+            self.header_bytes += length
+            over = self.header_bytes > self.client.max_headers_bytes
+        if over:
+            raise ModelConfigUnavailable(
+                f"the safetensors headers of {self.name}@{self.revision} declare more than "
+                f"{self.client.max_headers_bytes / 2**20:g} MiB together, more than a checkpoint's: give "
+                "spec.model.config and spec.model.weightsBytes to size it without reading its headers"
+            )
+
+    def _prefix(self, filename: str, size: int) -> bytearray:
+        """The file's first `size` bytes (fewer if it is shorter), however much the server sends."""
+        body = bytearray()
+        with self._get(filename, byte_range=f"bytes=0-{size - 1}") as response:
+            for chunk in response.iter_bytes():
+                body += chunk[: size - len(body)]
+                if len(body) == size:
+                    break
+        return body
+
+    @contextmanager
+    def _get(self, filename: str, byte_range: str | None = None) -> Iterator[httpx2.Response]:
+        """A streamed GET of one of the model's files; huggingface_hub's typed error for an HTTP error."""
+        url = hf_hub_url(self.name, filename, revision=self.revision, endpoint=self.client.endpoint)
+        headers = build_hf_headers(token=self.token or False, library_name=LIBRARY)
+        if byte_range:
+            headers["Range"] = byte_range
+        with get_session().stream("GET", url, headers=headers, timeout=self.client.timeout_seconds) as response:
+            if response.status_code >= 400:
+                response.read()
+            hf_raise_for_status(response)
+            yield response
 
     def _http_hint(self, filename: str, err: HfHubHTTPError) -> str:
         status = _status(err)
@@ -179,6 +311,60 @@ class _Fetch:
         else:
             hint = f"HTTP {status}"
         return f"{filename} of {self.name}@{self.revision} from {self.client.endpoint}: {hint}"
+
+
+def _header_tensors(header: bytearray) -> Iterator[tuple[str, str, list[Any]]]:
+    """(name, dtype, shape) of a safetensors header's tensors, decoded one at a time: in memory the header's bytes
+    and one tensor's facts, never the whole header as Python objects (up to ~25 times its bytes for a hostile
+    one). __metadata__ is passed over unread."""
+    opened = _HEADER_OPEN.match(header)
+    position, closed = (opened.end() if opened else 0), False
+    while opened and not closed:
+        member = _MEMBER.match(header, position)
+        if member is None:
+            break
+        position, closed = member.end(), member[3] != b","
+        if member[1] == b'"__metadata__"':
+            continue
+        if member.end(2) - member.start(1) > MAX_MEMBER_BYTES:
+            raise CheckpointUnreadable(f"a tensor's entry is longer than {MAX_MEMBER_BYTES} bytes")
+        try:
+            name, facts = json.loads(member[1]), json.loads(member[2])
+        except ValueError:
+            raise CheckpointUnreadable("a tensor's entry is not JSON") from None
+        dtype, shape = facts.get("dtype"), facts.get("shape")
+        if not isinstance(dtype, str) or not isinstance(shape, list):
+            raise CheckpointUnreadable(f"tensor {name[:80]!r} has no dtype and shape")
+        yield name, dtype, shape
+    if not closed:
+        raise CheckpointUnreadable("a safetensors header is not a JSON object of tensors")
+
+
+def _summed(files: Sequence[CheckpointTensors]) -> CheckpointTensors:
+    """The checkpoint's tensors from its files' (each summed by `summarize`), as `summarize` sums them all."""
+    elements: dict[tuple[str, int], int] = {}
+    for tensors in files:
+        for dtype, layer, count in tensors.elements:
+            elements[dtype, layer] = elements.get((dtype, layer), 0) + count
+    return CheckpointTensors(
+        tuple((dtype, layer, count) for (dtype, layer), count in sorted(elements.items())),
+        files=len(files),
+        tensors=sum(tensors.tensors for tensors in files),
+    )
+
+
+def _footprint(value: object, limit: int) -> int:
+    """The bytes a parsed JSON value (dicts, lists, tuples, scalars) holds, counted up to just past `limit`."""
+    total, pending = 0, [value]
+    while pending and total <= limit:
+        item = pending.pop()
+        total += sys.getsizeof(item)
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple):
+            pending.extend(item)
+    return total
 
 
 def _status(err: HfHubHTTPError) -> int | None:

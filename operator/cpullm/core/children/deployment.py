@@ -16,6 +16,7 @@ from cpullm.core.children.model_cache import ephemeral_storage_request, model_ca
 from cpullm.core.node_selection import combine_terms
 
 CONTAINER_NAME = "vllm"
+PYTHONPATH = "PYTHONPATH"
 VLLM_COMMAND = ["python3", "-m", "vllm.entrypoints.openai.api_server"]
 
 
@@ -41,7 +42,24 @@ def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
     if spec.max_num_seqs is not None:
         args += ["--max-num-seqs", str(spec.max_num_seqs)]
     args += ["--host", "0.0.0.0", "--port", str(spec.service.port)]
+    if spec.api_key_secret is not None:
+        args += ["--middleware", c.API_KEY_GUARD_MIDDLEWARE]
     return args + list(spec.extra_args)
+
+
+def in_pod_files(spec: CpuLLMServiceSpec, plan: Plan) -> bool:
+    """Does the pod mount the launcher's ConfigMap: for the launcher, or for the API key guard."""
+    return plan.launcher or spec.api_key_secret is not None
+
+
+def _python_path(spec: CpuLLMServiceSpec) -> list[dict[str, Any]]:
+    """The API key guard's directory on PYTHONPATH, before the user's PYTHONPATH if spec.env sets one (joined into
+    one variable: of two entries of a name the last wins, and the user's would drop the guard)."""
+    if spec.api_key_secret is None:
+        return []
+    guard = f"{c.LAUNCHER_MOUNT}/{c.API_KEY_GUARD_DIR}"
+    users = next((e.value for e in spec.env if e.name == PYTHONPATH), None)
+    return [{"name": PYTHONPATH, "value": f"{guard}:{users}" if users else guard}]
 
 
 def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
@@ -64,8 +82,10 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    env += _python_path(spec)
     # spec.env cannot name what the operator sets (api/spec.py OWNED_ENV): the user's entries come after.
-    return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env]
+    joined = {PYTHONPATH} if spec.api_key_secret is not None else set()
+    return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env if e.name not in joined]
 
 
 def security_context(spec: CpuLLMServiceSpec) -> dict[str, Any]:
@@ -126,13 +146,13 @@ def _scrape(spec: CpuLLMServiceSpec) -> dict[str, str]:
     }
 
 
-def _volumes(owner: Owner, cache: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:
+def _volumes(owner: Owner, spec: CpuLLMServiceSpec, cache: dict[str, Any], plan: Plan) -> list[dict[str, Any]]:
     volumes = [
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": binary_quantity(plan.shm_bytes)}},
         {"name": "model-cache", **cache},
     ]
-    if plan.launcher:
-        volumes.append(launcher_volume(owner))
+    if in_pod_files(spec, plan):
+        volumes.append(launcher_volume(owner, api_key_guard=spec.api_key_secret is not None))
     return volumes
 
 
@@ -152,7 +172,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": c.MODEL_CACHE_MOUNT},
-            *([launcher_volume_mount()] if plan.launcher else []),
+            *([launcher_volume_mount()] if in_pod_files(spec, plan) else []),
         ],
         **_probes(plan),
         "lifecycle": drain_hook(spec),
@@ -162,7 +182,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "automountServiceAccountToken": False,
         "containers": [{**container, "securityContext": security_context(spec)}],
         "affinity": _affinity(spec, plan),
-        "volumes": _volumes(owner, cache, plan),
+        "volumes": _volumes(owner, spec, cache, plan),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace_seconds(plan),
     }

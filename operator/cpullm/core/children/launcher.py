@@ -1,5 +1,5 @@
-"""The ConfigMap carrying the in-pod files into the vLLM container: the launcher (cpullm/launcher.py) and the fixes
-to vLLM (cpullm/vllm_fixes.py, as sitecustomize.py).
+"""The ConfigMap carrying the in-pod files into the vLLM container: the launcher (cpullm/launcher.py), the fixes
+to vLLM (cpullm/vllm_fixes.py, as sitecustomize.py) and the API key guard (cpullm/api_key_guard.py).
 
 The kubelet picks a Guaranteed pod's exclusive CPUs at admission, so only code running inside the container
 can bind vLLM's ranks to them; the stock vLLM image has python3, so both ship as stdlib-only files, mounted at
@@ -21,6 +21,7 @@ from cpullm.core.children.common import Owner, metadata
 IN_POD_FILES = {
     c.LAUNCHER_FILE: (c.LAUNCHER_FILE, c.LAUNCHER_FILE),
     c.SITECUSTOMIZE_FILE: (c.VLLM_FIXES_FILE, f"{c.LAUNCHER_SITE_DIR}/{c.SITECUSTOMIZE_FILE}"),
+    c.API_KEY_GUARD_FILE: (c.API_KEY_GUARD_FILE, f"{c.API_KEY_GUARD_DIR}/{c.API_KEY_GUARD_MODULE}.py"),
 }
 SOURCES = {key: resources.files("cpullm").joinpath(source).read_text() for key, (source, _) in IN_POD_FILES.items()}
 VOLUME_NAME = "launcher"
@@ -40,9 +41,11 @@ def build_launcher_config_map(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan)
     }
 
 
-def launcher_volume(owner: Owner) -> dict[str, Any]:
-    """The pod's volume of the ConfigMap, each file at its path under the mount."""
-    items = [{"key": key, "path": path} for key, (_, path) in IN_POD_FILES.items()]
+def launcher_volume(owner: Owner, api_key_guard: bool) -> dict[str, Any]:
+    """The pod's volume of the ConfigMap, each file it uses at its path under the mount: the guard only where the
+    spec has an API key, so that the pod template of every other server stays as it was before the guard."""
+    used = {key: value for key, value in IN_POD_FILES.items() if api_key_guard or key != c.API_KEY_GUARD_FILE}
+    items = [{"key": key, "path": path} for key, (_, path) in used.items()]
     return {"name": VOLUME_NAME, "configMap": {"name": launcher_config_map_name(owner), "items": items}}
 
 

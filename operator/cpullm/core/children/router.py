@@ -142,7 +142,7 @@ def build_router_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -
     http = {"path": "/ready", "port": HEALTH_PORT_NAME}
     container: dict[str, Any] = {
         "name": "haproxy",
-        "image": router.image,
+        "image": plan.router_image,
         "command": ["haproxy", "-W", "-db", "-f", f"{CONFIG_MOUNT}/{CONFIG_FILE}"],
         "ports": [
             {"name": PORT_NAME, "containerPort": spec.service.port, "protocol": "TCP"},
