@@ -51,7 +51,13 @@ def objects(rendered: str) -> list[dict[str, Any]]:
 
 
 def test_helm_lint(helm: Helm):
-    for values in ([], ["--set", "watchNamespaces={a,b}"], ["--set", "replicas=2,peering.enabled=true"]):
+    for values in (
+        [],
+        ["--set", "watchNamespaces={a,b}"],
+        ["--set", "replicas=2,peering.enabled=true"],
+        ["--set", "writePolicy.enabled=false"],
+        ["--set", "writePolicy.protectedNamespaces={ops},writePolicy.protectReleaseNamespace=false"],
+    ):
         helm.run("lint", "--strict", str(CHART), *values)
 
 
@@ -60,6 +66,21 @@ def test_values_are_validated(helm: Helm):
     assert bad.returncode != 0 and "logLevel" in bad.stderr
     two = helm.run("template", RELEASE, str(CHART), "--set", "replicas=2", check=False)
     assert two.returncode != 0 and "replicas > 1 needs peering.enabled=true" in two.stderr
+
+    def refusal(values: str) -> str:
+        result = helm.run(
+            "template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--set", values, check=False
+        )
+        assert result.returncode != 0, f"{values} rendered"
+        return result.stderr
+
+    bad = refusal("writePolicy.protectedNamespaces={Kube_System}")
+    assert "at '/writePolicy/protectedNamespaces/0': 'Kube_System' does not match pattern" in bad
+    # A served namespace where the write policy would let the operator write nothing is refused at install.
+    for watched in ("kube-public", RELEASE_NAMESPACE):
+        message = f"watchNamespaces names {watched}, where writePolicy lets the operator write nothing"
+        assert message in refusal(f"watchNamespaces={{{watched}}}")
+    helm.template("--set", f"watchNamespaces={{{RELEASE_NAMESPACE}}},writePolicy.protectReleaseNamespace=false")
 
 
 @pytest.mark.parametrize(
@@ -126,6 +147,7 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
     namespace = f"e2e-chart-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", namespace)
     helm.run("install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace")
+    write_policy_enforced(kubectl, RELEASE)  # the operator below works under it
     as_chart = Operator(
         service_account_kubeconfig(kubectl, workdir / "sa.kubeconfig"), workdir / "chart-operator.log", free_port()
     )
@@ -180,7 +202,7 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
         for kind, ns in [
             ("deploy,sa,role,rolebinding", RELEASE_NAMESPACE),
             ("role,rolebinding", namespace),
-            ("clusterrole,clusterrolebinding", None),
+            ("clusterrole,clusterrolebinding,validatingadmissionpolicy,validatingadmissionpolicybinding", None),
         ]
     ]
     assert left == [[], [], []]
@@ -216,6 +238,221 @@ def test_peering_mode_runs_with_the_charts_rbac(
         peer.stop()
         helm.run("uninstall", release, "--namespace", RELEASE_NAMESPACE, "--wait")
         kubectl.run("delete", "namespace", namespace, "--wait=false")
+
+
+def operator_account(release: str) -> str:
+    """The username the API server gives the release's operator (its ServiceAccount)."""
+    return f"system:serviceaccount:{RELEASE_NAMESPACE}:{release}-cpullm-operator"
+
+
+def write_policy_enforced(kubectl: Kubectl, release: str) -> None:
+    """Until the API server enforces the release's write policy (it does a moment after the policy and its binding
+    are made): the operator's ServiceAccount, which RBAC lets write ConfigMaps everywhere, is refused one in
+    kube-system."""
+
+    def refused() -> bool:
+        args = ("create", "configmap", "probe", "-n", "kube-system", "--dry-run=server")
+        result = kubectl.run(f"--as={operator_account(release)}", *args, check=False)
+        assert "may not write in namespace kube-system" in result.stderr, result.stderr or result.stdout
+        return True
+
+    eventually(refused, timeout=60, what=f"the write policy of release {release} enforced")
+
+
+GUARDED = "guarded"  # the release whose write policy the tests below exercise (RELEASE comes and goes above)
+MANAGED_BY = "app.kubernetes.io/managed-by=cpullm-operator"
+
+
+def child_config_map(name: str, namespace: str, owner: dict[str, Any] | None, **data: str) -> dict[str, Any]:
+    """A ConfigMap shaped like the operator's children: its label, and a controller reference to `owner` (a
+    CpuLLMService as stored) unless None."""
+    meta: dict[str, Any] = {"name": name, "namespace": namespace, "labels": dict([MANAGED_BY.split("=")])}
+    if owner is not None:
+        ref = {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"]}
+        meta["ownerReferences"] = [{**ref, "uid": owner["metadata"]["uid"], "controller": True}]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data or {"k": "v"}}
+
+
+@pytest.fixture(scope="module")
+def policed(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl) -> Iterator[dict[str, Any]]:
+    """The chart installed with its defaults (the write policy on, enforced), and a tenant namespace holding a
+    ConfigMap and a Deployment the operator did not make, a ConfigMap labelled as its own but controlled by
+    nothing, and a child of a CpuLLMService there (`owner`, as stored)."""
+    tenant = f"e2e-policed-{uuid.uuid4().hex[:5]}"
+    kubectl.run("create", "namespace", tenant)
+    helm.run("install", GUARDED, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace")
+    try:
+        policy = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-writes")
+        assert policy["spec"]["failurePolicy"] == "Fail"
+        binding = kubectl.get("validatingadmissionpolicybinding", f"{GUARDED}-cpullm-operator-writes")
+        assert binding["spec"]["validationActions"] == ["Deny"]
+        kubectl.apply(tiny_service("owner", tenant, replicas=0))
+        owner = kubectl.get("cpullm", "owner", tenant)
+        idle = {"replicas": 0, "selector": {"matchLabels": {"app": "idle"}}}
+        idle["template"] = {
+            "metadata": {"labels": {"app": "idle"}},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+        }
+        kubectl.apply(
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "namespace": tenant}},
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {"name": "plain", "namespace": tenant},
+                "spec": idle,
+            },
+            child_config_map("labelled", tenant, None),
+            child_config_map("child", tenant, owner),
+        )
+        write_policy_enforced(kubectl, GUARDED)
+        # Type-checked against the matched kinds' schemas without a warning (a misspelt field would be one).
+        checked = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-writes")["status"]
+        assert not checked.get("typeChecking", {}).get("expressionWarnings"), checked
+        yield {"tenant": tenant, "owner": owner}
+    finally:
+        helm.run("uninstall", GUARDED, "--namespace", RELEASE_NAMESPACE, "--wait")
+        kubectl.run("delete", "namespace", tenant, "--wait=false")
+
+
+REFUSED_CHANGE = "the cpullm-operator may change only its own children"
+
+
+@pytest.mark.parametrize(
+    ("where", "args", "body", "refused"),
+    [
+        pytest.param("tenant", ("delete", "configmap", "plain"), None, "may delete only its own", id="delete-another"),
+        pytest.param(
+            "tenant", ("delete", "deployment", "plain"), None, "may delete only its own", id="delete-a-deploy"
+        ),
+        pytest.param("tenant", ("label", "configmap", "plain", MANAGED_BY), None, REFUSED_CHANGE, id="take-over"),
+        pytest.param(
+            "tenant", ("patch", "configmap", "plain", "-p", '{"data":{"k":"x"}}'), None, REFUSED_CHANGE, id="change"
+        ),
+        pytest.param("tenant", ("create", "configmap", "made"), None, "may create only its own", id="create-another"),
+        pytest.param("tenant", ("delete", "configmap", "labelled"), None, "may delete only its own", id="label-only"),
+        pytest.param(
+            "tenant",
+            ("label", "configmap", "child", "app.kubernetes.io/managed-by-"),
+            None,
+            "may leave only its own children (labelled app.kubernetes.io/managed-by=cpullm-operator, controlled by a"
+            " CpuLLMService): configmaps {tenant}/child would not be one",
+            id="relabel-a-child-away",
+        ),
+        pytest.param(
+            "kube-system",
+            ("delete", "configmap", "extension-apiserver-authentication"),
+            None,
+            "may not write in namespace kube-system",
+            id="delete-in-kube-system",
+        ),
+        pytest.param(
+            "kube-system",
+            (),
+            "child",
+            "may not write in namespace kube-system (configmaps kube-system/made):"
+            " its write policy protects kube-system, kube-public, kube-node-lease, cpullm-system",
+            id="apply-in-kube-system",
+        ),
+        pytest.param(
+            RELEASE_NAMESPACE,
+            (),
+            "child",
+            f"may not write in namespace {RELEASE_NAMESPACE}",
+            id="apply-in-its-own-namespace",
+        ),
+        # What it does write: its children (server-side apply creates and changes them), Events anywhere.
+        pytest.param("tenant", (), "child", None, id="apply-a-new-child"),
+        pytest.param("tenant", (), "changed-child", None, id="apply-over-a-child"),
+        pytest.param(
+            "tenant", ("patch", "configmap", "child", "-p", '{"data":{"k":"x"}}'), None, None, id="patch-a-child"
+        ),
+        pytest.param("tenant", ("delete", "configmap", "child"), None, None, id="delete-a-child"),
+        pytest.param("kube-system", ("create", "-f", "-"), "event", None, id="an-event-in-kube-system"),
+    ],
+)
+def test_the_write_policy_confines_the_operators_writes_to_its_children(
+    kubectl: Kubectl, policed: dict[str, Any], where: str, args: tuple[str, ...], body: str | None, refused: str | None
+):
+    """Requests as the operator's ServiceAccount (impersonated; RBAC allows every one of them), dry runs: the policy
+    refuses what is not the operator's child, and anything in a protected namespace, with a message that says so."""
+    namespace = policed["tenant"] if where == "tenant" else where
+    manifest: dict[str, Any] | None = None
+    if body in ("child", "changed-child"):  # server-side apply of a child: a new one, or over the existing one
+        name, data = ("made", {}) if body == "child" else ("child", {"k": "changed"})
+        manifest = child_config_map(name, namespace, policed["owner"], **data)
+        args = ("apply", "--server-side", "--force-conflicts", "--field-manager=cpullm-operator", "-f", "-")
+    elif body == "event":
+        regarding = {"kind": "Pod", "name": "p", "namespace": namespace}
+        manifest = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": "probe."},
+            "involvedObject": regarding,
+        }
+        manifest.update(reason="Probe", message="an event", type="Normal")
+    stdin = yaml.safe_dump(manifest) if manifest else None
+    dry_run_here = ("-n", namespace, "--dry-run=server")
+    result = kubectl.run(*args, *dry_run_here, f"--as={operator_account(GUARDED)}", input=stdin, check=False)
+    if refused is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode != 0, result.stdout
+        assert f"ValidatingAdmissionPolicy '{GUARDED}-cpullm-operator-writes'" in result.stderr
+        assert refused.format(tenant=namespace) in result.stderr
+        # Only the operator's requests are matched: an admin may do the same.
+        if manifest is None and args[0] in ("delete", "label", "patch"):
+            assert kubectl.run(*args, *dry_run_here).returncode == 0
+
+
+def test_the_operator_serves_under_its_write_policy(
+    kubectl: Kubectl, policed: dict[str, Any], chart_only: None, workdir: Path
+):
+    """The operator, as the guarded release's ServiceAccount, with the policy enforced: it creates its children,
+    reverts drift in them (server-side apply over them: updates), and deletes the budget a service no longer needs.
+    A child someone relabelled away is no longer its own (a PermissionDenied condition naming the policy, until the
+    label is back), and a service in a protected namespace gets the same condition."""
+    tenant = policed["tenant"]
+    as_chart = Operator(
+        service_account_kubeconfig(kubectl, workdir / "guarded.kubeconfig", GUARDED),
+        workdir / "guarded-operator.log",
+        free_port(),
+    )
+    as_chart.start()
+    try:
+        kubectl.apply(tiny_service("served", tenant, replicas=2))
+        ready(kubectl, tenant, "served", 2)
+        assert kubectl.get("poddisruptionbudget", "served", tenant) is not None
+        kubectl.run("scale", "deployment", "served", "-n", tenant, "--replicas=3")
+        eventually(
+            lambda: kubectl.get("deployment", "served", tenant)["spec"]["replicas"] == 2, what="the drift reverted"
+        )
+        kubectl.apply(tiny_service("served", tenant, replicas=1))
+        ready(kubectl, tenant, "served", 1)
+        eventually(lambda: kubectl.get("poddisruptionbudget", "served", tenant) is None, what="the budget deleted")
+
+        def denied(namespace: str, name: str, message: str) -> bool:
+            planned = conditions(kubectl.get("cpullm", name, namespace)).get("Planned", {})
+            assert planned.get("reason") == "PermissionDenied", planned
+            assert f"ValidatingAdmissionPolicy '{GUARDED}-cpullm-operator-writes'" in planned["message"], planned
+            assert message in planned["message"], planned
+            return True
+
+        kubectl.run("label", "service", "served", "-n", tenant, "app.kubernetes.io/managed-by-")
+        kubectl.run("patch", "service", "served", "-n", tenant, "-p", '{"spec":{"selector":{"app":"elsewhere"}}}')
+        relabelled = (
+            f"{REFUSED_CHANGE} (labelled {MANAGED_BY}, controlled by a CpuLLMService): services {tenant}/served"
+        )
+        eventually(lambda: denied(tenant, "served", relabelled), timeout=60, what="the relabelled child refused")
+        kubectl.run("label", "service", "served", "-n", tenant, MANAGED_BY)
+        ready(kubectl, tenant, "served", 1)
+        assert kubectl.get("service", "served", tenant)["spec"]["selector"] == {"cpullm.io/service": "served"}
+
+        kubectl.apply(tiny_service("protected", RELEASE_NAMESPACE))
+        where = f"may not write in namespace {RELEASE_NAMESPACE}"
+        eventually(lambda: denied(RELEASE_NAMESPACE, "protected", where), timeout=60, what="the protected namespace")
+    finally:
+        as_chart.stop()
+        kubectl.run("delete", "cpullm", "protected", "-n", RELEASE_NAMESPACE, "--ignore-not-found")
 
 
 # The admin's prefixes: a registry (any repository under it, any port of it), and the router pinned by digest only.

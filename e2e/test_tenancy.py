@@ -191,3 +191,33 @@ def test_one_bad_affinity_never_stops_another_services_reconcile(
     ready(kubectl, namespace, "healthy", 1)
     if mark:
         mark.assert_quiet()
+
+
+def test_network_policies_follow_the_routing_and_the_opt_out(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """The API server admits the NetworkPolicies as rendered: in router mode the servers admit only their router and
+    the router admits the namespace (plus Prometheus' namespace on its metrics port); through the Service, the
+    router's goes; spec.networkPolicy.enabled false, both go. (Enforced by a real implementation: e2e/test_kind.py.)"""
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    routed = {"mode": "router"}
+    kubectl.apply(tiny_service("guarded", namespace, routing=routed, networkPolicy={"metricsFrom": [prometheus]}))
+    ready(kubectl, namespace, "guarded", 1)
+
+    def policies() -> dict[str, dict]:
+        listed = kubectl.run("get", "networkpolicies", "-n", namespace, "-o", "json").stdout
+        return {p["metadata"]["name"]: p["spec"] for p in json.loads(listed)["items"]}
+
+    found = eventually(lambda: len(policies()) == 2 and policies(), timeout=60, what="both NetworkPolicies")
+    router = {"cpullm.io/router": "guarded"}
+    assert found["guarded"]["podSelector"] == {"matchLabels": {"cpullm.io/service": "guarded"}}
+    assert found["guarded"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": router}}]
+    assert found["guarded-router"]["ingress"] == [
+        {"from": [{"podSelector": {}}], "ports": [{"port": 8000, "protocol": "TCP"}]},
+        {"from": [prometheus], "ports": [{"port": 8404, "protocol": "TCP"}]},
+    ]
+    kubectl.apply(tiny_service("guarded", namespace, routing={"mode": "service"}))
+    eventually(lambda: list(policies()) == ["guarded"], timeout=60, what="the router's NetworkPolicy deleted")
+    assert policies()["guarded"]["ingress"][0]["from"] == [{"podSelector": {}}]
+    kubectl.apply(tiny_service("guarded", namespace, routing={"mode": "service"}, networkPolicy={"enabled": False}))
+    eventually(lambda: policies() == {}, timeout=60, what="no NetworkPolicy once opted out")

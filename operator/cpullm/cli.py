@@ -6,6 +6,7 @@ import argparse
 import json
 import platform
 import sys
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib.metadata import version
@@ -19,6 +20,7 @@ from cpullm.api.crd import build_crd
 from cpullm.api.plan import Plan
 from cpullm.api.spec import Placement
 from cpullm.controller.gather import ModelConfigSource, gather
+from cpullm.core.children.model_cache import stale_node_cache
 from cpullm.core.constants import LAUNCHER_FILE, GiB
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide
@@ -29,11 +31,13 @@ from cpullm.errors import CpuLLMError
 from cpullm.io.files import (
     ConfigFile,
     OfflineCluster,
+    cluster_uids,
     load_service,
     profile_daemonsets,
     profile_nodes,
     profile_topologies,
     read_objects,
+    scan_node_cache,
 )
 from cpullm.io.hub import HubClient
 from cpullm.planview import plan_svg
@@ -159,12 +163,25 @@ def plan_table(plan: Plan) -> str:
         + ("launcher binding" if plan.binding == "launcher" else plan.binding),
         f"start   up to {plan.startup_seconds} s (startup probe); a scheduler step up to {plan.step_timeout_seconds} s",
         f"image   {plan.image}",
+        *_node_cache_lines(plan),
         f"routing {ROUTING_SHOWN[plan.routing]}; a stopping server drains for up to {plan.drain_seconds} s",
         f"why     {plan.summary}",
         *([f"note    {plan.placement_note}"] if plan.placement_note else []),
         *[f"note    {note}" for note in sizing.notes],
     ]
     return "\n".join(lines) + "\n"
+
+
+def _node_cache_lines(plan: Plan) -> list[str]:
+    """Where spec.modelCache.nodeLocal keeps the weights and what a start compiles, and what that costs."""
+    if not plan.node_cache_path:
+        return []
+    return [
+        f"cache   on each node: weights in {plan.node_cache_path} (the namespace's, per model), what a start "
+        f"compiles in {plan.node_compile_cache_path} (this service's own)",
+        "        hostPaths: no size limit, kept when the namespace or the service is gone (cpullm node-cache-stale "
+        "lists those)",
+    ]
 
 
 def _is_launcher(child: dict[str, Any]) -> bool:
@@ -207,6 +224,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="leave out the ConfigMap carrying the in-pod launcher's source (what remains is easier to read)",
             )
     commands.add_parser("crd", help="print the CustomResourceDefinition")
+    stale = commands.add_parser(
+        "node-cache-stale",
+        help="list a node's cache directories (spec.modelCache.nodeLocal) whose namespace or CpuLLMService is gone, "
+        "one path a line, for an admin to remove",
+    )
+    stale.add_argument("directory", help="the node's nodeCacheDir, as seen where this runs (e.g. /host/var/lib/cpullm)")
+    stale.add_argument(
+        "--cluster",
+        required=True,
+        help="what `kubectl get namespaces,cpullmservices -A -o yaml` printed ('-' for stdin); an entry changed "
+        "within the hour before that listing is left for a later run",
+    )
     launch = commands.add_parser(
         "launch-plan", help="what the in-pod launcher would bind, from a copy of a node's /proc and /sys"
     )
@@ -227,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "crd":
             sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False))
+        elif args.command == "node-cache-stale":
+            return _node_cache_stale(args)
         elif args.command == "launch-plan":
             return _launch_plan(args)
         elif args.command == "run":
@@ -253,6 +284,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, NoCluster) as err:
         print(f"cpullm: {type(err).__name__}: {err}", file=sys.stderr)
         return 2
+    return 0
+
+
+# An entry changed this close to the cluster's listing, or after it, may be an object's made since: left alone.
+STALE_MARGIN_SECONDS = 3600
+
+
+def _node_cache_stale(args: argparse.Namespace) -> int:
+    """The node cache directories whose namespace or service the listing no longer has (children/model_cache.py's
+    stale_node_cache); entries not of the operator's layout are named on stderr and never listed."""
+    listed_at = time.time() if args.cluster == "-" else Path(args.cluster).stat().st_mtime
+    namespaces, services = cluster_uids(args.cluster)
+    stale, foreign = stale_node_cache(
+        scan_node_cache(args.directory), namespaces, services, listed_at - STALE_MARGIN_SECONDS
+    )
+    for entry in foreign:
+        _warn(f"{Path(args.directory) / entry}: not of the operator's layout (ns.<namespace uid>), left alone")
+    sys.stdout.writelines(f"{Path(args.directory) / entry}\n" for entry in stale)
     return 0
 
 

@@ -69,8 +69,9 @@ class Settings(BaseSettings):
         pattern=r"^/[A-Za-z0-9._/-]*$",
         max_length=512,
         description="A directory on every node under which services asking for spec.modelCache.nodeLocal keep "
-        "their weights and compile cache, one subdirectory per namespace and model (a hostPath the operator "
-        "chooses, never the tenant); unset: nodeLocal is refused.",
+        "their weights (per namespace UID and model) and compile cache (per service UID), hostPaths the operator "
+        "chooses, never the tenant, with no size limit, that nothing removes (cpullm node-cache-stale lists what "
+        "to); unset: nodeLocal is refused.",
     )
     namespaces: list[str] = Field(
         default_factory=list, description="Namespaces to watch (`cpullm run -n`); empty: the whole cluster."

@@ -113,6 +113,10 @@ def llama_8b() -> ModelSize:
     return size_model(LLAMA_8B, spec().model.dtype)
 
 
+def qwen_05b() -> ModelSize:
+    return size_model(QWEN25_05B, spec().model.dtype)
+
+
 def planned_service(name: str = "svc", namespace: str = "ns", **fields: Any) -> dict[str, Any]:
     """A CpuLLMService as stored once planned (on one default node): its spec and status.plan."""
     parsed = spec(**fields)

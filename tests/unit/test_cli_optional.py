@@ -119,17 +119,27 @@ def write_service(tmp_path: Path, **fields: object) -> str:
     [
         pytest.param(
             {"monitoring": {"podMonitor": True, "interval": "15s"}, "autoscaling": HPA_SCALING},
-            ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "PodMonitor", "HorizontalPodAutoscaler"],
+            [
+                "NetworkPolicy",
+                "ConfigMap",
+                "Deployment",
+                "PodDisruptionBudget",
+                "Service",
+                "PodMonitor",
+                "HorizontalPodAutoscaler",
+            ],
             [PDB, POD_MONITOR, HPA],
             id="podmonitor-and-hpa",
         ),
         pytest.param(
             {"autoscaling": KEDA_SCALING},
-            ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ScaledObject"],
+            ["NetworkPolicy", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ScaledObject"],
             [PDB, SCALED_OBJECT],
             id="keda-scale-to-zero",
         ),
-        pytest.param({}, ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"], [PDB], id="neither"),
+        pytest.param(
+            {}, ["NetworkPolicy", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service"], [PDB], id="neither"
+        ),
     ],
 )
 @pytest.mark.parametrize("output", ["yaml", "json"])
@@ -144,7 +154,9 @@ def test_render_prints_the_optional_children_in_apply_order(tmp_path, capsys, fi
     else:
         objects = list(yaml.safe_load_all(captured.out))
     assert [o["kind"] for o in objects] == kinds
-    assert [o for o in objects if o["kind"] not in ("ConfigMap", "Deployment", "Service")] == optional
+    # The NetworkPolicy's own shapes are tests/unit/test_network_policy.py's.
+    base = ("NetworkPolicy", "ConfigMap", "Deployment", "Service")
+    assert [o for o in objects if o["kind"] not in base] == optional
     assert all("ownerReferences" not in o["metadata"] for o in objects)  # no uid offline: no owner
 
 

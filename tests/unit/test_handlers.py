@@ -520,7 +520,14 @@ def test_a_resync_reconciles_each_owner_of_children_deleted_unseen_once(caplog):
     }
     asyncio.run(dispatch.resync(memo["state"], indexes, []))
     # Every kind that is served: the built-in ones, not those whose CRD is not installed.
-    assert rec.listed == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "HorizontalPodAutoscaler"]
+    assert rec.listed == [
+        "ConfigMap",
+        "Deployment",
+        "Service",
+        "PodDisruptionBudget",
+        "NetworkPolicy",
+        "HorizontalPodAutoscaler",
+    ]
     # Once each, whatever number of its kinds drifted. A vanished Deployment's last status (still in Kopf's index)
     # is not reported as its replacement's; a service whose Deployment is there keeps its status.
     assert sorted(zip((name for name, _ in rec.calls), rec.deployments, strict=True)) == [

@@ -210,6 +210,11 @@ def test_an_unmapped_answer_stays_loud():
     ("status", "body", "expected"),
     [
         (200, {"metadata": {"name": "serving", "labels": {"a": "b"}}}, NamespaceFacts({"a": "b"}, False)),
+        (  # its UID keys the node cache directories (core/children/model_cache.py)
+            200,
+            {"metadata": {"name": "serving", "uid": "0b6f2a4e-5c3d-4e1f-9a8b-7c6d5e4f3a2b"}},
+            NamespaceFacts({}, False, "0b6f2a4e-5c3d-4e1f-9a8b-7c6d5e4f3a2b"),
+        ),
         (200, {"metadata": {"name": "serving"}, "status": {"phase": "Terminating"}}, NamespaceFacts({}, True)),
         (
             200,
@@ -220,7 +225,7 @@ def test_an_unmapped_answer_stays_loud():
         (403, None, PermissionDenied),
         (503, None, TransientApiError),
     ],
-    ids=["labels", "terminating-phase", "deletion-timestamp", "gone", "403", "503"],
+    ids=["labels", "uid", "terminating-phase", "deletion-timestamp", "gone", "403", "503"],
 )
 def test_read_namespace(status, body, expected):
     if isinstance(expected, NamespaceFacts):

@@ -7,10 +7,9 @@ import pytest
 
 from cpullm.core.node_topology import NUMA_SOURCE, merge_topologies, parse_topology, with_topology
 from cpullm.core.planner import plan_service
-from cpullm.core.sizing import size_model
 from cpullm.errors import ModelTooLarge, NodeTopologyError
 
-from .builders import QWEN25_05B, llama_8b, node, spec, topology_object
+from .builders import llama_8b, node, qwen_05b, spec, topology_object
 
 GiB = 2**30
 THROUGHPUT = {
@@ -20,10 +19,6 @@ THROUGHPUT = {
     "maxModelLen": 8192,
     "routing": {"mode": "service"},
 }
-
-
-def qwen_05b():
-    return size_model(QWEN25_05B, spec().model.dtype)
 
 
 def test_a_topology_is_read_zone_by_zone():

@@ -244,6 +244,7 @@ def test_nothing_optional_when_not_asked_for(fields):
     service_spec = spec(**fields)
     assert both(service_spec) == (None, None)
     assert [c["kind"] for c in build_children(OWNER, service_spec, plan_for(service_spec))] == [
+        NP,
         "ConfigMap",
         "Deployment",
         "Service",
@@ -265,6 +266,7 @@ def test_owner_references_on_every_optional_child(owner, references):
 def test_children_in_apply_order():
     service_spec = spec(monitoring=MONITORED, autoscaling=HPA)
     assert [(c["apiVersion"], c["kind"]) for c in build_children(OWNER, service_spec, plan_for(service_spec))] == [
+        ("networking.k8s.io/v1", NP),
         ("v1", "ConfigMap"),
         ("apps/v1", "Deployment"),
         ("policy/v1", PDB),
@@ -377,10 +379,12 @@ def conditions(decision: Decision) -> dict[str, tuple[str, str, str]]:
     return {c["type"]: (c["status"], c["reason"], c["message"]) for c in decision.status["conditions"]}
 
 
-BASE_KINDS = ["ConfigMap", "Deployment", "Service"]
+# On by default (spec.networkPolicy): the servers' NetworkPolicy comes first, before what it guards.
+NP = "NetworkPolicy"
+BASE_KINDS = [NP, "ConfigMap", "Deployment", "Service"]
 # An autoscaler may scale to more than one server: the servers get a PodDisruptionBudget (built-in, no CRD).
 PDB = "PodDisruptionBudget"
-SCALED_KINDS = ["ConfigMap", "Deployment", PDB, "Service"]
+SCALED_KINDS = [NP, "ConfigMap", "Deployment", PDB, "Service"]
 POD_MONITOR_MISSING = (
     "False",
     "PodMonitorCRDMissing",
@@ -406,7 +410,7 @@ SCALED_OBJECT_APPLIED = ("True", "ScaledObjectApplied", "ScaledObject llama")
             None,
             [*SCALED_KINDS, "PodMonitor", "ScaledObject"],
             {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_APPLIED},
-            [PDB, "PodMonitor", "ScaledObject"],
+            [NP, PDB, "PodMonitor", "ScaledObject"],
             id="offline-unknown-crds-every-child",
         ),
         pytest.param(
@@ -414,7 +418,7 @@ SCALED_OBJECT_APPLIED = ("True", "ScaledObjectApplied", "ScaledObject llama")
             ALL_CRDS,
             [*SCALED_KINDS, "PodMonitor", "ScaledObject"],
             {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_APPLIED},
-            [PDB, "PodMonitor", "ScaledObject"],
+            [NP, PDB, "PodMonitor", "ScaledObject"],
             id="crds-installed",
         ),
         pytest.param(
@@ -422,7 +426,7 @@ SCALED_OBJECT_APPLIED = ("True", "ScaledObjectApplied", "ScaledObject llama")
             frozenset(),
             [*SCALED_KINDS, "HorizontalPodAutoscaler"],
             {"Monitoring": POD_MONITOR_MISSING, "Autoscaling": HPA_APPLIED},
-            [PDB, "HorizontalPodAutoscaler"],
+            [NP, PDB, "HorizontalPodAutoscaler"],
             id="podmonitor-crd-missing-hpa-needs-none",
         ),
         pytest.param(
@@ -430,7 +434,7 @@ SCALED_OBJECT_APPLIED = ("True", "ScaledObjectApplied", "ScaledObject llama")
             frozenset({PODMONITOR_CRD}),
             [*SCALED_KINDS, "PodMonitor"],
             {"Monitoring": POD_MONITOR_APPLIED, "Autoscaling": SCALED_OBJECT_MISSING},
-            [PDB, "PodMonitor"],
+            [NP, PDB, "PodMonitor"],
             id="keda-crd-missing",
         ),
         pytest.param(
@@ -438,10 +442,10 @@ SCALED_OBJECT_APPLIED = ("True", "ScaledObjectApplied", "ScaledObject llama")
             frozenset(),
             SCALED_KINDS,
             {"Monitoring": POD_MONITOR_MISSING, "Autoscaling": SCALED_OBJECT_MISSING},
-            [PDB],
+            [NP, PDB],
             id="both-crds-missing",
         ),
-        pytest.param({}, frozenset(), BASE_KINDS, {}, [], id="nothing-asked-no-condition"),
+        pytest.param({}, frozenset(), BASE_KINDS, {}, [NP], id="nothing-asked-no-condition"),
     ],
 )
 def test_optional_children_follow_installed_crds(fields, crds, applied, features, optional):
@@ -494,51 +498,51 @@ PDB_GONE = _gone(PDB, "policy/v1")
     ("before", "fields", "crds", "obsolete", "after"),
     [
         pytest.param(
-            [PDB, "HorizontalPodAutoscaler"],
+            [NP, PDB, "HorizontalPodAutoscaler"],
             {"autoscaling": KEDA},
             ALL_CRDS,
             (HPA_GONE,),
-            [PDB, "ScaledObject"],
+            [NP, PDB, "ScaledObject"],
             id="hpa-to-keda",
         ),
         pytest.param(
-            [PDB, "ScaledObject"],
+            [NP, PDB, "ScaledObject"],
             {"autoscaling": HPA},
             ALL_CRDS,
             (SCALEDOBJECT_GONE,),
-            [PDB, "HorizontalPodAutoscaler"],
+            [NP, PDB, "HorizontalPodAutoscaler"],
             id="keda-to-hpa",
         ),
         pytest.param(
-            [PDB, "PodMonitor", "HorizontalPodAutoscaler"],
+            [NP, PDB, "PodMonitor", "HorizontalPodAutoscaler"],
             {"autoscaling": HPA},
             ALL_CRDS,
             (PODMONITOR_GONE,),
-            [PDB, "HorizontalPodAutoscaler"],
+            [NP, PDB, "HorizontalPodAutoscaler"],
             id="monitoring-removed",
         ),
         pytest.param(
-            [PDB, "PodMonitor", "ScaledObject"],
+            [NP, PDB, "PodMonitor", "ScaledObject"],
             {},
             ALL_CRDS,
             (PDB_GONE, PODMONITOR_GONE, SCALEDOBJECT_GONE),
-            [],
+            [NP],
             id="everything-removed",
         ),
         pytest.param(
-            ["PodMonitor"],
+            [NP, "PodMonitor"],
             {"monitoring": MONITORED},
             frozenset(),
             (PODMONITOR_GONE,),
-            [],
+            [NP],
             id="crd-uninstalled",
         ),
         pytest.param(
-            [PDB, "PodMonitor", "HorizontalPodAutoscaler"],
+            [NP, PDB, "PodMonitor", "HorizontalPodAutoscaler"],
             {"monitoring": MONITORED, "autoscaling": HPA},
             ALL_CRDS,
             (),
-            [PDB, "PodMonitor", "HorizontalPodAutoscaler"],
+            [NP, PDB, "PodMonitor", "HorizontalPodAutoscaler"],
             id="unchanged",
         ),
         pytest.param(
@@ -546,7 +550,7 @@ PDB_GONE = _gone(PDB, "policy/v1")
             {"replicas": 2, "routing": {"mode": "service"}},
             ALL_CRDS,
             ROUTER_GONE,
-            [PDB],
+            [NP, PDB],
             id="router-to-service",
         ),
         pytest.param(
@@ -554,10 +558,10 @@ PDB_GONE = _gone(PDB, "policy/v1")
             {},
             ALL_CRDS,
             (),
-            [],
+            [NP],
             id="kept-and-unknown-never-deleted",
         ),
-        pytest.param(None, {"monitoring": MONITORED}, ALL_CRDS, (), ["PodMonitor"], id="no-record-before"),
+        pytest.param(None, {"monitoring": MONITORED}, ALL_CRDS, (), [NP, "PodMonitor"], id="no-record-before"),
     ],
 )
 def test_obsolete_lists_kinds_applied_before_and_no_longer_asked_for(before, fields, crds, obsolete, after):
@@ -577,17 +581,17 @@ def test_obsolete_lists_kinds_applied_before_and_no_longer_asked_for(before, fie
     ],
 )
 def test_nothing_obsolete_and_record_kept_when_the_plan_fails(fields):
-    status = {"optionalChildren": ["PodMonitor", "HorizontalPodAutoscaler"]}
+    status = {"optionalChildren": [NP, "PodMonitor", "HorizontalPodAutoscaler"]}
     decision = decide(observed(ALL_CRDS, status=status, **fields), T0)
     assert decision.obsolete == ()
     assert decision.children == ()
-    assert decision.status["optionalChildren"] == ["PodMonitor", "HorizontalPodAutoscaler"]
+    assert decision.status["optionalChildren"] == [NP, "PodMonitor", "HorizontalPodAutoscaler"]
     assert "optionalChildren" not in decision.status_patch
     assert [c["type"] for c in decision.status["conditions"]] == ["Planned", "Ready"]
 
 
 def test_terminating_namespace_deletes_nothing():
-    status = {"optionalChildren": ["PodMonitor"]}
+    status = {"optionalChildren": [NP, "PodMonitor"]}
     decision = decide(observed(ALL_CRDS, status=status, namespace=NamespaceFacts(terminating=True)), T0)
     assert decision == Decision(outcome=None)
 
@@ -647,7 +651,12 @@ def writes(kube: RecordingKube, verb: str) -> list[tuple[str, ...]]:
     return [call for call in kube.calls if call[0] == verb]
 
 
-BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment"), ("apply", "v1", "Service")]
+BASE_APPLIES = [
+    ("apply", "networking.k8s.io/v1", NP),
+    ("apply", "v1", "ConfigMap"),
+    ("apply", "apps/v1", "Deployment"),
+    ("apply", "v1", "Service"),
+]
 
 
 @pytest.mark.parametrize(
@@ -658,7 +667,7 @@ BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment")
             {"autoscaling": KEDA},
             [("apply", "keda.sh/v1alpha1", "ScaledObject")],
             [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")],
-            [PDB, "ScaledObject"],
+            [NP, PDB, "ScaledObject"],
             id="hpa-to-keda",
         ),
         pytest.param(
@@ -666,7 +675,7 @@ BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment")
             {"autoscaling": HPA},
             [],  # the HPA is unchanged: not written again
             [("delete", "monitoring.coreos.com/v1", "PodMonitor", "serving", "llama")],
-            [PDB, "HorizontalPodAutoscaler"],
+            [NP, PDB, "HorizontalPodAutoscaler"],
             id="monitoring-removed",
         ),
         pytest.param(
@@ -678,7 +687,7 @@ BASE_APPLIES = [("apply", "v1", "ConfigMap"), ("apply", "apps/v1", "Deployment")
                 ("delete", "monitoring.coreos.com/v1", "PodMonitor", "serving", "llama"),
                 ("delete", "keda.sh/v1alpha1", "ScaledObject", "serving", "llama"),
             ],
-            [],
+            [NP],
             id="everything-removed",
         ),
     ],
@@ -705,14 +714,16 @@ def test_reconcile_deletes_obsolete_children_once(first, second, applied, delete
 def test_a_restarted_operator_deletes_from_the_objects_own_status():
     """After a restart nothing was written by this process: the object's status.optionalChildren is the record."""
     rec, kube = reconciler()
-    rec.reconcile(service({}, status={"optionalChildren": ["HorizontalPodAutoscaler"]}), NODES, installed_crds=ALL_CRDS)
+    rec.reconcile(
+        service({}, status={"optionalChildren": [NP, "HorizontalPodAutoscaler"]}), NODES, installed_crds=ALL_CRDS
+    )
     assert writes(kube, "delete") == [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")]
-    assert kube.status_patches[-1]["optionalChildren"] == []
+    assert kube.status_patches[-1]["optionalChildren"] == [NP]
 
 
 def test_a_refused_plan_deletes_nothing():
     rec, kube = reconciler()
-    status = {"optionalChildren": ["PodMonitor"]}
+    status = {"optionalChildren": [NP, "PodMonitor"]}
     outcome = rec.reconcile(service({"cpu": {"requiredISA": ["sve"]}}, status=status), NODES, installed_crds=ALL_CRDS)
     assert isinstance(outcome, NoEligibleNode)
     assert writes(kube, "apply") == writes(kube, "delete") == []
@@ -726,14 +737,14 @@ def test_missing_crd_is_reported_once_and_not_applied():
     assert writes(kube, "apply") == BASE_APPLIES
     assert ("event", "Warning", "PodMonitorCRDMissing") in kube.calls
     (patch,) = kube.status_patches
-    assert patch["optionalChildren"] == []
+    assert patch["optionalChildren"] == [NP]
 
     # The CRD gets installed (optional_api_changed reconciles again): the PodMonitor is applied, the condition flips.
     kube.calls.clear()
     rec.reconcile(service(fields, status=patch), NODES, installed_crds=ALL_CRDS)
     assert writes(kube, "apply") == [("apply", "monitoring.coreos.com/v1", "PodMonitor")]
     assert writes(kube, "event") == [("event", "Normal", "PodMonitorApplied")]
-    assert kube.status_patches[-1]["optionalChildren"] == ["PodMonitor"]
+    assert kube.status_patches[-1]["optionalChildren"] == [NP, "PodMonitor"]
 
 
 def test_switching_hpa_to_keda_survives_the_keda_webhook():
@@ -764,7 +775,7 @@ def test_switching_hpa_to_keda_survives_the_keda_webhook():
         rec.reconcile(service({"autoscaling": KEDA}, status=first_status), NODES, installed_crds=ALL_CRDS)
     assert writes(kube, "delete") == [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")]
     assert ("apply", "keda.sh/v1alpha1", "ScaledObject") in writes(kube, "apply")
-    assert kube.status_patches[-1]["optionalChildren"] == [PDB, "ScaledObject"]
+    assert kube.status_patches[-1]["optionalChildren"] == [NP, PDB, "ScaledObject"]
 
 
 def test_every_status_field_written_is_declared_in_the_crd():

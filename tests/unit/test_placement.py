@@ -9,7 +9,7 @@ from cpullm.core.planner import plan_service
 from cpullm.core.sizing import size_model
 from cpullm.errors import InvalidPlacement, InvalidTensorParallelSize, ModelTooLarge
 
-from .builders import QWEN25_05B, llama_8b, node, spec
+from .builders import QWEN25_05B, llama_8b, node, qwen_05b, spec
 
 TOPOLOGY = "cpullm.io/topology-manager-policy"
 # Routing through the Service: these tests are about placement (the router's room is tests/unit/test_routing.py's).
@@ -21,10 +21,6 @@ QWEN = {
 }
 CAPPED = "replicas capped: {} requested, {} NUMA nodes on the chosen nodes"
 BEST_EFFORT = "NUMA alignment best-effort: "
-
-
-def qwen_05b():
-    return size_model(QWEN25_05B, spec().model.dtype)
 
 
 def pool(count: int = 2, *, numa: int = 4, memory: str = "256Gi", topology: str | None = None, **kwargs):

@@ -1,6 +1,7 @@
 """The chart grants what the operator does with each owned kind (core/children's CHILD_KINDS) and nothing is
-granted twice for it; checked on manifests/install.yaml, the chart rendered with its defaults (e2e/test_chart.py
-keeps the two equal)."""
+granted twice for it, and its write policy (a ValidatingAdmissionPolicy) covers every write of each; checked on
+manifests/install.yaml, the chart rendered with its defaults (e2e/test_chart.py keeps the two equal, and tries the
+policy on the API server)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ from cpullm.core.children import CHILD_KINDS, ChildKind
 INSTALL = Path(__file__).resolve().parents[2] / "manifests" / "install.yaml"
 
 
-def namespaced_rules() -> list[dict]:
+def installed(kind: str, name: str) -> dict:
     objects = [o for o in yaml.safe_load_all(INSTALL.read_text()) if o]
-    (role,) = [o for o in objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == "cpullm-operator"]
-    return list(role["rules"])
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+def namespaced_rules() -> list[dict]:
+    return list(installed("ClusterRole", "cpullm-operator")["rules"])
 
 
 @pytest.mark.parametrize("child", CHILD_KINDS, ids=[k.kind for k in CHILD_KINDS])
@@ -40,3 +45,28 @@ def test_the_verbs_follow_what_the_operator_does_with_a_kind():
         "v1",
         ("get", "create", "patch", "delete", "list"),
     )
+
+
+@pytest.mark.parametrize("child", CHILD_KINDS, ids=[k.kind for k in CHILD_KINDS])
+def test_the_write_policy_covers_every_write_of_each_owned_kind(child: ChildKind):
+    spec = installed("ValidatingAdmissionPolicy", "cpullm-operator-writes")["spec"]
+    rules = [
+        r
+        for r in spec["matchConstraints"]["resourceRules"]
+        if child.group in r["apiGroups"] and child.plural in r["resources"]
+    ]
+    assert len(rules) == 1, f"{child.plural}.{child.group}: {len(rules)} rules"
+    assert rules[0]["apiVersions"] == ["*"]
+    assert set(rules[0]["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+
+
+def test_the_write_policy_matches_only_the_operators_own_requests_and_denies():
+    spec = installed("ValidatingAdmissionPolicy", "cpullm-operator-writes")["spec"]
+    account = installed("Deployment", "cpullm-operator")["spec"]["template"]["spec"]["serviceAccountName"]
+    username = f"system:serviceaccount:cpullm-system:{account}"
+    assert [c["expression"] for c in spec["matchConditions"]] == [f"request.userInfo.username == '{username}'"]
+    assert spec["failurePolicy"] == "Fail"
+    binding = installed("ValidatingAdmissionPolicyBinding", "cpullm-operator-writes")["spec"]
+    assert binding == {"policyName": "cpullm-operator-writes", "validationActions": ["Deny"]}
+    (protected,) = [v["expression"] for v in spec["variables"] if v["name"] == "protected"]
+    assert yaml.safe_load(protected) == ["kube-system", "kube-public", "kube-node-lease", "cpullm-system"]

@@ -93,7 +93,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     rec, kube = reconciler()
     outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), NODES, READY)
     assert outcome.tensor_parallel_size == 2
-    assert [m["kind"] for m in kube.applied] == ["ConfigMap", "Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
     assert rec.hub.calls == [("meta-llama/Llama-3.1-8B", None, "hf_secret")]
     (patch,) = kube.status_patches
     assert patch["readyReplicas"] == 1 and patch["observedGeneration"] == 2
@@ -101,7 +101,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
 
     rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES, READY)
     assert len(kube.status_patches) == 1 and len(kube.events) == 2  # nothing changed: no patch, no event
-    assert len(kube.applied) == 3  # the children did not change and nobody touched them: no second write
+    assert len(kube.applied) == 4  # the children did not change and nobody touched them: no second write
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ def test_a_child_name_taken_by_someone_else_is_a_conflict_and_nothing_is_touched
     kube.owners[("Service", "serving", "llama")] = Ownership(uid="s1", controller_uid=controller)
     outcome = rec.reconcile(service({}), NODES, READY)
     if adopted:
-        assert [m["kind"] for m in kube.applied] == ["ConfigMap", "Deployment", "Service"]
+        assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
         return
     assert isinstance(outcome, ChildConflict) and kube.applied == []
     planned = kube.status_patches[0]["conditions"][0]
@@ -242,18 +242,18 @@ def test_children_are_applied_again_only_when_they_or_someone_elses_edits_change
         }
     )
     rec.reconcile(service({}), NODES, READY)
-    assert [m["kind"] for m in kube.applied] == ["ConfigMap", "Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
     status_only = {"metadata": {"name": "llama", "generation": 1, "resourceVersion": "11"}}
     rec.child_event("Deployment", "serving", "llama", "MODIFIED", status_only, "llama")
     rec.reconcile(service({}), NODES, READY)
-    assert len(kube.applied) == 3
+    assert len(kube.applied) == 4
     assert rec.child_event("Deployment", "serving", "llama", "MODIFIED", {"metadata": {"generation": 2}}, "llama")
     assert rec.child_event("ConfigMap", "serving", "llama-launcher", "DELETED", {"metadata": {}}, "llama")
     assert rec.child_event("Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}}, "llama")
     rec.reconcile(service({}), NODES, READY)
-    assert [m["kind"] for m in kube.applied[3:]] == ["ConfigMap", "Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied[4:]] == ["ConfigMap", "Deployment", "Service"]
     rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY)  # the desired Deployment changed
-    assert [m["kind"] for m in kube.applied[6:]] == ["Deployment"]
+    assert [m["kind"] for m in kube.applied[7:]] == ["Deployment"]
 
 
 def test_namespace_facts_are_read_once_per_ttl():
@@ -267,6 +267,20 @@ def test_namespace_facts_are_read_once_per_ttl():
         rec.reconcile(service({}), NODES, READY)
     assert reads == ["serving"]
     now[0] += 10.5
+    rec.reconcile(service({}), NODES, READY)
+    assert reads == ["serving", "serving"]
+
+
+def test_a_deleted_service_drops_its_namespaces_facts():
+    """A namespace deleted (its services with it) and made again under its name within the TTL is read anew: its
+    UID keys the node cache directories, and the last namespace's must not serve the new one's services."""
+    kube = StubKube()
+    reads: list[str] = []
+    read = kube.read_namespace
+    kube.read_namespace = lambda ns: reads.append(ns) or read(ns)
+    rec = Reconciler(kube, StubHub(), namespace_cache_seconds=10, monotonic=lambda: 100.0)
+    rec.reconcile(service({}), NODES, READY)
+    rec.forget("serving", "llama", "u1")
     rec.reconcile(service({}), NODES, READY)
     assert reads == ["serving", "serving"]
 

@@ -23,10 +23,9 @@ from cpullm.core.routing import drain_seconds
 from cpullm.io.files import load_nodes
 from cpullm.settings import Settings
 
-from .builders import llama_8b, node, spec
+from .builders import llama_8b, node, qwen_05b, spec
 from .test_offline_equals_operator import NODES, ROOT, ConfigHub, RecordingKube, cli
 from .test_optional_children import T0
-from .test_placement import qwen_05b
 
 OWNER = Owner("chat", "serving", uid="u-1")
 QWEN = {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "kvCacheGiB": 1, "maxModelLen": 8192}
@@ -103,6 +102,8 @@ def test_the_router_children_and_the_service_that_selects_them():
         ("ConfigMap", "chat-router"),
         ("Deployment", "chat"),
         ("Deployment", "chat-router"),
+        ("NetworkPolicy", "chat"),
+        ("NetworkPolicy", "chat-router"),
         ("PodDisruptionBudget", "chat"),
         ("Service", "chat"),
         ("Service", "chat-servers"),
@@ -315,7 +316,7 @@ def test_drain_seconds(asked, max_model_len, shard_bytes, seconds):
 def test_the_servers_drain_within_their_grace_period():
     service_spec = spec(**{**QWEN, "maxModelLen": 4096}, replicas=2, placement="throughput")
     plan = plan_service(service_spec, qwen_05b(), four_numa())
-    deployment = build_children(OWNER, service_spec, plan)[1]
+    deployment = next(c for c in build_children(OWNER, service_spec, plan) if c["kind"] == "Deployment")
     pod = deployment["spec"]["template"]["spec"]
     assert (deployment["metadata"]["name"], plan.drain_seconds) == ("chat", 1012)  # 4096 x 0.988 GB / 4 GB/s
     assert pod["terminationGracePeriodSeconds"] == 10 + 1012 + 30

@@ -190,7 +190,14 @@ class Plan(_Model):
     )
     node_cache_path: str | None = Field(
         default=None,
-        description="With spec.modelCache.nodeLocal: the directory on each node that holds the model cache.",
+        description="With spec.modelCache.nodeLocal: the directory on each node that holds the weights (mounted at "
+        "/models), the namespace's per model: <nodeCacheDir>/ns.<namespace uid>/models/<model>-<hash>. A hostPath: "
+        "no size limit, no ephemeral-storage accounting, kept when the namespace is gone (docs/tenancy.md).",
+    )
+    node_compile_cache_path: str | None = Field(
+        default=None,
+        description="With spec.modelCache.nodeLocal: the directory on each node that holds what a start compiles "
+        "(mounted at /models/vllm), this service's own: <nodeCacheDir>/ns.<namespace uid>/services/<service uid>.",
     )
     image: str = Field(description="The vLLM CPU image the pods run.")
     sizing: ModelSizing

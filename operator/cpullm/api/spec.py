@@ -387,9 +387,11 @@ class ModelCache(_Model):
     node_local: bool = Field(
         default=False,
         description="A directory on each node, kept across pods: a server started again on the same node (a "
-        "restart, a rollout, a scale-up) finds the weights and the compiled kernels there. One directory per "
-        "namespace and model, under the operator's node cache directory (its setting nodeCacheDir; unset: "
-        "refused with NodeCacheDisabled). A hostPath volume: Pod Security baseline refuses it.",
+        "restart, a rollout, a scale-up) finds the weights and the compiled kernels there. Under the operator's "
+        "node cache directory (its setting nodeCacheDir; unset: refused with NodeCacheDisabled): the weights "
+        "in one directory per namespace UID and model, what a start compiles in one per service UID, so a "
+        "namespace or service made again never loads another's. hostPath volumes with no size limit that "
+        "nothing removes (`cpullm node-cache-stale` lists the stale ones); Pod Security baseline refuses them.",
     )
 
     @property
@@ -423,6 +425,86 @@ class Monitoring(_Model):
         "PodMonitor is applied as soon as the CRD is installed.",
     )
     interval: str = Field(default="30s", pattern=r"^[0-9]+(ms|s|m|h)$", description="Scrape interval.")
+
+
+class LabelSelectorOperator(StrEnum):
+    IN = "In"
+    NOT_IN = "NotIn"
+    EXISTS = "Exists"
+    DOES_NOT_EXIST = "DoesNotExist"
+
+
+class LabelSelectorRequirement(_Model):
+    key: str = Field(min_length=1, max_length=317, description="A label key.")
+    operator: LabelSelectorOperator = Field(description="How the label's value is compared with values.")
+    values: list[Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=list, max_length=64, description="Values (In, NotIn); empty for Exists, DoesNotExist."
+    )
+
+
+class LabelSelector(_Model):
+    """As in a NetworkPolicy peer (metav1.LabelSelector); empty: everything."""
+
+    match_labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(
+        default_factory=dict, max_length=64, description="Labels an object must have."
+    )
+    match_expressions: list[LabelSelectorRequirement] = Field(
+        default_factory=list, max_length=16, description="Requirements an object's labels must meet."
+    )
+
+
+class IPBlock(_Model):
+    cidr: str = Field(min_length=1, max_length=64, description="A CIDR, e.g. 10.0.0.0/8.")
+    except_: list[Annotated[str, Field(max_length=64)]] = Field(
+        default_factory=list, alias="except", max_length=32, description="CIDRs within cidr to leave out."
+    )
+
+
+_CEL_ONE_PEER_KIND: dict[str, JsonValue] = {
+    "rule": "has(self.podSelector) || has(self.namespaceSelector) || has(self.ipBlock)",
+    "message": "a peer needs podSelector, namespaceSelector or ipBlock",
+}
+
+
+class NetworkPolicyPeer(_Model):
+    """As a NetworkPolicy's `from` entry: pods selected by labels (in the service's namespace, or in the namespaces
+    namespaceSelector selects), or addresses."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_ONE_PEER_KIND]})
+
+    pod_selector: LabelSelector | None = Field(default=None, description="Pods, by label.")
+    namespace_selector: LabelSelector | None = Field(default=None, description="Namespaces, by label.")
+    ip_block: IPBlock | None = Field(default=None, description="Addresses outside the cluster's pods.")
+
+    @model_validator(mode="after")
+    def _some_peer(self) -> NetworkPolicyPeer:
+        if self.pod_selector is None and self.namespace_selector is None and self.ip_block is None:
+            raise ValueError(str(_CEL_ONE_PEER_KIND["message"]))
+        return self
+
+
+class NetworkPolicySettings(_Model):
+    """Who may reach the service's pods: NetworkPolicies the operator keeps for them (ingress only; a CNI that
+    enforces NetworkPolicy is needed, elsewhere they change nothing)."""
+
+    enabled: bool = Field(
+        default=True,
+        description="Keep the NetworkPolicies: the servers admit their router (router mode) or allowedFrom "
+        "(otherwise), the router admits allowedFrom, and both admit metricsFrom on their metrics ports. false: "
+        "none (every pod of the cluster may reach the servers and the router).",
+    )
+    allowed_from: list[NetworkPolicyPeer] | None = Field(
+        default=None,
+        max_length=16,
+        description="Who may send requests to the service (as a NetworkPolicy's from peers). Default: every pod "
+        "of the service's namespace. With routing inferencePool, include the Gateway's pods.",
+    )
+    metrics_from: list[NetworkPolicyPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Who may scrape the servers' /metrics (on their API port, with the API key where set) and "
+        "the router's metrics port, e.g. Prometheus' namespace. Default: only allowedFrom reaches /metrics.",
+    )
 
 
 class RoutingMode(StrEnum):
@@ -827,6 +909,9 @@ class CpuLLMServiceSpec(_Model):
         default_factory=Routing, description="How requests reach the servers, and how servers drain."
     )
     monitoring: Monitoring = Field(default_factory=Monitoring, description="Prometheus scraping of the vLLM pods.")
+    network_policy: NetworkPolicySettings = Field(
+        default_factory=NetworkPolicySettings, description="Who may reach the servers and the router."
+    )
     autoscaling: Autoscaling | None = Field(
         default=None, description="Scale on vLLM's queue with an HPA or a KEDA ScaledObject. Unset: no autoscaler."
     )

@@ -98,7 +98,9 @@ def _digest(manifest: Mapping[str, Any]) -> str:
 
 class _NamespaceCache:
     """Namespace facts, read at most once per `ttl` seconds per namespace: Pod Security labels and termination
-    change rarely, and reading them on every reconcile was one API call per reconcile."""
+    change rarely, and reading them on every reconcile was one API call per reconcile. A namespace's facts are
+    dropped when one of its services is deleted (as all are when it is): a namespace made again under its name
+    is read anew, its UID (which keys the node cache directories) with it."""
 
     def __init__(self, cluster: ClusterFacts, ttl: float, monotonic: Callable[[], float]) -> None:
         self.cluster, self.ttl, self.monotonic = cluster, ttl, monotonic
@@ -112,6 +114,9 @@ class _NamespaceCache:
         facts = self.cluster.read_namespace(namespace)
         self._facts[namespace] = (now + self.ttl, facts)
         return facts
+
+    def drop(self, namespace: str) -> None:
+        self._facts.pop(namespace, None)
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         return self.cluster.read_secret_key(namespace, name, key)
@@ -159,6 +164,7 @@ class Reconciler:
             self._locks.pop((namespace, name), None)
         self._latest.pop((namespace, name), None)
         self._written.pop(uid, None)
+        self._cluster.drop(namespace)
         for key in [k for k, applied in self._applied.items() if k[1] == namespace and applied.owner == name]:
             self._applied.pop(key, None)
 

@@ -20,7 +20,7 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
 from cpullm.core.children import CHILD_KIND, OPTIONAL_APIS, build_children, child_of_ref, child_ref, kept_refs
 from cpullm.core.children.common import Owner
-from cpullm.core.children.model_cache import node_cache_path
+from cpullm.core.children.model_cache import node_cache_paths
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import check_pod_security
@@ -79,8 +79,8 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
             router_image=observed.router_image,
         )
         if spec.model_cache and spec.model_cache.node_local:
-            path = node_cache_path(observed.node_cache_dir, observed.owner.namespace, spec.model)
-            plan = plan.model_copy(update={"node_cache_path": path})
+            paths = node_cache_paths(observed.node_cache_dir, observed.namespace.uid, observed.owner.uid, spec.model)
+            plan = plan.model_copy(update={"node_cache_path": paths.weights, "node_compile_cache_path": paths.compiled})
         return plan
     except CpuLLMError as refusal:
         return refusal

@@ -18,10 +18,13 @@ from cpullm.errors import CpuLLMError
 
 @dataclass(frozen=True)
 class NamespaceFacts:
-    """What the service's namespace says: its labels (Pod Security) and whether it is going away."""
+    """What the service's namespace says: its labels (Pod Security), whether it is going away, and its UID (which
+    keys the node cache directories: a namespace made again under the same name has another; offline, where there
+    is no Namespace object, children/model_cache.py's UNKNOWN_NAMESPACE_UID; None: not read)."""
 
     labels: Mapping[str, str] = field(default_factory=dict)
     terminating: bool = False
+    uid: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import yaml
 from huggingface_hub import get_local_safetensors_metadata
 
+from cpullm.core.children.model_cache import NAMESPACE_DIR, SERVICES_DIR, UNKNOWN_NAMESPACE_UID
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_topology import KIND as TOPOLOGY_KIND
 from cpullm.core.node_topology import NodeTopology, parse_topology
@@ -106,13 +107,14 @@ def load_service(path: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class OfflineCluster:
-    """The cluster as seen offline: a namespace with no Pod Security level, and $HF_TOKEN standing in for the
-    spec's hfTokenSecret (unset: anonymous Hub access, which is enough for public models)."""
+    """The cluster as seen offline: a namespace with no Pod Security level and no known UID (node cache paths are
+    rendered with `<namespace-uid>` in its place), and $HF_TOKEN standing in for the spec's hfTokenSecret (unset:
+    anonymous Hub access, which is enough for public models)."""
 
     hf_token: str | None = None
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
-        return NamespaceFacts()
+        return NamespaceFacts(uid=UNKNOWN_NAMESPACE_UID)
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
         return self.hf_token or ""
@@ -149,3 +151,40 @@ def _local_tensors(directory: Path) -> CheckpointTensors | None:
         return summarize_headers(list(metadata.files_metadata.values()))
     except CheckpointUnreadable:
         return None
+
+
+def scan_node_cache(directory: str) -> dict[str, float]:
+    """A node cache directory's entries and each namespace directory's services/ entries (paths relative to it),
+    with when each last changed; nothing is followed through a symbolic link."""
+    root, entries = Path(directory), {}
+    for top in root.iterdir():
+        entries[top.name] = top.lstat().st_mtime
+        services = top / SERVICES_DIR
+        if (
+            NAMESPACE_DIR.fullmatch(top.name)
+            and not top.is_symlink()
+            and services.is_dir()
+            and not services.is_symlink()
+        ):
+            for service in services.iterdir():
+                entries[f"{top.name}/{SERVICES_DIR}/{service.name}"] = service.lstat().st_mtime
+    return entries
+
+
+def cluster_uids(path: str) -> tuple[set[str], set[str]]:
+    """The UIDs of the Namespaces and of the CpuLLMServices a listing holds (`kubectl get
+    namespaces,cpullmservices -A -o yaml`); a listing without a Namespace is refused: every directory would look
+    stale."""
+    namespaces: set[str] = set()
+    services: set[str] = set()
+    for obj in read_objects(path):
+        uid = (obj.get("metadata") or {}).get("uid")
+        if not isinstance(uid, str):
+            continue
+        if obj.get("kind") == "Namespace":
+            namespaces.add(uid)
+        elif obj.get("kind") == "CpuLLMService":
+            services.add(uid)
+    if not namespaces:
+        raise InvalidSpec(f"{path}: no Namespace with a uid (kubectl get namespaces,cpullmservices -A -o yaml)")
+    return namespaces, services

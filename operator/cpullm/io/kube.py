@@ -227,7 +227,7 @@ class Kube:
         terminating = bool(ns.metadata and ns.metadata.deletion_timestamp) or (
             ns.status is not None and ns.status.phase == "Terminating"
         )
-        return NamespaceFacts(labels=labels, terminating=terminating)
+        return NamespaceFacts(labels=labels, terminating=terminating, uid=ns.metadata.uid if ns.metadata else None)
 
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
         """Merge-patch status; a service deleted meanwhile is not an error (its children go with it)."""

@@ -25,11 +25,18 @@ from cpullm.core.children.inferencepool import (
     build_inference_pool,
 )
 from cpullm.core.children.launcher import build_launcher_config_map, launcher_config_map_name
+from cpullm.core.children.network_policy import (
+    NETWORK_POLICY_API_VERSION,
+    build_router_network_policy,
+    build_servers_network_policy,
+)
 from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION, build_pod_monitor
 from cpullm.core.children.router import build_router_config_map, build_router_deployment, build_servers_service
 from cpullm.core.children.service import build_service
 
 CHILDREN: tuple[ChildBuilder, ...] = (
+    build_servers_network_policy,  # before the servers: no pod of theirs is reachable without it
+    build_router_network_policy,
     build_launcher_config_map,
     build_deployment,
     build_disruption_budget,
@@ -80,6 +87,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("apps/v1", "Deployment", "deployments", watched=True),
     ChildKind("v1", "Service", "services", watched=True),
     ChildKind(PDB_API_VERSION, "PodDisruptionBudget", "poddisruptionbudgets"),
+    ChildKind(NETWORK_POLICY_API_VERSION, "NetworkPolicy", "networkpolicies"),
     ChildKind(
         INFERENCEPOOL_API_VERSION,
         "InferencePool",

@@ -12,7 +12,7 @@ from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.drain import drain_hook, grace_seconds
 from cpullm.core.children.launcher import launcher_command, launcher_volume, launcher_volume_mount
-from cpullm.core.children.model_cache import ephemeral_storage_request, model_cache_source
+from cpullm.core.children.model_cache import compile_cache_volume, ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
 
 CONTAINER_NAME = "vllm"
@@ -151,9 +151,19 @@ def _volumes(owner: Owner, spec: CpuLLMServiceSpec, cache: dict[str, Any], plan:
         {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": binary_quantity(plan.shm_bytes)}},
         {"name": "model-cache", **cache},
     ]
+    compiled = compile_cache_volume(plan)
+    if compiled is not None:
+        volumes.append(compiled)
     if in_pod_files(spec, plan):
         volumes.append(launcher_volume(owner, api_key_guard=spec.api_key_secret is not None))
     return volumes
+
+
+def _compile_cache_mount(plan: Plan) -> list[dict[str, Any]]:
+    """The service's own directory for what a start compiles, over VLLM_CACHE_ROOT (the runtime mounts it after
+    /models, its parent): where there is one (children/model_cache.py)."""
+    compiled = compile_cache_volume(plan)
+    return [{"name": compiled["name"], "mountPath": c.VLLM_CACHE_ROOT}] if compiled else []
 
 
 def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any]:
@@ -172,6 +182,7 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         "volumeMounts": [
             {"name": "dshm", "mountPath": "/dev/shm"},
             {"name": "model-cache", "mountPath": c.MODEL_CACHE_MOUNT},
+            *_compile_cache_mount(plan),
             *([launcher_volume_mount()] if in_pod_files(spec, plan) else []),
         ],
         **_probes(plan),

@@ -1,0 +1,89 @@
+"""spec.networkPolicy: who may reach a service's servers and router (the API server admits the objects in
+e2e/test_tenancy.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from cpullm.api.spec import parse_spec
+from cpullm.core.children import build_children
+from cpullm.core.children.common import Owner
+from cpullm.core.planner import plan_service
+from cpullm.errors import InvalidSpec
+
+from .builders import node, qwen_05b, spec
+
+OWNER = Owner(name="chat", namespace="team-a", uid="u-1")
+QWEN = {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "kvCacheGiB": 1, "maxModelLen": 4096}
+ROUTED = {"placement": "throughput", "replicas": 3, "maxNumSeqs": 4}
+NAMESPACE = [{"podSelector": {}}]
+GATEWAY = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "gateway"}}}
+PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+def policies(**fields: Any) -> dict[str, dict[str, Any]]:
+    service_spec = spec(**{**QWEN, **fields})
+    children = build_children(
+        OWNER, service_spec, plan_service(service_spec, qwen_05b(), [node("n1", numa=4, cpu="64")])
+    )
+    return {c["metadata"]["name"]: c["spec"] for c in children if c["kind"] == "NetworkPolicy"}
+
+
+def ingress(peers: list[dict[str, Any]], port: int) -> dict[str, Any]:
+    return {"from": peers, "ports": [{"protocol": "TCP", "port": port}]}
+
+
+SERVERS = {"matchLabels": {"cpullm.io/service": "chat"}}
+ROUTER = {"matchLabels": {"cpullm.io/router": "chat"}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param({}, {"chat": (SERVERS, [ingress(NAMESPACE, 8000)])}, id="service-mode-the-namespace"),
+        pytest.param(
+            {"networkPolicy": {"allowedFrom": [GATEWAY], "metricsFrom": [PROMETHEUS]}},
+            {"chat": (SERVERS, [ingress([GATEWAY], 8000), ingress([PROMETHEUS], 8000)])},
+            id="service-mode-named-callers-and-prometheus",
+        ),
+        pytest.param(
+            {"networkPolicy": {"allowedFrom": []}, "service": {"port": 9000}},
+            {"chat": (SERVERS, [])},
+            id="nobody-but-the-node",
+        ),
+        pytest.param(
+            ROUTED,
+            {
+                "chat": (SERVERS, [ingress([{"podSelector": ROUTER}], 8000)]),
+                "chat-router": (ROUTER, [ingress(NAMESPACE, 8000)]),
+            },
+            id="router-mode-servers-admit-only-their-router",
+        ),
+        pytest.param(
+            {**ROUTED, "networkPolicy": {"metricsFrom": [PROMETHEUS]}},
+            {
+                "chat": (SERVERS, [ingress([{"podSelector": ROUTER}], 8000), ingress([PROMETHEUS], 8000)]),
+                "chat-router": (ROUTER, [ingress(NAMESPACE, 8000), ingress([PROMETHEUS], 8404)]),
+            },
+            id="router-mode-prometheus-on-the-routers-metrics-port",
+        ),
+        pytest.param({"networkPolicy": {"enabled": False}}, {}, id="opted-out"),
+        pytest.param({**ROUTED, "networkPolicy": {"enabled": False}}, {}, id="opted-out-router-mode"),
+    ],
+)
+def test_who_may_reach_the_servers_and_the_router(fields, expected):
+    found = policies(**fields)
+    assert {name: (p["podSelector"], p["ingress"]) for name, p in found.items()} == expected
+    assert all(p["policyTypes"] == ["Ingress"] for p in found.values())  # egress stays open: the Hub
+
+
+def test_a_peer_must_name_something():
+    with pytest.raises(InvalidSpec, match="a peer needs podSelector, namespaceSelector or ipBlock"):
+        parse_spec({**QWEN, "networkPolicy": {"allowedFrom": [{}]}})
+
+
+def test_an_ip_block_keeps_its_except():
+    block = {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}
+    assert policies(networkPolicy={"allowedFrom": [block]})["chat"]["ingress"] == [ingress([block], 8000)]
