@@ -221,3 +221,25 @@ def test_network_policies_follow_the_routing_and_the_opt_out(
     assert policies()["guarded"]["ingress"][0]["from"] == [{"podSelector": {}}]
     kubectl.apply(tiny_service("guarded", namespace, routing={"mode": "service"}, networkPolicy={"enabled": False}))
     eventually(lambda: policies() == {}, timeout=60, what="no NetworkPolicy once opted out")
+
+
+@pytest.mark.parametrize(
+    ("cache", "admitted"),
+    [
+        ({"persistentVolumeClaim": {"claimName": "weights"}}, True),
+        ({"emptyDir": {"sizeLimit": "4Gi"}}, True),
+        ({"nodeLocal": True}, True),  # the CRD's rule knew only the first two: refused at admission
+        ({"nodeLocal": False}, False),
+        ({"emptyDir": {}, "nodeLocal": True}, False),
+        ({}, False),
+    ],
+    ids=["claim", "empty-dir", "node-local", "node-local-false", "two", "none"],
+)
+def test_each_form_of_the_model_cache_is_admitted_and_only_one(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, cache, admitted
+):
+    """The CRD's rule is generated from the model's one table (api/spec.py MODEL_CACHE_SOURCES): exactly one."""
+    result = kubectl.apply(tiny_service("cached", namespace, modelCache=cache), check=False)
+    assert (result.returncode == 0) is admitted, result.stderr
+    if not admitted:
+        assert "modelCache needs exactly one of persistentVolumeClaim, emptyDir, nodeLocal" in result.stderr

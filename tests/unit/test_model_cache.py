@@ -221,7 +221,7 @@ def test_pod_security_baseline_refuses_the_hostpath():
     ],
 )
 def test_one_model_cache_source_exactly(cache):
-    with pytest.raises(InvalidSpec, match="exactly one of persistentVolumeClaim, emptyDir or nodeLocal"):
+    with pytest.raises(InvalidSpec, match="exactly one of persistentVolumeClaim, emptyDir, nodeLocal"):
         parse_spec({**spec().model_dump(by_alias=True, exclude_none=True), "modelCache": cache})
 
 

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic.alias_generators import to_camel, to_snake
 
 from cpullm.errors import InvalidSpec
 
@@ -374,9 +374,24 @@ class EmptyDirCache(_Model):
     )
 
 
+# The sources of a model cache, one of which a spec chooses: an object given, or a flag set (MODEL_CACHE_FLAGS).
+MODEL_CACHE_SOURCES = ("persistentVolumeClaim", "emptyDir", "nodeLocal")
+MODEL_CACHE_FLAGS = frozenset({"nodeLocal"})
+_CEL_CACHE_ONE_OF: dict[str, JsonValue] = {
+    "rule": " + ".join(
+        f"(has(self.{source}){f' && self.{source}' if source in MODEL_CACHE_FLAGS else ''} ? 1 : 0)"
+        for source in MODEL_CACHE_SOURCES
+    )
+    + " == 1",
+    "message": "modelCache needs exactly one of " + ", ".join(MODEL_CACHE_SOURCES),
+}
+
+
 class ModelCache(_Model):
     """Where downloaded weights and what a start compiles live (mounted at /models: HF_HOME=/models/huggingface,
     VLLM_CACHE_ROOT=/models/vllm)."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_CACHE_ONE_OF]})
 
     persistent_volume_claim: PersistentVolumeClaimRef | None = Field(
         default=None, description="A claim that keeps downloaded weights across pod restarts."
@@ -402,9 +417,9 @@ class ModelCache(_Model):
 
     @model_validator(mode="after")
     def _one_source(self) -> ModelCache:
-        chosen = [self.persistent_volume_claim is not None, self.empty_dir is not None, self.node_local]
-        if sum(chosen) != 1:
-            raise ValueError("modelCache needs exactly one of persistentVolumeClaim, emptyDir or nodeLocal")
+        """The CEL rule below, in Python: one table (MODEL_CACHE_SOURCES) for both."""
+        if sum(bool(getattr(self, to_snake(source))) for source in MODEL_CACHE_SOURCES) != 1:
+            raise ValueError(str(_CEL_CACHE_ONE_OF["message"]))
         return self
 
 
@@ -800,10 +815,6 @@ _CEL_KV_SOURCE: dict[str, JsonValue] = {
     "rule": "has(self.kvCacheGiB) || (has(self.maxModelLen) && has(self.maxNumSeqs))",
     "message": "set kvCacheGiB, or maxModelLen and maxNumSeqs to derive it",
 }
-_CEL_CACHE_ONE_OF: dict[str, JsonValue] = {
-    "rule": "has(self.persistentVolumeClaim) != has(self.emptyDir)",
-    "message": "modelCache needs exactly one of persistentVolumeClaim or emptyDir",
-}
 
 
 class CpuLLMServiceSpec(_Model):
@@ -900,7 +911,6 @@ class CpuLLMServiceSpec(_Model):
         default=None,
         description="Volume for downloaded weights, mounted at /models. Default: an emptyDir limited to twice "
         "the model's weights and 2 GiB. An emptyDir's sizeLimit is also the pod's ephemeral-storage request.",
-        json_schema_extra={"x-kubernetes-validations": [_CEL_CACHE_ONE_OF]},
     )
     service: ServiceSettings = Field(
         default_factory=ServiceSettings, description="The Service in front of the vLLM pods."

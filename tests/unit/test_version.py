@@ -1,0 +1,31 @@
+"""One version everywhere a release names it: the Python package, `cpullm --version`, the chart and the operator
+image the chart installs by default (its tag is the chart's appVersion), and the CHANGELOG's newest entry."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+import cpullm
+from cpullm.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_package_the_cli_the_chart_and_the_changelog_name_one_version(capsys):
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((ROOT / "charts" / "cpullm-operator" / "Chart.yaml").read_text())
+    values = yaml.safe_load((ROOT / "charts" / "cpullm-operator" / "values.yaml").read_text())
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.split() == ["cpullm", version]
+    assert cpullm.__version__ == version
+    assert (chart["version"], chart["appVersion"]) == (version, version)
+    assert values["image"]["tag"] == ""  # the chart's appVersion
+    newest = re.search(r"^## \[?([0-9A-Za-z.-]+)", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
+    assert newest is not None and newest.group(1) in (version, "Unreleased")
