@@ -56,7 +56,7 @@ def test_podmonitor_waits_for_its_crd_then_is_applied_and_owned(
     assert monitor["spec"]["selector"] == {"matchLabels": {"cpullm.io/service": "watched"}}
     (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
     assert (endpoint["port"], endpoint["path"], endpoint["interval"]) == ("http", "/metrics", "15s")
-    assert kubectl.get("cpullm", "watched", namespace)["status"]["optionalChildren"] == ["PodMonitor"]
+    assert kubectl.get("cpullm", "watched", namespace)["status"]["optionalChildren"] == ["NetworkPolicy", "PodMonitor"]
 
     # The spec stops asking: the PodMonitor is deleted and the condition goes.
     kubectl.run("patch", "cpullm", "watched", "-n", namespace, "--type=merge", "-p", '{"spec":{"monitoring":null}}')
@@ -97,6 +97,7 @@ def test_hpa_then_keda_scaledobject_target_the_services_scale_subresource(
     eventually(lambda: kubectl.get("hpa", "scaled-auto", namespace) is None, timeout=60, what="the HPA deleted")
     # maxReplicas 3: the servers have a PodDisruptionBudget too.
     assert kubectl.get("cpullm", "scaled-auto", namespace)["status"]["optionalChildren"] == [
+        "NetworkPolicy",
         "PodDisruptionBudget",
         "ScaledObject",
     ]

@@ -55,6 +55,8 @@ def test_the_router_and_its_service_follow_the_routing(
     status = kubectl.get("cpullm", "spread", namespace)["status"]
     assert status["plan"]["routing"] == "router"
     assert status["optionalChildren"] == [
+        "NetworkPolicy",  # spec.networkPolicy, on by default: the servers', then the router's
+        "NetworkPolicy/spread-router",
         "PodDisruptionBudget",
         "Service/spread-servers",
         "ConfigMap/spread-router",
@@ -73,9 +75,9 @@ def test_the_router_and_its_service_follow_the_routing(
     patch(kubectl, namespace, "spread", {"replicas": 1})
     gone(kubectl, "poddisruptionbudget", "spread", namespace)
     eventually(
-        lambda: kubectl.get("cpullm", "spread", namespace)["status"]["optionalChildren"] == [],
+        lambda: kubectl.get("cpullm", "spread", namespace)["status"]["optionalChildren"] == ["NetworkPolicy"],
         timeout=60,
-        what="nothing optional left",
+        what="nothing optional left but the servers' NetworkPolicy",
     )
 
 
@@ -106,7 +108,7 @@ def test_the_inference_pool_waits_for_its_crds_then_is_applied_owned_and_removed
     (rule,) = route["spec"]["rules"]
     assert rule["backendRefs"][0]["kind"] == "InferencePool" and rule["backendRefs"][0]["name"] == "pooled"
     status = kubectl.get("cpullm", "pooled", namespace)["status"]
-    assert status["optionalChildren"] == ["InferencePool", "HTTPRoute"]
+    assert status["optionalChildren"] == ["NetworkPolicy", "InferencePool", "HTTPRoute"]
 
     # Routed through the Service again: the pool and its route go, and so does the condition.
     patch(kubectl, namespace, "pooled", {"routing": {"mode": "service"}})
