@@ -23,6 +23,7 @@ from e2e.test_operator import conditions, ready
 CHART = ROOT / "charts" / "cpullm-operator"
 RELEASE = "cpullm"
 RELEASE_NAMESPACE = "cpullm-system"
+DIGEST = "sha256:" + "ab" * 32
 
 
 class Helm:
@@ -57,6 +58,7 @@ def test_helm_lint(helm: Helm):
         ["--set", "replicas=2,peering.enabled=true"],
         ["--set", "writePolicy.enabled=false"],
         ["--set", "writePolicy.protectedNamespaces={ops},writePolicy.protectReleaseNamespace=false"],
+        ["--set", f"image.digest={DIGEST},vllm.images.amd64=registry.corp/vllm@{DIGEST}"],
     ):
         helm.run("lint", "--strict", str(CHART), *values)
 
@@ -76,6 +78,12 @@ def test_values_are_validated(helm: Helm):
 
     bad = refusal("writePolicy.protectedNamespaces={Kube_System}")
     assert "at '/writePolicy/protectedNamespaces/0': 'Kube_System' does not match pattern" in bad
+    assert "at '/image/digest': 'sha256:abc' does not match pattern" in refusal("image.digest=sha256:abc")
+    assert "at '/image/digest'" in refusal(f"image.digest={DIGEST.upper()}")
+    assert "additional properties 's390x' not allowed" in refusal("vllm.images.s390x=registry.corp/vllm:1")
+    assert "at '/vllm/images/amd64': 'registry.corp/vllm 1' does not match" in refusal(
+        "vllm.images.amd64=registry.corp/vllm 1"
+    )
     # A served namespace where the write policy would let the operator write nothing is refused at install.
     for watched in ("kube-public", RELEASE_NAMESPACE):
         message = f"watchNamespaces names {watched}, where writePolicy lets the operator write nothing"
@@ -100,6 +108,48 @@ def test_peering_renders_its_object_and_flag(helm: Helm):
     deploy = next(o for o in rendered if o["kind"] == "Deployment")
     assert "--peering=cpullm-operator" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "strategy" not in deploy["spec"]  # peers may overlap during a rollout: only one is active
+
+
+APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+
+@pytest.mark.parametrize(
+    ("values", "image", "vllm_images"),
+    [
+        pytest.param("", f"cpullm-operator:{APP_VERSION}", None, id="defaults-the-appversion-no-vllm-images"),
+        pytest.param("image.tag=0.0.9", "cpullm-operator:0.0.9", None, id="a-tag"),
+        pytest.param(
+            f"image.repository=registry.corp/cpullm,image.tag=0.0.9,image.digest={DIGEST}",
+            f"registry.corp/cpullm@{DIGEST}",
+            None,
+            id="the-digest-wins-over-the-tag",
+        ),
+        pytest.param(
+            f"vllm.images.arm64=registry.corp/vllm@{DIGEST}",
+            f"cpullm-operator:{APP_VERSION}",
+            {"arm64": f"registry.corp/vllm@{DIGEST}"},
+            id="one-arch-pinned",
+        ),
+        pytest.param(
+            "vllm.images.amd64=registry.corp/vllm:x86,vllm.images.arm64=registry.corp/vllm:arm",
+            f"cpullm-operator:{APP_VERSION}",
+            {"amd64": "registry.corp/vllm:x86", "arm64": "registry.corp/vllm:arm"},
+            id="both-arches",
+        ),
+    ],
+)
+def test_the_operator_image_and_the_vllm_images_the_chart_installs(
+    helm: Helm, values: str, image: str, vllm_images: dict[str, str] | None
+):
+    """The operator runs repository@digest when image.digest is set, else repository:tag (the appVersion by
+    default); vllm.images reaches the operator as CPULLM_VLLM_IMAGES (JSON, only the arches set), and without any the
+    variable is absent, so the operator renders the servers as before."""
+    rendered = objects(helm.template(*(["--set", values] if values else [])))
+    deploy = next(o for o in rendered if o["kind"] == "Deployment")
+    (container,) = deploy["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == image
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert (json.loads(env["CPULLM_VLLM_IMAGES"]) if "CPULLM_VLLM_IMAGES" in env else None) == vllm_images
 
 
 def test_install_yaml_is_rendered_from_the_chart(tmp_path: Path):
@@ -457,7 +507,6 @@ def test_the_operator_serves_under_its_write_policy(
 
 # The admin's prefixes: a registry (any repository under it, any port of it), and the router pinned by digest only.
 ALLOWED = ("registry.corp", "docker.io/library/haproxy@")
-DIGEST = "sha256:" + "ab" * 32
 
 
 def dry_run(kubectl: Kubectl, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:

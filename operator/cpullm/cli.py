@@ -97,6 +97,7 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
         models=models,
         node_cache_dir=settings.node_cache_dir,
         router_image=settings.router_image,
+        vllm_images=settings.vllm_images,
     )
     decision = decide(observed, datetime.now(UTC))
     if not isinstance(decision.outcome, Plan):

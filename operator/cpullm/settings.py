@@ -7,10 +7,15 @@ tools works here as well. Flags of `cpullm run` override the environment.
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from typing import Annotated
+
+from pydantic import AliasChoices, Field, StringConstraints, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
+from cpullm.core.constants import DEFAULT_ROUTER_IMAGE, IMAGE_ARCH_SUFFIX
+
+# An image an administrator names: no whitespace, no longer than a spec's image field.
+ImageReference = Annotated[str, StringConstraints(pattern=r"^\S+$", max_length=1024)]
 
 
 class Settings(BaseSettings):
@@ -89,11 +94,25 @@ class Settings(BaseSettings):
         le=65535,
         description="Serve the operator's Prometheus metrics on this port (`--metrics-port`).",
     )
-    router_image: str = Field(
+    router_image: ImageReference = Field(
         default=DEFAULT_ROUTER_IMAGE,
-        pattern=r"^\S+$",
-        max_length=1024,
         description="HAProxy image of the router of every service whose spec.routing.router.image is unset (chart: "
         "router.image). Pin it by digest (repo@sha256:...): a tag can move, and routers started later would run "
         "another build.",
     )
+    vllm_images: dict[str, ImageReference] = Field(
+        default_factory=dict,
+        description=f"vLLM CPU image per node arch (JSON, keys {' and '.join(IMAGE_ARCH_SUFFIX)}) of every service "
+        "whose spec.image is unset (chart: vllm.images); an arch left out runs vLLM's published image of the "
+        "operator's vLLM version. Pin them by digest (repo@sha256:...): a tag can move, and servers started later "
+        "would run another build.",
+    )
+
+    @field_validator("vllm_images")
+    @classmethod
+    def _known_archs(cls, images: dict[str, str]) -> dict[str, str]:
+        """A misspelt arch would otherwise leave that arch's servers on the default image, silently."""
+        unknown = sorted(set(images) - set(IMAGE_ARCH_SUFFIX))
+        if unknown:
+            raise ValueError(f"unknown arch {', '.join(unknown)}: the keys are {', '.join(IMAGE_ARCH_SUFFIX)}")
+        return images

@@ -21,6 +21,7 @@ ENV_NAMES = (
     "CPULLM_LIVENESS",
     "CPULLM_VERBOSE",
     "CPULLM_ROUTER_IMAGE",
+    "CPULLM_VLLM_IMAGES",
 )
 
 
@@ -37,6 +38,7 @@ def test_defaults():
     assert (settings.hub_timeout_seconds, settings.hub_cache_seconds) == (10.0, 3600.0)
     assert (settings.namespaces, settings.peering, settings.liveness, settings.verbose) == ([], None, None, False)
     assert settings.router_image == "docker.io/library/haproxy:3.2"
+    assert settings.vllm_images == {}  # vLLM's published image for every arch
 
 
 @pytest.mark.parametrize(
@@ -132,6 +134,39 @@ def test_invalid_keyword_values_raise(kwargs):
     with pytest.raises(pydantic.ValidationError) as raised:
         Settings(**kwargs)
     assert [error["loc"] for error in raised.value.errors()] == [tuple(kwargs)]
+
+
+PINNED = "registry.corp/vllm@sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize(
+    ("text", "images"),
+    [
+        pytest.param("{}", {}, id="none"),
+        pytest.param(f'{{"amd64": "{PINNED}"}}', {"amd64": PINNED}, id="one-arch-by-digest"),
+        pytest.param(
+            '{"amd64": "registry.corp/vllm:1-x86", "arm64": "registry.corp/vllm:1-arm"}',
+            {"amd64": "registry.corp/vllm:1-x86", "arm64": "registry.corp/vllm:1-arm"},
+            id="both-arches",
+        ),
+        pytest.param('{"x86_64": "registry.corp/vllm:1"}', None, id="an-images-suffix-is-no-arch"),
+        pytest.param('{"amd64": "a", "s390x": "b"}', None, id="one-unknown-arch"),
+        pytest.param('{"amd64": "registry.corp/vllm 1"}', None, id="an-image-with-a-space"),
+        pytest.param('{"amd64": " registry.corp/vllm:1"}', None, id="an-image-with-a-leading-space"),
+        pytest.param('{"amd64": ""}', None, id="an-empty-image"),
+        pytest.param('["registry.corp/vllm:1"]', None, id="not-per-arch"),
+    ],
+)
+def test_vllm_images_are_per_known_arch(monkeypatch, text, images):
+    """CPULLM_VLLM_IMAGES (JSON; the chart's vllm.images): an image per arch the planner has a default for, each
+    without whitespace; anything else is refused at start, naming the setting, rather than served the default."""
+    monkeypatch.setenv("CPULLM_VLLM_IMAGES", text)
+    if images is not None:
+        assert Settings().vllm_images == images
+        return
+    with pytest.raises(pydantic.ValidationError) as raised:
+        Settings()
+    assert {error["loc"][0] for error in raised.value.errors()} == {"vllm_images"}
 
 
 def test_every_setting_is_documented():

@@ -18,6 +18,15 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
+{{/* The operator's image: by digest when image.digest is set (the tag is then ignored), else by tag. */}}
+{{- define "cpullm.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+{{- end -}}
+
 {{- define "cpullm.serviceAccountName" -}}
 {{- default (include "cpullm.fullname" .) .Values.serviceAccount.name -}}
 {{- end -}}

@@ -199,7 +199,10 @@ class Plan(_Model):
         description="With spec.modelCache.nodeLocal: the directory on each node that holds what a start compiles "
         "(mounted at /models/vllm), this service's own: <nodeCacheDir>/ns.<namespace uid>/services/<service uid>.",
     )
-    image: str = Field(description="The vLLM CPU image the pods run.")
+    image: str = Field(
+        description="The vLLM CPU image the pods run (spec.image, else the operator's for the nodes' arch, its "
+        "administrator's choice, else vLLM's published one)."
+    )
     sizing: ModelSizing
     node_profile: NodeProfileSummary
     eligible_nodes: list[str] = Field(description="Nodes of the plan's shape that can run a pod of it.")

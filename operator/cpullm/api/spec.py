@@ -841,7 +841,8 @@ class CpuLLMServiceSpec(_Model):
     image: str | None = Field(
         default=None,
         max_length=1024,
-        description="vLLM CPU image. Default: the pinned vllm/vllm-openai-cpu image for the chosen nodes' arch.",
+        description="vLLM CPU image. Unset: the operator's image for the chosen nodes' arch, its administrator's "
+        "choice (the chart's vllm.images), else the pinned vllm/vllm-openai-cpu image, as status.plan.image shows.",
     )
     tensor_parallel_size: int | None = Field(
         default=None,

@@ -75,6 +75,7 @@ def gather(
     topologies: Sequence[NodeTopology] = (),
     node_cache_dir: str | None = None,
     router_image: str = DEFAULT_ROUTER_IMAGE,
+    vllm_images: Mapping[str, str] = {},
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised. Each
@@ -116,4 +117,5 @@ def gather(
         installed_crds=installed_crds,
         node_cache_dir=node_cache_dir,
         router_image=router_image,
+        vllm_images=vllm_images,
     )

@@ -132,11 +132,13 @@ class Reconciler:
         monotonic: Callable[[], float] = time.monotonic,
         node_cache_dir: str | None = None,
         router_image: str = DEFAULT_ROUTER_IMAGE,
+        vllm_images: Mapping[str, str] = {},
     ) -> None:
         self.kube = kube
         self.hub = hub
         self.node_cache_dir = node_cache_dir
         self.router_image = router_image
+        self.vllm_images = vllm_images
         self.clock = clock
         self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
         # What was last applied to each child: a child whose desired manifest did not change and that nobody
@@ -335,6 +337,7 @@ class Reconciler:
                 topologies=topologies,
                 node_cache_dir=self.node_cache_dir,
                 router_image=self.router_image,
+                vllm_images=self.vllm_images,
             )
             decision = decide(observed, self.clock())
             try:

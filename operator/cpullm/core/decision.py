@@ -77,6 +77,7 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
             observed.status.get("plan"),
             observed.daemons,
             router_image=observed.router_image,
+            vllm_images=observed.vllm_images,
         )
         if spec.model_cache and spec.model_cache.node_local:
             paths = node_cache_paths(observed.node_cache_dir, observed.namespace.uid, observed.owner.uid, spec.model)

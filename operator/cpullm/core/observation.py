@@ -57,3 +57,5 @@ class Observed:
     node_cache_dir: str | None = None
     # The operator's router image (settings.router_image), for a router whose spec names none.
     router_image: str = DEFAULT_ROUTER_IMAGE
+    # The operator's vLLM image per arch (settings.vllm_images), for servers whose spec names none.
+    vllm_images: Mapping[str, str] = field(default_factory=dict)

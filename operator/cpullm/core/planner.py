@@ -65,10 +65,12 @@ def plan_service(
     current: Mapping[str, Any] | None = None,
     daemons: Sequence[DaemonPods] = (),
     router_image: str = c.DEFAULT_ROUTER_IMAGE,
+    vllm_images: Mapping[str, str] = {},
 ) -> Plan:
     """`current`: the plan the service runs (status.plan), so an equally good shape does not replace it;
     `daemons`: the DaemonSets whose pods' requests the eligible nodes leave room for; `router_image`: the
-    operator's router image (settings.router_image), for a router whose spec names none."""
+    operator's router image (settings.router_image), for a router whose spec names none; `vllm_images`: the
+    operator's vLLM image per arch (settings.vllm_images), for servers whose spec names none."""
     explicit_tp = _explicit_tensor_parallel_size(spec)
     if explicit_tp is not None:
         problem = model.tensor_parallel_problem(explicit_tp)
@@ -91,7 +93,7 @@ def plan_service(
     refusals: list[tuple[Shape, PlanRefusal]] = []
     for shape in shapes_of(eligible, daemons):
         try:
-            plans.append((_plan_for_shape(spec, model, shape, explicit_tp, router_image), shape))
+            plans.append((_plan_for_shape(spec, model, shape, explicit_tp, router_image, vllm_images), shape))
         except PlanRefusal as refusal:
             refusals.append((shape, refusal))
             rejections.update(dict.fromkeys(shape.names, refusal.message))
@@ -321,7 +323,12 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
 
 
 def _plan_for_shape(
-    spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None, default_router_image: str
+    spec: CpuLLMServiceSpec,
+    model: ModelSize,
+    shape: Shape,
+    explicit_tp: int | None,
+    default_router_image: str,
+    vllm_images: Mapping[str, str],
 ) -> Plan:
     strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape), explicit_tp)
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
@@ -342,7 +349,7 @@ def _plan_for_shape(
     replicas = strategy.replicas(spec.replicas, capacity)
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
     binding = binding_shown(spec.cpu.launcher, threads_bind)
-    image = spec.image or f"{c.DEFAULT_IMAGE_REPOSITORY}:{c.VLLM_VERSION}-{c.IMAGE_ARCH_SUFFIX[node.arch]}"
+    image = spec.image or vllm_images.get(node.arch) or _published_image(node.arch)
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     summary = (
         f"{strategy.name}: TP {tp} ({layout.why}), KV {kv.gib} GiB/rank ({kv.source}){context}, "
@@ -400,6 +407,12 @@ def _plan_for_shape(
         eligible_nodes=shape.names,
         summary=summary,
     )
+
+
+def _published_image(arch: str) -> str:
+    """vLLM's published CPU image of the operator's vLLM version for `arch`: without spec.image, only the arches it
+    is published for are eligible (core/eligibility.py)."""
+    return f"{c.DEFAULT_IMAGE_REPOSITORY}:{c.VLLM_VERSION}-{c.IMAGE_ARCH_SUFFIX[arch]}"
 
 
 def _sizing(spec: CpuLLMServiceSpec, model: ModelSize, kv: _KVCache) -> ModelSizing:
