@@ -8,13 +8,14 @@ import pytest
 
 from cpullm.api.spec import parse_spec
 from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection
+from cpullm.core.node_topology import merge_topologies, parse_topology
 from cpullm.core.planner import plan_service
 from cpullm.core.topology import parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError, NoEligibleNode
 
-from .builders import llama_8b, node, node_object, spec
+from .builders import llama_8b, node, node_object, spec, topology_object
 
-ORDER = ["schedulable", "image", "isa", "kernels", "nodeSelector", "nodeAffinity", "taints"]
+ORDER = ["schedulable", "image", "numa-count", "isa", "kernels", "nodeSelector", "nodeAffinity", "taints"]
 REQUIRED = "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution"
 
 ZONE_AFFINITY = {
@@ -28,6 +29,14 @@ ZONE_AFFINITY = {
 FAILURES = {
     "schedulable": ({"unschedulable": True}, {}, "unschedulable (cordoned)"),
     "image": ({"arch": "s390x"}, {}, "arch s390x has no default vLLM CPU image (set spec.image)"),
+    # NFD's default labels on a two-socket node: multi-NUMA, no count (the chart's NodeFeatureRule publishes it).
+    "numa-count": (
+        {"numa": None, "labels": {"feature.node.kubernetes.io/memory-numa": "true"}},
+        {},
+        "NUMA count unknown (feature.node.kubernetes.io/memory-numa=true: more than one NUMA node, no "
+        "cpullm.io/numa-nodes or feature.node.kubernetes.io/memory-numa.node_count): install the chart with "
+        "nodeFeatureRule.enabled=true (NFD then publishes the count), or label the node cpullm.io/numa-nodes=N",
+    ),
     "isa": ({}, {"cpu": {"requiredISA": ["sve"]}}, "lacks ISA sve"),
     "kernels": ({"flags": ("AVX2",)}, {"kvCacheDtype": "fp8"}, "lacks avx512f for an fp8 KV cache"),
     "nodeSelector": ({}, {"nodeSelector": {"pool": "llm"}}, "nodeSelector pool=llm does not match"),
@@ -211,3 +220,38 @@ def test_a_garbage_topology_manager_label_is_a_node_label_error(value):
     assert refused.value.message == (
         f"node n: label {TOPOLOGY}={value!r} is not one of none, best-effort, restricted, single-numa-node"
     )
+
+
+NFD_MULTI_NUMA = {"feature.node.kubernetes.io/memory-numa": "true"}
+
+
+@pytest.mark.parametrize(
+    ("labels", "topology", "planned"),
+    [
+        pytest.param(NFD_MULTI_NUMA, False, None, id="nfd-default-two-socket-refused-with-the-fix"),
+        pytest.param(
+            {**NFD_MULTI_NUMA, "feature.node.kubernetes.io/memory-numa.node_count": "2"},
+            False,
+            (2, "feature.node.kubernetes.io/memory-numa.node_count"),
+            id="nfd-with-the-charts-rule",
+        ),
+        pytest.param({**NFD_MULTI_NUMA, "cpullm.io/numa-nodes": "2"}, False, (2, "cpullm.io/numa-nodes"), id="label"),
+        pytest.param(NFD_MULTI_NUMA, True, (2, "NodeResourceTopology"), id="nfd-default-with-a-topology"),
+        pytest.param({}, False, (1, "default"), id="nothing-known-one-assumed-with-a-note"),
+    ],
+)
+def test_a_multi_numa_node_is_never_planned_with_a_guessed_numa_count(labels, topology, planned):
+    """NFD's default labels say a node has several NUMA nodes (memory-numa=true) but not how many: planned as one,
+    a rank would span both sockets. Refused naming the fix, unless a count comes from a label or the node's
+    NodeResourceTopology."""
+    profiles = [node("n1", numa=None, cpu="64", memory="512Gi", labels=labels)]
+    if topology:
+        profiles = merge_topologies(profiles, [parse_topology(topology_object("n1"))])
+    if planned is None:
+        with pytest.raises(NoEligibleNode, match=r"NUMA count unknown .* nodeFeatureRule\.enabled=true"):
+            plan_service(spec(), llama_8b(), profiles)
+        return
+    plan = plan_service(spec(), llama_8b(), profiles)
+    assert (plan.node_profile.numa_nodes, plan.node_profile.numa_source) == planned
+    assert plan.tensor_parallel_size == planned[0]
+    assert ("NUMA count unknown: 1 assumed" in (plan.placement_note or "")) is (planned[1] == "default")

@@ -22,7 +22,7 @@ from cpullm.api.spec import (
 )
 from cpullm.core import constants as c
 from cpullm.core.sizing import ModelSize
-from cpullm.core.topology import NodeProfile, Taint
+from cpullm.core.topology import NFD_MULTI_NUMA, NUMA_COUNT_LABELS, NUMA_SOURCE_UNCOUNTED, NodeProfile, Taint
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,18 @@ def _has_image(needs: Needs, node: NodeProfile) -> str | None:
     return None
 
 
+def _numa_count_known(needs: Needs, node: NodeProfile) -> str | None:
+    """A node known to have several NUMA nodes but not how many would be planned as one: a rank across the
+    sockets, the slowest way to run vLLM there. Refused with the fix, never guessed."""
+    if node.numa_source != NUMA_SOURCE_UNCOUNTED:
+        return None
+    return (
+        f"NUMA count unknown ({NFD_MULTI_NUMA}=true: more than one NUMA node, no {' or '.join(NUMA_COUNT_LABELS)}): "
+        "install the chart with nodeFeatureRule.enabled=true (NFD then publishes the count), or label the node "
+        f"{NUMA_COUNT_LABELS[0]}=N"
+    )
+
+
 def _has_isa(needs: Needs, node: NodeProfile) -> str | None:
     missing = sorted(needs.required_isa - node.isa)
     return "lacks ISA " + ",".join(missing) if missing else None
@@ -104,6 +116,7 @@ def _taints_tolerated(needs: Needs, node: NodeProfile) -> str | None:
 ELIGIBILITY_CHECKS: tuple[EligibilityCheck, ...] = (
     EligibilityCheck("schedulable", _schedulable),
     EligibilityCheck("image", _has_image),
+    EligibilityCheck("numa-count", _numa_count_known),
     EligibilityCheck("isa", _has_isa),
     EligibilityCheck("kernels", _runs_the_kernels),
     EligibilityCheck("nodeSelector", _matches_node_selector),

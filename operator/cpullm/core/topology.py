@@ -2,7 +2,9 @@
 
 The label contract (README, "Node labels"):
 - NUMA count: `cpullm.io/numa-nodes` (explicit), else `feature.node.kubernetes.io/memory-numa.node_count`
-  (published by an NFD NodeFeatureRule from feature `memory.numa`), else 1.
+  (published by an NFD NodeFeatureRule from feature `memory.numa`), else 1; but a node NFD labels
+  `feature.node.kubernetes.io/memory-numa=true` (its default labels: more than one NUMA node) without a count is
+  known to be multi-NUMA with an unknown count, and no plan guesses one for it (core/eligibility.py).
 - ISA: `feature.node.kubernetes.io/cpu-cpuid.<FLAG>=true` (NFD), overridden by `cpullm.io/isa.<flag>=true|false`.
 - SMT: `feature.node.kubernetes.io/cpu-hardware_multithreading=true|false`.
 - CPU manager policy: `cpullm.io/cpu-manager-policy=static|none` (the kubelet does not publish it).
@@ -29,6 +31,8 @@ NFD_NUMA_COUNT = NFD_PREFIX + "memory-numa.node_count"
 NFD_SMT = NFD_PREFIX + "cpu-hardware_multithreading"
 NUMA_NODES_LABEL = "cpullm.io/numa-nodes"
 NUMA_SOURCE_DEFAULT = "default"  # no label gave the NUMA count: 1 is assumed
+NFD_MULTI_NUMA = NFD_PREFIX + "memory-numa"  # NFD's default label: "true" on a node of more than one NUMA node
+NUMA_SOURCE_UNCOUNTED = NFD_MULTI_NUMA  # more than one NUMA node, none of the labels says how many
 NUMA_COUNT_LABELS = (NUMA_NODES_LABEL, NFD_NUMA_COUNT)  # where a node's NUMA count is read from, first wins
 ISA_LABEL_PREFIX = "cpullm.io/isa."
 CPU_MANAGER_POLICY_LABEL = "cpullm.io/cpu-manager-policy"
@@ -186,6 +190,9 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
                 raise fail(f"label {label}={value!r} is not a NUMA node count (1-{MAX_NUMA_NODES})")
             numa_nodes, numa_source = int(value), label
             break
+    else:
+        if labels.get(NFD_MULTI_NUMA) == "true":
+            numa_source = NUMA_SOURCE_UNCOUNTED
 
     isa: set[str] = set()
     overrides: dict[str, bool] = {}
