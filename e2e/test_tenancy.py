@@ -243,3 +243,31 @@ def test_each_form_of_the_model_cache_is_admitted_and_only_one(
     assert (result.returncode == 0) is admitted, result.stderr
     if not admitted:
         assert "modelCache needs exactly one of persistentVolumeClaim, emptyDir, nodeLocal" in result.stderr
+
+
+def test_pods_a_quota_forbids_are_the_services_ready_reason(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """The ReplicaSet cannot create the servers' pods (here a quota of 0 pods; an admission webhook or an invalid
+    image reference alike): the service used to stay Ready=False/Progressing forever with no cause."""
+    quota = {
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": "no-pods", "namespace": namespace},
+        "spec": {"hard": {"pods": "0"}},
+    }
+    kubectl.apply(quota)
+    kubectl.apply(tiny_service("quoted", namespace))
+
+    def refused() -> dict:
+        found = conditions(kubectl.get("cpullm", "quoted", namespace)).get("Ready", {})
+        assert (found.get("status"), found.get("reason")) == ("False", "FailedCreate"), found
+        return found
+
+    ready_condition = eventually(refused, timeout=120, what="Ready=False, reason FailedCreate")
+    assert "pods cannot be created" in ready_condition["message"] and "exceeded quota" in ready_condition["message"]
+    events = kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
+    assert any(
+        e["reason"] == "FailedCreate" and e["involvedObject"]["kind"] == "CpuLLMService"
+        for e in json.loads(events)["items"]
+    )

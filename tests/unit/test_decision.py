@@ -298,3 +298,41 @@ def test_decide_is_pure():
     copy = replace(obs)
     assert decide(obs, T0) == decide(obs, T0)
     assert obs == copy
+
+
+QUOTA = 'pods "llama-7d9f-abcde" is forbidden: exceeded quota: pods, requested: pods=1, used: pods=0, limited: pods=0'
+FAILED_CREATE = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": QUOTA}
+
+
+@pytest.mark.parametrize(
+    ("conditions", "unschedulable", "reason", "message"),
+    [
+        pytest.param(
+            [FAILED_CREATE], None, "FailedCreate", f"0/1 replicas ready; pods cannot be created: {QUOTA}", id="quota"
+        ),
+        pytest.param(
+            [FAILED_CREATE],
+            "0/3 nodes are available",
+            "FailedCreate",
+            f"0/1 replicas ready; pods cannot be created: {QUOTA}",
+            id="before-unschedulable",
+        ),
+        pytest.param(
+            [{**FAILED_CREATE, "status": "False"}], None, "Progressing", "0/1 replicas ready", id="failure-cleared"
+        ),
+        pytest.param(
+            [{"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"}],
+            None,
+            "Progressing",
+            "0/1 replicas ready",
+            id="other-conditions",
+        ),
+    ],
+)
+def test_pods_the_replica_set_cannot_create_are_the_ready_reason(conditions, unschedulable, reason, message):
+    """A quota, an admission webhook or policy, an invalid image reference: the ReplicaSet's FailedCreate
+    (the Deployment's ReplicaFailure condition) used to leave the service Progressing forever with no cause."""
+    deployment = {"status": {"replicas": 0, "conditions": conditions}}
+    decision = decide(observed(spec=spec(replicas=1), deployment=deployment, unschedulable=unschedulable), T0)
+    ready = decision.status["conditions"][1]
+    assert (ready["status"], ready["reason"], ready["message"]) == ("False", reason, message)

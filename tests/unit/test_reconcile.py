@@ -508,3 +508,18 @@ def test_a_service_made_again_under_its_old_name_does_not_take_its_predecessors_
     rec.reconcile(named({}, "llama", "u2"), NODES, READY)
     rec.reconcile(named({"kvCacheGiB": 5}, "llama", "u2"), NODES, READY)  # a spec change: read, then written over
     assert {o.controller_uid for o in kube.owners.values()} == {"u2"}
+
+
+def test_a_deployment_whose_pods_cannot_be_created_needs_a_reconcile_its_counts_alone_would_not_show():
+    """The ReplicaSet's FailedCreate changes no replica count: without this the service stayed Progressing."""
+    rec, kube = reconciler()
+    applied_with_markers(kube)
+    ticket = rec.begin(service({}), {"status": {"replicas": 0}})
+    rec.reconcile(service({}), NODES, {"status": {"replicas": 0}}, ticket=ticket)
+    failed = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "exceeded quota"}
+    body = {"metadata": {"generation": 1}, "status": {"replicas": 0, "conditions": [failed]}}
+    assert rec.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")
+    ticket = rec.begin(service({}), body)
+    outcome = rec.reconcile(service({}), NODES, body, ticket=ticket)
+    assert outcome is not None and kube.status_patches[-1]["conditions"][1]["reason"] == "FailedCreate"
+    assert not rec.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")  # read already

@@ -26,7 +26,7 @@ from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.node_topology import NodeTopology
 from cpullm.core.observation import NamespaceFacts
-from cpullm.core.status import READY, replica_counts
+from cpullm.core.status import READY, deployment_facts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
     ChildConflict,
@@ -84,12 +84,12 @@ class _Write:
 @dataclass(frozen=True)
 class _Started:
     """The latest reconcile of a service to read its facts: its ticket, the service's uid and generation (the
-    spec it read), and the owned Deployment's replica counts it read (all of it that status reports)."""
+    spec it read), and what it read of the owned Deployment's status that the service's status reports."""
 
     ticket: int
     uid: str
     generation: int
-    replicas: tuple[int, int]
+    deployment: tuple[int, int, str | None]
 
 
 def _digest(manifest: Mapping[str, Any]) -> str:
@@ -176,9 +176,9 @@ class Reconciler:
         follow the order of the facts."""
         meta = service["metadata"]
         ticket = next(self._tickets)
-        counts = replica_counts((deployment or {}).get("status"))
+        facts = deployment_facts((deployment or {}).get("status"))
         generation = int(meta.get("generation") or 0)
-        self._latest[meta["namespace"], meta["name"]] = _Started(ticket, str(meta.get("uid")), generation, counts)
+        self._latest[meta["namespace"], meta["name"]] = _Started(ticket, str(meta.get("uid")), generation, facts)
         return ticket
 
     def service_event(self, service: Mapping[str, Any]) -> bool:
@@ -199,7 +199,8 @@ class Reconciler:
 
         Yes when someone else changed or deleted the child (it is then applied again: a Deployment's generation
         or another kind's resourceVersion differs from what the operator's apply returned); when the servers'
-        Deployment's replica counts are not those the owner's latest reconcile read; and for any watch event of a
+        Deployment's replica counts or pod-creation failure are not those the owner's latest reconcile read; and
+        for any watch event of a
         child this process has not applied (yet). No for the operator's own writes and a Deployment's other status
         updates: those reconciles changed nothing (4 of the 6 per service at N=1,000). In a re-listing, a child
         known to nothing (the operator's first listing) needs none: every service is reconciled on its own
@@ -212,7 +213,7 @@ class Reconciler:
         latest = self._latest.get((namespace, owner))
         if applied is None or latest is None:
             return event is not None
-        return kind == "Deployment" and name == owner and replica_counts(body.get("status")) != latest.replicas
+        return kind == "Deployment" and name == owner and deployment_facts(body.get("status")) != latest.deployment
 
     def find_drifted(self, kind: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         """The owners (namespace, service) of children of `kind` the operator applied that no longer exist or that

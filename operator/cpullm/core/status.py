@@ -3,8 +3,9 @@
 Conditions:
 - Planned: True when the spec was planned on the current nodes; False names the refusal (NoEligibleNode,
   ModelTooLarge, InvalidTensorParallelSize, KVCacheTooSmall, ModelConfigUnavailable, InvalidSpec, ...).
-- Ready: True when every desired replica is ready (or none is desired); False says why (the plan failed,
-  a pod cannot be scheduled, with the scheduler's own message, or pods are still starting).
+- Ready: True when every desired replica is ready (or none is desired); False says why (the plan failed, pods
+  cannot be created, with the ReplicaSet's message, a pod cannot be scheduled, with the scheduler's own message,
+  or pods are still starting).
 On a failed plan the last good plan stays in status.plan: it is what the Deployment still runs.
 """
 
@@ -70,9 +71,24 @@ def scheduling_failure(pod_status: Mapping[str, Any]) -> str | None:
 
 
 def replica_counts(deployment_status: Mapping[str, Any] | None) -> tuple[int, int]:
-    """(replicas, readyReplicas) of a Deployment's status: all of it the service's status reports."""
+    """(replicas, readyReplicas) of a Deployment's status."""
     deployment_status = deployment_status or {}
     return int(deployment_status.get("replicas") or 0), int(deployment_status.get("readyReplicas") or 0)
+
+
+def pod_creation_failure(deployment_status: Mapping[str, Any] | None) -> str | None:
+    """Why the Deployment's ReplicaSet cannot create pods (its ReplicaFailure condition: a quota exceeded, an
+    admission webhook or policy refusing the pod, an invalid image reference), None when it can."""
+    for cond in (deployment_status or {}).get("conditions") or []:
+        if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+            return str(cond.get("message") or cond.get("reason") or "the ReplicaSet cannot create its pods")
+    return None
+
+
+def deployment_facts(deployment_status: Mapping[str, Any] | None) -> tuple[int, int, str | None]:
+    """All of a Deployment's status that the service's status reports: its replica counts and why its pods
+    cannot be created. A change of any of them needs a reconcile; the Deployment's other status updates do not."""
+    return (*replica_counts(deployment_status), pod_creation_failure(deployment_status))
 
 
 def compute_status(
@@ -100,6 +116,9 @@ def compute_status(
             ready_ok, reason, message = True, "ScaledToZero", "no replicas requested"
         elif ready >= desired_replicas:
             ready_ok, reason, message = True, "Available", f"{ready}/{desired_replicas} replicas ready"
+        elif failure := pod_creation_failure(deployment_status):
+            ready_ok, reason = False, "FailedCreate"
+            message = f"{ready}/{desired_replicas} replicas ready; pods cannot be created: {failure}"
         elif unschedulable:
             ready_ok, reason = False, "Unschedulable"
             message = f"{ready}/{desired_replicas} replicas ready; a pod cannot be scheduled: {unschedulable}"
