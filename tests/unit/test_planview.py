@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cpullm.api.plan import Plan
-from cpullm.cli import main, plan_table
+from cpullm.cli import main
+from cpullm.commands import plan_table
 from cpullm.planview import COLOURS, plan_svg
 
 from .test_cli import NODES, ROOT, direct_plan

@@ -1,0 +1,296 @@
+"""What each `cpullm` command does (cli.py parses the command line, then imports this: its imports, the API
+models and the Hub client among them, are most of a start, and `cpullm --help` needs none of them)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from cpullm import launcher, metrics
+from cpullm.api.crd import build_crd
+from cpullm.api.plan import Plan
+from cpullm.api.spec import Placement
+from cpullm.controller.gather import ModelConfigSource, gather
+from cpullm.core.children.model_cache import stale_node_cache
+from cpullm.core.constants import LAUNCHER_FILE, GiB
+from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.decision import Decision, decide
+from cpullm.core.memory import MARGIN_FRACTION
+from cpullm.core.node_topology import NodeTopology
+from cpullm.core.topology import NodeProfile
+from cpullm.errors import CpuLLMError
+from cpullm.io.files import (
+    ConfigFile,
+    OfflineCluster,
+    cluster_uids,
+    load_service,
+    profile_daemonsets,
+    profile_nodes,
+    profile_topologies,
+    read_objects,
+    scan_node_cache,
+)
+from cpullm.io.hub import HubClient
+from cpullm.planview import plan_svg
+from cpullm.settings import Settings
+
+
+def _warn(message: str) -> None:
+    print(f"cpullm: warning: {message}", file=sys.stderr)
+
+
+class NoCluster(Exception):
+    """--from-cluster without a kubeconfig or in-cluster credentials."""
+
+
+def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods], list[NodeTopology]]:
+    """The nodes to plan on, the DaemonSets whose pods they run and their NodeResourceTopologies: a file's
+    (`kubectl get nodes,daemonsets,noderesourcetopologies -A -o yaml` prints them), or (None) the current
+    kubeconfig context's cluster's."""
+    if nodes_path is not None:
+        objects = list(read_objects(nodes_path))
+    else:
+        from kubernetes.config import ConfigException  # the Kubernetes client: only for --from-cluster (slow import)
+
+        from cpullm.io.kube import Kube
+
+        try:
+            kube = Kube.from_environment()
+        except ConfigException as err:
+            raise NoCluster(f"--from-cluster: no cluster to read ({err})") from None
+        objects = [*kube.list_nodes(), *kube.list_daemonsets(), *kube.list_node_topologies()]
+    return profile_nodes(objects, _warn), profile_daemonsets(objects, _warn), profile_topologies(objects, _warn)
+
+
+def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
+    """The operator's gather and decision, fed from files (the nodes from a file, or None: from the cluster):
+    what it would plan and apply for this service."""
+    settings = Settings()
+    models: ModelConfigSource = (
+        ConfigFile(model_config)
+        if model_config
+        else HubClient(
+            settings.hf_endpoint,
+            settings.hub_timeout_seconds,
+            settings.hub_cache_seconds,
+            allow_http=settings.hub_allow_http,
+        )
+    )
+    nodes, daemons, topologies = _nodes(nodes_path)
+    observed = gather(
+        load_service(service_path),
+        nodes=nodes,
+        daemons=daemons,
+        topologies=topologies,
+        deployment=None,
+        last_status={},
+        cluster=OfflineCluster(settings.hf_token),
+        models=models,
+        node_cache_dir=settings.node_cache_dir,
+        router_image=settings.router_image,
+        vllm_images=settings.vllm_images,
+    )
+    decision = decide(observed, datetime.now(UTC))
+    if not isinstance(decision.outcome, Plan):
+        assert decision.outcome is not None  # offline namespaces are never terminating
+        raise decision.outcome
+    return decision.outcome, decision
+
+
+# How the plan table says each routing (spec.routing.mode).
+ROUTING_SHOWN = {
+    "service": "the Service selects the servers",
+    "router": "an HAProxy router (least connections) in front of the servers",
+    "inferencePool": "an InferencePool for a Gateway's endpoint picker, and the Service",
+}
+
+
+def _engine_core_note(plan: Plan) -> str:
+    """Where the launcher's fix 3 runs the rank, after the server processes' memory in the plan table."""
+    if not plan.rank_in_engine_core:
+        return ""
+    return f" (the rank runs in its engine core{', forked from the API server' if plan.engine_core_forked else ''})"
+
+
+def plan_table(plan: Plan) -> str:
+    """The plan for people: where the ranks go, what each holds, and why these nodes (-o json|yaml for machines)."""
+    node, sizing, tp = plan.node_profile, plan.sizing, plan.tensor_parallel_size
+    nodes = ", ".join(plan.eligible_nodes[:5]) + (", ..." if len(plan.eligible_nodes) > 5 else "")
+    numa = {rank: str(numa_node) for rank, numa_node in enumerate(plan.rank_numa_nodes() or [])}
+    if plan.placement == Placement.THROUGHPUT:  # one TP=1 server on each NUMA node: any of them
+        numa = {0: f"one per pod ({node.numa_nodes} per node)"}
+    shard, overhead = f"{plan.weight_shard_bytes / GiB:.2f}", f"{plan.rank_extra_bytes / GiB:.2f}"
+    rows = [["rank", "NUMA node", "CPUs", "weights GiB", "KV GiB", "overhead GiB"]]
+    rows += [
+        [str(rank), numa.get(rank, "-"), str(plan.cpus_per_rank), shard, str(plan.kv_cache_gi_b), overhead]
+        for rank in range(tp)
+    ]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    table = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    parameters = f", {sizing.parameters / 1e9:.2f}B parameters" if sizing.parameters else ""
+    lines = [
+        f"plan    {plan.placement}, TP {tp}: {plan.replicas} pod(s), the eligible nodes hold {plan.capacity}",
+        f"nodes   {len(plan.eligible_nodes)} eligible: {nodes} ({node.arch}, {node.numa_nodes} NUMA node(s), "
+        f"{node.cpus} CPUs, {node.memory_bytes / GiB:.1f} GiB)",
+        f"model   {sizing.family}{parameters}, weights {plan.weights_bytes / GiB:.2f} GiB from {sizing.weights_source}"
+        + (f", {sizing.quantization}" if sizing.quantization else ""),
+        f"KV      {plan.kv_cache_gi_b} GiB per rank ({plan.kv_cache_source}), {plan.kv_tokens_per_rank:,} tokens; "
+        f"{sizing.kv_layout}",
+        "",
+        *table,
+        *(
+            [
+                f"overhead per rank: runtime {plan.rank_overhead_bytes / GiB:.2f} GiB, oneDNN's packed embeddings "
+                f"{plan.packed_embeddings_bytes / GiB:.2f} GiB"
+            ]
+            if plan.packed_embeddings_bytes
+            else []
+        ),
+        "",
+        f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, the API server's "
+        f"processes {plan.server_overhead_bytes / GiB:.2f}"
+        + _engine_core_note(plan)
+        + f", page cache {plan.page_cache_bytes / GiB:.2f}, a "
+        f"{MARGIN_FRACTION:.0%} margin, /dev/shm {plan.shm_bytes / GiB:.2f}; threads: "
+        + ("launcher binding" if plan.binding == "launcher" else plan.binding),
+        f"start   up to {plan.startup_seconds} s (startup probe); a scheduler step up to {plan.step_timeout_seconds} s",
+        f"image   {plan.image}",
+        *_node_cache_lines(plan),
+        f"routing {ROUTING_SHOWN[plan.routing]}; a stopping server drains for up to {plan.drain_seconds} s",
+        f"why     {plan.summary}",
+        *([f"note    {plan.placement_note}"] if plan.placement_note else []),
+        *[f"note    {note}" for note in sizing.notes],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _node_cache_lines(plan: Plan) -> list[str]:
+    """Where spec.modelCache.nodeLocal keeps the weights and what a start compiles, and what that costs."""
+    if not plan.node_cache_path:
+        return []
+    return [
+        f"cache   on each node: weights in {plan.node_cache_path} (the namespace's, per model), what a start "
+        f"compiles in {plan.node_compile_cache_path} (this service's own)",
+        "        hostPaths: no size limit, kept when the namespace or the service is gone (cpullm node-cache-stale "
+        "lists those)",
+    ]
+
+
+def _is_launcher(child: dict[str, Any]) -> bool:
+    return child["kind"] == "ConfigMap" and LAUNCHER_FILE in child.get("data", {})
+
+
+def _dump(obj: Any, output: str) -> str:
+    if output == "json":
+        return json.dumps(obj, indent=2) + "\n"
+    return yaml.safe_dump(obj, sort_keys=False)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The parsed command, run: 0, or 1 for a refusal (one line on stderr), 2 for a file or cluster problem."""
+    try:
+        if args.command == "crd":
+            sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False))
+        elif args.command == "node-cache-stale":
+            return _node_cache_stale(args)
+        elif args.command == "launch-plan":
+            return _launch_plan(args)
+        elif args.command == "run":
+            return _run(args)
+        else:
+            plan, decision = decide_from_files(args.service, args.nodes, args.model_config)
+            if args.command == "plan" and args.svg:
+                Path(args.svg).write_text(plan_svg(plan))
+            if args.command == "plan" and args.output == "table":
+                sys.stdout.write(plan_table(plan))
+            elif args.command == "plan":
+                sys.stdout.write(_dump(plan.model_dump(by_alias=True, mode="json", exclude_none=True), args.output))
+            else:
+                objects = [o for o in decision.children if not (args.no_launcher and _is_launcher(o))]
+                if args.output == "json":
+                    sys.stdout.write(
+                        json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}, indent=2) + "\n"
+                    )
+                else:
+                    sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    except CpuLLMError as err:
+        print(f"cpullm: {err.reason}: {err.message}", file=sys.stderr)
+        return 1
+    except (OSError, NoCluster) as err:
+        print(f"cpullm: {type(err).__name__}: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+# An entry changed this close to the cluster's listing, or after it, may be an object's made since: left alone.
+STALE_MARGIN_SECONDS = 3600
+
+
+def _node_cache_stale(args: argparse.Namespace) -> int:
+    """The node cache directories whose namespace or service the listing no longer has (children/model_cache.py's
+    stale_node_cache); entries not of the operator's layout are named on stderr and never listed."""
+    listed_at = time.time() if args.cluster == "-" else Path(args.cluster).stat().st_mtime
+    namespaces, services = cluster_uids(args.cluster)
+    stale, foreign = stale_node_cache(
+        scan_node_cache(args.directory), namespaces, services, listed_at - STALE_MARGIN_SECONDS
+    )
+    for entry in foreign:
+        _warn(f"{Path(args.directory) / entry}: not of the operator's layout (ns.<namespace uid>), left alone")
+    sys.stdout.writelines(f"{Path(args.directory) / entry}\n" for entry in stale)
+    return 0
+
+
+def _launch_plan(args: argparse.Namespace) -> int:
+    """The launcher's own decision on recorded trees, for people debugging a node's binding."""
+    try:
+        facts = launcher.read_facts(Path(args.root), args.arch)
+        plan = launcher.decide(facts, args.ranks, args.reserved_cpus_per_rank)
+    except (launcher.FactsError, launcher.LaunchRefusal) as err:
+        print(f"cpullm: cannot place {args.ranks} ranks: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.write(json.dumps(launcher.launch_plan_json(plan), indent=2) + "\n")
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    import logging
+
+    import kopf
+
+    import cpullm.controller.handlers  # noqa: F401  (registers the handlers)
+
+    flags = {
+        "namespaces": args.namespace,
+        "peering": args.peering,
+        "liveness": args.liveness,
+        "verbose": args.verbose,
+        "metrics_port": args.metrics_port,
+    }
+    settings = Settings(**{key: value for key, value in flags.items() if value not in (None, [], False)})
+    logging.basicConfig(
+        level=logging.DEBUG if settings.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not settings.verbose:
+        # Kopf logs every handler run at INFO, and its liveness endpoint (aiohttp) every probe the kubelet makes;
+        # our own lines say what changed.
+        for chatty in ("kopf.objects", "aiohttp.access"):
+            logging.getLogger(chatty).setLevel(logging.WARNING)
+    if settings.metrics_port is not None:
+        metrics.serve(settings.metrics_port)
+    kopf.run(
+        clusterwide=not settings.namespaces,
+        namespaces=settings.namespaces,
+        standalone=settings.peering is None,
+        peering_name=settings.peering,
+        liveness_endpoint=settings.liveness,
+        memo=kopf.Memo(settings=settings),
+    )
+    return 0
