@@ -17,6 +17,7 @@ from cpullm.controller.reconcile import Reconciler
 from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import ModelFiles
 from cpullm.io.files import load_nodes
+from cpullm.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = str(ROOT / "examples" / "nodes.yaml")
@@ -84,6 +85,28 @@ def prepared(example: Path, tmp_path: Path, inline: bool) -> tuple[dict[str, Any
 def cli(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
     assert main(list(args)) == 0, capsys.readouterr().err
     return json.loads(capsys.readouterr().out)
+
+
+def offline_and_operator(
+    service: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[list[dict[str, Any]], dict[str, Any], RecordingKube]:
+    """One service on the sample nodes with the settings of the environment, both ways: what `cpullm render` and
+    `cpullm plan` print, and the RecordingKube of the operator's reconcile (constructed from Settings, as
+    handlers.configure does)."""
+    path = tmp_path / "service.yaml"
+    path.write_text(yaml.safe_dump(service))
+    rendered = cli(capsys, "render", str(path), "--nodes", NODES, "-o", "json")["items"]
+    plan = cli(capsys, "plan", str(path), "--nodes", NODES, "-o", "json")
+    settings, kube = Settings(), RecordingKube()
+    reconciler = Reconciler(
+        kube,
+        ConfigHub(None),
+        clock=lambda: datetime(2026, 1, 1, tzinfo=UTC),
+        router_image=settings.router_image,
+        vllm_images=settings.vllm_images,
+    )
+    reconciler.reconcile(service, load_nodes(NODES, pytest.fail))
+    return rendered, plan, kube
 
 
 CASES = [pytest.param(e, True, id=f"{e.stem}-inline") for e in EXAMPLES] + [

@@ -3,7 +3,6 @@ HTTPRoute, the PodDisruptionBudget, and how long a server may take to drain."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -11,7 +10,6 @@ import yaml
 from pydantic import ValidationError
 
 from cpullm.api.spec import CpuLLMServiceSpec
-from cpullm.controller.reconcile import Reconciler
 from cpullm.core.children import build_children
 from cpullm.core.children.common import Owner, suffixed_name
 from cpullm.core.children.router import haproxy_config
@@ -20,11 +18,9 @@ from cpullm.core.decision import decide
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.routing import drain_seconds
-from cpullm.io.files import load_nodes
-from cpullm.settings import Settings
 
 from .builders import llama_8b, node, qwen_05b, spec
-from .test_offline_equals_operator import NODES, ROOT, ConfigHub, RecordingKube, cli
+from .test_offline_equals_operator import ROOT, offline_and_operator
 from .test_optional_children import T0
 
 OWNER = Owner("chat", "serving", uid="u-1")
@@ -147,15 +143,7 @@ def test_the_router_runs_the_specs_image_else_the_admins_setting(asked, admins, 
         monkeypatch.setenv("CPULLM_ROUTER_IMAGE", admins)
     service = yaml.safe_load((ROOT / "manifests" / "examples" / "qwen-throughput.yaml").read_text())
     service["spec"]["routing"] = {"mode": "router", **({"router": {"image": asked}} if asked else {})}
-    path = tmp_path / "service.yaml"
-    path.write_text(yaml.safe_dump(service))
-    rendered = cli(capsys, "render", str(path), "--nodes", NODES, "-o", "json")["items"]
-    plan = cli(capsys, "plan", str(path), "--nodes", NODES, "-o", "json")
-    kube = RecordingKube()
-    reconciler = Reconciler(
-        kube, ConfigHub(None), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), router_image=Settings().router_image
-    )
-    reconciler.reconcile(service, load_nodes(NODES, pytest.fail))
+    rendered, plan, kube = offline_and_operator(service, tmp_path, capsys)
 
     for children in (rendered, kube.applied):
         (router,) = [c for c in children if c["kind"] == "Deployment" and c["metadata"]["name"].endswith("-router")]

@@ -4,20 +4,16 @@ vllm.images), else vLLM's published one; offline and in the operator alike, and 
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from cpullm.controller.reconcile import Reconciler
 from cpullm.core.planner import plan_service
-from cpullm.io.files import load_nodes
-from cpullm.settings import Settings
 
 from .builders import llama_8b, node, spec
-from .test_offline_equals_operator import EXAMPLES, NODES, ROOT, ConfigHub, RecordingKube, cli
+from .test_offline_equals_operator import EXAMPLES, NODES, ROOT, cli, offline_and_operator
 
 PUBLISHED = {
     "amd64": "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64",
@@ -82,15 +78,7 @@ def test_render_plan_and_the_reconciler_run_the_admins_image(asked, arch, image,
     service["spec"]["nodeSelector"] = {"kubernetes.io/arch": arch}
     if asked:
         service["spec"]["image"] = asked
-    path = tmp_path / "service.yaml"
-    path.write_text(yaml.safe_dump(service))
-    printed = cli(capsys, "render", str(path), "--nodes", NODES, "-o", "json")["items"]
-    plan = cli(capsys, "plan", str(path), "--nodes", NODES, "-o", "json")
-    kube = RecordingKube()
-    reconciler = Reconciler(
-        kube, ConfigHub(None), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), vllm_images=Settings().vllm_images
-    )
-    reconciler.reconcile(service, load_nodes(NODES, pytest.fail))
+    printed, plan, kube = offline_and_operator(service, tmp_path, capsys)
 
     for children in (printed, kube.applied):
         (server,) = [c for c in children if c["kind"] == "Deployment"]
