@@ -8,7 +8,7 @@ again in pydantic when the CLI parses a file.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -746,6 +746,10 @@ REFUSED_FLAGS = {
 }
 
 
+# Every flag spec.extraArgs may not set, in one order: the operator's check and the API server's rule read it.
+CHECKED_FLAGS = tuple(sorted(OWNED_FLAGS.keys() | REFUSED_FLAGS.keys()))
+
+
 def flag_name(arg: str) -> str:
     """An argument's flag as vLLM's parser reads it: '--max_model_len=8' is --max-model-len (vLLM turns '_' in a
     flag into '-')."""
@@ -757,12 +761,11 @@ def flag_meant(arg: str) -> str | None:
     takes a long flag's unambiguous prefix for it ('--max-model 9' sets --max-model-len), and a short flag's value
     attached ('-tp2'): a prefix of one is taken for it. No vLLM flag is a prefix of one the operator owns."""
     flag = flag_name(arg)
-    owned = OWNED_FLAGS.keys() | REFUSED_FLAGS.keys()
-    if flag in owned:
+    if flag in OWNED_FLAGS or flag in REFUSED_FLAGS:
         return flag
     if flag.startswith("--") and len(flag) > 2:
-        return next((name for name in sorted(owned) if name.startswith(flag)), None)
-    return next((name for name in sorted(owned) if not name.startswith("--") and flag.startswith(name)), None)
+        return next((name for name in CHECKED_FLAGS if name.startswith(flag)), None)
+    return next((name for name in CHECKED_FLAGS if not name.startswith("--") and flag.startswith(name)), None)
 
 
 def owned_collisions(env_names: list[str], args: list[str]) -> list[str]:
@@ -793,7 +796,7 @@ _CEL_OWNED_ENV: dict[str, JsonValue] = {
 }
 
 
-def _flags_pattern(flags: list[str]) -> str:
+def _flags_pattern(flags: Sequence[str]) -> str:
     """An RE2 pattern matching an argument that is one of `flags`, alone or with '=value', '_' taken for '-' past
     the leading dashes (as vLLM reads it): one match per argument keeps the rule within the API server's CEL
     cost budget, where a replace and a comparison per flag and argument did not. Abbreviations (flag_meant) are
@@ -803,9 +806,7 @@ def _flags_pattern(flags: list[str]) -> str:
 
 
 _CEL_OWNED_FLAGS: dict[str, JsonValue] = {
-    "rule": "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('"
-    + _flags_pattern(sorted(OWNED_FLAGS | REFUSED_FLAGS))
-    + "'))",
+    "rule": "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('" + _flags_pattern(CHECKED_FLAGS) + "'))",
     "message": "extraArgs sets a flag the operator owns or refuses ('_' counts as '-'): "
     + ", ".join(f"{flag} (use spec.{field})" for flag, field in sorted(OWNED_FLAGS.items()))
     + ", "

@@ -200,11 +200,10 @@ class Reconciler:
         Yes when someone else changed or deleted the child (it is then applied again: a Deployment's generation
         or another kind's resourceVersion differs from what the operator's apply returned); when the servers'
         Deployment's replica counts or pod-creation failure are not those the owner's latest reconcile read; and
-        for any watch event of a
-        child this process has not applied (yet). No for the operator's own writes and a Deployment's other status
-        updates: those reconciles changed nothing (4 of the 6 per service at N=1,000). In a re-listing, a child
-        known to nothing (the operator's first listing) needs none: every service is reconciled on its own
-        listing."""
+        for any watch event of a child this process has not applied (yet). No for the operator's own writes and a
+        Deployment's other status updates: those reconciles changed nothing (4 of the 6 per service at N=1,000).
+        In a re-listing, a child known to nothing (the operator's first listing) needs none: every service is
+        reconciled on its own listing."""
         key = (kind, namespace, name)
         applied = self._applied.get(key)
         if applied is not None and (event == "DELETED" or marker(body) != applied.marker):
