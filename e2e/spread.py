@@ -21,11 +21,12 @@ from typing import Any
 
 import yaml
 from testbed.cluster import tool_dirs, tool_version
-from testbed.images import CACHE, build_haproxy, build_operator, build_vllm, log
+from testbed.images import CACHE, build_haproxy, build_vllm, log
 from testbed.kind_cluster import cgroup_v1_host, cluster_config
 from testbed.kind_images import build_kind_node
 from testbed.realnode import lacks_cap_sys_resource
 from testbed.registry import Registry, local_registry, push_archive
+from testbed.release import Release, release_into
 from testbed.tools import ROOT, Kubectl, free_port, require_free_space
 from tests.vllm.harness import make_tiny_model, vllm_python
 
@@ -41,12 +42,14 @@ NAMESPACE = "default"
 
 @dataclass(frozen=True)
 class QuickStart:
-    """What the quick start left: its output, its cluster (kept while the context lasts) and the registry."""
+    """What the quick start left: its output, its cluster (kept while the context lasts), the registry and the
+    release of this tree in it, whose chart the quick start installed."""
 
     run: subprocess.CompletedProcess[str]
     kubectl: Kubectl
     registry: Registry
     vllm: str  # the vLLM image's reference in the registry
+    release: Release
 
 
 def kind_config(path: Path) -> Path:
@@ -70,14 +73,15 @@ def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[Q
         # when the store lacks it, so a push (its gzip of 2.1 GB, ~1 min) would never be read back.
         node_image = f"{registry.host}/kindest/node:{tool_version('KUBERNETES')}"
         subprocess.run(["docker", "tag", build_kind_node(docker_env), node_image], env=docker_env, check=True)
-        push_archive(registry, build_operator(), f"cpullm-operator:{chart_app_version()}")
+        # The operator as released (scripts/release.sh): its chart, from the registry, is what the quick start installs.
+        release = release_into(registry, chart_app_version(), workdir / "release")
         # The stand-in carries the published image's reference: pushed under its path, where the quick start looks
         # for the image the plan names.
         vllm_image = build_vllm()
         vllm = push_archive(registry, vllm_image, vllm_image.ref.split("/", 1)[1])
         command = [
             str(ROOT / "scripts" / "quickstart.sh"),
-            *("--offline", "--registry", registry.host, "--model-dir", str(workdir / TINY)),
+            *("--offline", "--registry", registry.host, "--model-dir", str(workdir / TINY), "--chart", release.chart),
             *("--name", NAME, "--kind-config", str(kind_config(workdir / "kind.json")), "--port", str(free_port())),
             *("--timeout", "900"),
         ]
@@ -85,7 +89,7 @@ def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[Q
             run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
             log(f"quickstart.sh (exit {run.returncode}):\n{run.stdout}{run.stderr}")
             assert run.returncode == 0, run.stderr[-2000:]
-            yield QuickStart(run, cluster_kubectl(tools, env, workdir / "kubeconfig"), registry, vllm)
+            yield QuickStart(run, cluster_kubectl(tools, env, workdir / "kubeconfig"), registry, vllm, release)
         finally:
             subprocess.run([str(tools["kind"] / "kind"), "delete", "cluster", "--name", NAME], env=env, check=False)
             subprocess.run(["docker", "rmi", node_image], env=env, check=False, stdout=subprocess.DEVNULL)

@@ -4,7 +4,7 @@
 # already in the cache is skipped, so a warm run takes seconds. Nothing is written inside the repo.
 #
 #   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet kubeadm coredns
-#                                       local-path-provisioner (default: the first five)
+#                                       local-path-provisioner cosign syft (default: the first five)
 #
 # The kubelet and kube-proxy (for a real node, scripts/setup-node.sh) are built only when asked for:
 # `scripts/build-tools.sh kubelet`. It is kept out of the default list so e2e runs, which need only the
@@ -202,11 +202,28 @@ build_kind() {
   echo "KIND_BIN_DIR=$dir"
 }
 
+# The release's signer and SBOM generator (scripts/release.sh): cosign signs and verifies images and charts by digest;
+# syft lists what an image holds (SPDX). Their version stamps are what `cosign version` and `syft version` print.
+build_cosign() {
+  local dir=$cache/cosign-$COSIGN_VERSION
+  have "$dir" cosign || go_install cosign "$dir" "$COSIGN_VERSION" \
+    "-s -w -X sigs.k8s.io/release-utils/version.gitVersion=$COSIGN_VERSION" github.com/sigstore/cosign/v3/cmd/cosign
+  echo "COSIGN_BIN_DIR=$dir"
+}
+
+build_syft() {
+  local dir=$cache/syft-$SYFT_VERSION
+  have "$dir" syft || go_install syft "$dir" "$SYFT_VERSION" \
+    "-s -w -X main.version=${SYFT_VERSION#v}" github.com/anchore/syft/cmd/syft
+  echo "SYFT_BIN_DIR=$dir"
+}
+
 tools=("$@")
 ((${#tools[@]})) || tools=(kubernetes etcd kwok helm kind)
 for t in "${tools[@]}"; do
   case $t in
-    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns|local-path-provisioner) "build_${t//-/_}" ;;
-    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet kubeadm coredns local-path-provisioner)"; exit 2 ;;
+    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns|local-path-provisioner|cosign|syft) "build_${t//-/_}" ;;
+    *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet kubeadm coredns local-path-provisioner" \
+      "cosign syft)"; exit 2 ;;
   esac
 done

@@ -19,6 +19,8 @@
 #                          scripts/tool-versions.env>)
 #   --operator-image REF   the operator's image (default: built here with `docker build` and loaded into kind,
 #                          or REGISTRY/cpullm-operator:<chart appVersion>)
+#   --chart REF            install this released chart (oci://REGISTRY/charts/cpullm-operator, at the tree's
+#                          version) and the image it names, instead of the tree's chart (docs/releasing.md)
 #   --vllm-image REF       the server's image (default: the operator's choice, vLLM's published CPU image for the
 #                          node's arch, or REGISTRY/<that image's path>)
 #   --kind-config FILE     a kind Cluster config of your own (with --registry it must set containerd's
@@ -38,7 +40,7 @@ die() { echo "quickstart: $*" >&2; exit 1; }
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 
 name=cpullm-quickstart model=Qwen/Qwen2.5-0.5B-Instruct model_dir="" cpus="" registry="" node_image=""
-operator_image="" vllm_image="" kind_config="" offline=0 port=8000 timeout=1800
+operator_image="" vllm_image="" kind_config="" offline=0 port=8000 timeout=1800 chart=""
 while [[ $# -gt 0 ]]; do
   case $1 in
     --name) name=$2; shift 2 ;;
@@ -49,6 +51,7 @@ while [[ $# -gt 0 ]]; do
     --node-image) node_image=$2; shift 2 ;;
     --operator-image) operator_image=$2; shift 2 ;;
     --vllm-image) vllm_image=$2; shift 2 ;;
+    --chart) chart=$2; shift 2 ;;
     --kind-config) kind_config=$2; shift 2 ;;
     --offline) offline=1; shift ;;
     --port) port=$2; shift 2 ;;
@@ -65,6 +68,7 @@ if ((offline)); then
 fi
 [[ -z $model_dir || -f $model_dir/config.json ]] || die "$model_dir has no config.json"
 [[ -z $kind_config || -f $kind_config ]] || die "no kind config $kind_config"
+[[ -z $chart || -z $operator_image ]] || die "--chart installs the image the chart names: drop --operator-image"
 docker version >/dev/null 2>&1 || die "docker does not answer (is the engine running? DOCKER_HOST=${DOCKER_HOST:-})"
 
 # --- tools -------------------------------------------------------------------------------------------------------
@@ -91,7 +95,7 @@ print(v)' "$@"
 chart_version=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' charts/cpullm-operator/Chart.yaml)
 if [[ -n $registry ]]; then
   node_image=${node_image:-$registry/kindest/node:$(sed -n 's/^KUBERNETES_VERSION=//p' scripts/tool-versions.env)}
-  operator_image=${operator_image:-$registry/cpullm-operator:$chart_version}
+  [[ -n $chart ]] || operator_image=${operator_image:-$registry/cpullm-operator:$chart_version}
 fi
 
 # --- the cluster -------------------------------------------------------------------------------------------------
@@ -138,15 +142,23 @@ if [[ -n $registry ]]; then
 fi
 
 # --- the operator ------------------------------------------------------------------------------------------------
-if [[ -z $operator_image ]]; then
+if [[ -n $chart ]]; then
+  plain_http=()
+  [[ $chart =~ ^oci://(localhost|127\.0\.0\.1)[:/] ]] && plain_http=(--plain-http)
+  say "installing the operator from $chart, version $chart_version"
+  helm upgrade --install cpullm-operator "$chart" --version "$chart_version" "${plain_http[@]}" \
+    --namespace cpullm-operator --create-namespace --wait --timeout 5m >/dev/null
+elif [[ -z $operator_image ]]; then
   operator_image=cpullm-operator:$chart_version
   say "building $operator_image (docker build) and loading it into kind"
   docker build --quiet --tag "$operator_image" . >/dev/null
   kind load docker-image "$operator_image" --name "$name"
 fi
-say "installing the operator ($operator_image) with its chart"
-helm upgrade --install cpullm-operator charts/cpullm-operator --namespace cpullm-operator --create-namespace \
-  --set-string "image.repository=${operator_image%:*},image.tag=${operator_image##*:}" --wait --timeout 5m >/dev/null
+if [[ -z $chart ]]; then
+  say "installing the operator ($operator_image) with its chart"
+  helm upgrade --install cpullm-operator charts/cpullm-operator --namespace cpullm-operator --create-namespace \
+    --set-string "image.repository=${operator_image%:*},image.tag=${operator_image##*:}" --wait --timeout 5m >/dev/null
+fi
 
 # --- the model and its service -----------------------------------------------------------------------------------
 models=$work/models.yaml service=$work/quickstart.yaml

@@ -182,13 +182,20 @@ def _file_range(path: Path, offset: int, size: int) -> Iterator[bytes]:
 
 
 def write_image(
-    out_path: Path, ref: str, layers: list[Layer], config: dict[str, Any], *, docker_loadable: bool = False
+    out_path: Path,
+    ref: str,
+    layers: list[Layer],
+    config: dict[str, Any],
+    *,
+    docker_loadable: bool = False,
+    architecture: str | None = None,
 ) -> dict[str, Any]:
     """Writes an OCI image layout tar. A layer whose key a previous build of out_path recorded (its sidecar
     out_path.json) is copied from that tar as is, not rebuilt. Returns the sidecar: what was written.
 
     `docker_loadable`: also a manifest.json naming the same blobs, so `docker load` of Docker 20.10 (which reads
-    no OCI layout) takes it too, tagged `ref`."""
+    no OCI layout) takes it too, tagged `ref`. `architecture`: the image's (default: this machine's)."""
+    architecture = architecture or arch()
     sidecar_path = out_path.with_suffix(".json")
     previous = json.loads(sidecar_path.read_text()) if sidecar_path.exists() and out_path.exists() else {}
     tmp = out_path.with_suffix(".tmp")
@@ -209,7 +216,7 @@ def write_image(
             log(f"  layer {layer.comment}: {blob['size'] / 1e6:.0f} MB in {time.monotonic() - started:.0f}s")
             written.append({**blob, "key": layer.key, "comment": layer.comment})
         image_config = {
-            "architecture": arch(),
+            "architecture": architecture,
             "os": "linux",
             "config": config,
             "rootfs": {"type": "layers", "diff_ids": [blob["digest"] for blob in written]},
@@ -239,7 +246,7 @@ def write_image(
                     "digest": f"sha256:{manifest_digest}",
                     "size": len(manifest_bytes),
                     "annotations": {"org.opencontainers.image.ref.name": ref},
-                    "platform": {"architecture": arch(), "os": "linux"},
+                    "platform": {"architecture": architecture, "os": "linux"},
                 }
             ],
         }
@@ -269,12 +276,18 @@ def write_image(
 
 
 def cached_image(
-    out: Path, ref: str, layers: list[Layer], config: dict[str, Any], *, docker_loadable: bool = False
+    out: Path,
+    ref: str,
+    layers: list[Layer],
+    config: dict[str, Any],
+    *,
+    docker_loadable: bool = False,
+    architecture: str | None = None,
 ) -> Image:
     """The image at `out`, written unless it is up to date, with the cache's older versions of it removed."""
     if not up_to_date(out, layers, config):
         log(f"{ref}: writing {out}")
-        write_image(out, ref, layers, config, docker_loadable=docker_loadable)
+        write_image(out, ref, layers, config, docker_loadable=docker_loadable, architecture=architecture)
     drop_superseded(out)
     return Image(ref, out)
 
@@ -372,24 +385,27 @@ def build_pause() -> Image:
 @dataclass(frozen=True)
 class Rootfs:
     """A Debian minbase root filesystem (mmdebstrap, ~1 min, cached): its packages and customize hooks are its
-    cache key."""
+    cache key. Of this machine's arch by default; another arch's runs its packages' scripts under Debian's
+    qemu-user-static (~4 min for Python's), through the kernel's binfmt_misc (testbed.machine.ensure_binfmt)."""
 
     name: str
     packages: tuple[str, ...]
     hooks: tuple[str, ...] = ()
 
-    def key(self) -> str:
-        return digest_of(json.dumps([SUITE, self.packages, MIRRORS, DPKG_EXCLUDES, self.hooks, arch()]))[:16]
+    def key(self, architecture: str | None = None) -> str:
+        parts = [SUITE, self.packages, MIRRORS, DPKG_EXCLUDES, self.hooks, architecture or arch()]
+        return digest_of(json.dumps(parts))[:16]
 
-    def build(self) -> Path:
-        directory = CACHE / f"rootfs-{self.name}-{SUITE}-{self.key()}"
+    def build(self, architecture: str | None = None) -> Path:
+        foreign = f"-{architecture}" if architecture not in (None, arch()) else ""
+        directory = CACHE / f"rootfs-{self.name}{foreign}-{SUITE}-{self.key(architecture)}"
         if not (directory / ".complete").exists():
-            self._debootstrap(directory)
+            self._debootstrap(directory, architecture or arch())
         drop_superseded(directory)
         return directory
 
-    def _debootstrap(self, directory: Path) -> None:
-        log(f"rootfs: mmdebstrap {SUITE} minbase into {directory}")
+    def _debootstrap(self, directory: Path, architecture: str) -> None:
+        log(f"rootfs: mmdebstrap {SUITE} minbase ({architecture}) into {directory}")
         tmp = directory.with_name(directory.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         subprocess.run(
@@ -397,6 +413,7 @@ class Rootfs:
                 "mmdebstrap",
                 "--mode=root",
                 "--variant=minbase",
+                f"--architectures={architecture}",
                 f"--include={','.join(self.packages)}",
                 *(f"--dpkgopt=path-exclude={pattern}" for pattern in DPKG_EXCLUDES),
                 *(f"--customize-hook={hook}" for hook in self.hooks),
@@ -526,17 +543,20 @@ def build_haproxy() -> Image:
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
 
 
-def build_python_base() -> Image:
+def build_python_base(architecture: str | None = None) -> Image:
     """The Dockerfile's BASE on machines that reach no registry: Debian's python3 with venv, and the host's CA
-    bundle (pip is pointed at it by PIP_CERT)."""
-    rootfs = PYTHON_ROOTFS.build()
+    bundle (pip is pointed at it by PIP_CERT). Of this machine's arch, or of `architecture` (a release's other
+    platforms: scripts/release.sh builds on both)."""
+    architecture = architecture or arch()
+    rootfs = PYTHON_ROOTFS.build(architecture)
     trust = CACHE / "python-base-trust"
     shutil.rmtree(trust, ignore_errors=True)
     (trust / "etc" / "ssl" / "certs").mkdir(parents=True)
     shutil.copyfile(HOST_CA_BUNDLE, trust / "etc" / "ssl" / "certs" / "ca-certificates.crt")
-    key = PYTHON_ROOTFS.key()[:12]
+    key = PYTHON_ROOTFS.key(architecture)[:12]
     ref = f"localhost/cpullm-python-base:{key}"
-    out = CACHE / f"python-base-{key}.tar"
+    foreign = f"-{architecture}" if architecture != arch() else ""
+    out = CACHE / f"python-base{foreign}-{key}.tar"
     config = {
         "Env": [
             "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
@@ -549,7 +569,7 @@ def build_python_base() -> Image:
         Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} minbase + python3"),
         Layer(digest_of(HOST_CA_BUNDLE.read_bytes())[:16], tar_command(trust, "./etc"), "the host's CA bundle"),
     ]
-    image = cached_image(out, ref, layers, config)
+    image = cached_image(out, ref, layers, config, architecture=architecture)
     shutil.rmtree(trust)
     return image
 

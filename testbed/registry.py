@@ -135,9 +135,9 @@ def _push_blob(registry: Registry, repository: str, archive: tarfile.TarFile, di
     assert put.status == 201, f"blob {digest} of {repository}: {put.status} {content[:200]!r}"
 
 
-def push_archive(registry: Registry, image: Image, name: str) -> str:
-    """Pushes an OCI layout tar's one image as `name` (repository:tag) and returns its reference there."""
-    repository, tag = name.rsplit(":", 1)
+def _push_manifest(registry: Registry, repository: str, image: Image, tag: str | None) -> dict[str, object]:
+    """Pushes an OCI layout tar's one image (its blobs, then its manifest under `tag`, or by digest alone);
+    returns the manifest's descriptor, its platform included."""
     with tarfile.open(image.tar) as archive:
         index = json.load(archive.extractfile("index.json"))  # type: ignore[arg-type]
         (descriptor,) = index["manifests"]
@@ -147,7 +147,29 @@ def push_archive(registry: Registry, image: Image, name: str) -> str:
         for blob in [manifest["config"], *manifest["layers"]]:
             _push_blob(registry, repository, archive, blob["digest"])
     headers = {"Content-Type": descriptor["mediaType"]}
-    put, content = _request(registry, "PUT", f"/v2/{repository}/manifests/{tag}", raw, headers)
-    assert put.status == 201, f"manifest of {name}: {put.status} {content[:200]!r}"
+    reference = tag or descriptor["digest"]
+    put, content = _request(registry, "PUT", f"/v2/{repository}/manifests/{reference}", raw, headers)
+    assert put.status == 201, f"manifest of {repository}:{reference}: {put.status} {content[:200]!r}"
+    return {key: descriptor[key] for key in ("mediaType", "digest", "size", "platform") if key in descriptor}
+
+
+def push_archive(registry: Registry, image: Image, name: str) -> str:
+    """Pushes an OCI layout tar's one image as `name` (repository:tag) and returns its reference there."""
+    repository, tag = name.rsplit(":", 1)
+    _push_manifest(registry, repository, image, tag)
     log(f"registry: pushed {image.ref} as {registry.host}/{name}")
+    return f"{registry.host}/{name}"
+
+
+def push_index(registry: Registry, images: list[Image], name: str) -> str:
+    """Pushes images of one name built for several platforms as one multi-platform image index, `name`
+    (repository:tag), and returns its reference there: what a build for those platforms pulls as its base."""
+    repository, tag = name.rsplit(":", 1)
+    manifests = [_push_manifest(registry, repository, image, None) for image in images]
+    index = json.dumps({"schemaVersion": 2, "mediaType": INDEX_MEDIA_TYPE, "manifests": manifests}).encode()
+    put, content = _request(
+        registry, "PUT", f"/v2/{repository}/manifests/{tag}", index, {"Content-Type": INDEX_MEDIA_TYPE}
+    )
+    assert put.status == 201, f"index of {name}: {put.status} {content[:200]!r}"
+    log(f"registry: pushed {len(images)} platforms as {registry.host}/{name}")
     return f"{registry.host}/{name}"
