@@ -80,13 +80,14 @@ def server_pods(kubectl: Kubectl, namespace: str) -> list[dict[str, Any]]:
 
 IN_CONTAINER_SCRIPT = r"""
 grep -E '^(Cpus_allowed_list|Seccomp|CapEff):' /proc/1/status
+echo "uid: $(id -u)"
 python3 - <<'PY'
 # vLLM's NUMA calls under the pod's seccomp profile: glibc wraps none of them, so by number.
 import ctypes, mmap, os
-numbers = {"x86_64": (239, 238, 237, 256), "aarch64": (236, 237, 235, 238)}[os.uname().machine]
+numbers = {"x86_64": (239, 238, 237, 256, 279), "aarch64": (236, 237, 235, 238, 239)}[os.uname().machine]
 libc = ctypes.CDLL(None, use_errno=True)
 libc.syscall.restype = ctypes.c_long
-mode, mask = ctypes.c_int(), ctypes.c_ulong(1)
+mode, mask, status = ctypes.c_int(), ctypes.c_ulong(1), ctypes.c_int()
 page = mmap.mmap(-1, mmap.PAGESIZE)
 address = ctypes.addressof(ctypes.c_char.from_buffer(page))
 calls = {
@@ -94,6 +95,8 @@ calls = {
     "set_mempolicy": (numbers[1], 0, None, 0),
     "mbind": (numbers[2], ctypes.c_void_p(address), mmap.PAGESIZE, 0, None, 0, 0),
     "migrate_pages": (numbers[3], 0, 64, ctypes.byref(mask), ctypes.byref(mask)),
+    # The page's node, asked of the process itself (no nodes given: a query, nothing moves).
+    "move_pages": (numbers[4], 0, 1, ctypes.byref(ctypes.c_void_p(address)), None, ctypes.byref(status), 0),
 }
 for name, args in calls.items():
     result = libc.syscall(*args)

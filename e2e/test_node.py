@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 import time
 import urllib.request
@@ -25,13 +26,14 @@ from typing import Any
 import pytest
 from testbed.cluster import LocalCluster, tool_dirs
 from testbed.images import CACHE, build_debian, build_operator
-from testbed.machine import drop_from_page_cache
+from testbed.machine import arch, drop_from_page_cache
 from testbed.realnode import REAL_NODE_SELECTOR, RealNode
-from testbed.tools import Kubectl, eventually
+from testbed.tools import ROOT, Kubectl, eventually
 from tests.vllm.harness import built_model, make_tiny_model, vllm_python
 from tests.vllm.vllm_log import StartSplit, start_split
 
 from cpullm import launcher, vllm_fixes
+from cpullm.core.constants import SERVER_NON_ROOT_UID
 from e2e.helpers import InClusterOperator
 from e2e.serving import (
     CAP_SYS_NICE,
@@ -172,6 +174,8 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
         *("--set-string", f"image.repository={repository},image.tag={tag},image.pullPolicy=Never"),
         *("--set-string", "resources.requests.cpu=0"),
         *("--set-string", f"nodeSelector.kubernetes\\.io/hostname={real_node.name}"),
+        # The NUMA seccomp profile's DaemonSet, writing under this kubelet's own root directory.
+        *("--set", "numaSeccomp.enabled=true", "--set-string", f"numaSeccomp.kubeletRootDir={real_node.kubelet_dir}"),
         *("--wait", "--timeout", "180s"),
     )
     operator = InClusterOperator(kubectl, OPERATOR_NAMESPACE, f"{OPERATOR_RELEASE}-cpullm-operator")
@@ -368,6 +372,78 @@ def utc(stamp: str) -> datetime:
 def startup_budget(kubectl: Kubectl, namespace: str) -> int:
     probe = kubectl.get("deployment", "tiny", namespace)["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
     return int(probe["periodSeconds"]) * int(probe["failureThreshold"])
+
+
+NUMA_CALLS = ("get_mempolicy", "set_mempolicy", "mbind", "migrate_pages", "move_pages")
+
+
+def test_numa_calls_and_serving_under_pod_security_restricted_with_the_charts_profile(
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path]
+) -> None:
+    """In a namespace enforcing Pod Security restricted, the server runs under the chart's NUMA seccomp profile
+    (written to the node by its DaemonSet) with every capability dropped, as a non-root user, and serves; every NUMA
+    call vLLM makes succeeds, where the runtime's default profile refuses them without SYS_NICE."""
+    kubectl, _, models = serving
+    written = real_node.kubelet_dir / "seccomp" / "cpullm" / "numa.json"
+    eventually(written.exists, timeout=120, what="the chart's NUMA seccomp profile on the node")
+    assert written.read_bytes() == (CHART / "files" / f"numa-seccomp-{arch()}.json").read_bytes()
+    # A model volume the server's group owns, as fsGroup leaves a CSI volume (the kubelet changes no hostPath's).
+    owned = real_node.workdir / "models-non-root"
+    if not owned.exists():
+        shutil.copytree(models / TINY, owned / TINY)
+        for path in [owned, *owned.rglob("*")]:
+            os.chown(path, SERVER_NON_ROOT_UID, SERVER_NON_ROOT_UID)
+    name = f"restricted-{uuid.uuid4().hex[:5]}"
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels}})
+    try:
+        kubectl.apply(*model_volume(name, str(owned)))
+        # The API server enforces the level: a root pod with SYS_NICE is refused there.
+        refused = kubectl.run(
+            *("run", "root", "-n", name, "--image", build_debian().ref, "--dry-run=server", "--restart=Never"),
+            "--overrides",
+            json.dumps(
+                {
+                    "spec": {
+                        "containers": [
+                            {
+                                "name": "root",
+                                "image": build_debian().ref,
+                                "securityContext": {"capabilities": {"add": ["SYS_NICE"]}},
+                            }
+                        ]
+                    }
+                }
+            ),
+            check=False,
+        )
+        assert refused.returncode != 0 and "violates PodSecurity" in refused.stderr, refused.stderr
+        kubectl.apply(tiny_served(name, owned, REAL_NODE_SELECTOR))
+        service = ready(kubectl, name, "tiny", 1, timeout=900, interval=2)
+        security = service["status"]["plan"]["security"]
+        assert (security["seccompProfile"], security["localhostProfile"]) == ("Localhost", "cpullm/numa.json")
+        assert (security.get("capabilities"), security["runAsUser"]) in {
+            (None, SERVER_NON_ROOT_UID),
+            ([], SERVER_NON_ROOT_UID),
+        }
+        (pod,) = server_pods(kubectl, name)
+        seen = in_container(kubectl, name, pod["metadata"]["name"])
+        assert seen["Seccomp"] == "2" and int(seen["CapEff"], 16) == 0 and seen["uid"] == str(SERVER_NON_ROOT_UID), seen
+        assert {call: seen[f"numa_{call}"] for call in NUMA_CALLS} == dict.fromkeys(NUMA_CALLS, "ok"), seen
+        tokens, _ = complete(pod["status"]["podIP"], 16, TINY)
+        assert tokens == 16
+        print(f"real node, restricted under the NUMA profile, uid {seen['uid']}: {', '.join(NUMA_CALLS)} ok")
+    finally:
+        kubectl.run("delete", "cpullm", "--all", "-n", name, "--wait=false", check=False)
+        eventually(lambda: not server_pods(kubectl, name), timeout=120, what=f"the server pods of {name} gone")
+        kubectl.run("delete", "namespace", name, "--wait=false", check=False)
+
+
+def test_the_charts_numa_profiles_are_what_their_script_writes_from_containerds_default() -> None:
+    """The chart's profiles are generated (scripts/numa-seccomp.sh, containerd's own default profile, built with Go
+    and, for arm64, run under qemu-user-static): what is in the tree is what the script writes now."""
+    checked = subprocess.run([str(ROOT / "scripts" / "numa-seccomp.sh"), "--check"], capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stderr
 
 
 def test_unhappy_paths_on_the_real_node(

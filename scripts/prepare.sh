@@ -9,11 +9,11 @@
 # real-node stage wait for it).
 #
 #   scripts/prepare.sh fetch   the vLLM environment (scripts/setup-vllm.sh), the real node's and Docker's Debian
-#                              packages (scripts/setup-node.sh --packages, scripts/docker.sh install) and Debian's
-#                              docker-registry (testbed/registry.py)
-#   scripts/prepare.sh build   the kubelet, kube-proxy, kind, kubeadm, CoreDNS and the local-path provisioner
-#                              (scripts/build-tools.sh), the real node's images (scripts/build-images.sh) and kind's
-#                              base image (testbed/kind_images.py)
+#                              packages (scripts/setup-node.sh --packages, scripts/docker.sh install), Debian's
+#                              docker-registry (testbed/registry.py) and qemu-user-static (scripts/binfmt.sh)
+#   scripts/prepare.sh build   the kubelet, kube-proxy, kind, kubeadm, CoreDNS, the local-path provisioner, cosign
+#                              and syft (scripts/build-tools.sh), the real node's images and the release's arm64 base
+#                              (scripts/build-images.sh) and kind's base image (testbed/kind_images.py)
 #
 # What a stage turned off with CPULLM_SKIP_VLLM/NODE/KIND=1 alone needs is left out. Root for the packages and the
 # images (as the stages themselves).
@@ -33,9 +33,10 @@ fetch() {
     scripts/setup-node.sh --packages
   fi
   if wanted CPULLM_SKIP_KIND; then
-    step "Docker and the registry's Debian packages"
+    step "Docker, the registry's and the release's Debian packages"
     scripts/docker.sh install
     .venv/bin/python -c "from testbed.registry import ensure_package; ensure_package()"
+    scripts/binfmt.sh arm64 # qemu-user-static and arch-test: the release's arm64 image (testbed/release.py)
   fi
   step "fetched"
 }
@@ -43,7 +44,8 @@ fetch() {
 build() {
   local tools=() images=()
   node_or_kind && tools+=(kubelet) && images+=(pause debian vllm python-base operator)
-  wanted CPULLM_SKIP_KIND && tools+=(kind kubeadm coredns local-path-provisioner) && images+=(haproxy)
+  wanted CPULLM_SKIP_KIND && tools+=(kind kubeadm coredns local-path-provisioner cosign syft) &&
+    images+=(haproxy python-base-arm64)
   if ((${#tools[@]})); then
     step "Go tools: ${tools[*]}"
     scripts/build-tools.sh "${tools[@]}" >/dev/null

@@ -7,7 +7,8 @@
 # then the real-node tests (root: a kubelet with containerd joined to a local control plane runs the operator's
 # Deployment with real vLLM; scripts/setup-node.sh and scripts/build-images.sh on first use; CPULLM_SKIP_NODE=1
 # skips them), then the kind path (root: a Docker engine from scripts/docker.sh, kind's images built here; its own
-# tests, then the e2e suite on a kind cluster against the in-cluster operator, testbed/kind/run.sh;
+# tests, the release path (scripts/release.sh into a registry on localhost, whose chart the quick start
+# installs), then the e2e suite on a kind cluster against the in-cluster operator, testbed/kind/run.sh;
 # CPULLM_SKIP_KIND=1 skips them).
 # `scripts/test.sh --fast`: lint, types, the layer contract and the unit tests only (seconds, no cluster).
 # What the later stages install and build on first use is prepared in the background at idle priority
@@ -84,7 +85,7 @@ if wanted CPULLM_SKIP_NODE; then
 fi
 if wanted CPULLM_SKIP_KIND; then
   stage "kind tests"
-  .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py -m kind -q -p no:logging
+  .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py e2e/test_release.py -m kind -q -p no:logging
   stage "e2e suite on kind (testbed/kind/run.sh)"
   testbed/kind/run.sh
 fi

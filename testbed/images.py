@@ -26,12 +26,13 @@ stage's import of CoreDNS, whose log shows the two `unpacking` lines of one name
 - haproxy: Debian's haproxy on minbase, standing in for HAProxy's published image as the router (spec.routing).
 
 - python-base: Debian bookworm's python3 with its venv module and this host's CA bundle: the Dockerfile's BASE
-  on machines that reach no registry (the public python:3.11-slim elsewhere).
+  on machines that reach no registry (the public python:3.11-slim elsewhere); python-base-arm64 the same for arm64
+  (under qemu-user-static), the release's other platform (testbed/release.py).
 - operator: the operator's image, built by buildah (Debian's package; no Docker engine) from the repository's
   Dockerfile with BASE=python-base, pushed to an OCI archive. pip in its build stage reaches PyPI (host network).
 
 Usage (root, for mmdebstrap, buildah and the chroot check): scripts/build-images.sh [pause] [debian] [haproxy] [vllm]
-[python-base] [operator]; prints KEY=value lines.
+[python-base] [python-base-arm64] [operator]; prints KEY=value lines.
 """
 
 from __future__ import annotations
@@ -639,6 +640,7 @@ BUILDERS = {
     "haproxy": build_haproxy,
     "vllm": build_vllm,
     "python-base": build_python_base,
+    "python-base-arm64": functools.partial(build_python_base, "arm64"),  # the release's (testbed/release.py)
     "operator": build_operator,
 }
 

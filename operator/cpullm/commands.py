@@ -93,9 +93,7 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
         last_status={},
         cluster=OfflineCluster(settings.hf_token),
         models=models,
-        node_cache_dir=settings.node_cache_dir,
-        router_image=settings.router_image,
-        vllm_images=settings.vllm_images,
+        policy=settings.policy(),
     )
     decision = decide(observed, datetime.now(UTC))
     if not isinstance(decision.outcome, Plan):

@@ -13,6 +13,7 @@ from pydantic import AliasChoices, Field, StringConstraints, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE, IMAGE_ARCH_SUFFIX
+from cpullm.core.observation import OperatorPolicy
 
 # An image an administrator names: no whitespace, no longer than a spec's image field.
 ImageReference = Annotated[str, StringConstraints(pattern=r"^\S+$", max_length=1024)]
@@ -107,6 +108,26 @@ class Settings(BaseSettings):
         "operator's vLLM version. Pin them by digest (repo@sha256:...): a tag can move, and servers started later "
         "would run another build.",
     )
+
+    numa_seccomp_profile: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9_-][A-Za-z0-9._-]*(/[A-Za-z0-9_-][A-Za-z0-9._-]*)*$",
+        max_length=256,
+        description="A seccomp profile on every node, its path under the kubelet's seccomp root (chart: "
+        "numaSeccomp, which installs cpullm/numa.json): the runtime's default plus vLLM's NUMA calls. Servers in "
+        "namespaces enforcing Pod Security baseline or restricted run under it with every capability dropped, "
+        "instead of being refused for the SYS_NICE capability; unset: they are refused, or run without NUMA "
+        "calls (spec.numaPrivileges: false).",
+    )
+
+    def policy(self) -> OperatorPolicy:
+        """The administrator's choices every reconcile reads (core/observation.py)."""
+        return OperatorPolicy(
+            node_cache_dir=self.node_cache_dir,
+            router_image=self.router_image,
+            vllm_images=self.vllm_images,
+            numa_seccomp_profile=self.numa_seccomp_profile,
+        )
 
     @field_validator("vllm_images")
     @classmethod

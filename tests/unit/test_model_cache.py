@@ -22,7 +22,7 @@ from cpullm.core.children.model_cache import (
     stale_node_cache,
 )
 from cpullm.core.decision import decide_plan
-from cpullm.core.observation import NamespaceFacts, Observed
+from cpullm.core.observation import NamespaceFacts, Observed, OperatorPolicy
 from cpullm.errors import InvalidSpec, NodeCacheDisabled, PodSecurityForbidden
 from cpullm.io.files import scan_node_cache
 
@@ -54,7 +54,7 @@ def observed(
         namespace=NamespaceFacts(labels or {}, uid=namespace_uid),
         model=llama_8b(),
         nodes=(node("n1", numa=2, cpu="96", memory="512Gi"),),
-        node_cache_dir=node_cache_dir,
+        policy=OperatorPolicy(node_cache_dir=node_cache_dir),
     )
 
 

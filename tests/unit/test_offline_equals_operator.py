@@ -102,8 +102,7 @@ def offline_and_operator(
         kube,
         ConfigHub(None),
         clock=lambda: datetime(2026, 1, 1, tzinfo=UTC),
-        router_image=settings.router_image,
-        vllm_images=settings.vllm_images,
+        policy=settings.policy(),
     )
     reconciler.reconcile(service, load_nodes(NODES, pytest.fail))
     return rendered, plan, kube

@@ -8,7 +8,7 @@ import pytest
 
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.observation import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts, OperatorPolicy
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
@@ -177,7 +177,8 @@ def test_inline_config_needs_no_hub():
         ("baseline", {}, "set spec.numaPrivileges: false"),
         ("baseline", {"numaPrivileges": False}, None),
         ("baseline", {"numaPrivileges": False, "seccompProfile": "Unconfined"}, "seccompProfile: RuntimeDefault"),
-        ("restricted", {"numaPrivileges": False}, "cannot meet"),
+        ("restricted", {"numaPrivileges": False}, None),
+        ("restricted", {}, "numaSeccomp.enabled"),
     ],
 )
 def test_pod_security_level_that_would_reject_the_pod_is_a_refusal(level, spec, refused):
@@ -190,6 +191,22 @@ def test_pod_security_level_that_would_reject_the_pod_is_a_refusal(level, spec, 
         assert outcome.reason == "PodSecurityForbidden" and refused in outcome.message
         assert "pod-security.kubernetes.io/enforce=privileged" in outcome.message
         assert kube.applied == [] and ("Warning", "PodSecurityForbidden") in kube.events
+
+
+def test_with_the_administrators_numa_profile_a_restricted_namespace_runs_servers_under_it():
+    """The operator's setting (settings.numa_seccomp_profile) reaches the rendered pod through the reconcile."""
+    kube = StubKube()
+    policy = OperatorPolicy(numa_seccomp_profile="cpullm/numa.json")
+    rec = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), policy=policy)
+    kube.namespace_labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    outcome = rec.reconcile(service({}), NODES)
+    assert outcome.security.localhost_profile == "cpullm/numa.json" and outcome.security.run_as_user is not None
+    (deployment,) = [c for c in kube.applied if c["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["securityContext"]["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "cpullm/numa.json",
+    }
 
 
 def test_terminating_namespace_is_left_alone():

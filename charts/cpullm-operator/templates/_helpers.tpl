@@ -90,3 +90,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
   resources: [httproutes]
   verbs: [get, list, create, patch, delete]
 {{- end -}}
+
+{{/* The NUMA seccomp profile's path under the kubelet's seccomp root (numaSeccomp): where the DaemonSet writes it,
+and what the operator names in its servers' Localhost profile (CPULLM_NUMA_SECCOMP_PROFILE). */}}
+{{- define "cpullm.numaSeccompProfile" -}}
+cpullm/numa.json
+{{- end -}}

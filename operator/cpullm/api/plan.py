@@ -74,6 +74,27 @@ def binding_shown(launcher: bool, threads_bind: str) -> str:
     return "launcher" if launcher and threads_bind == ThreadsBindMode.AUTO else threads_bind
 
 
+class ServerSecurity(_Model):
+    """How the vLLM container is confined: chosen by its namespace's Pod Security level (core/podsecurity.py)."""
+
+    seccomp_profile: str = Field(default="RuntimeDefault", description="RuntimeDefault, Unconfined or Localhost.")
+    localhost_profile: str | None = Field(
+        default=None,
+        description="With Localhost: the profile's path under the kubelet's seccomp root, the operator's NUMA "
+        "profile (the runtime's default plus vLLM's NUMA calls), where Pod Security rejects SYS_NICE.",
+    )
+    capabilities: list[str] = Field(
+        default_factory=list,
+        description="Capabilities added, every other one dropped: SYS_NICE for vLLM's NUMA calls under the "
+        "runtime's default profile (spec.numaPrivileges).",
+    )
+    run_as_user: int | None = Field(
+        default=None,
+        description="The non-root user (and group and fsGroup) the server runs as where Pod Security restricted "
+        "requires one; unset: the image's own.",
+    )
+
+
 class Plan(_Model):
     placement: str = Field(default="tensorParallel", description="The placement strategy that made this plan.")
     replicas: int = Field(default=1, description="vLLM pods planned (spec.replicas, capped by throughput placement).")
@@ -198,6 +219,11 @@ class Plan(_Model):
         default=None,
         description="With spec.modelCache.nodeLocal: the directory on each node that holds what a start compiles "
         "(mounted at /models/vllm), this service's own: <nodeCacheDir>/ns.<namespace uid>/services/<service uid>.",
+    )
+    security: ServerSecurity = Field(
+        default_factory=ServerSecurity,
+        description="The vLLM container's seccomp profile, capabilities and user, as its namespace's Pod Security "
+        "level admits them.",
     )
     image: str = Field(
         description="The vLLM CPU image the pods run (spec.image, else the operator's for the nodes' arch, its "

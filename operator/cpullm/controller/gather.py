@@ -15,10 +15,9 @@ from typing import Any, Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
-from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, merge_topologies
-from cpullm.core.observation import NamespaceFacts, Observed
+from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError
@@ -73,9 +72,7 @@ def gather(
     unschedulable: str | None = None,
     daemons: Sequence[DaemonPods] = (),
     topologies: Sequence[NodeTopology] = (),
-    node_cache_dir: str | None = None,
-    router_image: str = DEFAULT_ROUTER_IMAGE,
-    vllm_images: Mapping[str, str] = {},
+    policy: OperatorPolicy = DEFAULT_POLICY,
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised. Each
@@ -115,7 +112,5 @@ def gather(
         unschedulable=unschedulable,
         status=last_status if last_status is not None else service.get("status") or {},
         installed_crds=installed_crds,
-        node_cache_dir=node_cache_dir,
-        router_image=router_image,
-        vllm_images=vllm_images,
+        policy=policy,
     )

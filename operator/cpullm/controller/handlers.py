@@ -103,9 +103,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
             kube,
             hub,
             namespace_cache_seconds=config.namespace_cache_seconds,
-            node_cache_dir=config.node_cache_dir,
-            router_image=config.router_image,
-            vllm_images=config.vllm_images,
+            policy=config.policy(),
         )
         memo["state"] = ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers))
         track_services(reconciler.services_by_readiness)

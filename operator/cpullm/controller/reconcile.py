@@ -21,11 +21,10 @@ from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
-from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.node_topology import NodeTopology
-from cpullm.core.observation import NamespaceFacts
+from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, OperatorPolicy
 from cpullm.core.status import READY, deployment_facts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
@@ -130,15 +129,11 @@ class Reconciler:
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
         namespace_cache_seconds: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
-        node_cache_dir: str | None = None,
-        router_image: str = DEFAULT_ROUTER_IMAGE,
-        vllm_images: Mapping[str, str] = {},
+        policy: OperatorPolicy = DEFAULT_POLICY,
     ) -> None:
         self.kube = kube
         self.hub = hub
-        self.node_cache_dir = node_cache_dir
-        self.router_image = router_image
-        self.vllm_images = vllm_images
+        self.policy = policy
         self.clock = clock
         self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
         # What was last applied to each child: a child whose desired manifest did not change and that nobody
@@ -335,9 +330,7 @@ class Reconciler:
                 unschedulable=unschedulable,
                 daemons=daemons,
                 topologies=topologies,
-                node_cache_dir=self.node_cache_dir,
-                router_image=self.router_image,
-                vllm_images=self.vllm_images,
+                policy=self.policy,
             )
             decision = decide(observed, self.clock())
             try:

@@ -99,3 +99,9 @@ COMPILE_CACHE_ENV = {
 # On only where a new pod finds it and the launcher's fix lets vLLM load it on CPU (Plan.aotCompileCache; planner's
 # _aot_compile_cache says why).
 AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"
+
+# The vLLM server's user where Pod Security restricted requires a non-root one (core/podsecurity.py), its group and
+# the pod's fsGroup too, so the volumes it writes are its own; HOME points at a directory it can write, since the
+# image's is root's.
+SERVER_NON_ROOT_UID = 1001
+SERVER_NON_ROOT_HOME = "/tmp"

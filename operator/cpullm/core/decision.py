@@ -23,7 +23,7 @@ from cpullm.core.children.common import Owner
 from cpullm.core.children.model_cache import node_cache_paths
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
-from cpullm.core.podsecurity import check_pod_security
+from cpullm.core.podsecurity import enforced_level, server_security
 from cpullm.core.status import (
     OPTIONAL_CHILDREN,
     FeatureCondition,
@@ -65,7 +65,8 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
     if isinstance(spec, CpuLLMError):
         return spec
     try:
-        check_pod_security(observed.owner.namespace, observed.namespace.labels, spec)
+        level = enforced_level(observed.namespace.labels)
+        security = server_security(spec, level, observed.policy.numa_seccomp_profile, observed.owner.namespace)
         if isinstance(observed.model, CpuLLMError):
             return observed.model
         if observed.model is None:
@@ -76,11 +77,13 @@ def decide_plan(observed: Observed) -> Plan | CpuLLMError:
             observed.nodes,
             observed.status.get("plan"),
             observed.daemons,
-            router_image=observed.router_image,
-            vllm_images=observed.vllm_images,
-        )
+            router_image=observed.policy.router_image,
+            vllm_images=observed.policy.vllm_images,
+        ).model_copy(update={"security": security})
         if spec.model_cache and spec.model_cache.node_local:
-            paths = node_cache_paths(observed.node_cache_dir, observed.namespace.uid, observed.owner.uid, spec.model)
+            paths = node_cache_paths(
+                observed.policy.node_cache_dir, observed.namespace.uid, observed.owner.uid, spec.model
+            )
             plan = plan.model_copy(update={"node_cache_path": paths.weights, "node_compile_cache_path": paths.compiled})
         return plan
     except CpuLLMError as refusal:

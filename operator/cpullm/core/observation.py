@@ -28,6 +28,26 @@ class NamespaceFacts:
 
 
 @dataclass(frozen=True)
+class OperatorPolicy:
+    """What the operator's administrator chose (settings.py, from the chart's values): the same for every service.
+
+    `node_cache_dir`: where spec.modelCache.nodeLocal keeps its files (None: nodeLocal is refused);
+    `router_image`: the router of a spec that names none; `vllm_images`: the vLLM image per arch of a spec that
+    names none; `numa_seccomp_profile`: a Localhost seccomp profile on every node (the chart's numaSeccomp) that
+    lets vLLM's NUMA calls through without SYS_NICE, for namespaces whose Pod Security refuses SYS_NICE (None:
+    there is none, and such namespaces run servers without NUMA calls or not at all: core/podsecurity.py)."""
+
+    node_cache_dir: str | None = None
+    router_image: str = DEFAULT_ROUTER_IMAGE
+    vllm_images: Mapping[str, str] = field(default_factory=dict)
+    numa_seccomp_profile: str | None = None
+
+
+# Every choice left at its default (settings.py's defaults build the same).
+DEFAULT_POLICY = OperatorPolicy()
+
+
+@dataclass(frozen=True)
 class Observed:
     """Everything one reconcile of one CpuLLMService needs, gathered before anything is decided.
 
@@ -53,9 +73,4 @@ class Observed:
     # The optional APIs' CRDs installed in the cluster (children/OPTIONAL_APIS); None: unknown, assume all
     # (offline rendering prints every child the spec asks for).
     installed_crds: frozenset[str] | None = None
-    # The operator's node cache directory (settings.node_cache_dir; None: spec.modelCache.nodeLocal is refused).
-    node_cache_dir: str | None = None
-    # The operator's router image (settings.router_image), for a router whose spec names none.
-    router_image: str = DEFAULT_ROUTER_IMAGE
-    # The operator's vLLM image per arch (settings.vllm_images), for servers whose spec names none.
-    vllm_images: Mapping[str, str] = field(default_factory=dict)
+    policy: OperatorPolicy = field(default_factory=OperatorPolicy)

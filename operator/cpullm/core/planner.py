@@ -43,6 +43,7 @@ from cpullm.core.memory import MemoryBudget, memory_budget, onednn_packs_embeddi
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
+from cpullm.core.podsecurity import server_security
 from cpullm.core.routing import drain_seconds, leave_router_room, routing_mode
 from cpullm.core.sizing import KVLayout, ModelSize
 from cpullm.core.timing import startup_seconds, step_timeout_seconds
@@ -367,6 +368,7 @@ def _plan_for_shape(
         kv_tokens_per_rank=kv.tokens_per_rank,
         threads_bind=threads_bind,
         launcher=spec.cpu.launcher,
+        security=server_security(spec),  # as a namespace enforcing no Pod Security level admits it (decision.py)
         **processes,
         aot_compile_cache=_aot_compile_cache(spec),
         reserved_cpus_per_rank=reserved,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from cpullm.api.plan import Plan
+from cpullm.api.plan import Plan, ServerSecurity
 from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
@@ -83,22 +83,31 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
     env += _python_path(spec)
+    if plan.security.run_as_user is not None:  # a non-root user: the image's HOME is root's
+        env.append({"name": "HOME", "value": c.SERVER_NON_ROOT_HOME})
     # spec.env cannot name what the operator sets (api/spec.py OWNED_ENV): the user's entries come after.
     joined = {PYTHONPATH} if spec.api_key_secret is not None else set()
     return env + [e.model_dump(by_alias=True, exclude_none=True) for e in spec.env if e.name not in joined]
 
 
-def security_context(spec: CpuLLMServiceSpec) -> dict[str, Any]:
-    """Least privilege: every capability dropped but SYS_NICE (vLLM's NUMA memory binding; spec.numaPrivileges),
-    no privilege escalation, the runtime's seccomp profile unless the spec opts out."""
+def security_context(security: ServerSecurity) -> dict[str, Any]:
+    """Least privilege as the namespace admits it (core/podsecurity.py): every capability dropped but SYS_NICE
+    where it is the way to vLLM's NUMA calls, no privilege escalation, the seccomp profile chosen, and a non-root
+    user where Pod Security restricted requires one."""
     capabilities: dict[str, Any] = {"drop": ["ALL"]}
-    if spec.numa_privileges:
-        capabilities["add"] = ["SYS_NICE"]
-    return {
+    if security.capabilities:
+        capabilities["add"] = list(security.capabilities)
+    seccomp = {"type": security.seccomp_profile}
+    if security.localhost_profile:
+        seccomp["localhostProfile"] = security.localhost_profile
+    context: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": capabilities,
-        "seccompProfile": {"type": spec.seccomp_profile.value},
+        "seccompProfile": seccomp,
     }
+    if security.run_as_user is not None:
+        context |= {"runAsNonRoot": True, "runAsUser": security.run_as_user, "runAsGroup": security.run_as_user}
+    return context
 
 
 def _probes(plan: Plan) -> dict[str, Any]:
@@ -191,12 +200,16 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
     pod_spec: dict[str, Any] = {
         # The server calls no Kubernetes API: no token of the namespace's service account in its filesystem.
         "automountServiceAccountToken": False,
-        "containers": [{**container, "securityContext": security_context(spec)}],
+        "containers": [{**container, "securityContext": security_context(plan.security)}],
         "affinity": _affinity(spec, plan),
         "volumes": _volumes(owner, spec, cache, plan),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": grace_seconds(plan),
     }
+    if plan.security.run_as_user is not None:
+        # Its group owns the volumes it writes; the model cache's files are changed only where its root's group
+        # differs, not walked at every start.
+        pod_spec["securityContext"] = {"fsGroup": plan.security.run_as_user, "fsGroupChangePolicy": "OnRootMismatch"}
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
