@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from testbed import netpol
 from testbed.cluster import tool_dirs, tool_version
-from testbed.images import CACHE, build_haproxy, build_vllm, log
+from testbed.images import CACHE, build_haproxy, build_kube_router, build_vllm, log
 from testbed.kind_cluster import cgroup_v1_host, cluster_config
 from testbed.kind_images import build_kind_node
 from testbed.realnode import lacks_cap_sys_resource
@@ -89,10 +90,23 @@ def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[Q
             run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
             log(f"quickstart.sh (exit {run.returncode}):\n{run.stdout}{run.stderr}")
             assert run.returncode == 0, run.stderr[-2000:]
-            yield QuickStart(run, cluster_kubectl(tools, env, workdir / "kubeconfig"), registry, vllm, release)
+            kubectl = cluster_kubectl(tools, env, workdir / "kubeconfig")
+            enforce_network_policies(kubectl, registry)
+            yield QuickStart(run, kubectl, registry, vllm, release)
         finally:
             subprocess.run([str(tools["kind"] / "kind"), "delete", "cluster", "--name", NAME], env=env, check=False)
             subprocess.run(["docker", "rmi", node_image], env=env, check=False, stdout=subprocess.DEVNULL)
+
+
+def enforce_network_policies(kubectl: Kubectl, registry: Registry) -> None:
+    """kube-router's firewall on every node (testbed/netpol.py, its image from the registry), from the quick start's
+    end on: the tests after it (the router's, the policies' own) run with the operator's NetworkPolicies enforced.
+    No resource request: the planner leaves room for what DaemonSets request, and the quick start's plan stays."""
+    image = build_kube_router()
+    pushed = push_archive(registry, image, image.ref.split("/", 1)[1])
+    for manifest in netpol.manifests(pushed, requests={}):
+        kubectl.apply(manifest)
+    kubectl.run("rollout", "status", "daemonset", netpol.NAME, "-n", netpol.NAMESPACE, "--timeout=180s")
 
 
 def chart_app_version() -> str:

@@ -120,3 +120,82 @@ def test_the_router_follows_scaling_and_rollouts_and_scale_down_drop_no_request(
 def both_serve(kubectl: Kubectl) -> bool:
     counts = served(kubectl)
     return len(counts) == 2 and min(counts.values()) >= 2
+
+
+# What a client pod asks a URL: the HTTP status, or the error's type when no answer came (the connection refused or
+# dropped by a NetworkPolicy).
+PROBE = """import sys, urllib.error, urllib.request
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=3).status)
+except urllib.error.HTTPError as answered:
+    print(answered.code)
+except Exception as error:
+    print(type(error).__name__)
+"""
+OUTSIDER = "cpullm-e2e-outsider"
+
+
+def client_pod(kubectl: Kubectl, namespace: str, image: str) -> str:
+    """A pod that only waits, for `probe` to run in: the released operator image (it has python3)."""
+    name = "netpol-client"
+    container = {"name": "client", "image": image, "command": ["python3", "-c", "import signal; signal.pause()"]}
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"containers": [container], "terminationGracePeriodSeconds": 0},
+        }
+    )
+    kubectl.run("wait", "pod", name, "-n", namespace, "--for=condition=Ready", "--timeout=180s")
+    return name
+
+
+def probe(kubectl: Kubectl, namespace: str, pod: str, url: str) -> str:
+    return kubectl.run("exec", pod, "-n", namespace, "--", "python3", "-c", PROBE, url).stdout.strip()
+
+
+def test_network_policies_admit_the_router_and_the_namespace_and_refuse_everyone_else(quick_start: QuickStart) -> None:
+    """The operator's NetworkPolicies under a policy-enforcing firewall (kube-router's, e2e/spread.py): in router mode
+    the servers admit only their router, and the router admits its namespace and spec.networkPolicy.allowedFrom;
+    a pod of another namespace reaches neither until allowedFrom names its namespace."""
+    kubectl = quick_start.kubectl
+    deploy_spread(quick_start, 1, extraArgs=["--optimization-level", "0"])
+    eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
+    router = f"http://{kubectl.get('service', 'spread', 'default')['spec']['clusterIP']}:8000/health"
+    pods = kubectl.get("pods", namespace="default", **{"cpullm.io/service": "spread"})
+    server = next(
+        p for p in pods if p["status"].get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+    )
+    direct = f"http://{server['status']['podIP']}:8000/health"
+    kubectl.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": OUTSIDER}})
+    inside = client_pod(kubectl, "default", quick_start.release.image)
+    outside = client_pod(kubectl, OUTSIDER, quick_start.release.image)
+
+    def answers(pod: str, namespace: str, url: str) -> None:
+        eventually(lambda: probe(kubectl, namespace, pod, url) == "200", timeout=90, interval=2, what=f"{url} answers")
+
+    def refuses(pod: str, namespace: str, url: str) -> str:
+        return str(
+            eventually(
+                lambda: (seen := probe(kubectl, namespace, pod, url)) != "200" and seen,
+                timeout=90,
+                interval=2,
+                what=f"{url} refuses a pod of {namespace}",
+            )
+        )
+
+    try:
+        answers(inside, "default", router)  # the router admits its namespace, and its server admits it
+        refused = refuses(inside, "default", direct)  # nobody but the router reaches a server
+        assert refuses(outside, OUTSIDER, router) and refuses(outside, OUTSIDER, direct)
+        peer = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": OUTSIDER}}}
+        patch_spec(kubectl, {"networkPolicy": {"allowedFrom": [{"podSelector": {}}, peer]}})
+        answers(outside, OUTSIDER, router)  # named in allowedFrom: the router admits it
+        refuses(outside, OUTSIDER, direct)  # the servers still admit only the router
+        answers(inside, "default", router)
+        log(f"network policies enforced: a server refuses the namespace's pods ({refused}), its router answers them")
+    finally:
+        patch_spec(kubectl, {"networkPolicy": None})
+        kubectl.run("delete", "pod", inside, "-n", "default", "--wait=false", check=False)
+        kubectl.run("delete", "namespace", OUTSIDER, "--wait=false", check=False)

@@ -4,7 +4,7 @@
 # already in the cache is skipped, so a warm run takes seconds. Nothing is written inside the repo.
 #
 #   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet kubeadm coredns
-#                                       local-path-provisioner cosign syft (default: the first five)
+#                                       local-path-provisioner kube-router cosign syft (default: the first five)
 #
 # The kubelet and kube-proxy (for a real node, scripts/setup-node.sh) are built only when asked for:
 # `scripts/build-tools.sh kubelet`. It is kept out of the default list so e2e runs, which need only the
@@ -196,6 +196,16 @@ build_local_path_provisioner() {
   echo "LOCAL_PATH_PROVISIONER_BIN_DIR=$dir"
 }
 
+# kube-router's NetworkPolicy firewall (iptables + ipset), the kind clusters' test-only enforcer (testbed/netpol.py).
+# Stamped as its Makefile does; without the stamp --version prints an empty version.
+build_kube_router() {
+  local dir=$cache/kube-router-$KUBE_ROUTER_VERSION pkg=github.com/cloudnativelabs/kube-router/v2
+  have "$dir" kube-router || go_install kube-router "$dir" "$KUBE_ROUTER_VERSION" \
+    "-s -w -X $pkg/pkg/version.Version=$KUBE_ROUTER_VERSION -X $pkg/pkg/version.BuildDate=1970-01-01T00:00:00Z" \
+    "$pkg/cmd/kube-router"
+  echo "KUBE_ROUTER_BIN_DIR=$dir"
+}
+
 build_kind() {
   local dir=$cache/kind-$KIND_VERSION
   have "$dir" kind || go_install kind "$dir" "$KIND_VERSION" "-s -w" sigs.k8s.io/kind
@@ -222,8 +232,9 @@ tools=("$@")
 ((${#tools[@]})) || tools=(kubernetes etcd kwok helm kind)
 for t in "${tools[@]}"; do
   case $t in
-    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns|local-path-provisioner|cosign|syft) "build_${t//-/_}" ;;
+    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns|local-path-provisioner|kube-router|cosign|syft)
+      "build_${t//-/_}" ;;
     *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet kubeadm coredns local-path-provisioner" \
-      "cosign syft)"; exit 2 ;;
+      "kube-router cosign syft)"; exit 2 ;;
   esac
 done

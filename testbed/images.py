@@ -24,6 +24,8 @@ stage's import of CoreDNS, whose log shows the two `unpacking` lines of one name
 
 - debian: the vLLM image's base layer alone (~180 MB), for tests that need a shell but not vLLM.
 - haproxy: Debian's haproxy on minbase, standing in for HAProxy's published image as the router (spec.routing).
+- kube-router: the kind clusters' TEST-ONLY NetworkPolicy enforcer (testbed/netpol.py): our kube-router build
+  (scripts/build-tools.sh) on Debian's iptables (nft backend) and ipset.
 
 - python-base: Debian bookworm's python3 with its venv module and this host's CA bundle: the Dockerfile's BASE
   on machines that reach no registry (the public python:3.11-slim elsewhere); python-base-arm64 the same for arm64
@@ -32,7 +34,7 @@ stage's import of CoreDNS, whose log shows the two `unpacking` lines of one name
   Dockerfile with BASE=python-base, pushed to an OCI archive. pip in its build stage reaches PyPI (host network).
 
 Usage (root, for mmdebstrap, buildah and the chroot check): scripts/build-images.sh [pause] [debian] [haproxy] [vllm]
-[python-base] [python-base-arm64] [operator]; prints KEY=value lines.
+[kube-router] [python-base] [python-base-arm64] [operator]; prints KEY=value lines.
 """
 
 from __future__ import annotations
@@ -539,6 +541,49 @@ def build_haproxy() -> Image:
     return cached_image(CACHE / f"haproxy-{key}.tar", ref, layers, config)
 
 
+# kube-router's firewall execs iptables, iptables-save, iptables-restore (ip6tables* with --enable-ipv6) and ipset
+# (pkg/utils/iptables.go, pkg/utils/ipset.go, go-iptables). It must write the iptables backend the node's other
+# writers use: kind's node entrypoint picks the backend holding more rules (select_iptables), and Docker here
+# (Debian's 20.10, through the host's iptables, whose alternative is iptables-nft) writes its DNS rules into the
+# node with nft, so the nodes run iptables-nft, as does kube-proxy on the kind base's Debian root filesystem
+# (Debian's default alternative, no wrapper). Debian's default is nft too; the hook says so explicitly, so the image
+# does not change backend with a package default. Rules of both backends would each apply, but a node would then
+# show half of its filter table to each iptables-save. No iproute2 or CA bundle: the firewall needs neither (it
+# reaches the API server with its service account's CA).
+KUBE_ROUTER_ROOTFS = Rootfs(
+    "kube-router",
+    ("iptables", "ipset"),
+    tuple(f'chroot "$1" update-alternatives --set {c} /usr/sbin/{c}-nft' for c in ("iptables", "ip6tables")),
+)
+
+
+def build_kube_router() -> Image:
+    """kube-router (scripts/build-tools.sh, built if missing) as /usr/local/bin/kube-router, its entrypoint, on
+    Debian's iptables and ipset; one layer each, keyed by the root filesystem's recipe and the binary."""
+    from testbed.cluster import tool_dirs  # not at the top: testbed.cluster needs PyYAML, the other builders do not
+
+    binary = tool_dirs(["kube-router"])["kube_router"] / "kube-router"
+    rootfs = KUBE_ROUTER_ROOTFS.build()
+    staging = CACHE / "kube-router-staging"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "usr" / "local" / "bin").mkdir(parents=True)
+    os.link(binary, staging / "usr" / "local" / "bin" / "kube-router")  # a hard link: no copy of the 59 MB binary
+    binary_key = digest_of(binary.read_bytes())[:16]
+    key = digest_of(KUBE_ROUTER_ROOTFS.key(), binary_key)[:12]
+    ref = f"localhost/cpullm-kube-router:{key}"
+    config = {
+        "Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+        "Entrypoint": ["/usr/local/bin/kube-router"],
+    }
+    layers = [
+        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} + iptables, ipset"),
+        Layer(binary_key, tar_command(staging, "./usr"), f"kube-router {binary.parent.name}"),
+    ]
+    image = cached_image(CACHE / f"kube-router-{key}.tar", ref, layers, config)
+    shutil.rmtree(staging)
+    return image
+
+
 # This machine's TLS trust, given to the local Python base so pip in the Dockerfile's build stage reaches PyPI
 # through a proxy that re-signs TLS (our sandboxes' egress does); on other hosts it is Debian's own bundle.
 HOST_CA_BUNDLE = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -638,6 +683,7 @@ BUILDERS = {
     "pause": build_pause,
     "debian": build_debian,
     "haproxy": build_haproxy,
+    "kube-router": build_kube_router,
     "vllm": build_vllm,
     "python-base": build_python_base,
     "python-base-arm64": functools.partial(build_python_base, "arm64"),  # the release's (testbed/release.py)

@@ -1,8 +1,10 @@
 """A stand-in for kind's kindnetd, built here because its source (github.com/aojea/kindnet) is refused by the Go
 module proxy on our machines (403). It runs in kind's own default CNI manifest (the kindnet DaemonSet, hostNetwork,
 NET_ADMIN), under the image reference kind's node-image builder expects (testbed/kind_images.py), and does the part of
-kindnetd a kind cluster needs: this node's CNI config (ptp + host-local for its pod CIDRs, portmap, masquerade)
-and a route to every other node's pod CIDRs via that node's address. Not kindnetd's network policies, NAT64, DNS
+kindnetd a kind cluster needs: this node's CNI config (ptp + host-local for its pod CIDRs, portmap), a route to every
+other node's pod CIDRs via that node's address, and kindnetd's masquerade of what pods send out of the cluster's pod
+network (POD_SUBNET), never of what they send each other: a NetworkPolicy sees a pod on another node by its own
+address (testbed/netpol.py enforces them). Not kindnetd's network policies, NAT64, DNS
 cache or NRI plugin. TEST-ONLY: real clusters use kindnetd or their own CNI.
 
 It polls the API server for nodes (stdlib only: it runs with the kind base image's Debian python3), so a node
@@ -58,12 +60,29 @@ def cni_config(pod_cidrs: list[str]) -> str:
     plugins = [
         {
             "type": "ptp",
-            "ipMasq": True,
+            "ipMasq": False,  # ptp's would hide a pod behind its node from pods on other nodes: masquerade_rule
             "ipam": {"type": "host-local", "ranges": ranges, "routes": [{"dst": d} for d in defaults]},
         },
         {"type": "portmap", "capabilities": {"portMappings": True}},
     ]
     return json.dumps({"cniVersion": "0.4.0", "name": "kindnet", "plugins": plugins}, indent=1)
+
+
+def masquerade_rule(pod_subnet: str) -> list[str]:
+    """The nat POSTROUTING rule (iptables arguments after the chain) kindnetd's masquerade agent keeps: a pod's
+    packet to outside the cluster's pod network and not to this node leaves with the node's address."""
+    return [
+        *("-s", pod_subnet, "!", "-d", pod_subnet, "-m", "addrtype", "!", "--dst-type", "LOCAL"),
+        *("-m", "comment", "--comment", "kindnet stand-in: pods to outside the pod network", "-j", "MASQUERADE"),
+    ]
+
+
+def ensure_masquerade(pod_subnets: str) -> None:
+    """The masquerade rule of each IPv4 pod subnet (kind's POD_SUBNET: comma-separated), added once."""
+    for subnet in (s for s in pod_subnets.split(",") if s and _family(s) == 4):
+        rule = ["POSTROUTING", *masquerade_rule(subnet)]
+        if subprocess.run(["iptables", "-t", "nat", "-C", *rule], capture_output=True).returncode != 0:
+            subprocess.run(["iptables", "-t", "nat", "-A", *rule], check=True)
 
 
 def on_link_networks(ip_addr: str) -> list[IPNetwork]:
@@ -133,6 +152,7 @@ def main() -> int:
     default_endpoint = f"{os.environ.get('KUBERNETES_SERVICE_HOST')}:{os.environ.get('KUBERNETES_SERVICE_PORT')}"
     endpoint = os.environ.get("CONTROL_PLANE_ENDPOINT", default_endpoint)
     applied: NodeNetwork | None = None
+    ensure_masquerade(os.environ.get("POD_SUBNET", ""))
     while True:
         try:
             network = network_for(node_name, list_nodes(endpoint), on_link)

@@ -4,7 +4,7 @@ import json
 from typing import Any
 
 import pytest
-from testbed.kindnet import NodeNetwork, network_for, on_link_networks, route_changes
+from testbed.kindnet import NodeNetwork, masquerade_rule, network_for, on_link_networks, route_changes
 
 
 def node(name: str, addresses: list[str], cidrs: list[str]) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def test_a_node_gets_ptp_over_its_pod_cidrs_and_a_route_to_each_peers_cidr_via_i
     assert network is not None
     assert network.routes == routes
     ptp, portmap = json.loads(network.cni_config)["plugins"]
-    assert (ptp["type"], ptp["ipMasq"], portmap["type"]) == ("ptp", True, "portmap")
+    assert (ptp["type"], ptp["ipMasq"], portmap["type"]) == ("ptp", False, "portmap")  # masquerade_rule instead
     assert [r[0]["subnet"] for r in ptp["ipam"]["ranges"]] == subnets
     families = {"0.0.0.0/0" if "." in s else "::/0" for s in subnets}
     assert {r["dst"] for r in ptp["ipam"]["routes"]} == families
@@ -92,3 +92,10 @@ def test_nothing_is_written_until_this_node_has_a_pod_cidr(nodes: list[dict[str,
 def test_only_changed_routes_are_replaced_and_gone_ones_dropped(before, after, replaced, dropped):
     applied = None if before is None else NodeNetwork("{}", before)
     assert route_changes(NodeNetwork("{}", after), applied) == (replaced, dropped)
+
+
+def test_pods_are_masqueraded_only_out_of_the_pod_network():
+    """Between pods (another node's included) addresses are kept, so NetworkPolicies see the real source."""
+    rule = masquerade_rule("10.244.0.0/16")
+    assert rule[:4] == ["-s", "10.244.0.0/16", "!", "-d"] and rule[4] == "10.244.0.0/16"
+    assert rule[-2:] == ["-j", "MASQUERADE"] and ["!", "--dst-type", "LOCAL"] == rule[7:10]
