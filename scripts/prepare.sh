@@ -11,9 +11,10 @@
 #   scripts/prepare.sh fetch   the vLLM environment (scripts/setup-vllm.sh), the real node's and Docker's Debian
 #                              packages (scripts/setup-node.sh --packages, scripts/docker.sh install), Debian's
 #                              docker-registry (testbed/registry.py) and qemu-user-static (scripts/binfmt.sh)
-#   scripts/prepare.sh build   the kubelet, kube-proxy, kind, kubeadm, CoreDNS, the local-path provisioner, cosign
-#                              and syft (scripts/build-tools.sh), the real node's images and the release's arm64 base
-#                              (scripts/build-images.sh) and kind's base image (testbed/kind_images.py)
+#   scripts/prepare.sh build   the kubelet, kube-proxy, kind, kubeadm, CoreDNS, the local-path provisioner, cosign,
+#                              syft and kube-router (scripts/build-tools.sh), the real node's images, the release's
+#                              arm64 base and kube-router's (scripts/build-images.sh) and kind's base image
+#                              (testbed/kind_images.py)
 #
 # What a stage turned off with CPULLM_SKIP_VLLM/NODE/KIND=1 alone needs is left out. Root for the packages and the
 # images (as the stages themselves).
@@ -44,8 +45,8 @@ fetch() {
 build() {
   local tools=() images=()
   node_or_kind && tools+=(kubelet) && images+=(pause debian vllm python-base operator)
-  wanted CPULLM_SKIP_KIND && tools+=(kind kubeadm coredns local-path-provisioner cosign syft) &&
-    images+=(haproxy python-base-arm64)
+  wanted CPULLM_SKIP_KIND && tools+=(kind kubeadm coredns local-path-provisioner cosign syft kube-router) &&
+    images+=(haproxy python-base-arm64 kube-router)
   if ((${#tools[@]})); then
     step "Go tools: ${tools[*]}"
     scripts/build-tools.sh "${tools[@]}" >/dev/null
