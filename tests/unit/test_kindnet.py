@@ -98,4 +98,4 @@ def test_pods_are_masqueraded_only_out_of_the_pod_network():
     """Between pods (another node's included) addresses are kept, so NetworkPolicies see the real source."""
     rule = masquerade_rule("10.244.0.0/16")
     assert rule[:4] == ["-s", "10.244.0.0/16", "!", "-d"] and rule[4] == "10.244.0.0/16"
-    assert rule[-2:] == ["-j", "MASQUERADE"] and ["!", "--dst-type", "LOCAL"] == rule[7:10]
+    assert rule[-2:] == ["-j", "MASQUERADE"] and rule[7:10] == ["!", "--dst-type", "LOCAL"]
