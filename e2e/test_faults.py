@@ -23,7 +23,7 @@ from e2e.objects import fake_node, tiny_service
 from e2e.test_operator import conditions
 
 # After a fault ends, the time every service gets to agree with its children again: the operator's transient
-# retry is a few seconds (settings.transient_retry_seconds, jittered) and a watch resumes at once.
+# retry is a few seconds (controller/outcomes.py's TRANSIENT_RETRY_SECONDS, jittered) and a watch resumes at once.
 SETTLE_SECONDS = 90
 RESYNC_SECONDS = 10  # the relayed operator's listing of its children (settings.resync_seconds; default 300)
 

@@ -289,6 +289,13 @@ def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator | In
         ({"kvCacheGiB": None, "maxModelLen": None}, "set kvCacheGiB, or maxModelLen and maxNumSeqs"),
         ({"modelCache": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "x"}}}, "exactly one of"),
         ({"model": {"name": "m", "dtype": "int4"}}, 'spec.model.dtype: Unsupported value: "int4"'),
+        (
+            {
+                "apiKeySecret": {"name": "k"},
+                "env": [{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "p", "key": "k"}}}],
+            },
+            "env PYTHONPATH must be a value",
+        ),
     ],
 )
 def test_api_server_rejects_invalid_specs(

@@ -111,6 +111,16 @@ def go_module_dir(module: str, version: str) -> Path:
     return Path(json.loads(result.stdout)["Dir"])
 
 
+def built_tool(name: str) -> Path:
+    """A tool's directory from scripts/build-tools.sh (built if missing). Not testbed.cluster's tool_dirs: this
+    module runs on the system's python3 (scripts/build-images.sh), without the operator's packages."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "build-tools.sh"), name], check=True, stdout=subprocess.PIPE, text=True
+    )
+    variable = f"{name.upper().replace('-', '_')}_BIN_DIR="
+    return Path(next(line for line in result.stdout.splitlines() if line.startswith(variable)).split("=", 1)[1])
+
+
 def digest_of(*parts: str | bytes) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -560,9 +570,7 @@ KUBE_ROUTER_ROOTFS = Rootfs(
 def build_kube_router() -> Image:
     """kube-router (scripts/build-tools.sh, built if missing) as /usr/local/bin/kube-router, its entrypoint, on
     Debian's iptables and ipset; one layer each, keyed by the root filesystem's recipe and the binary."""
-    from testbed.cluster import tool_dirs  # not at the top: testbed.cluster needs PyYAML, the other builders do not
-
-    binary = tool_dirs(["kube-router"])["kube_router"] / "kube-router"
+    binary = built_tool("kube-router") / "kube-router"
     rootfs = KUBE_ROUTER_ROOTFS.build()
     staging = CACHE / "kube-router-staging"
     shutil.rmtree(staging, ignore_errors=True)

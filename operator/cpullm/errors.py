@@ -1,5 +1,5 @@
 """Typed errors. Each carries the condition `reason` it is reported under; `controller/outcomes.py` maps
-them to Kopf (retry or not) in one place, and `io/kube.py` maps API errors to them in one place."""
+them to a retry delay (or none) in one place, and `io/kube.py` maps API errors to them in one place."""
 
 from __future__ import annotations
 

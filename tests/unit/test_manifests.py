@@ -380,3 +380,23 @@ def test_model_cache_is_bounded_and_requested_as_ephemeral_storage(model_cache, 
     assert resources["requests"].get("ephemeral-storage") == ephemeral_request
     assert "ephemeral-storage" not in resources["limits"]  # the sizeLimit bounds it; cpu and memory stay Guaranteed
     assert {k: v for k, v in resources["requests"].items() if k != "ephemeral-storage"} == resources["limits"]
+
+
+@pytest.mark.parametrize(
+    ("env", "refused"),
+    [
+        ([{"name": "PYTHONPATH", "value": "/mine"}], False),
+        ([{"name": "PYTHONPATH", "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "python"}}}], True),
+        ([{"name": "PYTHONPATH"}], True),
+        ([{"name": "OTHER", "valueFrom": {"configMapKeyRef": {"name": "paths", "key": "other"}}}], False),
+    ],
+)
+def test_with_a_key_a_pythonpath_the_guard_cannot_join_is_refused_not_dropped(env, refused):
+    """The guard's directory and the user's PYTHONPATH share one variable: a valueFrom has no text to join."""
+    fields = {"apiKeySecret": {"name": "k"}, "env": env}
+    if refused:
+        with pytest.raises(ValueError, match="env PYTHONPATH must be a value"):
+            spec(**fields)
+    else:
+        assert spec(**fields).env[0].name == env[0]["name"]
+    assert spec(env=env).env  # without a key, the user's PYTHONPATH is passed as it is

@@ -818,9 +818,20 @@ _CEL_KV_SOURCE: dict[str, JsonValue] = {
 }
 
 
+# With apiKeySecret the operator puts the key guard's directory first on PYTHONPATH and the user's PYTHONPATH after it,
+# in one variable (core/children/deployment.py): a PYTHONPATH from valueFrom has no text to join, and would be lost.
+_CEL_PYTHONPATH_WITH_KEY: dict[str, JsonValue] = {
+    "rule": "!has(self.apiKeySecret) || !has(self.env) || self.env.all(e, e.name != 'PYTHONPATH' || has(e.value))",
+    "message": "with apiKeySecret, env PYTHONPATH must be a value, not valueFrom: the operator joins it after the "
+    "API key guard's directory",
+}
+
+
 class CpuLLMServiceSpec(_Model):
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_CEL_KV_SOURCE, _CEL_OWNED_ENV, _CEL_OWNED_FLAGS]}
+        json_schema_extra={
+            "x-kubernetes-validations": [_CEL_KV_SOURCE, _CEL_OWNED_ENV, _CEL_OWNED_FLAGS, _CEL_PYTHONPATH_WITH_KEY]
+        }
     )
 
     model: ModelSource = Field(description="The model to serve, and where its config comes from.")
@@ -958,6 +969,8 @@ class CpuLLMServiceSpec(_Model):
         collisions = owned_collisions([e.name for e in self.env], self.extra_args)
         if collisions:
             raise ValueError("sets what the operator owns or refuses: " + "; ".join(collisions))
+        if self.api_key_secret is not None and any(e.name == "PYTHONPATH" and e.value is None for e in self.env):
+            raise ValueError(str(_CEL_PYTHONPATH_WITH_KEY["message"]))
         return self
 
 

@@ -1,6 +1,7 @@
 """The one place a reconcile's outcome becomes a decision to retry, and how soon. Every reconcile is started by
-a watch event (the service's own, a node's, a child's, a CRD's) or a resync, and the handlers retry it on these
-delays (controller/handlers.py) until one finishes, so none is left behind after a transient fault:
+a watch event (the service's own, a node's, a child's, a CRD's) or a resync, and controller/dispatch.py retries it
+on these delays (through the RetryScheduler of controller/state.py) until one finishes, so none is left behind
+after a transient fault:
 
 - a plan, a refusal (PlanRefusal) or a bad spec (InvalidSpec) is already reported in status and waits for a
   change of the spec or the nodes: no retry;

@@ -1,4 +1,5 @@
-"""The operator's state between Kopf events, typed (Kopf's memo holds one ControllerState, nothing else).
+"""The operator's state between Kopf events, typed (Kopf's memo holds one ControllerState, `state`, and the
+Settings the operator was run with, `settings`).
 
 One rule tells an event's news from noise for every watch that triggers reconciles of other objects (nodes,
 DaemonSets, server pods, optional APIs' CRDs): LastSeen keeps what each object was when the services were last

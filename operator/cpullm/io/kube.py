@@ -206,7 +206,7 @@ class Kube:
         return [{"kind": node_topology.KIND, **item} for item in items]
 
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
-        """Whether one Deployment, Service or ConfigMap exists (a read of its metadata only): a listing's word
+        """Whether one child of an owned kind exists (a read of its metadata only): a listing's word
         that a child is gone is confirmed by this before the child is taken for deleted."""
         return self.ownership(CHILD_KIND[kind].api_version, kind, namespace, name) is not None
 

@@ -1,7 +1,7 @@
 """The objects the operator owns per CpuLLMService, each built by one pure function in its own module.
 
 A new owned child is a new module here with a `build_*` function added to CHILDREN and its kind's line in
-CHILD_KINDS; what the rest of the operator needs of a kind (the API calls, the watches and their resync, the
+CHILD_KINDS; what the rest of the operator needs of a kind (the API calls, the watches, the resync, the
 optional APIs' conditions, what a spec can stop asking for) derives from that line. Its RBAC goes into the chart
 (`tests/unit/test_rbac.py` checks that the chart grants what CHILD_KINDS needs).
 """
@@ -58,7 +58,8 @@ class ChildKind:
     api_version: str
     kind: str
     plural: str
-    # Watched (drift reverted, readiness copied) and listed by the resync: the children every service has.
+    # Watched (drift reverted, readiness copied): the children every service has. The resync lists every served
+    # kind, watched or not.
     watched: bool = False
     # The CRD that serves it, when its API is not built into Kubernetes: applied only where it is installed,
     # elsewhere its condition says what to install.
