@@ -124,6 +124,7 @@ def test_an_upgrade_changes_no_servers_template_unless_its_plan_changed_and_a_re
         served = kubectl.get("crd", "cpullmservices.cpullm.io")["spec"]["versions"]
         applied = yaml.safe_load(crd_file(ROOT).read_text())["spec"]["versions"]
         assert [v["schema"] for v in served] == [v["schema"] for v in applied]
+        new.log_path.touch()
         log = LogMark(new)
         new.start()
         converged(kubectl, namespace, names, timeout=300, one_replica_set=False)  # a changed template: two each
