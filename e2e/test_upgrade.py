@@ -47,6 +47,9 @@ def previous_revision() -> str:
 def previous_tree(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The previous version's tree, a detached git worktree (removed afterwards)."""
     revision = previous_revision()
+    known = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"])
+    if known.returncode != 0:
+        pytest.skip(f"the previous version, {revision}, is not in this clone's history (a shallow clone?)")
     path = tmp_path_factory.mktemp("previous") / "tree"
     subprocess.run(
         ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), revision], check=True, capture_output=True
