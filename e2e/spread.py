@@ -172,15 +172,18 @@ def patch_spec(kubectl: Kubectl, spec: dict[str, Any]) -> None:
     kubectl.run("patch", "cpullmservice", SPREAD, "-n", NAMESPACE, "--type=merge", "-p", json.dumps({"spec": spec}))
 
 
+READ_METRICS = "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:8000/metrics').read().decode())"
+
+
 def served(kubectl: Kubectl) -> dict[str, float]:
-    """Requests each running server finished (vLLM's vllm:request_success_total, read through the API server's
-    proxy to the pod)."""
+    """Requests each running server finished (vLLM's vllm:request_success_total, read inside the pod: the API
+    server's proxy to it comes from another node, which the servers' NetworkPolicy refuses)."""
     counts = {}
     for pod in kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/service": SPREAD}):
         name = pod["metadata"]["name"]
         if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running":
             continue
-        metrics = kubectl.run("get", "--raw", f"/api/v1/namespaces/{NAMESPACE}/pods/{name}:8000/proxy/metrics").stdout
+        metrics = kubectl.run("exec", name, "-n", NAMESPACE, "-c", "vllm", "--", "python3", "-c", READ_METRICS).stdout
         samples = (line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
         counts[name] = sum(float(value) for metric, value in samples if metric.startswith("vllm:request_success_total"))
     return counts
