@@ -184,7 +184,7 @@ def served(kubectl: Kubectl) -> dict[str, float]:
         if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running":
             continue
         metrics = kubectl.run("exec", name, "-n", NAMESPACE, "-c", "vllm", "--", "python3", "-c", READ_METRICS).stdout
-        samples = (line.rsplit(" ", 1) for line in metrics.splitlines() if not line.startswith("#"))
+        samples = (line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#"))
         counts[name] = sum(float(value) for metric, value in samples if metric.startswith("vllm:request_success_total"))
     return counts
 
