@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from testbed.images import tool_dirs
 from testbed.tools import eventually
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,18 +23,6 @@ SERVICE_CIDR = "10.96.0.0/16"
 # With real_node, KWOK's controller manages only nodes with this annotation (examples/nodes.yaml has it), so
 # a real kubelet's node (testbed/realnode.py) and its pods are left to the kubelet.
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-
-
-def tool_dirs(tools: list[str] | None = None) -> dict[str, Path]:
-    """Builds what is missing (cold: tens of minutes; cached: seconds) and returns each tool's directory."""
-    result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-tools.sh"), *(tools or ["kubernetes", "etcd", "kwok"])],
-        check=True,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    dirs = dict(line.split("=", 1) for line in result.stdout.splitlines() if "_BIN_DIR=" in line)
-    return {key.removesuffix("_BIN_DIR").lower(): Path(value) for key, value in dirs.items()}
 
 
 def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:

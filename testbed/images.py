@@ -111,14 +111,18 @@ def go_module_dir(module: str, version: str) -> Path:
     return Path(json.loads(result.stdout)["Dir"])
 
 
-def built_tool(name: str) -> Path:
-    """A tool's directory from scripts/build-tools.sh (built if missing). Not testbed.cluster's tool_dirs: this
-    module runs on the system's python3 (scripts/build-images.sh), without the operator's packages."""
+def tool_dirs(tools: list[str] | None = None) -> dict[str, Path]:
+    """Builds what is missing (cold: tens of minutes; cached: seconds) and returns each tool's directory
+    (scripts/build-tools.sh). Here, not in testbed.cluster (which re-exports it): this module runs on the system's
+    python3 (scripts/build-images.sh), without the operator's packages that testbed.cluster's imports need."""
     result = subprocess.run(
-        ["bash", str(ROOT / "scripts" / "build-tools.sh"), name], check=True, stdout=subprocess.PIPE, text=True
+        ["bash", str(ROOT / "scripts" / "build-tools.sh"), *(tools or ["kubernetes", "etcd", "kwok"])],
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    variable = f"{name.upper().replace('-', '_')}_BIN_DIR="
-    return Path(next(line for line in result.stdout.splitlines() if line.startswith(variable)).split("=", 1)[1])
+    dirs = dict(line.split("=", 1) for line in result.stdout.splitlines() if "_BIN_DIR=" in line)
+    return {key.removesuffix("_BIN_DIR").lower(): Path(value) for key, value in dirs.items()}
 
 
 def digest_of(*parts: str | bytes) -> str:
@@ -570,7 +574,7 @@ KUBE_ROUTER_ROOTFS = Rootfs(
 def build_kube_router() -> Image:
     """kube-router (scripts/build-tools.sh, built if missing) as /usr/local/bin/kube-router, its entrypoint, on
     Debian's iptables and ipset; one layer each, keyed by the root filesystem's recipe and the binary."""
-    binary = built_tool("kube-router") / "kube-router"
+    binary = tool_dirs(["kube-router"])["kube_router"] / "kube-router"
     rootfs = KUBE_ROUTER_ROOTFS.build()
     staging = CACHE / "kube-router-staging"
     shutil.rmtree(staging, ignore_errors=True)
