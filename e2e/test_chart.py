@@ -355,6 +355,8 @@ def policed(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl) -> Iterator[di
             child_config_map("child", tenant, owner),
         )
         write_policy_enforced(kubectl, GUARDED)
+        children_policy = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-children")["status"]
+        assert not children_policy.get("typeChecking", {}).get("expressionWarnings"), children_policy
         # Type-checked against the matched kinds' schemas without a warning (a misspelt field would be one).
         checked = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-writes")["status"]
         assert not checked.get("typeChecking", {}).get("expressionWarnings"), checked
@@ -503,6 +505,91 @@ def test_the_operator_serves_under_its_write_policy(
     finally:
         as_chart.stop()
         kubectl.run("delete", "cpullm", "protected", "-n", RELEASE_NAMESPACE, "--ignore-not-found")
+
+
+TENANT_EDITOR = "carol"  # holds the built-in edit role in the tenant namespace
+
+
+@pytest.fixture(scope="module")
+def editor(kubectl: Kubectl, policed: dict[str, Any]) -> str:
+    """A tenant with the built-in edit role in the policed namespace (ConfigMaps, Deployments, Services: RBAC lets
+    them change the operator's children there)."""
+    tenant = policed["tenant"]
+    binding = ("create", "rolebinding", "carol-edit", "--clusterrole=edit", f"--user={TENANT_EDITOR}", "-n", tenant)
+    kubectl.run(*binding)
+    return TENANT_EDITOR
+
+
+CHILD_OF_OWNER = "configmaps {tenant}/child belongs to the cpullm-operator (CpuLLMService owner)"
+ONLY_THE_OPERATOR = "only the cpullm-operator may {verb} objects labelled app.kubernetes.io/managed-by=cpullm-operator"
+
+
+@pytest.mark.parametrize(
+    ("args", "labelled", "refused"),
+    [
+        pytest.param(
+            ("patch", "configmap", "child", "-p", '{"data":{"launch.py":"evil"}}'),
+            False,
+            f"{CHILD_OF_OWNER}: change the CpuLLMService instead; only the operator and Kubernetes' controllers may "
+            "change it",
+            id="change-a-child",
+        ),
+        pytest.param(
+            ("delete", "configmap", "child"),
+            False,
+            f"{CHILD_OF_OWNER}: change the CpuLLMService instead; only the operator and Kubernetes' controllers may "
+            "delete it",
+            id="delete-a-child",
+        ),
+        pytest.param(
+            ("label", "configmap", "plain", MANAGED_BY),
+            False,
+            ONLY_THE_OPERATOR.format(verb="make") + ": configmaps {tenant}/plain",
+            id="label-one-as-a-child",
+        ),
+        pytest.param(
+            ("create", "-f", "-"),
+            True,
+            ONLY_THE_OPERATOR.format(verb="create") + ": configmaps {tenant}/forged",
+            id="create-a-labelled-one",
+        ),
+        pytest.param(("patch", "configmap", "plain", "-p", '{"data":{"k":"x"}}'), False, None, id="its-own-objects"),
+    ],
+)
+def test_a_tenant_cannot_change_the_operators_children(
+    kubectl: Kubectl,
+    policed: dict[str, Any],
+    editor: str,
+    args: tuple[str, ...],
+    labelled: bool,
+    refused: str | None,
+):
+    """A namespace editor's requests (dry runs; RBAC allows each): the operator's children are its alone, so the
+    launcher code and pod templates it rendered are what the servers run; what the tenant made stays theirs, and a
+    cluster admin (system:masters) may still change a child by hand."""
+    tenant = policed["tenant"]
+    stdin = yaml.safe_dump(child_config_map("forged", tenant, None)) if labelled else None
+    here = ("-n", tenant, "--dry-run=server")
+    verb = "patch" if args[0] == "label" else args[0]
+    allowed = kubectl.run("auth", "can-i", verb, "configmaps", "-n", tenant, f"--as={editor}").stdout.strip()
+    assert allowed == "yes"  # RBAC allows it: only the policy can refuse
+    result = kubectl.run(*args, *here, f"--as={editor}", input=stdin, check=False)
+    if refused is None:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode != 0, result.stdout
+    assert f"ValidatingAdmissionPolicy '{GUARDED}-cpullm-operator-children'" in result.stderr
+    assert refused.format(tenant=tenant) in result.stderr, result.stderr
+    assert kubectl.run(*args, *here, input=stdin).returncode == 0  # an admin may
+
+
+def test_the_garbage_collector_still_deletes_children_with_their_service(kubectl: Kubectl, policed: dict[str, Any]):
+    tenant = policed["tenant"]
+    kubectl.apply(tiny_service("doomed", tenant, replicas=0))
+    doomed = kubectl.get("cpullm", "doomed", tenant)
+    kubectl.apply(child_config_map("doomed-child", tenant, doomed))
+    kubectl.run("delete", "cpullm", "doomed", "-n", tenant)
+    eventually(lambda: kubectl.get("configmap", "doomed-child", tenant) is None, what="the child garbage-collected")
 
 
 # The admin's prefixes: a registry (any repository under it, any port of it), and the router pinned by digest only.

@@ -3,7 +3,8 @@ previous version's operator (its source from git, run as a process like the suit
 CRD is applied and the operator replaced by this tree's, as docs/releasing.md tells a user to upgrade; every server
 whose plan did not change must keep its pod template, since a changed template restarts that server (a CPU server
 takes minutes to come back: an upgrade that changed them all would be a fleet-wide outage). Then a restart of the
-new operator must write nothing at all.
+new operator must write nothing at all. A downgrade is the same the other way round, and must hold the same. Where
+templates must change (an admin setting here), at most rollouts.maxConcurrent services roll at once.
 
 The previous version is CPULLM_UPGRADE_FROM (a git revision), else the newest `v*` tag behind HEAD, else HEAD's
 parent: before the first release, each commit is checked against the one before it. Marker local_operator: it stops
@@ -15,6 +16,7 @@ import hashlib
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,48 +109,165 @@ def crd_file(tree: Path) -> Path:
     return tree / "crds" / "cpullm.io_cpullmservices.yaml"
 
 
-def test_an_upgrade_changes_no_servers_template_unless_its_plan_changed_and_a_restart_writes_nothing(
-    kubectl: Kubectl, operator: Operator, nodes: NodePool, namespace: str, previous_tree: Path, workdir: Path
+@pytest.mark.parametrize("direction", ["upgrade", "downgrade"])
+def test_an_upgrade_or_downgrade_changes_no_servers_template_unless_its_plan_changed_and_a_restart_writes_nothing(
+    kubectl: Kubectl,
+    operator: Operator,
+    nodes: NodePool,
+    namespace: str,
+    previous_tree: Path,
+    workdir: Path,
+    direction: str,
 ) -> None:
+    """An upgrade: the previous version, then this tree. A downgrade: this tree, then the previous version (the
+    CRD of the version that runs applied first either way, as docs/releasing.md tells a user)."""
     operator.stop()  # the suite's, watching every namespace: here the two versions run alone
-    old = operator_of(previous_tree, kubectl, workdir / "upgrade-previous.log", namespace)
-    new = operator_of(ROOT, kubectl, workdir / "upgrade-current.log", namespace)
+    trees = (previous_tree, ROOT) if direction == "upgrade" else (ROOT, previous_tree)
+    logs = (workdir / f"{direction}-first.log", workdir / f"{direction}-then.log")
+    first, then = (operator_of(tree, kubectl, log, namespace) for tree, log in zip(trees, logs, strict=True))
     try:
-        kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_file(previous_tree)))
-        old.start()
+        kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_file(trees[0])))
+        first.start()
         names = create(kubectl, namespace, "fleet", SERVICES, pool(nodes, namespace))
         converged(kubectl, namespace, names, timeout=300)
         before = quiet(kubectl, namespace)
-        old.stop()
+        first.stop()
 
-        # The upgrade as docs/releasing.md has it: the CRD first, then the operator.
         started = time.monotonic()
-        kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_file(ROOT)))
+        kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_file(trees[1])))
         served = kubectl.get("crd", "cpullmservices.cpullm.io")["spec"]["versions"]
-        applied = yaml.safe_load(crd_file(ROOT).read_text())["spec"]["versions"]
+        applied = yaml.safe_load(crd_file(trees[1]).read_text())["spec"]["versions"]
         assert [v["schema"] for v in served] == [v["schema"] for v in applied]
-        new.log_path.touch()
-        log = LogMark(new)
-        new.start()
+        then.log_path.touch()
+        log = LogMark(then)
+        then.start()
         converged(kubectl, namespace, names, timeout=300, one_replica_set=False)  # a changed template: two each
         after = quiet(kubectl, namespace)
         took = time.monotonic() - started
         changed = sorted(n for n in names if after[n]["template"] != before[n]["template"])
         replanned = sorted(n for n in names if replanned_between(before[n]["plan"], after[n]["plan"]))
         print(
-            f"upgrade from {previous_revision()}: {len(changed)} of {SERVICES} pod templates changed, {len(replanned)} "
-            f"plans changed; settled in {took:.0f}s (with {QUIET_SECONDS}s of quiet)"
+            f"{direction} {'from' if direction == 'upgrade' else 'to'} {previous_revision()}: {len(changed)} of "
+            f"{SERVICES} pod templates changed, {len(replanned)} plans changed; settled in {took:.0f}s (with "
+            f"{QUIET_SECONDS}s of quiet)"
         )
         assert set(changed) <= set(replanned), f"templates changed with their plans unchanged: {changed[:5]}"
         log.assert_quiet()
 
         # A restart with nothing new: not one write.
-        new.stop()
-        new.start()
+        then.stop()
+        then.start()
         again = quiet(kubectl, namespace)
         assert again == after, [n for n in names if again[n] != after[n]][:5]
         log.assert_quiet()
     finally:
-        old.stop()
-        new.stop()
+        first.stop()
+        then.stop()
+        operator.start()
+
+
+PACED_LIMIT = 5
+PACED_IMAGE = "registry.example/vllm-cpu:paced"  # never pulled: KWOK's pods run no container
+
+
+class RollingWatch:
+    """Every Deployment of the namespace as a watch streams it (`kubectl get -w`), and the most of them mid-rollout
+    at any one event: a new template not yet observed by its controller, or not every replica updated and
+    available with no old one left (what `kubectl rollout status` waits for). A poll could miss a peak."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str) -> None:
+        args = [kubectl.binary, "--kubeconfig", kubectl.kubeconfig, "get", "deployments", "-n", namespace]
+        self.process = subprocess.Popen([*args, "-w", "-o", "json"], stdout=subprocess.PIPE, text=True)
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.peak = 0
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def rolling(deployment: dict[str, Any]) -> bool:
+        spec, status = deployment["spec"], deployment.get("status", {})
+        want = spec.get("replicas", 1)
+        return (
+            status.get("observedGeneration", 0) < deployment["metadata"]["generation"]
+            or status.get("updatedReplicas", 0) < want
+            or status.get("availableReplicas", 0) < want
+            or status.get("replicas", 0) > status.get("updatedReplicas", 0)
+        )
+
+    def _read(self) -> None:
+        decoder, buffer = json.JSONDecoder(), ""
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            buffer += line
+            try:
+                deployment, end = decoder.raw_decode(buffer.lstrip())
+            except json.JSONDecodeError:
+                continue
+            buffer = buffer.lstrip()[end:]
+            self.latest[deployment["metadata"]["name"]] = deployment
+            self.peak = max(self.peak, sum(map(self.rolling, list(self.latest.values()))))
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.thread.join(timeout=10)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+def test_a_template_change_no_spec_asked_for_rolls_out_at_most_k_services_at_once(
+    kubectl: Kubectl, operator: Operator, nodes: NodePool, namespace: str, workdir: Path
+) -> None:
+    """An admin setting that changes every server's template (the vLLM image) reaches all 50 services at once;
+    the operator rolls at most rollouts.maxConcurrent of them at a time, the others wait with RolloutPaced."""
+    operator.stop()
+    images = json.dumps({"amd64": PACED_IMAGE, "arm64": PACED_IMAGE})
+    before = operator_of(ROOT, kubectl, workdir / "paced-before.log", namespace)
+    paced = Operator(
+        kubectl.kubeconfig,
+        workdir / "paced.log",
+        free_port(),
+        ["--namespace", namespace],
+        env={"CPULLM_VLLM_IMAGES": images, "CPULLM_MAX_CONCURRENT_ROLLOUTS": str(PACED_LIMIT)},
+    )
+    watch: RollingWatch | None = None
+    try:
+        before.start()
+        names = create(kubectl, namespace, "paced", SERVICES, pool(nodes, namespace))
+        converged(kubectl, namespace, names, timeout=300)
+        before.stop()
+
+        watch = RollingWatch(kubectl, namespace)
+        eventually(lambda: len(watch.latest) == SERVICES, timeout=30, what="the watch lists every Deployment")
+        paced_seen: set[str] = set()
+
+        def rolled_out() -> bool:
+            for service in kubectl.get("cpullm", namespace=namespace):
+                if any(c["type"] == "RolloutPaced" for c in service.get("status", {}).get("conditions", [])):
+                    paced_seen.add(service["metadata"]["name"])
+            deployments = list(watch.latest.values())
+            images = [d["spec"]["template"]["spec"]["containers"][0]["image"] for d in deployments]
+            return images.count(PACED_IMAGE) == SERVICES and not any(map(watch.rolling, deployments))
+
+        started = time.monotonic()
+        paced.start()
+        eventually(rolled_out, timeout=600, interval=1, what=f"{SERVICES} servers on {PACED_IMAGE}")
+        took = time.monotonic() - started
+        converged(kubectl, namespace, names, timeout=120, one_replica_set=False)
+        print(
+            f"{SERVICES} template changes with rollouts.maxConcurrent={PACED_LIMIT}: at most {watch.peak} rolling at "
+            f"once, {len(paced_seen)} services seen waiting (RolloutPaced), all rolled out in {took:.0f}s"
+        )
+        assert 2 <= watch.peak <= PACED_LIMIT
+        assert paced_seen, "no service was seen waiting for a rollout slot"
+        assert not any(
+            c["type"] == "RolloutPaced"
+            for s in kubectl.get("cpullm", namespace=namespace)
+            for c in s.get("status", {}).get("conditions", [])
+        )
+    finally:
+        if watch is not None:
+            watch.stop()
+        before.stop()
+        paced.stop()
         operator.start()

@@ -119,6 +119,15 @@ class Settings(BaseSettings):
         "instead of being refused for the SYS_NICE capability; unset: they are refused, or run without NUMA "
         "calls (spec.numaPrivileges: false).",
     )
+    max_concurrent_rollouts: int = Field(
+        default=5,
+        ge=0,
+        le=10000,
+        description="How many services may roll their servers out at once for a pod template change their spec did "
+        "not ask for: an operator upgrade, an admin setting (router or vLLM image), a node's facts (chart: "
+        "rollouts.maxConcurrent). The others keep serving their current template, condition RolloutPaced, until a "
+        "slot is free; a change to a service's own spec rolls out at once. 0: no limit.",
+    )
 
     def policy(self) -> OperatorPolicy:
         """The administrator's choices every reconcile reads (core/observation.py)."""
@@ -127,6 +136,7 @@ class Settings(BaseSettings):
             router_image=self.router_image,
             vllm_images=self.vllm_images,
             numa_seccomp_profile=self.numa_seccomp_profile,
+            max_concurrent_rollouts=self.max_concurrent_rollouts or None,
         )
 
     @field_validator("vllm_images")

@@ -13,9 +13,11 @@ from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to t
 from kopf._core.reactor import observation  # Kopf's handler of CRD events, which configure() wraps
 
 from cpullm.controller import discovery_wait, dispatch, handlers
+from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
+from cpullm.core.rollout import TEMPLATE_DIGEST
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
 
@@ -38,6 +40,8 @@ class RecordingReconciler:
         self.vanished: dict[str, Any] = {}
         self.listed: list[str] = []  # the kinds the resync listed, in order
         self.topologies: list[Any] = []  # the NodeResourceTopologies each reconcile was handed
+        self.rolling: list[Any] = []  # the services mid-rollout each reconcile was handed
+        self.pacer = RolloutPacer(None)
 
     def begin(self, service, deployment):
         return 0
@@ -52,8 +56,10 @@ class RecordingReconciler:
         ticket: int | None = None,
         daemons: Any = (),
         topologies: Any = (),
+        rolling: Any = frozenset(),
     ) -> None:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
+        self.rolling.append(rolling)
         self.daemons.append(daemons)
         self.topologies.append(topologies)
         self.deployments.append(deployment)
@@ -774,8 +780,27 @@ def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_un
     ],
 )
 def test_the_deployment_index_keys_a_deployment_by_the_service_controlling_it(name, controller, indexed_as):
-    found = asyncio.run(handlers.owned_deployments(namespace="ns", status={"replicas": 1}, **child(name, controller)))
+    found = asyncio.run(
+        handlers.owned_deployments(
+            namespace="ns", spec={"replicas": 1}, status={"replicas": 1}, **child(name, controller)
+        )
+    )
     assert list(found) == ([indexed_as] if indexed_as else [])
+
+
+def test_the_deployment_index_keeps_what_tells_a_rollout_and_no_more():
+    meta = {**child("a", ("a", "uid-a"))["meta"], "generation": 4, "annotations": {TEMPLATE_DIGEST: "d1", "x": "y"}}
+    spec = {"replicas": 2, "template": {"spec": {"containers": []}}}
+    found = asyncio.run(
+        handlers.owned_deployments(namespace="ns", name="a", meta=meta, spec=spec, status={"replicas": 2})
+    )
+    assert found == {
+        ("ns", "a"): {
+            "metadata": {"generation": 4, "annotations": {TEMPLATE_DIGEST: "d1"}},
+            "spec": {"replicas": 2},
+            "status": {"replicas": 2},
+        }
+    }
 
 
 def test_kopfs_diff_base_leaves_out_a_spec_deeper_than_copying_reaches():

@@ -9,6 +9,7 @@ from cpullm.core.children.drain import DRAIN_SCRIPT
 from cpullm.core.children.launcher import build_launcher_config_map
 from cpullm.core.children.service import build_service
 from cpullm.core.planner import plan_service
+from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
 
 from .builders import NFD, llama_8b, node, spec
 
@@ -55,10 +56,13 @@ def test_deployment_whole_manifest():
         [node(n, numa=2, cpu="64", memory="512Gi", labels={"pool": "llm"}) for n in ("n1", "n2")],
     )
     probe = {"httpGet": {"path": "/health", "port": "http"}}
-    assert build_deployment(OWNER, service_spec, plan) == {
+    built = build_deployment(OWNER, service_spec, plan)
+    # The digest of the template it renders: what tells a later template change (core/rollout.py).
+    digest = template_digest(built["spec"]["template"])
+    assert built == {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": METADATA,
+        "metadata": {**METADATA, "annotations": {TEMPLATE_DIGEST: digest}},
         "spec": {
             "replicas": 2,
             "selector": {"matchLabels": {"cpullm.io/service": "llama"}},

@@ -70,3 +70,35 @@ def test_the_write_policy_matches_only_the_operators_own_requests_and_denies():
     assert binding == {"policyName": "cpullm-operator-writes", "validationActions": ["Deny"]}
     (protected,) = [v["expression"] for v in spec["variables"] if v["name"] == "protected"]
     assert yaml.safe_load(protected) == ["kube-system", "kube-public", "kube-node-lease", "cpullm-system"]
+
+
+BUILT_IN = [k for k in CHILD_KINDS if k.crd is None]
+
+
+@pytest.mark.parametrize("child", BUILT_IN, ids=[k.kind for k in BUILT_IN])
+def test_the_child_policy_covers_every_write_to_each_built_in_child_kind(child: ChildKind):
+    """The optional kinds are left out on purpose: their own controllers update them (the chart's template says)."""
+    spec = installed("ValidatingAdmissionPolicy", "cpullm-operator-children")["spec"]
+    rules = [
+        r
+        for r in spec["matchConstraints"]["resourceRules"]
+        if child.group in r["apiGroups"] and child.plural in r["resources"]
+    ]
+    assert len(rules) == 1, f"{child.plural}.{child.group}: {len(rules)} rules"
+    assert set(rules[0]["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+
+
+def test_the_child_policy_leaves_out_the_operator_and_kubernetes_controllers_and_denies():
+    spec = installed("ValidatingAdmissionPolicy", "cpullm-operator-children")["spec"]
+    account = installed("Deployment", "cpullm-operator")["spec"]["template"]["spec"]["serviceAccountName"]
+    (condition,) = [c["expression"] for c in spec["matchConditions"]]
+    for exempt in (
+        f"request.userInfo.username != 'system:serviceaccount:cpullm-system:{account}'",
+        "!request.userInfo.username.startsWith('system:serviceaccount:kube-system:')",
+        "request.userInfo.username != 'system:kube-controller-manager'",
+        "exists(g, g in ['system:masters','kubeadm:cluster-admins'])",
+    ):
+        assert exempt in condition
+    assert spec["failurePolicy"] == "Fail"
+    binding = installed("ValidatingAdmissionPolicyBinding", "cpullm-operator-children")["spec"]
+    assert binding == {"policyName": "cpullm-operator-children", "validationActions": ["Deny"]}

@@ -24,6 +24,7 @@ from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, with_topology
+from cpullm.core.rollout import rollout_finished
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, parse_node
 from cpullm.errors import NodeLabelError, NodeTopologyError, PermissionDenied, TransientApiError
@@ -65,13 +66,23 @@ class _Facts:
         self.crds = installed(indexes["installed_crds"])
         self._deployments: Mapping[Any, Any] = indexes["owned_deployments"]
         self._unschedulable: Mapping[Any, Any] = indexes["unschedulable_pods"]
+        self.rolling = rolling(indexes)
 
     async def reconcile(self, state: ControllerState, service: Mapping[str, Any]) -> Any:
         key = (service["metadata"]["namespace"], service["metadata"]["name"])
         deployment, unschedulable = first(self._deployments, key), first(self._unschedulable, key)
         reconciler = state.reconciler
         facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
-        return await state.workers.run(reconciler.reconcile, service, *facts, self.topologies)
+        return await state.workers.run(reconciler.reconcile, service, *facts, self.topologies, self.rolling)
+
+
+def rolling(indexes: Indexes) -> frozenset[tuple[str, str]]:
+    """The services whose servers' Deployment Kopf's index shows mid-rollout: they hold rollout slots."""
+    return frozenset(key for key, store in indexes["owned_deployments"].items() if not all_finished(store))
+
+
+def all_finished(deployments: Any) -> bool:
+    return all(rollout_finished(deployment) for deployment in deployments)
 
 
 async def reconcile_quietly(
@@ -94,6 +105,7 @@ async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], ind
     except Exception:  # an event handler must not stop the watch; the error is in the log
         log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
         return
+    await wake_paced(state, indexes)
     delay = retry_delay(outcome, attempt, spread=random.random())
     if delay is not None:
         key = (meta["namespace"], meta["name"])
@@ -103,6 +115,14 @@ async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], ind
             await reconcile_quietly(state, latest, indexes, attempt + 1)
 
         state.retries.later(key, delay, again)
+
+
+async def wake_paced(state: ControllerState, indexes: Indexes) -> None:
+    """Reconcile the services whose rollout waits for a slot, as many as are free (controller/pacing.py)."""
+    woken = state.reconciler.pacer.to_wake(rolling(indexes))
+    services = [s for key in woken for s in indexes["services"].get(key, ())]
+    if services:
+        await reconcile_quietly(state, services, indexes)
 
 
 async def resync(state: ControllerState, indexes: Indexes, namespaces: list[str]) -> None:
@@ -218,6 +238,11 @@ async def child_changed(state: ControllerState, namespace: str, type: str | None
     Kopf lists again (events of type None) when a watch failed and the API server no longer has its resource
     version: what changed meanwhile is found there."""
     service = owning_service(namespace, indexes["meta"], indexes["services"])
+    if service is not None and indexes["resource"].kind == "Deployment":
+        owner = service["metadata"]["name"]
+        if indexes["name"] == owner:  # the servers' (a router's rollout is not paced)
+            state.reconciler.pacer.observe((namespace, owner), None if type == "DELETED" else indexes["body"])
+            await wake_paced(state, indexes)
     if service is None or not state.reconciler.child_event(
         indexes["resource"].kind, namespace, indexes["name"], type, indexes["body"], service["metadata"]["name"]
     ):

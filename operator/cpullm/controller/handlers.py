@@ -19,7 +19,6 @@ handed to a worker thread.
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -36,6 +35,7 @@ from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_topology import NodeTopology, parse_topology
+from cpullm.core.rollout import server_deployment_facts
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import NodeLabelError, NodeTopologyError
@@ -198,12 +198,14 @@ async def services(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict
 
 @kopf.index("apps", "v1", "deployments", labels=CHILD_LABELS)
 async def owned_deployments(
-    namespace: str, name: str, meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any
+    namespace: str, name: str, meta: Mapping[str, Any], spec: Mapping[str, Any], status: Mapping[str, Any], **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """The status of each service's servers' Deployment (what the service's status reports; a router's is not),
-    keyed by the service that controls it."""
+    """Each service's servers' Deployment (a router's is not), keyed by the service that controls it: its status
+    (what the service's status reports), and what tells whether a rollout is due or under way (core/rollout.py)."""
     controller = controlling_service(meta)
-    return {(namespace, name): {"status": copy.deepcopy(dict(status))}} if controller and controller[0] == name else {}
+    if not controller or controller[0] != name:
+        return {}
+    return {(namespace, name): server_deployment_facts(meta, spec, status)}
 
 
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)

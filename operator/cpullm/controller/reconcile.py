@@ -12,19 +12,21 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
+from cpullm.controller.pacing import RolloutPacer, ServiceKey
 from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.node_topology import NodeTopology
-from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, OperatorPolicy
+from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, Observed, OperatorPolicy
+from cpullm.core.rollout import TEMPLATE_DIGEST
 from cpullm.core.status import READY, deployment_facts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
@@ -135,6 +137,7 @@ class Reconciler:
         self.hub = hub
         self.policy = policy
         self.clock = clock
+        self.pacer = RolloutPacer(policy.max_concurrent_rollouts)
         self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
         # What was last applied to each child: a child whose desired manifest did not change and that nobody
         # changed since (child_event) is not applied again; a no-op server-side apply is still an API write.
@@ -162,6 +165,7 @@ class Reconciler:
         self._latest.pop((namespace, name), None)
         self._written.pop(uid, None)
         self._cluster.drop(namespace)
+        self.pacer.forget((namespace, name))
         for key in [k for k, applied in self._applied.items() if k[1] == namespace and applied.owner == name]:
             self._applied.pop(key, None)
 
@@ -255,11 +259,22 @@ class Reconciler:
             writes.append(_Write(key, child, digest, found))
         return writes
 
-    def _apply(self, write: _Write, owner_uid: str) -> None:
+    def _apply(self, write: _Write, owner_uid: str) -> Mapping[str, Any]:
         self._applied.pop(write.key, None)  # until the server confirms it, the child is not known to match
         stored = self.kube.apply(write.child, write.read)
         owner = write.child["metadata"]["labels"][SERVICE_LABEL]
         self._applied[write.key] = _Applied(write.digest, marker(stored), owner, owner_uid)
+        return stored
+
+    def _admitted(self, decision: Decision, observed: Observed, key: ServiceKey, rolling: Set[ServiceKey]) -> Decision:
+        """The decision to carry out: as decided, unless it rolls the servers out for a change their user did not
+        ask for and no rollout slot is free; then the one that leaves their Deployment as it is."""
+        if not decision.paced_rollout:
+            self.pacer.settled(key)
+            return decision
+        if self.pacer.admit(key, rolling):
+            return decision
+        return decide(replace(observed, rollout_held=True), self.clock())
 
     def reconcile(
         self,
@@ -271,6 +286,7 @@ class Reconciler:
         ticket: int | None = None,
         daemons: Sequence[DaemonPods] = (),
         topologies: Sequence[NodeTopology] = (),
+        rolling: Set[ServiceKey] = frozenset(),
     ) -> Plan | CpuLLMError | None:
         """Bring children and status in line with the spec; returns the plan or the error reported, or None
         when the namespace is being deleted (nothing may be created there; everything goes with it) or the
@@ -279,7 +295,8 @@ class Reconciler:
         `unschedulable` the scheduler's message for one of its pods it cannot place (Kopf's index); `ticket`
         what `begin` gave when these facts were read (None: not ordered, as in the CLI and tests); `daemons` the
         DaemonSets whose pods whole-node plans leave room for (Kopf's index); `topologies` the nodes'
-        NodeResourceTopologies (Kopf's index), merged into their profiles in gather."""
+        NodeResourceTopologies (Kopf's index), merged into their profiles in gather; `rolling` the services whose
+        servers' Deployment Kopf's index shows mid-rollout (they take rollout slots: controller/pacing.py)."""
         meta = service["metadata"]
         key = (meta["namespace"], meta["name"])
         with self._lock(key):
@@ -288,7 +305,9 @@ class Reconciler:
                 RECONCILES.labels(outcome="superseded").inc()
                 return None  # a reconcile that read newer facts (or the service's deletion) came after
             started = time.monotonic()
-            outcome = self._reconcile(service, nodes, deployment, installed_crds, unschedulable, daemons, topologies)
+            outcome = self._reconcile(
+                service, nodes, deployment, installed_crds, unschedulable, daemons, topologies, rolling
+            )
         label = _outcome_label(outcome)
         RECONCILES.labels(outcome=label).inc()
         RECONCILE_SECONDS.labels(outcome=label).observe(time.monotonic() - started)
@@ -315,9 +334,10 @@ class Reconciler:
         unschedulable: str | None,
         daemons: Sequence[DaemonPods],
         topologies: Sequence[NodeTopology],
+        rolling: Set[ServiceKey],
     ) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
-        uid = str(meta.get("uid"))
+        uid, key = str(meta.get("uid")), (meta["namespace"], meta["name"])
         try:
             observed = gather(
                 service,
@@ -332,7 +352,7 @@ class Reconciler:
                 topologies=topologies,
                 policy=self.policy,
             )
-            decision = decide(observed, self.clock())
+            decision = self._admitted(decide(observed, self.clock()), observed, key, rolling)
             try:
                 # Obsolete children go first: a new autoscaler may be refused while the old one still
                 # targets the service (KEDA's admission webhook refuses a ScaledObject beside an HPA).
@@ -340,8 +360,11 @@ class Reconciler:
                 for gone in decision.obsolete:
                     self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], uid)
                 for write in writes:
-                    self._apply(write, uid)
+                    stored = self._apply(write, uid)
+                    if decision.paced_rollout and TEMPLATE_DIGEST in write.child["metadata"].get("annotations", {}):
+                        self.pacer.started(key, int(stored.get("metadata", {}).get("generation") or 0))
             except (ChildRejected, ChildConflict, PermissionDenied) as err:
+                self.pacer.settled(key)  # a slot taken for a rollout that was not written is free again
                 decision = decide(replace(observed, apply_error=err), self.clock())
             self._report(decision, observed.owner, uid)
         except (TransientApiError, PermissionDenied) as err:  # cannot read or report: the caller retries

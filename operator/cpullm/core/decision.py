@@ -11,7 +11,7 @@ the children were applied.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -24,8 +24,10 @@ from cpullm.core.children.model_cache import node_cache_paths
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import enforced_level, server_security
+from cpullm.core.rollout import TEMPLATE_DIGEST, RolloutCause, rollout_cause
 from cpullm.core.status import (
     OPTIONAL_CHILDREN,
+    ROLLOUT_PACED,
     FeatureCondition,
     changed_conditions,
     compute_status,
@@ -52,6 +54,8 @@ class Decision:
     events: tuple[Event, ...] = ()
     # Optional children applied before that the spec no longer asks for: {apiVersion, kind, name, namespace}.
     obsolete: tuple[dict[str, str], ...] = ()
+    # The children roll the servers out for a change their user did not ask for: a rollout slot is needed first.
+    paced_rollout: bool = False
 
 
 def regarding(owner: Owner) -> dict[str, Any]:
@@ -129,6 +133,35 @@ def _joined(first: FeatureCondition | None, then: FeatureCondition) -> FeatureCo
     return FeatureCondition(first.type, first.ok, first.reason, f"{first.message}; {then.message}")
 
 
+def _servers(children: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The servers' Deployment: the child that carries its pod template's digest."""
+    return next((c for c in children if TEMPLATE_DIGEST in c["metadata"].get("annotations", {})), None)
+
+
+def _background_rollout(observed: Observed, children: Sequence[dict[str, Any]]) -> bool:
+    """Whether applying `children` rolls the servers out for a change their user did not ask for."""
+    servers = _servers(children)
+    if servers is None:
+        return False
+    cause = rollout_cause(observed.deployment, servers, observed.generation, observed.status.get("observedGeneration"))
+    return cause is RolloutCause.BACKGROUND
+
+
+def _paced(observed: Observed, children: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], FeatureCondition | None]:
+    """(the children to apply, the RolloutPaced condition): while no rollout slot is free for a change the user did
+    not ask for, the servers' Deployment is left as it is and the condition says why."""
+    if not (observed.rollout_held and _background_rollout(observed, children)):
+        return children, None
+    limit = observed.policy.max_concurrent_rollouts
+    message = (
+        f"the servers' new pod template waits for a rollout slot: at most {limit} services roll out at once for "
+        "changes their spec did not ask for (an operator upgrade, an admin setting, a node's facts); they serve "
+        "the current template meanwhile"
+    )
+    servers = _servers(children)
+    return [c for c in children if c is not servers], FeatureCondition(ROLLOUT_PACED, True, ROLLOUT_PACED, message)
+
+
 def decide(observed: Observed, now: datetime) -> Decision:
     if observed.namespace.terminating:
         return Decision(outcome=None)
@@ -138,9 +171,9 @@ def decide(observed: Observed, now: datetime) -> Decision:
     optional_kinds: list[str] | None = None
     obsolete: tuple[dict[str, str], ...] = ()
     if isinstance(outcome, Plan) and isinstance(observed.spec, CpuLLMServiceSpec):
-        wanted, features, optional_kinds = _optional_parts(
-            observed, build_children(observed.owner, observed.spec, outcome)
-        )
+        built, paced = _paced(observed, build_children(observed.owner, observed.spec, outcome))
+        wanted, features, optional_kinds = _optional_parts(observed, built)
+        features += [paced] if paced else []
         children = tuple(wanted)
         before = observed.status.get(OPTIONAL_CHILDREN) or []
         kept = kept_refs(observed.owner)
@@ -177,4 +210,5 @@ def decide(observed: Observed, now: datetime) -> Decision:
         status_patch=status_changes(observed.status, status),
         events=events,
         obsolete=obsolete,
+        paced_rollout=_background_rollout(observed, children),
     )

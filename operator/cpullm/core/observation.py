@@ -35,12 +35,15 @@ class OperatorPolicy:
     `router_image`: the router of a spec that names none; `vllm_images`: the vLLM image per arch of a spec that
     names none; `numa_seccomp_profile`: a Localhost seccomp profile on every node (the chart's numaSeccomp) that
     lets vLLM's NUMA calls through without SYS_NICE, for namespaces whose Pod Security refuses SYS_NICE (None:
-    there is none, and such namespaces run servers without NUMA calls or not at all: core/podsecurity.py)."""
+    there is none, and such namespaces run servers without NUMA calls or not at all: core/podsecurity.py);
+    `max_concurrent_rollouts`: how many services may roll their servers out at once for a template change their
+    user did not ask for (core/rollout.py; None: no limit)."""
 
     node_cache_dir: str | None = None
     router_image: str = DEFAULT_ROUTER_IMAGE
     vllm_images: Mapping[str, str] = field(default_factory=dict)
     numa_seccomp_profile: str | None = None
+    max_concurrent_rollouts: int | None = None
 
 
 # Every choice left at its default (settings.py's defaults build the same).
@@ -55,7 +58,8 @@ class Observed:
     had, or None when it was not looked up (bad spec, terminating namespace); `status` is the status as the
     operator last wrote it (the object's own after a restart); `apply_error` is what the API server answered
     when the children of an earlier decision were applied, if it refused them; `unschedulable` the
-    scheduler's message for one of its pods that it cannot place.
+    scheduler's message for one of its pods that it cannot place; `deployment` the servers' Deployment as Kopf's
+    index holds it (its generation, template digest and replicas, and its status).
     """
 
     owner: Owner
@@ -74,3 +78,5 @@ class Observed:
     # (offline rendering prints every child the spec asks for).
     installed_crds: frozenset[str] | None = None
     policy: OperatorPolicy = field(default_factory=OperatorPolicy)
+    # The servers' new pod template must wait: other services use every rollout slot (controller/pacing.py).
+    rollout_held: bool = False

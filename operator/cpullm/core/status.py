@@ -6,6 +6,8 @@ Conditions:
 - Ready: True when every desired replica is ready (or none is desired); False says why (the plan failed, pods
   cannot be created, with the ReplicaSet's message, a pod cannot be scheduled, with the scheduler's own message,
   or pods are still starting).
+- RolloutPaced: present (True) only while the servers' new pod template waits for a rollout slot
+  (core/rollout.py): the servers run the current one meanwhile.
 On a failed plan the last good plan stays in status.plan: it is what the Deployment still runs.
 """
 
@@ -23,6 +25,7 @@ from cpullm.errors import CpuLLMError
 PLANNED = "Planned"
 READY = "Ready"
 PROGRESSING = "Progressing"  # Ready's reason while pods start
+ROLLOUT_PACED = "RolloutPaced"
 # The kinds of optional children (PodMonitor, HPA, ScaledObject) last applied: what to delete when the spec
 # stops asking for one.
 OPTIONAL_CHILDREN = "optionalChildren"

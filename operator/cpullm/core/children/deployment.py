@@ -14,6 +14,7 @@ from cpullm.core.children.drain import drain_hook, grace_seconds
 from cpullm.core.children.launcher import launcher_command, launcher_volume, launcher_volume_mount
 from cpullm.core.children.model_cache import compile_cache_volume, ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
+from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
 
 CONTAINER_NAME = "vllm"
 PYTHONPATH = "PYTHONPATH"
@@ -214,15 +215,16 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
+    template = {"metadata": {"labels": labels(owner), "annotations": _scrape(spec)}, "spec": pod_spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": metadata(owner),
+        "metadata": {**metadata(owner), "annotations": {TEMPLATE_DIGEST: template_digest(template)}},
         "spec": {
             "replicas": plan.replicas,
             "selector": {"matchLabels": selector(owner)},
             # A pod takes most of a node: a surge pod would sit Pending, so replace one at a time.
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
-            "template": {"metadata": {"labels": labels(owner), "annotations": _scrape(spec)}, "spec": pod_spec},
+            "template": template,
         },
     }

@@ -1,0 +1,86 @@
+"""At most K services rolling at once for template changes the user did not ask for (core/rollout.py says
+which those are). Reconciles run on several threads, so admission is one atomic step here: a reconcile that
+would roll its servers out asks `admit` before it writes; refused, it leaves the Deployment as it is, and the
+service waits in line until a rollout ends (`observe` sees its Deployment finished) and `to_wake` hands it back
+to the dispatcher.
+
+What counts as rolling: the rollouts admitted here and not yet seen finished, and every owned Deployment Kopf's
+index shows mid-rollout (a user's own change, or one admitted before the operator restarted).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping, Set
+from typing import Any
+
+from cpullm.core.rollout import rollout_finished
+
+ServiceKey = tuple[str, str]  # namespace, name
+
+
+class RolloutPacer:
+    def __init__(self, limit: int | None) -> None:
+        """`limit`: services rolling at once (None: no limit)."""
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._admitted: dict[ServiceKey, int | None] = {}  # the Deployment generation its rollout must reach
+        self._waiting: dict[ServiceKey, bool] = {}  # in line, oldest first; True: handed back, not yet reconciled
+
+    def admit(self, key: ServiceKey, rolling: Set[ServiceKey]) -> bool:
+        """Whether `key` may roll out now (it then holds a slot until `observe` sees it finished); if not, it
+        waits in line."""
+        with self._lock:
+            if self.limit is None or key in self._admitted or len(self._busy(rolling - {key})) < self.limit:
+                self._admitted.setdefault(key, None)
+                self._waiting.pop(key, None)
+                return True
+            self._waiting[key] = False
+            return False
+
+    def started(self, key: ServiceKey, generation: int) -> None:
+        """The admitted rollout was written: it is over once the Deployment observed `generation` and finished."""
+        with self._lock:
+            if key in self._admitted:
+                self._admitted[key] = generation
+
+    def settled(self, key: ServiceKey) -> None:
+        """A reconcile of `key` needed no slot (nothing to roll, or a change the user asked for): out of line,
+        and a slot admitted but never written is freed."""
+        with self._lock:
+            self._waiting.pop(key, None)
+            if self._admitted.get(key, 0) is None:
+                del self._admitted[key]
+
+    def observe(self, key: ServiceKey, deployment: Mapping[str, Any] | None) -> None:
+        """The servers' Deployment as a watch event shows it (None: deleted): a finished rollout frees its slot."""
+        with self._lock:
+            generation = self._admitted.get(key)
+            if generation is None:
+                return
+            if deployment is None or (
+                int((deployment.get("status") or {}).get("observedGeneration") or 0) >= generation
+                and rollout_finished(deployment)
+            ):
+                del self._admitted[key]
+
+    def forget(self, key: ServiceKey) -> None:
+        """The service is gone."""
+        with self._lock:
+            self._admitted.pop(key, None)
+            self._waiting.pop(key, None)
+
+    def to_wake(self, rolling: Set[ServiceKey]) -> list[ServiceKey]:
+        """The services in line to reconcile again, as many as there are free slots (each handed back once until
+        its reconcile answers)."""
+        with self._lock:
+            if self.limit is None:
+                return []
+            free = self.limit - len(self._busy(rolling)) - sum(self._waiting.values())
+            woken = [key for key, handed in self._waiting.items() if not handed][: max(free, 0)]
+            for key in woken:
+                self._waiting[key] = True
+            return woken
+
+    def _busy(self, rolling: Set[ServiceKey]) -> set[ServiceKey]:
+        return set(self._admitted) | set(rolling)
