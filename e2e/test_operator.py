@@ -286,7 +286,7 @@ def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator | In
         ({"replicas": -1}, "spec.replicas: Invalid value: -1"),
         ({"cpu": {"threadsBind": "all-of-them"}}, "spec.cpu.threadsBind"),
         ({"cpu": {"requiredISA": ["AVX512F"]}}, "spec.cpu.requiredISA[0]"),
-        ({"kvCacheGiB": None, "maxModelLen": None}, "set kvCacheGiB, or maxModelLen and maxNumSeqs"),
+        ({"maxNumSeqs": 0}, "spec.maxNumSeqs: Invalid value: 0"),
         ({"modelCache": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "x"}}}, "exactly one of"),
         ({"model": {"name": "m", "dtype": "int4"}}, 'spec.model.dtype: Unsupported value: "int4"'),
         (
@@ -305,6 +305,19 @@ def test_api_server_rejects_invalid_specs(
     result = kubectl.apply(service, check=False)
     assert result.returncode != 0
     assert message in result.stderr
+
+
+def test_a_service_with_no_sizing_fields_is_served_with_the_defaults_it_shows(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str
+):
+    """No kvCacheGiB, maxModelLen or maxNumSeqs: the API server accepts it, and the plan says what it chose."""
+    kubectl.apply(tiny_service("defaults", namespace, kvCacheGiB=None, maxModelLen=None))
+    ready(kubectl, namespace, "defaults", 1)
+    plan = kubectl.get("cpullm", "defaults", namespace)["status"]["plan"]
+    assert (plan["maxModelLenSource"], plan["maxNumSeqsSource"], plan["kvCacheSource"]) == ("default",) * 3
+    args = kubectl.get("deployment", "defaults", namespace)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "8"
+    assert args[args.index("--max-model-len") + 1] == str(plan["maxModelLen"])
 
 
 def test_unplannable_spec_is_a_condition_and_an_event(

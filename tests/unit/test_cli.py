@@ -178,12 +178,38 @@ def test_node_resource_topologies_in_the_nodes_file_refine_their_nodes(tmp_path,
     assert "NodeResourceTopology b: no zone of type Node (NUMA node); its node is planned from its labels" in err
 
 
+FOUR_LINES = """apiVersion: cpullm.io/v1alpha1
+kind: CpuLLMService
+metadata: {name: llama}
+spec: {model: {name: meta-llama/Llama-3.1-8B-Instruct}}
+"""
+
+
+def test_a_four_line_service_plans_with_its_defaults_shown(tmp_path, capsys):
+    """model.name alone: context, concurrency and KV are chosen from the model, and the plan says they were."""
+    (tmp_path / "svc.yaml").write_text(FOUR_LINES)
+    config = str(Path(__file__).parent / "fixtures" / "models" / "llama-3.1-8b.json")
+    args = ["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES, "--model-config", config]
+    assert main(args) == 0
+    assert "KV 2 GiB/rank (default: 8 sequences x 8192 tokens)" in capsys.readouterr().out
+    assert main([*args, "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    chosen = {k: plan[k] for k in ("maxModelLen", "maxModelLenSource", "maxNumSeqs", "maxNumSeqsSource")}
+    assert chosen == {
+        "maxModelLen": 8192,
+        "maxModelLenSource": "default",
+        "maxNumSeqs": 8,
+        "maxNumSeqsSource": "default",
+    }
+    assert (plan["kvCacheGiB"], plan["kvCacheSource"], plan["tensorParallelSize"]) == (2, "default", 4)
+
+
 @pytest.mark.parametrize(
     ("spec_patch", "error"),
     [
         ({"cpu": {"requiredISA": ["sve2", "amx_bf16"]}}, "cpullm: NoEligibleNode: no eligible node: lacks ISA"),
         ({"tensorParallelSize": 6}, "cpullm: InvalidTensorParallelSize: tensor parallel size 6 is not supported"),
-        ({"kvCacheGiB": None}, "cpullm: InvalidSpec: spec: Value error, set kvCacheGiB"),
+        ({"maxModelLen": 10**9}, "cpullm: MaxModelLenTooLong: maxModelLen 1000000000 is longer than the model's"),
         ({"cpu": {"threadsBind": "all"}}, "cpullm: InvalidSpec: spec.cpu.threadsBind: String should match pattern"),
     ],
 )

@@ -33,7 +33,7 @@ def test_schema_is_structural_and_explained():
     assert root["properties"]["metadata"] == {"type": "object"}
     spec = root["properties"]["spec"]
     assert spec["required"] == ["model"]
-    assert spec["x-kubernetes-validations"][0]["rule"].startswith("has(self.kvCacheGiB)")
+    assert spec["x-kubernetes-validations"][0]["rule"].startswith("!has(self.env)")
     assert "NUMA node" in spec["properties"]["tensorParallelSize"]["description"]
     assert version["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
     assert [c["name"] for c in version["additionalPrinterColumns"]][:3] == ["Model", "Placement", "TP"]

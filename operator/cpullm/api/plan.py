@@ -104,7 +104,10 @@ class Plan(_Model):
     )
     tensor_parallel_size: int = Field(description="vLLM ranks per pod (--tensor-parallel-size).")
     kv_cache_gi_b: int = Field(alias="kvCacheGiB", description="VLLM_CPU_KVCACHE_SPACE, per rank.")
-    kv_cache_source: str = Field(description="'explicit' (spec.kvCacheGiB) or 'derived' (maxModelLen x maxNumSeqs).")
+    kv_cache_source: str = Field(
+        description="'explicit' (spec.kvCacheGiB), 'derived' (maxModelLen x maxNumSeqs) or 'default' (the same, with "
+        "what the spec left open chosen: maxModelLenSource, maxNumSeqsSource)."
+    )
     kv_tokens_per_rank: int = Field(
         description='Tokens the per-rank KV cache holds, as vLLM logs it ("KV cache size: N tokens"): the sequences '
         "of the context length it holds, times the context length."
@@ -171,8 +174,14 @@ class Plan(_Model):
     max_model_len: int | None = Field(default=None, description="--max-model-len, when rendered.")
     max_model_len_source: str = Field(
         default="model",
-        description="'spec' (maxModelLen), 'model' (the model's own, not rendered) or 'kv-cache' (capped to what "
-        "the KV cache holds).",
+        description="'spec' (maxModelLen), 'model' (the model's own, not rendered), 'kv-cache' (capped to what "
+        "the KV cache holds) or 'default' (no kvCacheGiB nor maxModelLen: the model's own, at most 8192).",
+    )
+    max_num_seqs: int | None = Field(default=None, description="--max-num-seqs, when rendered.")
+    max_num_seqs_source: str = Field(
+        default="vllm",
+        description="'spec' (maxNumSeqs), 'default' (no kvCacheGiB nor maxNumSeqs: 8) or 'vllm' (vLLM's own, not "
+        "rendered).",
     )
     node_selector_terms: list[dict[str, Any]] = Field(
         default_factory=list,

@@ -812,12 +812,6 @@ _CEL_OWNED_FLAGS: dict[str, JsonValue] = {
     + ", "
     + ", ".join(f"{flag} ({why})" for flag, why in sorted(REFUSED_FLAGS.items())),
 }
-_CEL_KV_SOURCE: dict[str, JsonValue] = {
-    "rule": "has(self.kvCacheGiB) || (has(self.maxModelLen) && has(self.maxNumSeqs))",
-    "message": "set kvCacheGiB, or maxModelLen and maxNumSeqs to derive it",
-}
-
-
 # With apiKeySecret the operator puts the key guard's directory first on PYTHONPATH and the user's PYTHONPATH after it,
 # in one variable (core/children/deployment.py): a PYTHONPATH from valueFrom has no text to join, and would be lost.
 _CEL_PYTHONPATH_WITH_KEY: dict[str, JsonValue] = {
@@ -829,9 +823,7 @@ _CEL_PYTHONPATH_WITH_KEY: dict[str, JsonValue] = {
 
 class CpuLLMServiceSpec(_Model):
     model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [_CEL_KV_SOURCE, _CEL_OWNED_ENV, _CEL_OWNED_FLAGS, _CEL_PYTHONPATH_WITH_KEY]
-        }
+        json_schema_extra={"x-kubernetes-validations": [_CEL_OWNED_ENV, _CEL_OWNED_FLAGS, _CEL_PYTHONPATH_WITH_KEY]}
     )
 
     model: ModelSource = Field(description="The model to serve, and where its config comes from.")
@@ -868,7 +860,8 @@ class CpuLLMServiceSpec(_Model):
         alias="kvCacheGiB",
         ge=1,
         description="KV cache per rank in whole GiB (VLLM_CPU_KVCACHE_SPACE). Default: derived from "
-        "maxModelLen x maxNumSeqs.",
+        "maxModelLen x maxNumSeqs, each defaulting (when kvCacheGiB is unset) to the model's context capped at "
+        "8192 tokens and 8 sequences; the plan shows what was chosen.",
     )
     kv_cache_dtype: KVCacheDType = Field(
         default=KVCacheDType.AUTO,
@@ -881,9 +874,14 @@ class CpuLLMServiceSpec(_Model):
         ge=1,
         description="Context length (--max-model-len), at most the model's own (its config's "
         "max_position_embeddings). Unset with an explicit kvCacheGiB: the model's own, or the longest the KV "
-        "cache holds (in vLLM's 128-token blocks) when that is shorter.",
+        "cache holds (in vLLM's 128-token blocks) when that is shorter; unset without one: the model's own, at "
+        "most 8192.",
     )
-    max_num_seqs: int | None = Field(default=None, ge=1, description="Concurrent sequences (--max-num-seqs).")
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        description="Concurrent sequences (--max-num-seqs). Unset without kvCacheGiB: 8; unset with it: vLLM's own.",
+    )
     cpu: CpuSettings = Field(
         default_factory=CpuSettings, description="CPUs per rank, thread binding and the ISA the nodes must have."
     )
@@ -956,12 +954,6 @@ class CpuLLMServiceSpec(_Model):
     def most_replicas(self) -> int:
         """The most servers the service may run: its replicas, or what its autoscaler may scale it to."""
         return max(self.replicas, self.autoscaling.max_replicas if self.autoscaling else 0)
-
-    @model_validator(mode="after")
-    def _kv_source(self) -> CpuLLMServiceSpec:
-        if self.kv_cache_gi_b is None and (self.max_model_len is None or self.max_num_seqs is None):
-            raise ValueError(str(_CEL_KV_SOURCE["message"]))
-        return self
 
     @model_validator(mode="after")
     def _nothing_the_operator_owns(self) -> CpuLLMServiceSpec:

@@ -105,3 +105,10 @@ AOT_COMPILE_ENV = "VLLM_USE_AOT_COMPILE"
 # image's is root's.
 SERVER_NON_ROOT_UID = 1001
 SERVER_NON_ROOT_HOME = "/tmp"
+
+# A spec that sets none of kvCacheGiB, maxModelLen and maxNumSeqs (`model.name` alone) is sized for
+# DEFAULT_MAX_NUM_SEQS sequences of the model's context capped at DEFAULT_MAX_MODEL_LEN tokens: a CPU server decodes
+# a handful of sequences at once at useful speed, and a model's full context (128K tokens for Llama 3.1) would make
+# the KV cache dwarf the weights. The plan says these were chosen (max_model_len_source/max_num_seqs_source).
+DEFAULT_MAX_MODEL_LEN = 8192
+DEFAULT_MAX_NUM_SEQS = 8

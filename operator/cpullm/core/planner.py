@@ -181,11 +181,13 @@ def _check_fits(budget: MemoryBudget, layout: PodLayout, where: str, what: str) 
 @dataclass(frozen=True)
 class _KVCache:
     gib: int
-    source: str  # explicit | derived
+    source: str  # explicit | derived | default
     tokens_per_rank: int
     max_model_len: int | None
-    max_model_len_source: str  # spec | model | kv-cache
+    max_model_len_source: str  # spec | model | kv-cache | default
     layout: KVLayout
+    max_num_seqs: int | None = None  # rendered as --max-num-seqs
+    max_num_seqs_source: str = "vllm"  # spec | default | vllm (not rendered: vLLM's own)
 
 
 def kv_element_bytes(spec: CpuLLMServiceSpec, model: ModelSize) -> int:
@@ -204,25 +206,31 @@ def _kv_cache(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _KVCache:
             f"maxModelLen {spec.max_model_len} is longer than the model's context of {model_max} tokens "
             "(max_position_embeddings); lower it"
         )
+    seqs, seqs_source = spec.max_num_seqs, "spec" if spec.max_num_seqs is not None else "vllm"
+    context: int | None = spec.max_model_len
+    context_source = "spec" if context is not None else "model"
     if spec.kv_cache_gi_b is not None:
         kv_gib, source = spec.kv_cache_gi_b, "explicit"
+        context = context if context is not None else model_max
     else:
-        assert spec.max_model_len is not None and spec.max_num_seqs is not None  # spec validation
-        need = spec.max_num_seqs * layout.sequence_bytes(tp, spec.max_model_len)
-        kv_gib, source = max(1, math.ceil(need / c.GiB)), "derived"
+        # Sized from maxModelLen x maxNumSeqs; what the spec leaves open is a chosen default (constants.py).
+        if context is None:
+            context, context_source = min(model_max or c.DEFAULT_MAX_MODEL_LEN, c.DEFAULT_MAX_MODEL_LEN), "default"
+        if seqs is None:
+            seqs, seqs_source = c.DEFAULT_MAX_NUM_SEQS, "default"
+        need = seqs * layout.sequence_bytes(tp, context)
+        kv_gib = max(1, math.ceil(need / c.GiB))
+        source = "derived" if "default" not in (context_source, seqs_source) else "default"
     kv_bytes = kv_gib * c.GiB
-    context: int | None
-    if spec.max_model_len is not None:
-        context, context_source = spec.max_model_len, "spec"
-    else:
-        context, context_source = model_max, "model"
+    rendered = context if context_source in ("spec", "default") else None
     if context is None or layout.sequence_bytes(tp, context) <= kv_bytes:
         tokens = layout.tokens(kv_bytes, tp, context)
-        return _KVCache(kv_gib, source, tokens, spec.max_model_len, context_source, layout)
+        return _KVCache(kv_gib, source, tokens, rendered, context_source, layout, seqs, seqs_source)
     capped = layout.longest_context(kv_bytes, tp, context) // c.KV_BLOCK_TOKENS * c.KV_BLOCK_TOKENS
     if context_source == "model" and capped > 0:
         # The user left the context length open: serve the longest context the KV cache holds.
-        return _KVCache(kv_gib, source, layout.tokens(kv_bytes, tp, capped), capped, "kv-cache", layout)
+        tokens = layout.tokens(kv_bytes, tp, capped)
+        return _KVCache(kv_gib, source, tokens, capped, "kv-cache", layout, seqs, seqs_source)
     need_gib = math.ceil(layout.sequence_bytes(tp, context) / c.GiB)
     holds = layout.longest_context(kv_bytes, tp, context)
     raise KVCacheTooSmall(
@@ -352,8 +360,11 @@ def _plan_for_shape(
     binding = binding_shown(spec.cpu.launcher, threads_bind)
     image = spec.image or vllm_images.get(node.arch) or _published_image(node.arch)
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
+    kv_source = kv.source
+    if kv.source == "default":
+        kv_source = f"default: {kv.max_num_seqs} sequences x {kv.max_model_len} tokens"
     summary = (
-        f"{strategy.name}: TP {tp} ({layout.why}), KV {kv.gib} GiB/rank ({kv.source}){context}, "
+        f"{strategy.name}: TP {tp} ({layout.why}), KV {kv.gib} GiB/rank ({kv_source}){context}, "
         f"{binding} binding, {layout.cpus_per_rank * tp} CPU, "
         f"{_gib(budget.limit_bytes)} GiB on {len(shape.members)} {where}"
     )
@@ -386,6 +397,8 @@ def _plan_for_shape(
         memory_limit_bytes=budget.limit_bytes,
         max_model_len=kv.max_model_len,
         max_model_len_source=kv.max_model_len_source,
+        max_num_seqs=kv.max_num_seqs,
+        max_num_seqs_source=kv.max_num_seqs_source,
         routing=routing.value,
         router_cpu_millis=router_cpu,
         router_image=router_image,

@@ -40,8 +40,8 @@ def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
         args += ["--max-model-len", str(plan.max_model_len)]
     if spec.kv_cache_dtype != KVCacheDType.AUTO:
         args += ["--kv-cache-dtype", spec.kv_cache_dtype.value]
-    if spec.max_num_seqs is not None:
-        args += ["--max-num-seqs", str(spec.max_num_seqs)]
+    if plan.max_num_seqs is not None:
+        args += ["--max-num-seqs", str(plan.max_num_seqs)]
     args += ["--host", "0.0.0.0", "--port", str(spec.service.port)]
     if spec.api_key_secret is not None:
         args += ["--middleware", c.API_KEY_GUARD_MIDDLEWARE]

@@ -55,12 +55,12 @@ def router_selector(owner: Owner) -> dict[str, str]:
 def haproxy_config(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> str:
     """HAProxy's configuration. Each request waits as long as the longest one may run (plan.drainSeconds); a
     server slot for each server the chosen nodes can hold (plan.capacity: the same as the service scales, so
-    scaling never rolls the router); with maxNumSeqs, no server is sent more than it runs at once, and the rest
-    queue in the router for the first one free."""
+    scaling never rolls the router); with maxNumSeqs (set, or chosen by the plan), no server is sent more than it
+    runs at once, and the rest queue in the router for the first one free."""
     port, seconds = spec.service.port, max(plan.drain_seconds, 1)
     domain = spec.routing.router.cluster_domain
     servers = f"{servers_service_name(owner)}.{owner.namespace}.svc.{domain}"
-    per_server = f" maxconn {spec.max_num_seqs}" if spec.max_num_seqs else ""
+    per_server = f" maxconn {plan.max_num_seqs}" if plan.max_num_seqs else ""
     return "\n".join(
         [
             "global",
