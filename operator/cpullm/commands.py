@@ -165,6 +165,7 @@ def plan_table(plan: Plan) -> str:
         f"why     {plan.summary}",
         *([f"note    {plan.placement_note}"] if plan.placement_note else []),
         *[f"note    {note}" for note in sizing.notes],
+        *[f"caution {caution.reason}: {caution.message}" for caution in plan.cautions or []],
     ]
     return "\n".join(lines) + "\n"
 

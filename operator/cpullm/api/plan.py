@@ -95,6 +95,14 @@ class ServerSecurity(_Model):
     )
 
 
+class PlanCaution(_Model):
+    """Something the plan runs slower than the nodes or the model allow (core/cautions.py)."""
+
+    condition: str = Field(description="The condition that is False while it holds.")
+    reason: str = Field(description="The condition's reason.")
+    message: str = Field(description="What costs speed, and what to change.")
+
+
 class Plan(_Model):
     placement: str = Field(default="tensorParallel", description="The placement strategy that made this plan.")
     replicas: int = Field(default=1, description="vLLM pods planned (spec.replicas, capped by throughput placement).")
@@ -182,6 +190,11 @@ class Plan(_Model):
         default="vllm",
         description="'spec' (maxNumSeqs), 'default' (no kvCacheGiB nor maxNumSeqs: 8) or 'vllm' (vLLM's own, not "
         "rendered).",
+    )
+    cautions: list[PlanCaution] | None = Field(
+        default=None,
+        description="What this plan runs slower than the nodes or the model allow, each with its condition (a rank "
+        "across NUMA nodes, bfloat16 without bf16 arithmetic); unset: none.",
     )
     node_selector_terms: list[dict[str, Any]] = Field(
         default_factory=list,

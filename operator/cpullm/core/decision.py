@@ -174,6 +174,7 @@ def decide(observed: Observed, now: datetime) -> Decision:
         built, paced = _paced(observed, build_children(observed.owner, observed.spec, outcome))
         wanted, features, optional_kinds = _optional_parts(observed, built)
         features += [paced] if paced else []
+        features += [FeatureCondition(c.condition, False, c.reason, c.message) for c in outcome.cautions or []]
         children = tuple(wanted)
         before = observed.status.get(OPTIONAL_CHILDREN) or []
         kept = kept_refs(observed.owner)

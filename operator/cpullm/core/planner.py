@@ -37,6 +37,7 @@ from cpullm.api.spec import (
     ThreadsBindMode,
 )
 from cpullm.core import constants as c
+from cpullm.core.cautions import Ranks, plan_cautions
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.memory import MemoryBudget, memory_budget, onednn_packs_embeddings, shm_size_bytes
@@ -373,6 +374,12 @@ def _plan_for_shape(
         replicas=replicas,
         capacity=capacity,
         placement_note=_placement_note(strategy, shape, spec.replicas, capacity),
+        cautions=plan_cautions(
+            spec,
+            node,
+            Ranks(where, tp, layout.cpus_per_rank, one_per_numa_node=layout.pods_per_node > 1),
+        )
+        or None,
         tensor_parallel_size=tp,
         kv_cache_gi_b=kv.gib,
         kv_cache_source=kv.source,

@@ -6,6 +6,8 @@ Conditions:
 - Ready: True when every desired replica is ready (or none is desired); False says why (the plan failed, pods
   cannot be created, with the ReplicaSet's message, a pod cannot be scheduled, with the scheduler's own message,
   or pods are still starting).
+- NUMAAligned, NativeBF16 (core/cautions.py): present (False, a Warning event) only while the plan runs slower
+  than the nodes or the model allow, with what to change.
 - RolloutPaced: present (True) only while the servers' new pod template waits for a rollout slot
   (core/rollout.py): the servers run the current one meanwhile.
 On a failed plan the last good plan stays in status.plan: it is what the Deployment still runs.
