@@ -28,13 +28,14 @@ from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
 from cpullm.io.files import (
     ConfigFile,
+    InputFileError,
     OfflineCluster,
     cluster_uids,
     load_service,
     profile_daemonsets,
     profile_nodes,
     profile_topologies,
-    read_objects,
+    read_node_file,
     scan_node_cache,
 )
 from cpullm.io.hub import HubClient
@@ -55,7 +56,7 @@ def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods],
     (`kubectl get nodes,daemonsets,noderesourcetopologies -A -o yaml` prints them), or (None) the current
     kubeconfig context's cluster's."""
     if nodes_path is not None:
-        objects = list(read_objects(nodes_path))
+        objects = read_node_file(nodes_path)
     else:
         from kubernetes.config import ConfigException  # the Kubernetes client: only for --from-cluster (slow import)
 
@@ -222,8 +223,11 @@ def run_command(args: argparse.Namespace) -> int:
     except CpuLLMError as err:
         print(f"cpullm: {err.reason}: {err.message}", file=sys.stderr)
         return 1
-    except (OSError, NoCluster) as err:
-        print(f"cpullm: {type(err).__name__}: {err}", file=sys.stderr)
+    except (InputFileError, NoCluster) as err:
+        print(f"cpullm: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # writing --svg, or reading a model directory's files
+        print(f"cpullm: {err.filename or ''}: {err.strerror or err}", file=sys.stderr)
         return 2
     return 0
 

@@ -121,7 +121,10 @@ def name_list(names: Sequence[str], shown: int = 3) -> str:
 def summarize_rejections(rejections: Mapping[str, str]) -> str:
     """'no eligible node: lacks amx_bf16 (2: a, b); tainted (1: c)' — grouped so big pools stay readable."""
     if not rejections:
-        return "no eligible node: the cluster has no nodes"
+        return (
+            "no eligible node: no node the planner can read (none listed, or each skipped for its labels or status: "
+            "the operator's log and the nodes' events, or the CLI's warnings, say why)"
+        )
     by_reason: dict[str, list[str]] = {}
     for node, why in sorted(rejections.items()):
         by_reason.setdefault(why, []).append(node)

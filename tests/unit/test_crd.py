@@ -140,7 +140,7 @@ def _keda(address: str) -> dict:
         ({"env": [{"name": "HUGGING_FACE_HUB_TOKEN", "value": "hf_x"}]}, "env HUGGING_FACE_HUB_TOKEN (a token in"),
         ({"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}, "adds development routes the API key does not"),
         ({"env": [{"name": "X", "valueFrom": _nested(600)}]}, "spec: nested more than 64 levels deep"),
-        ({"env": [{"name": "X", "valueFrom": {"a": {}}}]}, "spec.env.0.valueFrom.a: Extra inputs are not permitted"),
+        ({"env": [{"name": "X", "valueFrom": {"a": {}}}]}, "spec.env.0.valueFrom.a: no such field"),
         ({"env": [{"name": "X", "valueFrom": {}}]}, "valueFrom needs exactly one of configMapKeyRef, fieldRef"),
         ({"model": {"name": "org/model", "config": _nested(100)}}, "spec: nested more than 64 levels deep"),
         (_keda("http://169.254.169.254/latest/meta-data"), "must not name a loopback or link-local host"),

@@ -78,13 +78,13 @@ def conditions(status: Any) -> dict[str, tuple[str, str]]:
         pytest.param(
             {"nodes": ()},
             "NoEligibleNode",
-            "no eligible node: the cluster has no nodes",
+            "no eligible node: no node the planner can read",
             id="no-eligible-node",
         ),
         pytest.param(
             {"nodes": (), "apply_error": ChildRejected("Deployment is invalid")},
             "NoEligibleNode",
-            "no eligible node: the cluster has no nodes",
+            "no eligible node: no node the planner can read",
             id="plan-refusal-beats-apply-error",
         ),
         pytest.param(

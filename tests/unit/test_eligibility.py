@@ -94,7 +94,7 @@ TERMS = f"{REQUIRED}.nodeSelectorTerms"
             "valid dictionary",
             id="required-list",
         ),
-        pytest.param(required({"a": 1}), f"{TERMS}.0.a", "Extra inputs", id="term-extra"),
+        pytest.param(required({"a": 1}), f"{TERMS}.0.a", "no such field", id="term-extra"),
         pytest.param(
             {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": {"a": 1}}}},
             TERMS,

@@ -132,7 +132,8 @@ def test_throughput_refuses_more_than_one_rank(fields):
             4,
             "64Gi",
             r"^the weights alone need 20\.0 GiB per pod \(18\.8 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB "
-            r"weights\); amd64/4-NUMA/64-CPU nodes \(n0, n1\) have 16\.0 GiB \(16\.0 GiB per NUMA node\)$",
+            r"weights\); amd64/4-NUMA/64-CPU nodes \(n0, n1\) have 16\.0 GiB \(16\.0 GiB per NUMA node\); try a "
+            r"quantized checkpoint \(AWQ, GPTQ\), or nodes with more memory per NUMA node$",
             id="weights-exceed-one-numa-node",
         ),
         pytest.param(
@@ -140,7 +141,9 @@ def test_throughput_refuses_more_than_one_rank(fields):
             "44Gi",
             r"^needs 24\.2 GiB per pod \(23\.0 GiB per NUMA node for 1 rank\(s\) of 15\.0 GiB weights "
             r"\+ 4\.0 GiB KV\); "
-            r"amd64/2-NUMA/64-CPU nodes \(n0, n1\) have 22\.0 GiB \(22\.0 GiB per NUMA node\)$",
+            r"amd64/2-NUMA/64-CPU nodes \(n0, n1\) have 22\.0 GiB \(22\.0 GiB per NUMA node\); try a smaller "
+            r"kvCacheGiB \(or maxModelLen, maxNumSeqs\), kvCacheDtype fp8, a quantized checkpoint, or nodes with more "
+            r"memory$",
             id="weights-fit-but-not-with-kv",
         ),
     ],

@@ -174,7 +174,7 @@ def test_context_left_open_is_capped_to_what_the_kv_cache_holds(kv_gib, tp, max_
             },
             "required node affinity",
         ),
-        ([], {}, "the cluster has no nodes"),
+        ([], {}, "no node the planner can read"),
     ],
 )
 def test_no_eligible_node_names_why(nodes, fields, message):

@@ -7,6 +7,8 @@ again in pydantic when the CLI parses a file.
 
 from __future__ import annotations
 
+import difflib
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
@@ -1012,8 +1014,32 @@ def parse_spec(raw: Mapping[str, Any] | None) -> CpuLLMServiceSpec:
     try:
         return CpuLLMServiceSpec.model_validate(raw or {})
     except ValidationError as err:
-        problems = "; ".join(
-            f"spec.{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else f"spec: {e['msg']}"
-            for e in err.errors()
-        )
-        raise InvalidSpec(problems) from err
+        raise InvalidSpec("; ".join(_problem(e) for e in err.errors())) from err
+
+
+def _problem(error: Any) -> str:
+    """One validation error as a person reads it: the field's path, and for a field the spec does not have, the
+    closest one it does (a misspelling the API server would have pruned silently)."""
+    where = "spec." + ".".join(str(p) for p in error["loc"]) if error["loc"] else "spec"
+    if error["type"] == "extra_forbidden" and error["loc"]:
+        guess = difflib.get_close_matches(str(error["loc"][-1]), _field_names(), n=1, cutoff=0.7)
+        return f"{where}: no such field" + (f" (did you mean {guess[0]}?)" if guess else "")
+    return f"{where}: {error['msg']}"
+
+
+@functools.cache
+def _field_names() -> tuple[str, ...]:
+    """Every field name (as spelt in YAML) anywhere in the spec."""
+    names: set[str] = set()
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            names.update(node.get("properties", {}))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(CpuLLMServiceSpec.model_json_schema(by_alias=True))
+    return tuple(sorted(names))

@@ -173,9 +173,16 @@ def _check_fits(budget: MemoryBudget, layout: PodLayout, where: str, what: str) 
     if per_numa_need > layout.numa_memory_bytes or budget.limit_bytes > layout.pod_memory_bytes:
         ranks = f"{layout.ranks_per_numa} rank(s) of {_gib(budget.shard_bytes)} GiB weights"
         kv = f" + {_gib(budget.kv_bytes)} GiB KV" if budget.kv_bytes else ""
+        remedy = (
+            "a smaller kvCacheGiB (or maxModelLen, maxNumSeqs), kvCacheDtype fp8, a quantized checkpoint, or nodes "
+            "with more memory"
+            if budget.kv_bytes
+            else "a quantized checkpoint (AWQ, GPTQ), or nodes with more memory per NUMA node"
+        )
         raise ModelTooLarge(
             f"{what} {_gib(budget.limit_bytes)} GiB per pod ({_gib(per_numa_need)} GiB per NUMA node for {ranks}{kv}); "
-            f"{where} have {_gib(layout.pod_memory_bytes)} GiB ({_gib(layout.numa_memory_bytes)} GiB per NUMA node)"
+            f"{where} have {_gib(layout.pod_memory_bytes)} GiB ({_gib(layout.numa_memory_bytes)} GiB per NUMA node); "
+            f"try {remedy}"
         )
 
 

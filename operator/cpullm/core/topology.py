@@ -179,6 +179,11 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
         if not isinstance(key, str) or not isinstance(value, str):
             # The API server stores only strings; a node file can hold unquoted YAML numbers or booleans.
             raise fail(f"label {key}={value!r} is not a string (quote it in YAML)")
+    if "cpu" not in allocatable or "memory" not in allocatable:
+        raise fail(
+            "no allocatable cpu and memory in its status (a nodes file must hold what `kubectl get nodes -o yaml` "
+            "prints, status included)"
+        )
     cpu_millis = _allocatable(allocatable, "cpu", fail, scale=1000)
     memory_bytes = _allocatable(allocatable, "memory", fail)
 

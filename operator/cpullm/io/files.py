@@ -3,8 +3,10 @@ files instead (a CpuLLMService file, `kubectl get nodes -o yaml`, an optional co
 
 from __future__ import annotations
 
+import difflib
 import json
 import sys
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,9 +28,32 @@ from cpullm.io.hub import summarize_headers
 Parsed = TypeVar("Parsed")
 
 
-def read_objects(path: str) -> Iterator[dict[str, Any]]:
-    """Every object in a YAML/JSON file: several documents, or `kind: List` items (kubectl get -o yaml)."""
-    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+class InputFileError(Exception):
+    """A file named on the command line cannot be read, or holds none of what it was given for."""
+
+
+def _read_text(path: Path, what: str) -> str:
+    try:
+        return path.read_text()
+    except OSError as err:
+        raise InputFileError(f"{what} {path}: cannot read it ({err.strerror or type(err).__name__})") from None
+
+
+def kinds_found(objects: Iterable[Mapping[str, Any]]) -> str:
+    """'2 Service, 1 Nod': what a file held instead, for the message that says it held nothing usable."""
+    counts = Counter(str(o.get("kind") or "no kind") for o in objects)
+    return ", ".join(f"{n} {kind}" for kind, n in counts.most_common()) or "no object"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    guess = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {guess[0]}?)" if guess and guess[0] != word else ""
+
+
+def read_objects(path: str, what: str = "file") -> Iterator[dict[str, Any]]:
+    """Every object in a YAML/JSON file: several documents, or `kind: List` items (kubectl get -o yaml). `what`
+    names the file in messages (the argument it came from)."""
+    text = sys.stdin.read() if path == "-" else _read_text(Path(path), what)
     shown = "stdin" if path == "-" else path
     try:
         docs = list(yaml.safe_load_all(text))
@@ -50,7 +75,20 @@ def read_objects(path: str) -> Iterator[dict[str, Any]]:
 
 def load_nodes(path: str, warn: Callable[[str], None]) -> list[NodeProfile]:
     """The usable nodes of a file; each node whose labels cannot be parsed is skipped with a warning."""
-    return profile_nodes(read_objects(path), warn)
+    return profile_nodes(read_node_file(path), warn)
+
+
+def read_node_file(path: str) -> list[dict[str, Any]]:
+    """The objects of a `--nodes` file, which must hold a Node: a file without one plans against no cluster."""
+    objects = list(read_objects(path, "--nodes"))
+    if not any(o.get("kind", "Node") == "Node" for o in objects):  # a node list's items may come without kind
+        kinds = {str(o.get("kind")) for o in objects}
+        hint = next((did_you_mean(k, ["Node"]) for k in kinds if did_you_mean(k, ["Node"])), "")
+        raise InputFileError(
+            f"--nodes {path}: no Node in it (found {kinds_found(objects)}){hint}; write it with "
+            "`kubectl get nodes -o yaml > nodes.yaml`"
+        )
+    return objects
 
 
 def _parse_each(
@@ -97,9 +135,13 @@ def profile_topologies(objects: Iterable[Mapping[str, Any]], warn: Callable[[str
 
 def load_service(path: str) -> dict[str, Any]:
     """The one CpuLLMService of a file, with the name and namespace an unnamed one is rendered under."""
-    services = [o for o in read_objects(path) if o.get("kind") == "CpuLLMService"]
-    if len(services) != 1:
-        raise InvalidSpec(f"{path}: expected one CpuLLMService, found {len(services)}")
+    objects = list(read_objects(path, "the CpuLLMService file"))
+    services = [o for o in objects if o.get("kind") == "CpuLLMService"]
+    if not services:
+        hint = next((h for h in (did_you_mean(str(o.get("kind")), ["CpuLLMService"]) for o in objects) if h), "")
+        raise InputFileError(f"{path}: no CpuLLMService in it (found {kinds_found(objects)}){hint}")
+    if len(services) > 1:
+        raise InputFileError(f"{path}: {len(services)} CpuLLMServices; give one per file")
     service = dict(services[0])
     service["metadata"] = {"name": "unnamed", "namespace": "default", **(service.get("metadata") or {})}
     return service
@@ -131,7 +173,7 @@ class ConfigFile:
         path = Path(self.path)
         config_path = path / "config.json" if path.is_dir() else path
         try:
-            config = json.loads(config_path.read_text())
+            config = json.loads(_read_text(config_path, "--model-config"))
         except ValueError as err:
             raise InvalidSpec(f"{config_path}: not JSON ({err})") from None
         if not isinstance(config, dict):
@@ -177,7 +219,7 @@ def cluster_uids(path: str) -> tuple[set[str], set[str]]:
     stale."""
     namespaces: set[str] = set()
     services: set[str] = set()
-    for obj in read_objects(path):
+    for obj in read_objects(path, "--cluster"):
         uid = (obj.get("metadata") or {}).get("uid")
         if not isinstance(uid, str):
             continue

@@ -30,7 +30,8 @@ class TensorParallel:
         )
         if cpus_per_rank < 1 or cpus_per_rank * tp > node.cpus:
             raise ModelTooLarge(
-                f"{tp} ranks of {max(cpus_per_rank, 1)} CPUs do not fit the {node.cpus} CPUs of {shape.describe()}"
+                f"{tp} ranks of {max(cpus_per_rank, 1)} CPUs do not fit the {node.cpus} CPUs of {shape.describe()}; "
+                "set a smaller cpu.cpusPerRank or tensorParallelSize, or choose nodes with more CPUs"
             )
         why = "explicit" if explicit_tp is not None else f"one rank per NUMA node of {node.numa_nodes}"
         return PodLayout(
