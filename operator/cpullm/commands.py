@@ -115,7 +115,7 @@ def _engine_core_note(plan: Plan) -> str:
     """Where the launcher's fix 3 runs the rank, after the server processes' memory in the plan table."""
     if not plan.rank_in_engine_core:
         return ""
-    return f" (the rank runs in its engine core{', forked from the API server' if plan.engine_core_forked else ''})"
+    return f" (the rank runs in its engine core{', forked from the front end' if plan.engine_core_forked else ''})"
 
 
 def plan_table(plan: Plan) -> str:
@@ -135,8 +135,8 @@ def plan_table(plan: Plan) -> str:
     table = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     parameters = f", {sizing.parameters / 1e9:.2f}B parameters" if sizing.parameters else ""
     lines = [
-        f"plan    {plan.placement}, TP {tp}: {plan.replicas} pod(s), the eligible nodes hold {plan.capacity}",
-        f"nodes   {len(plan.eligible_nodes)} eligible: {nodes} ({node.arch}, {node.numa_nodes} NUMA node(s), "
+        f"plan    {plan.placement}, TP {tp}: {plan.replicas} pod(s), the chosen nodes hold {plan.capacity}",
+        f"nodes   {len(plan.eligible_nodes)} chosen: {nodes} ({node.arch}, {node.numa_nodes} NUMA node(s), "
         f"{node.cpus} CPUs, {node.memory_bytes / GiB:.1f} GiB)",
         f"model   {sizing.family}{parameters}, weights {plan.weights_bytes / GiB:.2f} GiB from {sizing.weights_source}"
         + (f", {sizing.quantization}" if sizing.quantization else ""),
@@ -153,19 +153,22 @@ def plan_table(plan: Plan) -> str:
             else []
         ),
         "",
-        f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, the API server's "
-        f"processes {plan.server_overhead_bytes / GiB:.2f}"
+        f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, vLLM's HTTP "
+        f"front end {plan.server_overhead_bytes / GiB:.2f}"
         + _engine_core_note(plan)
         + f", page cache {plan.page_cache_bytes / GiB:.2f}, a "
         f"{MARGIN_FRACTION:.0%} margin, /dev/shm {plan.shm_bytes / GiB:.2f}; threads: "
         + ("launcher binding" if plan.binding == "launcher" else plan.binding),
-        f"start   up to {plan.startup_seconds} s (startup probe); a scheduler step up to {plan.step_timeout_seconds} s",
+        f"start   about {plan.expected_start_seconds} s once the weights are on the node (the pace measured; the "
+        f"download comes first); the startup probe allows {plan.startup_seconds} s, a scheduler step "
+        f"{plan.step_timeout_seconds} s",
         f"image   {plan.image}",
         *_node_cache_lines(plan),
         f"routing {ROUTING_SHOWN[plan.routing]}; a stopping server drains for up to {plan.drain_seconds} s",
         f"why     {plan.summary}",
         *([f"note    {plan.placement_note}"] if plan.placement_note else []),
         *[f"note    {note}" for note in sizing.notes],
+        *[f"also    {shape}" for shape in plan.passed_over or []],
         *[f"caution {caution.reason}: {caution.message}" for caution in plan.cautions or []],
     ]
     return "\n".join(lines) + "\n"

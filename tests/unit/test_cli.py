@@ -310,7 +310,7 @@ def test_plan_prints_a_table_for_people_by_default(example, capsys):
     if plan["placement"] == "tensorParallel" and tp == plan["nodeProfile"]["numaNodes"]:
         assert [row[1] for row in ranks] == [str(rank) for rank in range(tp)]
     assert all(row[-2] == str(kv_gib) and str(plan["cpusPerRank"]) in row for row in ranks)
-    assert lines[1].startswith(f"nodes   {len(eligible)} eligible: {', '.join(eligible)}")
+    assert lines[1].startswith(f"nodes   {len(eligible)} chosen: {', '.join(eligible)}")
     assert f"pod     {cpu} CPU" in "\n".join(lines) and f"why     {plan['summary']}" in lines
 
 

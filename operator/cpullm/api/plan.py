@@ -226,6 +226,11 @@ class Plan(_Model):
         "(VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS): twice a max_num_batched_tokens prefill at the slowest measured pace "
         "per CPU, at least vLLM's 300.",
     )
+    expected_start_seconds: int | None = Field(
+        default=None,
+        description="How long a server's start is expected to take once the weights are on the node, at the pace "
+        "measured (docs/startup.md); startupSeconds is the probe's far larger allowance.",
+    )
     startup_seconds: int = Field(
         default=0,
         description="The startup probe's budget: twice a cold start at the slowest measured pace (imports and "
@@ -254,6 +259,10 @@ class Plan(_Model):
     sizing: ModelSizing
     node_profile: NodeProfileSummary
     eligible_nodes: list[str] = Field(description="Nodes of the plan's shape that can run a pod of it.")
+    passed_over: list[str] | None = Field(
+        default=None,
+        description="Other node shapes a plan would fit too, and why the chosen one won (unset: no other fits).",
+    )
     summary: str = Field(description="One line: what was chosen and why.")
 
     @property

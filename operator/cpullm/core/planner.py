@@ -47,7 +47,7 @@ from cpullm.core.placement.base import shapes_of
 from cpullm.core.podsecurity import server_security
 from cpullm.core.routing import drain_seconds, leave_router_room, routing_mode
 from cpullm.core.sizing import KVLayout, ModelSize
-from cpullm.core.timing import startup_seconds, step_timeout_seconds
+from cpullm.core.timing import expected_start_seconds, startup_seconds, step_timeout_seconds
 from cpullm.core.topology import NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
     ContextTooLong,
@@ -57,6 +57,7 @@ from cpullm.errors import (
     NoEligibleNode,
     PlanRefusal,
     UnsupportedModel,
+    name_list,
 )
 
 
@@ -105,7 +106,15 @@ def plan_service(
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
         terms = shape_node_terms(shape.members, spec.cpu.required_isa, _unfit_lookalikes(plan, shape, eligible))
-        return plan.model_copy(update={"node_selector_terms": terms})
+        others = sorted(
+            (p for p, _ in plans if p is not plan), key=lambda p: _preference(p, spec.replicas, running), reverse=True
+        )
+        passed_over = [
+            f"{_describe(p)}: {_why_passed_over(plan, p, spec.replicas, running)}" for p in others[:PASSED_OVER_SHOWN]
+        ]
+        if len(others) > PASSED_OVER_SHOWN:
+            passed_over.append(f"and {len(others) - PASSED_OVER_SHOWN} more node shapes")
+        return plan.model_copy(update={"node_selector_terms": terms, "passed_over": passed_over or None})
     if len({type(refusal) for _, refusal in refusals}) == 1:
         # Every shape refused for the same reason: say that, for the shape that came closest (most memory).
         raise max(refusals, key=lambda item: (item[0].memory_bytes, item[0].node.cpus))[1]
@@ -134,6 +143,29 @@ def _shape_key(profile: Mapping[str, Any]) -> tuple[object, ...]:
     keys = ("arch", "numaNodes", "cpus", "isa", "smt", "cpuManagerPolicy", "topologyManagerPolicy", "numaCpus")
     # numaCpus is absent from the plans of operators before it: the same as none reported.
     return tuple(str(profile.get(key, [] if key == "numaCpus" else None)) for key in keys)
+
+
+PASSED_OVER_SHOWN = 3  # node shapes named in plan.passedOver; the rest are counted
+
+
+def _describe(plan: Plan) -> str:
+    profile = plan.node_profile
+    return f"{profile.arch}/{profile.numa_nodes}-NUMA/{profile.cpus}-CPU nodes ({name_list(plan.eligible_nodes)})"
+
+
+def _why_passed_over(chosen: Plan, other: Plan, replicas: int, running: tuple[object, ...]) -> str:
+    """The first rule of _preference where the chosen plan beat `other`, in words."""
+    won, lost = _preference(chosen, replicas, running), _preference(other, replicas, running)
+    reasons = (
+        f"they hold {other.capacity} of the {replicas} replicas",
+        "the service runs on the chosen shape already (moving it would restart its servers)",
+        f"TP {other.tensor_parallel_size} there, {chosen.tensor_parallel_size} on the chosen nodes",
+        f"they hold {other.capacity} pod{'s' if other.capacity != 1 else ''}, the chosen nodes {chosen.capacity}",
+        f"{other.node_profile.cpus} CPUs each, against {chosen.node_profile.cpus}",
+        "less memory",
+        "they fit as well; the chosen nodes come first by name",
+    )
+    return next((why for why, a, b in zip(reasons, won, lost, strict=True) if a != b), reasons[-1])
 
 
 def _preference(plan: Plan, replicas: int, running: tuple[object, ...]) -> tuple[object, ...]:
@@ -419,6 +451,7 @@ def _plan_for_shape(
         drain_seconds=drain_seconds(spec, kv.max_model_len, shard),
         step_timeout_seconds=step_timeout_seconds(model, layout.cpus_per_rank),
         startup_seconds=startup_seconds(model, layout.cpus_per_rank, model.weights_bytes),
+        expected_start_seconds=expected_start_seconds(model.weights_bytes),
         image=image,
         sizing=_sizing(spec, model, kv),
         node_profile=NodeProfileSummary(

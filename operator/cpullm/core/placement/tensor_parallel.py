@@ -48,7 +48,13 @@ class TensorParallel:
         return requested  # one pod per node: more than the nodes hold wait Pending, as any Deployment's would
 
     def notes(self, shape: Shape, requested: int, capacity: int) -> list[str]:
-        return []
+        if requested <= capacity:
+            return []
+        waiting = requested - capacity
+        return [
+            f"{requested} replicas asked, the chosen nodes hold {capacity}: {waiting} stay Pending until nodes like "
+            "them join (or free up)"
+        ]
 
     def default_routing(self, spec: CpuLLMServiceSpec) -> RoutingMode:
         del spec  # one large server per node: the Service spreads them well enough
