@@ -14,7 +14,14 @@ from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.decision import decide
 from cpullm.core.observation import OperatorPolicy
-from cpullm.core.rollout import TEMPLATE_DIGEST, RolloutCause, rollout_cause, rollout_finished, template_digest
+from cpullm.core.rollout import (
+    TEMPLATE_DIGEST,
+    RolloutCause,
+    replacing_pods,
+    rollout_cause,
+    rollout_finished,
+    template_digest,
+)
 from cpullm.core.status import ROLLOUT_PACED
 
 from .builders import node
@@ -215,3 +222,33 @@ def test_the_reconcile_writes_a_background_rollout_only_with_a_slot_and_frees_it
 
 def node_8b() -> Any:
     return node("n1", numa=2, memory="512Gi")
+
+
+@pytest.mark.parametrize(
+    ("deployment", "replacing"),
+    [
+        pytest.param(live(generation=3, observedGeneration=2, updatedReplicas=1, replicas=1), True, id="not observed"),
+        pytest.param(
+            live(generation=2, want=2, observedGeneration=2, updatedReplicas=1, replicas=2), True, id="old pod"
+        ),
+        pytest.param(
+            live(generation=2, observedGeneration=2, updatedReplicas=1, availableReplicas=0, replicas=1),
+            False,
+            id="its pods run the template but are not available: no rollout",
+        ),
+        pytest.param(
+            live(generation=2, observedGeneration=2, updatedReplicas=1, availableReplicas=1, replicas=1),
+            False,
+            id="done",
+        ),
+        pytest.param(
+            live(generation=3, observedGeneration=2)
+            | {"status": {"conditions": [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]}},
+            False,
+            id="given up",
+        ),
+    ],
+)
+def test_what_counts_as_replacing_pods_elsewhere(deployment, replacing):
+    """The index's Deployments that hold slots: an unhealthy Deployment that rolls nothing must not block pacing."""
+    assert replacing_pods(deployment) is replacing

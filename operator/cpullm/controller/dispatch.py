@@ -24,7 +24,7 @@ from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, with_topology
-from cpullm.core.rollout import rollout_finished
+from cpullm.core.rollout import replacing_pods
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, parse_node
 from cpullm.errors import NodeLabelError, NodeTopologyError, PermissionDenied, TransientApiError
@@ -77,12 +77,10 @@ class _Facts:
 
 
 def rolling(indexes: Indexes) -> frozenset[tuple[str, str]]:
-    """The services whose servers' Deployment Kopf's index shows mid-rollout: they hold rollout slots."""
-    return frozenset(key for key, store in indexes["owned_deployments"].items() if not all_finished(store))
-
-
-def all_finished(deployments: Any) -> bool:
-    return all(rollout_finished(deployment) for deployment in deployments)
+    """The services whose servers' Deployment Kopf's index shows replacing pods of an older template: they hold
+    rollout slots (controller/pacing.py)."""
+    store = indexes["owned_deployments"]
+    return frozenset(key for key, deployments in store.items() if any(map(replacing_pods, deployments)))
 
 
 async def reconcile_quietly(

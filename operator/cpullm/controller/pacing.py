@@ -4,8 +4,9 @@ would roll its servers out asks `admit` before it writes; refused, it leaves the
 service waits in line until a rollout ends (`observe` sees its Deployment finished) and `to_wake` hands it back
 to the dispatcher.
 
-What counts as rolling: the rollouts admitted here and not yet seen finished, and every owned Deployment Kopf's
-index shows mid-rollout (a user's own change, or one admitted before the operator restarted).
+What counts as rolling: the rollouts admitted here and not yet seen finished (their new pods available), and every
+owned Deployment Kopf's index shows replacing pods of an older template (a user's own change, or one admitted
+before the operator restarted).
 """
 
 from __future__ import annotations

@@ -59,16 +59,38 @@ def server_deployment_facts(
     }
 
 
-def rollout_finished(deployment: Mapping[str, Any]) -> bool:
-    """Whether the Deployment's last template change is over: every desired replica updated and available and no
-    old one left; or given up (its progress deadline passed: a rollout that cannot finish must not hold a slot
-    for ever)."""
-    meta, spec, status = (deployment.get(k) or {} for k in ("metadata", "spec", "status"))
+def _given_up(status: Mapping[str, Any]) -> bool:
+    """The Deployment's progress deadline passed: a rollout that cannot finish must not hold a slot for ever."""
     conditions = {c.get("type"): c for c in status.get("conditions") or []}
-    if (conditions.get("Progressing") or {}).get("reason") == "ProgressDeadlineExceeded":
-        return True
+    return (conditions.get("Progressing") or {}).get("reason") == "ProgressDeadlineExceeded"
+
+
+def _counts(deployment: Mapping[str, Any]) -> tuple[int, int, int, int, bool]:
+    """(replicas wanted, updated, available, present, whether its controller observed the latest template)."""
+    meta, spec, status = (deployment.get(k) or {} for k in ("metadata", "spec", "status"))
     want = int(spec.get("replicas", 1) or 0)
-    counts = (int(status.get(k) or 0) for k in ("updatedReplicas", "availableReplicas", "replicas"))
-    updated, available, present = counts
+    updated, available, present = (
+        int(status.get(k) or 0) for k in ("updatedReplicas", "availableReplicas", "replicas")
+    )
     observed = int(status.get("observedGeneration") or 0) >= int(meta.get("generation") or 0)
+    return want, updated, available, present, observed
+
+
+def rollout_finished(deployment: Mapping[str, Any]) -> bool:
+    """Whether a rollout this operator started is over: every desired replica updated and available and no old
+    one left; or given up. The new pods' start counts: it is what pacing spreads out."""
+    if _given_up(deployment.get("status") or {}):
+        return True
+    want, updated, available, present, observed = _counts(deployment)
     return observed and updated >= want and available >= want and present == updated
+
+
+def replacing_pods(deployment: Mapping[str, Any]) -> bool:
+    """Whether a Deployment is replacing pods of an older template (one the operator did not start, e.g. a user's
+    own change, or one from before a restart): a template not yet observed, or old pods left. Not a Deployment
+    whose pods all run the current template but are not available (Pending, crashing): that is no rollout, and
+    counting it would hold pacing back for as long as they stay so."""
+    if _given_up(deployment.get("status") or {}):
+        return False
+    want, updated, _, present, observed = _counts(deployment)
+    return not observed or updated < want or present > updated
