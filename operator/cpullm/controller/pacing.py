@@ -11,11 +11,14 @@ before the operator restarted).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping, Set
 from typing import Any
 
 from cpullm.core.rollout import rollout_finished
+
+log = logging.getLogger(__name__)
 
 ServiceKey = tuple[str, str]  # namespace, name
 
@@ -37,6 +40,8 @@ class RolloutPacer:
                 self._waiting.pop(key, None)
                 return True
             self._waiting[key] = False
+            busy = sorted(self._busy(rolling - {key}))
+            log.info("%s/%s waits for a rollout slot; rolling: %s", *key, ", ".join("/".join(k) for k in busy[:10]))
             return False
 
     def started(self, key: ServiceKey, generation: int) -> None:
