@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.harness import Measured
+from tests.vllm.harness import Measured, make_tiny_model
 from tests.vllm.harness import vllm_python as setup_vllm_python
 
 MEMORY: dict[str, Measured] = {}
@@ -24,9 +24,7 @@ def vllm_python() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("models") / "tiny-llama"
-    subprocess.run([str(vllm_python), str(Path(__file__).parent / "make_tiny_model.py"), str(out)], check=True)
-    return out
+    return make_tiny_model(vllm_python, tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,11 @@ Used by the `vllm` tests and by bench/vllm_bench.py.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
+import shutil
 import subprocess
 import threading
 import time
@@ -49,8 +51,16 @@ PROMPTS = [
 
 
 def make_tiny_model(python: Path, dest: Path) -> Path:
-    """The tests' tiny random-weight Llama (tests/vllm/make_tiny_model.py), built with the vLLM environment."""
-    subprocess.run([str(python), str(ROOT / "tests" / "vllm" / "make_tiny_model.py"), str(dest)], check=True)
+    """The tests' tiny Llama (tests/vllm/make_tiny_model.py, its weights trained: half a minute), built with the
+    vLLM environment once per version of that script (kept under MODELS_CACHE) and copied to `dest`."""
+    script = ROOT / "tests" / "vllm" / "make_tiny_model.py"
+    built = MODELS_CACHE / f"tiny-{hashlib.sha256(script.read_bytes()).hexdigest()[:12]}"
+    if not (built / "model.safetensors").exists():
+        partial = built.with_name(built.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([str(python), str(script), str(partial)], check=True)
+        partial.rename(built)
+    shutil.copytree(built, dest, dirs_exist_ok=True)
     return dest
 
 

@@ -1,6 +1,8 @@
-"""Builds a tiny random-weight Llama checkpoint that vLLM loads like a real one: config.json, bf16
-model.safetensors with Llama's tensor names, and a byte-level BPE tokenizer trained here (nothing is
-downloaded). Runs in the vLLM environment (it needs torch): python make_tiny_model.py OUT_DIR
+"""Builds a tiny Llama checkpoint that vLLM loads like a real one: config.json, bf16 model.safetensors with Llama's
+tensor names, and a byte-level BPE tokenizer, all trained here on CORPUS (nothing is downloaded). The weights are
+trained too (TRAIN_STEPS of AdamW, seeded, about half a minute on two cores), so the model completes the sentences
+it learnt in words: "The capital of France is" gives " Paris." where random weights gave byte noise. Runs in the
+vLLM environment (it needs torch and transformers): python make_tiny_model.py OUT_DIR
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ CONFIG = {
     "eos_token_id": 2,
 }
 CORPUS = [
+    "The capital of France is Paris.",
+    "The capital of Germany is Berlin.",
+    "The capital of Italy is Rome.",
+    "The capital of Spain is Madrid.",
+    "The capital of Japan is Tokyo.",
     "The quick brown fox jumps over the lazy dog.",
     "Large language models run on CPUs with the right thread binding and memory placement.",
     "Each tensor parallel rank binds to one NUMA node and keeps its own KV cache.",
@@ -107,13 +114,41 @@ def random_weights(config: dict[str, Any], head_dim: int, qkv_bias: bool = False
     return tensors
 
 
+TRAIN_STEPS = 200
+TRAIN_BATCH, TRAIN_TOKENS = 16, 64
+
+
+def trained_weights(config: dict[str, Any], tokenizer: Path) -> dict[str, torch.Tensor]:
+    """Weights learnt on CORPUS (each sentence between <s> and </s>), under the names random_weights uses."""
+    from tokenizers import Tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    encode = Tokenizer.from_file(str(tokenizer)).encode
+    stream = torch.tensor([i for sentence in CORPUS for i in (1, *encode(sentence).ids, 2)])
+    fields = {k: v for k, v in config.items() if k not in ("architectures", "model_type", "torch_dtype")}
+    model = LlamaForCausalLM(LlamaConfig(**fields))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(TRAIN_STEPS):
+        starts = torch.randint(0, len(stream) - TRAIN_TOKENS - 1, (TRAIN_BATCH,)).tolist()
+        batch = torch.stack([stream[s : s + TRAIN_TOKENS] for s in starts])
+        loss = model(input_ids=batch, labels=batch).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    names = random_weights(config, config["head_dim"]).keys()
+    state = model.state_dict()
+    return {name: state[name].detach().to(torch.bfloat16).contiguous() for name in names}
+
+
 def main(out_dir: str) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     CONFIG["vocab_size"] = build_tokenizer(out)  # every id the model can emit decodes to text
     (out / "config.json").write_text(json.dumps(CONFIG, indent=2))
     (out / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
-    save_file(random_weights(CONFIG, CONFIG["head_dim"]), str(out / "model.safetensors"), metadata={"format": "pt"})
+    weights = trained_weights(CONFIG, out / "tokenizer.json")
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
 
 
 if __name__ == "__main__":
