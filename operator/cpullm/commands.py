@@ -163,6 +163,8 @@ def plan_table(plan: Plan) -> str:
         f"download comes first); the startup probe allows {plan.startup_seconds} s, a scheduler step "
         f"{plan.step_timeout_seconds} s",
         f"image   {plan.image}",
+        f"vllm    {plan.vllm_version or 'version unknown'} ({plan.vllm_version_source}); the launcher's fixes counted: "
+        + (", ".join(plan.fixes_credited) or "none"),
         *_node_cache_lines(plan),
         f"routing {ROUTING_SHOWN[plan.routing]}; a stopping server drains for up to {plan.drain_seconds} s",
         f"why     {plan.summary}",

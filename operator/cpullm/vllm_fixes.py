@@ -56,7 +56,9 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    `drop_checkpoint_cache`: POSIX_FADV_DONTNEED on the model's *.safetensors, which leaves a page another process
    still maps). The next start reads them from disk again.
 
-This file imports the standard library only, like the launcher.
+Which fixes are for which vLLM versions is cpullm/vllm_support.py's table (a fix outside its versions does not
+load), shared with the planner. This file imports the standard library only, like the launcher; the pod's copy
+carries that table inline.
 """
 
 from __future__ import annotations
@@ -72,6 +74,17 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+# <vllm_support> The pod's copy holds cpullm/vllm_support.py here instead (core/children/launcher.py inlines it).
+from cpullm.vllm_support import (
+    ENGINE_CORE_FORKED,
+    INTEL_OPENMP,
+    MULTIPROCESSING_ENV,
+    OFF_ENV,
+    fix_applies,
+    names_turned_off,
+)
+
+# </vllm_support>
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GIB = 1 << 30
 # What starts each line this module writes on stderr (the tests find the fixes in the server's log by it).
@@ -82,9 +95,6 @@ FILE_PAGES_V2 = ("active_file", "inactive_file")
 FILE_PAGES_V1 = ("total_active_file", "total_inactive_file")
 # The warm-up step's tokens: more than 1, since torch.compile specializes on sizes 0 and 1.
 WARM_UP_TOKENS = 16
-OFF_ENV = "CPULLM_VLLM_FIXES_OFF"
-# vLLM's switch between its one-process and multiprocess executors (0: one process), read by the CPU platform.
-MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # What fix 3 says once it has kept the one-process executor (then the OpenMP variables it set, if any).
 RANK_IN_ENGINE_CORE = "one rank runs in the engine core process"
 # Where vLLM 0.32 keeps its rule for a worker's OpenMP environment.
@@ -94,7 +104,6 @@ OMP_MODULE = "vllm.utils.ompmultiprocessing"
 # used, GNU's (libgomp) as it loads.
 START_METHOD_ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 PROCESS_MAPS = Path("/proc/self/maps")
-INTEL_OPENMP = "libiomp"
 # What fix 4 says when it completed a load of vLLM's AOT compile cache (the tests find it in the server's log).
 AOT_LOADED = "the compiled model was loaded from vLLM's AOT compile cache"
 # What fix 3 adds to its line when the engine core is forked.
@@ -220,7 +229,7 @@ def engine_core_forked() -> bool:
     environment as it loaded in the API server, before that environment was set, so there the engine core is
     spawned as vLLM does. Called where the API server sets that environment, in the process that starts the engine
     core."""
-    if turned_off(engine_core_forked):
+    if turned_off(engine_core_forked) or not for_this_vllm(ENGINE_CORE_FORKED):
         return False
     try:
         intel = INTEL_OPENMP in PROCESS_MAPS.read_text()
@@ -316,21 +325,37 @@ FIXES: dict[str, Callable[[ModuleType], bool]] = {
 }
 
 
-def names_turned_off(value: str) -> set[str]:
-    """The fixes an OFF_ENV value names."""
-    return {name for name in value.replace(" ", "").split(",") if name}
-
-
 def turned_off(fix: Callable[..., Any]) -> bool:
     """Whether this process's OFF_ENV names the fix (or part of one)."""
     return fix.__name__ in names_turned_off(os.environ.get(OFF_ENV, ""))
 
 
+def vllm_version() -> str | None:
+    """The version of the vLLM being imported (its package is, before any of its modules); None: it does not say."""
+    version = getattr(sys.modules.get("vllm"), "__version__", None)
+    if version is None:
+        try:
+            version = importlib.import_module("vllm.version").__version__
+        except Exception:  # a vLLM without a version module: the fixes check what they patch anyway
+            return None
+    return str(version)
+
+
+def for_this_vllm(name: str) -> bool:
+    """Whether the fix `name` is for this vLLM's version (cpullm/vllm_support.py); one that does not say: yes."""
+    version = vllm_version()
+    return version is None or fix_applies(name, version)
+
+
 def apply(module: ModuleType) -> bool:
-    """The module's fix; False (and one line on stderr) when it is turned off or this vLLM lacks what it patches."""
+    """The module's fix; False (and one line on stderr) when it is turned off, not for this vLLM's version, or this
+    vLLM lacks what it patches."""
     fix = FIXES[module.__name__]
     if turned_off(fix):
         report(f"{module.__name__}: {fix.__name__} turned off ({OFF_ENV})")
+        return False
+    if not for_this_vllm(fix.__name__):
+        report(f"{module.__name__}: {fix.__name__} is not for vLLM {vllm_version()}; left as vLLM does it")
         return False
     if fix(module):
         return True

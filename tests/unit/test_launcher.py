@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cpullm import launcher, vllm_fixes
+from cpullm import launcher, vllm_fixes, vllm_support
+from cpullm.core.children.launcher import SOURCES
 from cpullm.launcher import CpuFacts, FactsError, LaunchRefusal, decide, launch_plan_json, read_facts
 
 TREES = Path(__file__).parent / "fixtures" / "cpu-trees"
@@ -299,10 +300,15 @@ def test_main_execs_the_command_with_the_knobs_set():
     assert result.stderr.startswith("cpullm-launch: saw cpuset 0-15")
 
 
-@pytest.mark.parametrize("source", [LAUNCHER, Path(vllm_fixes.__file__)], ids=["launcher", "vllm_fixes"])
-def test_the_in_pod_files_import_only_the_standard_library(source: Path):
-    """The operator ships these files alone into the stock vLLM image: no cpullm, no third-party module."""
-    tree = ast.parse(source.read_text())
+@pytest.mark.parametrize(
+    "text",
+    [LAUNCHER.read_text(), SOURCES["sitecustomize.py"], SOURCES["api_key_guard.py"]],
+    ids=["launcher", "vllm_fixes as shipped", "api_key_guard"],
+)
+def test_the_in_pod_files_import_only_the_standard_library(text: str):
+    """The operator ships these files alone into the stock vLLM image: no cpullm, no third-party module (the fixes'
+    copy carries cpullm/vllm_support.py inline)."""
+    tree = ast.parse(text)
     modules = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -312,6 +318,23 @@ def test_the_in_pod_files_import_only_the_standard_library(source: Path):
             modules.add(node.module or "")
     assert modules, "no import found: the check is not looking at the right file"
     assert not [name for name in modules if name.split(".")[0] not in sys.stdlib_module_names]
+
+
+def test_the_shipped_fixes_run_without_cpullm_and_carry_the_version_table(tmp_path: Path):
+    """In a fresh interpreter that has no cpullm (isolated mode, the file alone): the table is the package's."""
+    (tmp_path / "fixes.py").write_text(SOURCES["sitecustomize.py"])
+    probe = (
+        "import importlib.util, json, sys; spec = importlib.util.spec_from_file_location('fixes', sys.argv[1]); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+        "print(json.dumps([m.FIX_VERSIONS, 'cpullm' in sys.modules]))"
+    )
+    command = [sys.executable, "-I", "-c", probe, str(tmp_path / "fixes.py")]
+    result = subprocess.run(command, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    table, imported_cpullm = json.loads(result.stdout)
+    assert {k: tuple(v) for k, v in table.items()} == vllm_support.FIX_VERSIONS
+    assert imported_cpullm is False
+    assert set(vllm_support.FIX_VERSIONS) >= {fix.__name__ for fix in vllm_fixes.FIXES.values()}
 
 
 @pytest.mark.parametrize("user_value", ["nobind", "0-3|4-7"])

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from cpullm import api_key_guard, launcher, vllm_fixes
+from cpullm import api_key_guard, launcher, vllm_fixes, vllm_support
 from cpullm.core.children.common import Owner, binary_quantity
 from cpullm.core.children.deployment import build_deployment
 from cpullm.core.children.drain import DRAIN_SCRIPT
@@ -280,6 +280,14 @@ def test_quantities_are_rendered_in_the_api_servers_canonical_form(n, text):
     assert binary_quantity(n) == text
 
 
+def shipped_fixes() -> str:
+    """The fixes with cpullm/vllm_support.py inline where they import it, between its markers (no cpullm in the
+    pod)."""
+    before, _, rest = Path(vllm_fixes.__file__).read_text().partition("# <vllm_support>")
+    after = rest.partition("# </vllm_support>\n")[2]
+    return f"{before}# cpullm/vllm_support.py, inline:\n{Path(vllm_support.__file__).read_text()}\n{after}"
+
+
 def test_launcher_config_map_carries_the_in_pod_files_sources():
     plan = plan_service(spec(), llama_8b(), [node(numa=2, memory="512Gi")])
     config_map = build_launcher_config_map(OWNER, spec(), plan)
@@ -289,7 +297,7 @@ def test_launcher_config_map_carries_the_in_pod_files_sources():
         "metadata": {**METADATA, "name": "llama-launcher"},
         "data": {
             "launcher.py": Path(launcher.__file__).read_text(),
-            "sitecustomize.py": Path(vllm_fixes.__file__).read_text(),
+            "sitecustomize.py": shipped_fixes(),
             "api_key_guard.py": Path(api_key_guard.__file__).read_text(),
         },
     }

@@ -231,6 +231,17 @@ class Plan(_Model):
         description="How long a server's start is expected to take once the weights are on the node, at the pace "
         "measured (docs/startup.md); startupSeconds is the probe's far larger allowance.",
     )
+    vllm_version: str | None = Field(
+        default=None,
+        description="The vLLM version the plan renders for: spec.vllmVersion, else the image's tag (unset: unknown, "
+        "and no in-pod fix is credited).",
+    )
+    vllm_version_source: str = Field(default="image tag", description="'spec', 'image tag' or 'unknown'.")
+    fixes_credited: list[str] = Field(
+        default_factory=list,
+        description="The launcher's fixes to vLLM that apply to that version (cpullm/vllm_support.py), whose savings "
+        "the plan counts: none without the launcher or for an unknown version.",
+    )
     startup_seconds: int = Field(
         default=0,
         description="The startup probe's budget: twice a cold start at the slowest measured pace (imports and "

@@ -857,6 +857,13 @@ class CpuLLMServiceSpec(_Model):
         description="Ranks per pod. Default: one per NUMA node of the chosen nodes, capped to what vLLM "
         "supports (divides the attention and KV heads, never 6) and to memory.",
     )
+    vllm_version: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+\.[0-9]+\.[0-9]+$",
+        description="The vLLM version spec.image runs, where its tag does not say (a digest, a tag of your own): which "
+        "of the launcher's fixes apply, and what the plan counts for them, follow it. Unset: read from the image's "
+        "tag; a version it cannot tell gets the plan that counts on no fix.",
+    )
     kv_cache_gi_b: int | None = Field(
         default=None,
         alias="kvCacheGiB",

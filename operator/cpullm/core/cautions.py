@@ -1,5 +1,6 @@
 """What a plan runs but runs slower than the nodes or the model allow: a rank whose CPUs span NUMA nodes, bfloat16
-on cores without bf16 arithmetic. Each is reported in status.plan.cautions and as a condition of its own, present
+on cores without bf16 arithmetic, a vLLM whose version the operator does not know (no fix credited). Each is
+reported in status.plan.cautions and as a condition of its own, present
 (False, with a Warning event) only while it holds, so the service is served and its owner told why it is slow and
 what to change. A new caution is one more entry in CAUTIONS."""
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from cpullm.api.plan import PlanCaution
 from cpullm.api.spec import CpuLLMServiceSpec, DType
 from cpullm.core.topology import NodeProfile
+from cpullm.vllm_support import RELEASES
 
 # The CPU flags (lscpu names) of bf16 arithmetic, per arch.
 BF16_FLAGS = {"amd64": ("avx512_bf16", "amx_bf16"), "arm64": ("bf16",)}
@@ -18,12 +20,15 @@ BF16_FLAGS = {"amd64": ("avx512_bf16", "amx_bf16"), "arm64": ("bf16",)}
 
 @dataclass(frozen=True)
 class Ranks:
-    """How the plan lays ranks on the chosen nodes (`where`, as the plan names them): their count and CPUs each."""
+    """What the plan renders on the chosen nodes (`where`, as the plan names them): the ranks' count and CPUs each,
+    and the vLLM image and its version (None: unknown)."""
 
     where: str
     tensor_parallel_size: int
     cpus_per_rank: int
     one_per_numa_node: bool  # several servers per node, each on a NUMA node of its own (throughput placement)
+    image: str = ""
+    vllm_version: str | None = None
 
 
 def _rank_spans_numa_nodes(spec: CpuLLMServiceSpec, node: NodeProfile, ranks: Ranks) -> str | None:
@@ -58,6 +63,17 @@ def _bf16_without_native_arithmetic(spec: CpuLLMServiceSpec, node: NodeProfile, 
     )
 
 
+def _vllm_version_unknown(spec: CpuLLMServiceSpec, node: NodeProfile, ranks: Ranks) -> str | None:
+    if ranks.vllm_version is not None and ranks.vllm_version in RELEASES:
+        return None
+    what = f"vLLM {ranks.vllm_version}, which" if ranks.vllm_version else f"{ranks.image}, whose vLLM version"
+    return (
+        f"{what} the operator does not know: the plan counts on none of the launcher's fixes to vLLM (a larger "
+        f"memory limit, no AOT compile cache); known: {', '.join(RELEASES)}. Set spec.vllmVersion where the image's "
+        "tag does not say it"
+    )
+
+
 @dataclass(frozen=True)
 class Caution:
     condition: str  # the condition type, False while the caution holds
@@ -68,6 +84,7 @@ class Caution:
 CAUTIONS = (
     Caution("NUMAAligned", "RankSpansNUMANodes", _rank_spans_numa_nodes),
     Caution("NativeBF16", "BF16WithoutNativeArithmetic", _bf16_without_native_arithmetic),
+    Caution("VLLMVersionKnown", "UnknownVLLMVersion", _vllm_version_unknown),
 )
 
 

@@ -11,6 +11,8 @@ The memory model's terms and their measurements live in `core/memory.py`.
 
 from __future__ import annotations
 
+from cpullm.vllm_support import DEFAULT_VERSION
+
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
@@ -18,7 +20,8 @@ GiB = 1024 * MiB
 # Bytes per weight/KV element by dtype name (the spec's dtype and a checkpoint's torch_dtype alike).
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
-VLLM_VERSION = "v0.32.0"
+# The version of vLLM's published image the operator renders when no image is named (cpullm/vllm_support.py).
+VLLM_VERSION = f"v{DEFAULT_VERSION}"
 # vLLM publishes CPU images per arch on Docker Hub: vllm/vllm-openai-cpu:<version>-<arch suffix>.
 DEFAULT_IMAGE_REPOSITORY = "docker.io/vllm/vllm-openai-cpu"
 IMAGE_ARCH_SUFFIX = {"amd64": "x86_64", "arm64": "arm64"}

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cpullm import vllm_fixes
+from cpullm import vllm_support
 from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan, binding_shown
 from cpullm.api.spec import (
     EXPLICIT_BIND_PATTERN,
@@ -294,50 +294,78 @@ def _threads(spec: CpuLLMServiceSpec, node: NodeProfile, cpus_per_rank: int) -> 
     return mode, reserved, omp
 
 
-def _one_server_fits_a_numa_node(spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape) -> bool:
+@dataclass(frozen=True)
+class _Server:
+    """The vLLM a plan renders for: its image, the version it is (None: unknown) and how that was told, and the
+    in-pod fixes that apply to that version (cpullm/vllm_support.py): the memory they save is credited only then."""
+
+    image: str
+    version: str | None
+    version_source: str  # spec | image tag | unknown
+    fixes: frozenset[str]
+
+
+def _server(spec: CpuLLMServiceSpec, arch: str, vllm_images: Mapping[str, str]) -> _Server:
+    image = spec.image or vllm_images.get(arch) or _published_image(arch)
+    tag = image.split("@", 1)[0].rpartition("/")[2].partition(":")[2]
+    if spec.vllm_version is not None:
+        version, source = spec.vllm_version, "spec"
+    elif (key := vllm_support.version_key(tag)) is not None:
+        version, source = ".".join(map(str, key)), "image tag"
+    else:
+        version, source = None, "unknown"
+    return _Server(image, version, source, vllm_support.fixes_for(version))
+
+
+def _one_server_fits_a_numa_node(
+    spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, fixes: frozenset[str]
+) -> bool:
     """The `auto` placement rule: does one TP=1 server (weights, KV cache, runtime, server processes and
     /dev/shm) fit one NUMA node's memory?"""
     try:
         kv = _kv_cache(spec, model, 1)
     except KVCacheTooSmall:
         return False
-    processes = _server_processes(spec, 1, shape.node.arch)
+    processes = _server_processes(spec, 1, shape.node.arch, fixes)
     budget = memory_budget(model, 1, model.weights_bytes, kv.gib, **processes, **_kernels(spec, shape.node))
     return budget.limit_bytes <= shape.numa_memory_bytes
 
 
-def _rank_in_engine_core(spec: CpuLLMServiceSpec, tp: int) -> bool:
+def _rank_in_engine_core(spec: CpuLLMServiceSpec, tp: int, fixes: frozenset[str]) -> bool:
     """Does a server of `tp` ranks run its rank in vLLM's engine core process (the launcher's fix,
-    cpullm/vllm_fixes.py)? Only with one rank and the launcher, unless spec.env turns the fix off or asks for vLLM's
-    multiprocess executor."""
-    if not spec.cpu.launcher or tp != 1 or _turned_off(spec, vllm_fixes.rank_in_engine_core.__name__):
+    cpullm/vllm_fixes.py)? Only with one rank, the launcher and a vLLM the fix is for, unless spec.env turns the fix
+    off or asks for vLLM's multiprocess executor."""
+    fix = vllm_support.RANK_IN_ENGINE_CORE
+    if not spec.cpu.launcher or tp != 1 or fix not in fixes or _turned_off(spec, fix):
         return False
-    executor = _env_entry(spec, vllm_fixes.MULTIPROCESSING_ENV)
+    executor = _env_entry(spec, vllm_support.MULTIPROCESSING_ENV)
     return executor is None or executor.value == "0"
 
 
-def _server_processes(spec: CpuLLMServiceSpec, tp: int, arch: str) -> dict[str, bool]:
+def _server_processes(spec: CpuLLMServiceSpec, tp: int, arch: str, fixes: frozenset[str]) -> dict[str, bool]:
     """Where the launcher's fix 3 runs a server's rank (vllm_fixes.rank_in_engine_core), as memory_budget's and
     Plan's fields: in the engine core, and that engine core forked from the API server (vllm_fixes.engine_core_forked)
     unless spec.env turns the fork off, where the image's OpenMP runtime is Intel's: the one the rendered LD_PRELOAD
     of the node's arch loads."""
-    in_engine_core = _rank_in_engine_core(spec, tp)
+    in_engine_core = _rank_in_engine_core(spec, tp, fixes)
     forked = (
         in_engine_core
-        and vllm_fixes.INTEL_OPENMP in c.LD_PRELOAD_BY_ARCH.get(arch, "")
-        and not _turned_off(spec, vllm_fixes.engine_core_forked.__name__)
+        and vllm_support.INTEL_OPENMP in c.LD_PRELOAD_BY_ARCH.get(arch, "")
+        and vllm_support.ENGINE_CORE_FORKED in fixes
+        and not _turned_off(spec, vllm_support.ENGINE_CORE_FORKED)
     )
     return {"rank_in_engine_core": in_engine_core, "engine_core_forked": forked}
 
 
-def _aot_compile_cache(spec: CpuLLMServiceSpec) -> bool:
+def _aot_compile_cache(spec: CpuLLMServiceSpec, fixes: frozenset[str]) -> bool:
     """Is vLLM's AOT compile cache on? Where a new pod finds what an earlier one saved (a claim, the node's
     directory): it makes a later start faster and the first slower (Qwen2.5-1.5B on two CPUs: second start 58 -> 48
     s, first 134 -> 159 s, docs/startup.md), and every pod on a pod-local emptyDir starts first. Only where the
     launcher's fix lets vLLM load it (vllm_fixes.aot_cache_loads) and spec.env does not turn that fix off: without
     it every start would compile and save again."""
     kept = spec.model_cache is not None and spec.model_cache.kept_across_pods
-    return kept and spec.cpu.launcher and not _turned_off(spec, vllm_fixes.aot_cache_loads.__name__)
+    fix = vllm_support.AOT_CACHE_LOADS
+    return kept and spec.cpu.launcher and fix in fixes and not _turned_off(spec, fix)
 
 
 def _kernels(spec: CpuLLMServiceSpec, node: NodeProfile) -> dict[str, bool]:
@@ -348,8 +376,8 @@ def _kernels(spec: CpuLLMServiceSpec, node: NodeProfile) -> dict[str, bool]:
 def _turned_off(spec: CpuLLMServiceSpec, fix: str) -> bool:
     """Does spec.env turn a fix to vLLM off? A value from a reference (valueFrom) is not known here, so it counts as
     off: the plan then counts what vLLM does without the fix."""
-    off = _env_entry(spec, vllm_fixes.OFF_ENV)
-    return off is not None and (off.value is None or fix in vllm_fixes.names_turned_off(off.value))
+    off = _env_entry(spec, vllm_support.OFF_ENV)
+    return off is not None and (off.value is None or fix in vllm_support.names_turned_off(off.value))
 
 
 def _env_entry(spec: CpuLLMServiceSpec, name: str) -> EnvVar | None:
@@ -379,7 +407,8 @@ def _plan_for_shape(
     default_router_image: str,
     vllm_images: Mapping[str, str],
 ) -> Plan:
-    strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape), explicit_tp)
+    server = _server(spec, shape.node.arch, vllm_images)
+    strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape, server.fixes), explicit_tp)
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
     if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
         shape, router_cpu = leave_router_room(spec, shape)
@@ -388,7 +417,7 @@ def _plan_for_shape(
     layout = strategy.layout(spec, model, shape, explicit_tp)
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
-    processes, kernels = _server_processes(spec, tp, node.arch), _kernels(spec, node)
+    processes, kernels = _server_processes(spec, tp, node.arch, server.fixes), _kernels(spec, node)
     _check_fits(memory_budget(model, tp, shard, 0, **processes, **kernels), layout, where, "the weights alone need")
     kv = _kv_cache(spec, model, tp)
     budget = memory_budget(model, tp, shard, kv.gib, **processes, **kernels)
@@ -398,7 +427,6 @@ def _plan_for_shape(
     replicas = strategy.replicas(spec.replicas, capacity)
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
     binding = binding_shown(spec.cpu.launcher, threads_bind)
-    image = spec.image or vllm_images.get(node.arch) or _published_image(node.arch)
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     kv_source = kv.source
     if kv.source == "default":
@@ -416,7 +444,7 @@ def _plan_for_shape(
         cautions=plan_cautions(
             spec,
             node,
-            Ranks(where, tp, layout.cpus_per_rank, one_per_numa_node=layout.pods_per_node > 1),
+            Ranks(where, tp, layout.cpus_per_rank, layout.pods_per_node > 1, server.image, server.version),
         )
         or None,
         tensor_parallel_size=tp,
@@ -427,7 +455,10 @@ def _plan_for_shape(
         launcher=spec.cpu.launcher,
         security=server_security(spec),  # as a namespace enforcing no Pod Security level admits it (decision.py)
         **processes,
-        aot_compile_cache=_aot_compile_cache(spec),
+        aot_compile_cache=_aot_compile_cache(spec, server.fixes),
+        vllm_version=server.version,
+        vllm_version_source=server.version_source,
+        fixes_credited=sorted(server.fixes) if spec.cpu.launcher else [],
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,
@@ -452,7 +483,7 @@ def _plan_for_shape(
         step_timeout_seconds=step_timeout_seconds(model, layout.cpus_per_rank),
         startup_seconds=startup_seconds(model, layout.cpus_per_rank, model.weights_bytes),
         expected_start_seconds=expected_start_seconds(model.weights_bytes),
-        image=image,
+        image=server.image,
         sizing=_sizing(spec, model, kv),
         node_profile=NodeProfileSummary(
             arch=node.arch,

@@ -8,6 +8,7 @@ constants.LAUNCHER_MOUNT (the fixes in a directory of their own, which the launc
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from typing import Any
 
@@ -23,7 +24,23 @@ IN_POD_FILES = {
     c.SITECUSTOMIZE_FILE: (c.VLLM_FIXES_FILE, f"{c.LAUNCHER_SITE_DIR}/{c.SITECUSTOMIZE_FILE}"),
     c.API_KEY_GUARD_FILE: (c.API_KEY_GUARD_FILE, f"{c.API_KEY_GUARD_DIR}/{c.API_KEY_GUARD_MODULE}.py"),
 }
-SOURCES = {key: resources.files("cpullm").joinpath(source).read_text() for key, (source, _) in IN_POD_FILES.items()}
+SUPPORT_BLOCK = re.compile(r"# <vllm_support>.*?# </vllm_support>\n", re.DOTALL)
+
+
+def _source(name: str) -> str:
+    """A package file as the pod gets it: the fixes with cpullm/vllm_support.py inline where they import it (the pod
+    has no cpullm package)."""
+    text = resources.files("cpullm").joinpath(name).read_text()
+    if name != c.VLLM_FIXES_FILE:
+        return text
+    support = resources.files("cpullm").joinpath("vllm_support.py").read_text()
+    inlined, count = SUPPORT_BLOCK.subn(lambda _: f"# cpullm/vllm_support.py, inline:\n{support}\n", text)
+    if count != 1:
+        raise RuntimeError(f"{name} must import cpullm.vllm_support once, between its markers")
+    return inlined
+
+
+SOURCES = {key: _source(source) for key, (source, _) in IN_POD_FILES.items()}
 VOLUME_NAME = "launcher"
 
 

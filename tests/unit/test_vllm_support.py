@@ -1,0 +1,90 @@
+"""The vLLM version table (cpullm/vllm_support.py): what a plan renders for each version, and docs/vllm-versions.md
+kept equal to the table."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cpullm import vllm_support
+from cpullm.core.planner import plan_service
+
+from .builders import node, qwen_05b, spec
+
+ROOT = Path(__file__).resolve().parents[2]
+ALL_FIXES = sorted(vllm_support.FIX_VERSIONS)
+
+
+def plan_for(image: str | None, **fields):
+    return plan_service(spec(tensorParallelSize=1, image=image, **fields), qwen_05b(), [node("n1", numa=2)])
+
+
+@pytest.mark.parametrize(
+    ("image", "fields", "version", "source", "fixes"),
+    [
+        pytest.param(None, {}, "0.32.0", "image tag", ALL_FIXES, id="the default image"),
+        pytest.param("docker.io/vllm/vllm-openai-cpu:v0.31.0-x86_64", {}, "0.31.0", "image tag", ALL_FIXES, id="0.31"),
+        pytest.param("docker.io/vllm/vllm-openai-cpu:v0.33.0", {}, "0.33.0", "image tag", ALL_FIXES, id="0.33"),
+        pytest.param(
+            "registry.corp/vllm-cpu:0.33.0@sha256:" + "a" * 64, {}, "0.33.0", "image tag", ALL_FIXES, id="tag+digest"
+        ),
+        pytest.param("registry.corp/vllm@sha256:" + "a" * 64, {}, None, "unknown", [], id="digest alone"),
+        pytest.param("registry.corp/vllm:latest", {}, None, "unknown", [], id="a tag of one's own"),
+        pytest.param(
+            "registry.corp/vllm:latest", {"vllmVersion": "0.32.0"}, "0.32.0", "spec", ALL_FIXES, id="spec says"
+        ),
+        pytest.param(
+            "docker.io/vllm/vllm-openai-cpu:v0.40.0", {}, "0.40.0", "image tag", [], id="newer than the table"
+        ),
+        pytest.param("registry:5000/vllm:v0.32.0", {}, "0.32.0", "image tag", ALL_FIXES, id="a registry port"),
+    ],
+)
+def test_the_plan_knows_its_vllm_version_and_counts_only_the_fixes_for_it(image, fields, version, source, fixes):
+    plan = plan_for(image, **fields)
+    assert (plan.vllm_version, plan.vllm_version_source, plan.fixes_credited) == (version, source, fixes)
+    known = version in vllm_support.RELEASES
+    assert plan.rank_in_engine_core is known  # fix 3's saving counted only for a version it is for
+    cautions = [c.reason for c in plan.cautions or []]
+    assert ("UnknownVLLMVersion" in cautions) is not known
+
+
+def test_a_version_without_the_fixes_gets_the_larger_limit():
+    known, unknown = plan_for(None), plan_for("registry.corp/vllm:latest")
+    assert unknown.memory_limit_bytes > known.memory_limit_bytes
+    assert not unknown.engine_core_forked and not unknown.aot_compile_cache
+
+
+@pytest.mark.parametrize(
+    ("fix_range", "version", "applies"),
+    [
+        (("0.31.0", None), "0.31.0", True),
+        (("0.31.0", None), "0.32.0+cpu", True),
+        (("0.31.0", None), "0.30.9", False),
+        (("0.31.0", "0.33.0"), "0.33.0", False),
+        (("0.31.0", "0.33.0"), "0.32.5", True),
+        (("0.31.0", None), None, False),
+        (("0.31.0", None), "main", False),
+    ],
+)
+def test_fix_ranges_are_half_open(monkeypatch, fix_range, version, applies):
+    monkeypatch.setitem(vllm_support.FIX_VERSIONS, "a_fix", fix_range)
+    assert vllm_support.fix_applies("a_fix", version) is applies
+
+
+def test_the_docs_table_is_the_table():
+    text = (ROOT / "docs" / "vllm-versions.md").read_text()
+    rows = re.findall(r"^\| (\d+\.\d+\.\d+) \| (yes|no) \| `([^`]+)` \| ([^|]+) \| (.*) \|$", text, re.MULTILINE)
+    assert [row[0] for row in rows] == list(vllm_support.RELEASES)
+    for version, run_here, kv_cache, fixes, note in rows:
+        release = vllm_support.RELEASES[version]
+        assert (run_here == "yes", kv_cache, note) == (release["run_here"], release["kv_cache"], release["note"])
+        applying = sorted(vllm_support.fixes_for(version))
+        assert fixes.strip() == ("all" if applying == ALL_FIXES else ", ".join(applying) or "none")
+    fixes_listed = re.findall(r"^\| `(\w+)`", text, re.MULTILINE)
+    assert set(fixes_listed) == set(vllm_support.FIX_VERSIONS) - {vllm_support.ENGINE_CORE_FORKED}
+    assert (
+        max((v for v, r in vllm_support.RELEASES.items() if r["run_here"]), key=vllm_support.version_key)
+        == vllm_support.DEFAULT_VERSION
+    )
