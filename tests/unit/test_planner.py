@@ -346,3 +346,16 @@ def test_the_rank_runs_in_the_engine_core_only_where_the_launchers_fix_does_it(
         rank_in_engine_core=in_engine_core, engine_core_forked=forked, embeddings_packed=arch == "arm64",
     )  # fmt: skip  # x86 here has AVX2 alone: bf16 falls back to torch's linear
     assert plan.memory_limit_bytes == budget.limit_bytes
+
+
+def test_passed_over_reads_the_same_offline_and_once_the_service_runs():
+    """The shape a service runs on wins ties; a shape that lost on its own merits is said to, in the operator as
+    offline."""
+    nodes = [node("big", numa=4, cpu="128", memory="512Gi"), node("small", numa=2, cpu="64", memory="512Gi")]
+    offline = plan_service(spec(), llama_8b(), nodes)
+    running = plan_service(spec(), llama_8b(), nodes, offline.model_dump(by_alias=True, mode="json"))
+    assert (
+        offline.passed_over
+        == running.passed_over
+        == ["amd64/2-NUMA/64-CPU nodes (small): TP 2 there, 4 on the chosen nodes"]
+    )

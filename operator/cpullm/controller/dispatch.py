@@ -76,6 +76,10 @@ class _Facts:
         return await state.workers.run(reconciler.reconcile, service, *facts, self.topologies, self.rolling)
 
 
+# How soon a service whose rollout waits for a slot is reconciled again when no event woke it before.
+PACED_RETRY_SECONDS = 30
+
+
 def rolling(indexes: Indexes) -> frozenset[tuple[str, str]]:
     """The services whose servers' Deployment Kopf's index shows replacing pods of an older template: they hold
     rollout slots (controller/pacing.py)."""
@@ -104,9 +108,11 @@ async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], ind
         log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
         return
     await wake_paced(state, indexes)
+    key = (meta["namespace"], meta["name"])
     delay = retry_delay(outcome, attempt, spread=random.random())
+    if delay is None and state.reconciler.pacer.waiting(key):  # woken when a slot frees; this, if no event says so
+        delay = PACED_RETRY_SECONDS
     if delay is not None:
-        key = (meta["namespace"], meta["name"])
 
         async def again() -> None:  # from Kopf's indexes as they are then
             latest = list(indexes["services"].get(key, ())) if "services" in indexes else []
@@ -236,11 +242,11 @@ async def child_changed(state: ControllerState, namespace: str, type: str | None
     Kopf lists again (events of type None) when a watch failed and the API server no longer has its resource
     version: what changed meanwhile is found there."""
     service = owning_service(namespace, indexes["meta"], indexes["services"])
-    if service is not None and indexes["resource"].kind == "Deployment":
-        owner = service["metadata"]["name"]
+    if indexes["resource"].kind == "Deployment":  # a rollout may have ended (or its Deployment gone with its owner)
+        owner = service["metadata"]["name"] if service is not None else None
         if indexes["name"] == owner:  # the servers' (a router's rollout is not paced)
             state.reconciler.pacer.observe((namespace, owner), None if type == "DELETED" else indexes["body"])
-            await wake_paced(state, indexes)
+        await wake_paced(state, indexes)
     if service is None or not state.reconciler.child_event(
         indexes["resource"].kind, namespace, indexes["name"], type, indexes["body"], service["metadata"]["name"]
     ):

@@ -70,6 +70,11 @@ class RolloutPacer:
             ):
                 del self._admitted[key]
 
+    def waiting(self, key: ServiceKey) -> bool:
+        """Whether `key` waits in line for a slot."""
+        with self._lock:
+            return key in self._waiting
+
     def forget(self, key: ServiceKey) -> None:
         """The service is gone."""
         with self._lock:

@@ -154,7 +154,9 @@ def _describe(plan: Plan) -> str:
 
 
 def _why_passed_over(chosen: Plan, other: Plan, replicas: int, running: tuple[object, ...]) -> str:
-    """The first rule of _preference where the chosen plan beat `other`, in words."""
+    """The rule of _preference the chosen plan beat `other` on, in words: the first that tells them apart of those
+    about the plans themselves; the shape the service already runs on only where it alone decided (so a plan reads
+    the same offline as in the operator)."""
     won, lost = _preference(chosen, replicas, running), _preference(other, replicas, running)
     reasons = (
         f"they hold {other.capacity} of the {replicas} replicas",
@@ -165,7 +167,12 @@ def _why_passed_over(chosen: Plan, other: Plan, replicas: int, running: tuple[ob
         "less memory",
         "they fit as well; the chosen nodes come first by name",
     )
-    return next((why for why, a, b in zip(reasons, won, lost, strict=True) if a != b), reasons[-1])
+    running_rule = 1
+    for rule, (a, b) in enumerate(zip(won, lost, strict=True)):
+        if rule == running_rule or a == b:
+            continue
+        return reasons[rule] if a > b else reasons[running_rule]  # type: ignore[operator]
+    return reasons[running_rule] if won[running_rule] != lost[running_rule] else reasons[-1]
 
 
 def _preference(plan: Plan, replicas: int, running: tuple[object, ...]) -> tuple[object, ...]:

@@ -87,10 +87,10 @@ def rollout_finished(deployment: Mapping[str, Any]) -> bool:
 
 def replacing_pods(deployment: Mapping[str, Any]) -> bool:
     """Whether a Deployment is replacing pods of an older template (one the operator did not start, e.g. a user's
-    own change, or one from before a restart): a template not yet observed, or old pods left. Not a Deployment
-    whose pods all run the current template but are not available (Pending, crashing): that is no rollout, and
-    counting it would hold pacing back for as long as they stay so."""
+    own change, or one from before a restart): a change its controller has not observed yet, or pods of an older
+    template left. Not a Deployment short of pods that all run its template (Pending, crashing, scaling up, being
+    deleted with its namespace): that is no rollout, and counting it held pacing back for as long as it stayed so."""
     if _given_up(deployment.get("status") or {}):
         return False
-    want, updated, _, present, observed = _counts(deployment)
-    return not observed or updated < want or present > updated
+    _, updated, _, present, observed = _counts(deployment)
+    return not observed or present > updated
