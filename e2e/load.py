@@ -46,7 +46,7 @@ def stream_completion(host: str, port: int, model: str, request: Request, timeou
         "model": model,
         "prompt": [PROMPT_TOKEN] * request.prompt_tokens,
         "max_tokens": request.max_tokens,
-        "ignore_eos": True,  # the lengths asked for, not where the random weights happen to stop
+        "ignore_eos": True,  # the lengths asked for, not where the model would stop
         "stream": True,
     }
     connection = http.client.HTTPConnection(host, port, timeout=timeout)
