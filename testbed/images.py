@@ -10,7 +10,7 @@ stage's import of CoreDNS, whose log shows the two `unpacking` lines of one name
 
 - pause: the pod sandbox image, a static Go program (testbed/node/pause/main.go) that sleeps until SIGTERM/SIGINT.
 - vllm: a LOCAL STAND-IN for the published vLLM CPU image, under the exact reference the operator renders by
-  default (docker.io/vllm/vllm-openai-cpu:<VLLM_VERSION>-<arch suffix>, read from operator/cpullm/core/constants.py)
+  default (docker.io/vllm/vllm-openai-cpu:v<DEFAULT_VERSION>-<arch suffix>, read from operator/cpullm/vllm_support.py)
   so the operator's unmodified Deployment runs it without a pull. How it differs from the published image:
     * its root filesystem is Debian bookworm minbase (mmdebstrap) with Debian's python3.11, libtcmalloc-minimal4,
       libnuma1 (vLLM's CPU worker loads it), g++ and python3.11-dev (torch.compile builds C++ kernels at start-up),
@@ -81,9 +81,10 @@ def arch() -> str:
     return {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
 
 
-def operator_constants() -> dict[str, Any]:
-    """The literal constants of operator/cpullm/core/constants.py (parsed, not imported: no operator deps)."""
-    tree = ast.parse((ROOT / "operator" / "cpullm" / "core" / "constants.py").read_text())
+def operator_constants(module: str = "core/constants.py") -> dict[str, Any]:
+    """The literal constants of an operator module (operator/cpullm/core/constants.py by default; parsed, not
+    imported: no operator deps)."""
+    tree = ast.parse((ROOT / "operator" / "cpullm" / module).read_text())
     values: dict[str, Any] = {}
     for node in tree.body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
@@ -96,8 +97,8 @@ def operator_constants() -> dict[str, Any]:
 
 def vllm_image_ref() -> str:
     """The image the operator renders by default for this machine's arch."""
-    c = operator_constants()
-    return f"{c['DEFAULT_IMAGE_REPOSITORY']}:{c['VLLM_VERSION']}-{c['IMAGE_ARCH_SUFFIX'][arch()]}"
+    c, version = operator_constants(), operator_constants("vllm_support.py")["DEFAULT_VERSION"]
+    return f"{c['DEFAULT_IMAGE_REPOSITORY']}:v{version}-{c['IMAGE_ARCH_SUFFIX'][arch()]}"
 
 
 @functools.cache

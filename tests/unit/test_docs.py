@@ -68,3 +68,30 @@ def test_the_readmes_sample_plan_is_what_the_cli_prints(capsys: pytest.CaptureFi
     assert len(shown) >= 5
     positions = [printed.index(line) for line in shown]  # ValueError: a line the CLI no longer prints
     assert positions == sorted(positions)
+
+
+def console_blocks(page: str) -> list[tuple[list[str], list[str]]]:
+    """Each `$ cpullm plan ...` of a docs page's console blocks (its arguments, a line ending in a backslash
+    continued), with the lines shown after it up to the block's end."""
+    found = []
+    for block in re.findall(r"```console\n(.*?)```", (ROOT / "docs" / page).read_text(), re.DOTALL):
+        lines = block.splitlines()
+        if not lines[0].startswith("$ cpullm plan "):
+            continue
+        command, rest = lines[0], lines[1:]
+        while command.endswith("\\"):
+            command, rest = command[:-1] + rest[0].strip(), rest[1:]
+        found.append((command.split()[3:], rest))
+    return found
+
+
+def test_the_two_socket_pages_plans_are_what_the_cli_prints(capsys: pytest.CaptureFixture[str], monkeypatch):
+    from cpullm.cli import main
+
+    monkeypatch.chdir(ROOT)
+    blocks = console_blocks("two-socket-8b.md")
+    assert len(blocks) == 2
+    for args, shown in blocks:
+        main(["plan", *args])
+        out, err = capsys.readouterr()
+        assert (out + err).splitlines() == shown
