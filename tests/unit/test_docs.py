@@ -95,3 +95,99 @@ def test_the_two_socket_pages_plans_are_what_the_cli_prints(capsys: pytest.Captu
         main(["plan", *args])
         out, err = capsys.readouterr()
         assert (out + err).splitlines() == shown
+
+
+# The facts the docs quote, checked against the code that holds them: a renamed setting, field, chart value or
+# condition reason leaves no doc behind.
+TEXTS = {doc: doc.read_text() for doc in DOCS}
+SOURCES = [
+    *ROOT.glob("scripts/*.sh"),
+    ROOT / ".ci" / "run",
+    *ROOT.glob("e2e/*.py"),
+    *ROOT.glob("testbed/**/*.py"),
+    *ROOT.glob("tests/**/*.py"),
+    *PACKAGE.glob("**/*.py"),
+]
+
+
+def quoted(pattern: str) -> set[str]:
+    """Every backticked mention in the docs matching `pattern` (its first group)."""
+    return {m.group(1) for text in TEXTS.values() for m in re.finditer(pattern, text)}
+
+
+def test_every_cpullm_variable_the_docs_name_is_read_somewhere():
+    """A setting (settings.py, by its CPULLM_ name), or a knob of the in-pod files or of the tests and scripts."""
+    from cpullm.settings import Settings
+
+    settings = {f"CPULLM_{name.upper()}" for name in Settings.model_fields}
+    code = "\n".join(path.read_text() for path in SOURCES if path.is_file() and path.name != "test_docs.py")
+    named = quoted(r"`(CPULLM_[A-Z0-9_]+)[=`]")
+    assert named, "no variable found: the check is not looking at the docs"
+    assert sorted(v for v in named if v not in settings and v not in code) == []
+
+
+def test_every_spec_and_plan_field_the_docs_name_exists():
+    from cpullm.api.crd import build_crd
+
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
+
+    def exists(path: list[str], node: dict) -> bool:
+        for part in path:
+            node = node.get("items", node)  # a list's fields are its items'
+            props = node.get("properties") or {}
+            if part not in props:
+                return False
+            node = props[part]
+        return True
+
+    fields = quoted(r"`((?:spec|status\.plan)\.[A-Za-z][A-Za-z0-9.]*)`")
+    assert len(fields) > 20
+    plan = schema["status"]["properties"]["plan"]
+    missing = [
+        f
+        for f in fields
+        if not (exists(f.split(".")[1:], schema["spec"]) if f.startswith("spec.") else exists(f.split(".")[2:], plan))
+        and f != "spec.py"  # api/spec.py, a file the docs name
+    ]
+    assert sorted(missing) == []
+
+
+def test_every_chart_value_the_docs_name_is_in_values_yaml():
+    import yaml
+
+    values = yaml.safe_load((ROOT / "charts" / "cpullm-operator" / "values.yaml").read_text())
+    named = quoted(r"`((?:" + "|".join(map(re.escape, values)) + r")\.[A-Za-z][A-Za-z0-9.]*)(?:=[^`]*)?`")
+    assert len(named) > 10
+
+    def known(path: str) -> bool:
+        node = values
+        for part in path.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return False
+            node = node[part]
+        return True
+
+    # `vllm.platforms.cpu` and the like are vLLM's own modules, which share a chart key's name.
+    def vllm_module(path: str) -> bool:
+        return path.startswith("vllm.") and not known(".".join(path.split(".")[:2]))
+
+    unknown = [p for p in named if not known(p) and not vllm_module(p) and not p.endswith(".py")]  # metrics.py: a file
+    assert sorted(unknown) == []
+
+
+def test_every_condition_reason_the_troubleshooting_table_names_is_the_operators():
+    """The README's table of conditions and reasons: each name is a string the operator writes."""
+    table = TEXTS[ROOT / "README.md"].split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    names = {
+        name
+        for row in table.splitlines()
+        if row.startswith("| `")
+        for name in re.findall(r"`(\w+)`", row.split("|")[1])
+    }
+    from cpullm.core.children import CHILD_KINDS
+
+    code = "\n".join(path.read_text() for path in PACKAGE.glob("**/*.py"))
+    # An optional child's reasons are made from its kind (core/decision.py): {Kind}Applied, {Kind}CRDMissing.
+    made = {f"{k.kind}{suffix}" for k in CHILD_KINDS for suffix in ("Applied", "CRDMissing")}
+    assert len(names) > 20
+    assert sorted(n for n in names if f'"{n}"' not in code and n not in made) == []
