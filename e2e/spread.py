@@ -89,6 +89,8 @@ def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[Q
         try:
             run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1800)
             log(f"quickstart.sh (exit {run.returncode}):\n{run.stdout}{run.stderr}")
+            # The latest run's transcript, kept for docs/quickstart.md (outside the clone: a test writes no tree).
+            (CACHE / "quickstart-transcript.txt").write_text(f"$ {' '.join(command)}\n{run.stdout}")
             assert run.returncode == 0, run.stderr[-2000:]
             kubectl = cluster_kubectl(tools, env, workdir / "kubeconfig")
             enforce_network_policies(kubectl, registry)

@@ -583,6 +583,26 @@ def test_a_tenant_cannot_change_the_operators_children(
     assert kubectl.run(*args, *here, input=stdin).returncode == 0  # an admin may
 
 
+def test_a_namespaced_release_guards_only_its_namespaces(helm: Helm):
+    """So releases serving other namespaces write their own children there."""
+    rendered = objects(helm.template("--set", "watchNamespaces={team-a,team-b}"))
+    (policy,) = [
+        o
+        for o in rendered
+        if o["metadata"]["name"].endswith("-children") and "spec" in o and "validations" in o["spec"]
+    ]
+    selector = policy["spec"]["matchConstraints"]["namespaceSelector"]
+    assert selector == {
+        "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]
+    }
+    (cluster_wide,) = [
+        o
+        for o in objects(helm.template())
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"].endswith("-children")
+    ]
+    assert "namespaceSelector" not in cluster_wide["spec"]["matchConstraints"]
+
+
 def test_the_garbage_collector_still_deletes_children_with_their_service(kubectl: Kubectl, policed: dict[str, Any]):
     tenant = policed["tenant"]
     kubectl.apply(tiny_service("doomed", tenant, replicas=0))
