@@ -287,6 +287,14 @@ def test_drift_in_children_is_reverted(kubectl: Kubectl, operator: Operator | In
         ({"cpu": {"threadsBind": "all-of-them"}}, "spec.cpu.threadsBind"),
         ({"cpu": {"requiredISA": ["AVX512F"]}}, "spec.cpu.requiredISA[0]"),
         ({"maxNumSeqs": 0}, "spec.maxNumSeqs: Invalid value: 0"),
+        (
+            {"image": " docker.io/vllm/vllm-openai-cpu:v0.32.0"},
+            "spec.image in body should match",
+        ),  # no pod could pull it
+        (
+            {"routing": {"mode": "router", "router": {"image": "Haproxy:3"}}},
+            "spec.routing.router.image in body should match",
+        ),
         ({"modelCache": {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "x"}}}, "exactly one of"),
         ({"model": {"name": "m", "dtype": "int4"}}, 'spec.model.dtype: Unsupported value: "int4"'),
         (

@@ -12,11 +12,12 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, StringConstraints, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from cpullm.api.spec import IMAGE_REFERENCE_PATTERN
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE, IMAGE_ARCH_SUFFIX
 from cpullm.core.observation import OperatorPolicy
 
-# An image an administrator names: no whitespace, no longer than a spec's image field.
-ImageReference = Annotated[str, StringConstraints(pattern=r"^\S+$", max_length=1024)]
+# An image an administrator names: a reference as a spec's image field takes one.
+ImageReference = Annotated[str, StringConstraints(pattern=IMAGE_REFERENCE_PATTERN, max_length=1024)]
 
 
 class Settings(BaseSettings):

@@ -5,6 +5,7 @@ import pytest
 import yaml
 
 from cpullm.api.crd import build_crd
+from cpullm.api.spec import IMAGE_REFERENCE_PATTERN, CpuLLMServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "cpullm.io_cpullmservices.yaml"
@@ -206,3 +207,35 @@ def test_json_is_copied_and_measured_at_any_depth():
         probe, original = probe["a"][0], original["a"][0]
     assert probe == {"leaf": [1, "x", None, {"k": True}]} and probe["leaf"] is not original["leaf"]
     assert copy_json("text") == "text"
+
+
+@pytest.mark.parametrize(
+    ("image", "valid"),
+    [
+        ("docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64", True),
+        ("registry.corp:5000/vllm/cpu:1", True),
+        ("localhost:5000/a/b@sha256:" + "a" * 64, True),
+        ("haproxy:3.2", True),
+        ("Registry.Corp/vllm", True),  # a host may have capitals, a repository may not
+        ("registry.corp/vllm:0.33.0@sha256:" + "b" * 64, True),
+        (" docker.io/vllm/vllm-openai-cpu:v0.32.0", False),  # surrounding whitespace: the pod could not pull it
+        ("docker.io/vllm/vllm-openai-cpu:v0.32.0 ", False),
+        ("registry.corp/Vllm:1", False),
+        ("registry.corp//vllm", False),
+        ("vllm:tag with space", False),
+        ("vllm@sha256:short", False),
+    ],
+)
+def test_image_references_are_checked_as_the_runtime_parses_them(image, valid):
+    """Both image fields, one pattern (api/spec.py IMAGE_REFERENCE_PATTERN), in the CRD as in the model."""
+    assert bool(re.match(IMAGE_REFERENCE_PATTERN, image)) is valid
+    raw = {"model": {"name": "m"}, "image": image, "routing": {"mode": "router", "router": {"image": image}}}
+    if valid:
+        CpuLLMServiceSpec.model_validate(raw)
+    else:
+        with pytest.raises(ValueError, match="image"):
+            CpuLLMServiceSpec.model_validate(raw)
+    spec_schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    assert spec_schema["image"]["pattern"] == IMAGE_REFERENCE_PATTERN
+    router = spec_schema["routing"]["properties"]["router"]["properties"]["image"]
+    assert router["pattern"] == IMAGE_REFERENCE_PATTERN

@@ -85,6 +85,18 @@ def _beyond_int64(value: Any) -> bool:
     return False
 
 
+# An image reference as the container runtime parses it (the distribution reference grammar): an optional registry
+# host and port, lowercase path components, an optional tag and an optional digest. A reference a pod could not
+# pull (surrounding whitespace, an upper-case repository) is refused at admission instead of leaving the ReplicaSet
+# unable to create pods.
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_PATH = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_REFERENCE_PATTERN = (
+    rf"^(?:{_HOST}/)?{_PATH}(?:/{_PATH})*(?::[A-Za-z0-9_][A-Za-z0-9_.-]{{0,127}})?"
+    r"(?:@[a-z0-9]+(?:[.+_-][a-z0-9]+)*:[a-fA-F0-9]{32,})?$"
+)
+
+
 class DType(StrEnum):
     BFLOAT16 = "bfloat16"
     FLOAT16 = "float16"
@@ -535,6 +547,7 @@ class RouterSettings(_Model):
     image: str | None = Field(
         default=None,
         max_length=1024,
+        pattern=IMAGE_REFERENCE_PATTERN,
         description="HAProxy image of the router (any with `haproxy` on its PATH; HAProxy 2.6 or newer). Unset: "
         "the operator's router image, its administrator's choice (the chart's router.image), as "
         "status.plan.routerImage shows.",
@@ -847,6 +860,7 @@ class CpuLLMServiceSpec(_Model):
     image: str | None = Field(
         default=None,
         max_length=1024,
+        pattern=IMAGE_REFERENCE_PATTERN,
         description="vLLM CPU image. Unset: the operator's image for the chosen nodes' arch, its administrator's "
         "choice (the chart's vllm.images), else the pinned vllm/vllm-openai-cpu image, as status.plan.image shows.",
     )
