@@ -100,7 +100,9 @@ def test_the_pacer_admits_at_most_its_limit_and_wakes_the_line_in_order_as_rollo
     pacer = RolloutPacer(2)
     a, b, c, d = (("ns", n) for n in "abcd")
     assert pacer.admit(a, frozenset()) and pacer.admit(b, frozenset())
+    assert not pacer.anyone_waiting()
     assert not pacer.admit(c, frozenset()) and not pacer.admit(d, frozenset())
+    assert pacer.anyone_waiting() and pacer.waiting(c) and not pacer.waiting(a)
     assert pacer.admit(a, frozenset())  # a second change of a service already rolling: its slot
     assert pacer.to_wake(frozenset()) == []
     pacer.started(a, 5)

@@ -66,7 +66,7 @@ class _Facts:
         self.crds = installed(indexes["installed_crds"])
         self._deployments: Mapping[Any, Any] = indexes["owned_deployments"]
         self._unschedulable: Mapping[Any, Any] = indexes["unschedulable_pods"]
-        self.rolling = rolling(indexes)
+        self.rolling = rolling(indexes)  # what holds rollout slots (controller/pacing.py)
 
     async def reconcile(self, state: ControllerState, service: Mapping[str, Any]) -> Any:
         key = (service["metadata"]["namespace"], service["metadata"]["name"])
@@ -122,7 +122,10 @@ async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], ind
 
 
 async def wake_paced(state: ControllerState, indexes: Indexes) -> None:
-    """Reconcile the services whose rollout waits for a slot, as many as are free (controller/pacing.py)."""
+    """Reconcile the services whose rollout waits for a slot, as many as are free (controller/pacing.py). Called on
+    every reconcile's end and Deployment event: the index is walked only while someone waits."""
+    if not state.reconciler.pacer.anyone_waiting():
+        return
     woken = state.reconciler.pacer.to_wake(rolling(indexes))
     services = [s for key in woken for s in indexes["services"].get(key, ())]
     if services:

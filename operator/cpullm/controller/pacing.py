@@ -70,6 +70,10 @@ class RolloutPacer:
             ):
                 del self._admitted[key]
 
+    def anyone_waiting(self) -> bool:
+        with self._lock:
+            return bool(self._waiting)
+
     def waiting(self, key: ServiceKey) -> bool:
         """Whether `key` waits in line for a slot."""
         with self._lock:
