@@ -26,7 +26,7 @@ from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.node_topology import NodeTopology
 from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, Observed, OperatorPolicy
-from cpullm.core.rollout import TEMPLATE_DIGEST
+from cpullm.core.rollout import is_servers_deployment
 from cpullm.core.status import READY, deployment_facts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
@@ -361,7 +361,7 @@ class Reconciler:
                     self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], uid)
                 for write in writes:
                     stored = self._apply(write, uid)
-                    if decision.paced_rollout and TEMPLATE_DIGEST in write.child["metadata"].get("annotations", {}):
+                    if decision.paced_rollout and is_servers_deployment(write.child):
                         self.pacer.started(key, int(stored.get("metadata", {}).get("generation") or 0))
             except (ChildRejected, ChildConflict, PermissionDenied) as err:
                 self.pacer.settled(key)  # a slot taken for a rollout that was not written is free again

@@ -24,7 +24,7 @@ from cpullm.core.children.model_cache import node_cache_paths
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import enforced_level, server_security
-from cpullm.core.rollout import TEMPLATE_DIGEST, RolloutCause, rollout_cause
+from cpullm.core.rollout import RolloutCause, is_servers_deployment, rollout_cause
 from cpullm.core.status import (
     OPTIONAL_CHILDREN,
     ROLLOUT_PACED,
@@ -134,8 +134,7 @@ def _joined(first: FeatureCondition | None, then: FeatureCondition) -> FeatureCo
 
 
 def _servers(children: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
-    """The servers' Deployment: the child that carries its pod template's digest."""
-    return next((c for c in children if TEMPLATE_DIGEST in c["metadata"].get("annotations", {})), None)
+    return next((c for c in children if is_servers_deployment(c)), None)
 
 
 def _background_rollout(observed: Observed, children: Sequence[dict[str, Any]]) -> bool:

@@ -27,6 +27,11 @@ class RolloutCause(Enum):
     BACKGROUND = "background"  # the same spec renders another template: paced
 
 
+def is_servers_deployment(child: Mapping[str, Any]) -> bool:
+    """Whether a child is the servers' Deployment: the one that carries its pod template's digest."""
+    return TEMPLATE_DIGEST in (child.get("metadata") or {}).get("annotations", {})
+
+
 def template_digest(template: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(template, sort_keys=True).encode()).hexdigest()[:32]
 
