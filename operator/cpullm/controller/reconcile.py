@@ -296,7 +296,8 @@ class Reconciler:
         what `begin` gave when these facts were read (None: not ordered, as in the CLI and tests); `daemons` the
         DaemonSets whose pods whole-node plans leave room for (Kopf's index); `topologies` the nodes'
         NodeResourceTopologies (Kopf's index), merged into their profiles in gather; `rolling` the services whose
-        servers' Deployment Kopf's index shows mid-rollout (they take rollout slots: controller/pacing.py)."""
+        servers' Deployment Kopf's index shows replacing pods of an older template (they take rollout slots:
+        controller/pacing.py)."""
         meta = service["metadata"]
         key = (meta["namespace"], meta["name"])
         with self._lock(key):
