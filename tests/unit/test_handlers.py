@@ -42,6 +42,7 @@ class RecordingReconciler:
         self.topologies: list[Any] = []  # the NodeResourceTopologies each reconcile was handed
         self.rolling: list[Any] = []  # the services mid-rollout each reconcile was handed
         self.pacer = RolloutPacer(None)
+        self.exits: list[Any] = []  # the server exits each reconcile was handed
 
     def begin(self, service, deployment):
         return 0
@@ -57,7 +58,9 @@ class RecordingReconciler:
         daemons: Any = (),
         topologies: Any = (),
         rolling: Any = frozenset(),
+        exits: Any = (),
     ) -> None:
+        self.exits.append(exits)
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
         self.rolling.append(rolling)
         self.daemons.append(daemons)
@@ -96,6 +99,7 @@ OTHER_INDEXES: dict[str, Any] = {
     "owned_deployments": {},
     "installed_crds": {},
     "unschedulable_pods": {},
+    "server_exits": {},
     "daemonset_pods": {},
     "node_topologies": {},
 }
@@ -448,6 +452,43 @@ def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedu
     rec = memo["state"].reconciler
     message = INSUFFICIENT["message"]
     assert rec.unschedulable == [message, None, message, None]
+
+
+def ended(message: str | None) -> dict[str, Any]:
+    """A server pod whose vLLM container last ended with `message` as its termination message (None: running)."""
+    last = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "message": message}} if message else {}
+    status = {"containerStatuses": [{"name": "vllm", "state": {"running": {}}, "lastState": last}]}
+    return {"name": "a-1", "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "status": status}
+
+
+def test_a_pod_whose_server_ended_without_a_fix_reconciles_its_service_with_that_end():
+    """Only a change in what the last end reports reconciles (a restart that reports the same does not)."""
+    memo = handler_memo(RecordingReconciler())
+    not_loaded = "cpullm-vllm-fix rank_in_engine_core nothing-to-patch\n"
+    for type_, message in [
+        ("ADDED", None),
+        ("MODIFIED", "cpullm-vllm-fix rank_in_engine_core loaded\n"),  # ended with every fix: nothing to say
+        ("MODIFIED", not_loaded),
+        ("MODIFIED", not_loaded),
+        ("DELETED", not_loaded),
+    ]:
+        event = ended(message)
+        entry = asyncio.run(handlers.server_exits(**event)) if type_ != "DELETED" else None
+        index = {key: [value] for key, value in (entry or {}).items()}
+        call = handlers.pod_changed(
+            **event,
+            type=type_,
+            memo=memo,
+            services=SERVICES,
+            node_profiles={},
+            **{**OTHER_INDEXES, "server_exits": index},
+        )
+        asyncio.run(call)
+    exits = memo["state"].reconciler.exits
+    assert [[e.not_loaded for e in handed] for handed in exits] == [
+        [(("rank_in_engine_core", "nothing-to-patch"),)],
+        [],
+    ]
 
 
 def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting():

@@ -13,8 +13,10 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from cpullm import vllm_fixes
+from cpullm import vllm_fixes, vllm_support
 from cpullm.api.spec import CpuSettings
+from cpullm.core.children.launcher import SOURCES
+from cpullm.core.constants import SITECUSTOMIZE_FILE
 from cpullm.vllm_fixes import GIB, WARM_UP_TOKENS, apply, file_pages, without_page_cache
 
 V2_STAT = "anon 2147483648\nfile 1610612736\nactive_file 268435456\ninactive_file 1073741824\nshmem 1048576\n"
@@ -393,13 +395,18 @@ def test_the_site_directory_patches_vllm_when_imported_and_runs_the_images_own_s
     further along it, and a server process that imports vLLM."""
     site, image_site, packages = tmp_path / "site", tmp_path / "image-site", tmp_path / "packages"
     site.mkdir()
-    (site / "sitecustomize.py").write_text(Path(vllm_fixes.__file__).read_text())
+    (site / "sitecustomize.py").write_text(SOURCES[SITECUSTOMIZE_FILE])  # as the ConfigMap carries it
     image_site.mkdir()
     (image_site / "sitecustomize.py").write_text("import builtins\nbuiltins.IMAGE_SITE_RAN = True\n")
     for name, text in FAKE_VLLM.items():
         (packages / name).parent.mkdir(parents=True, exist_ok=True)
         (packages / name).write_text(text)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, (site, image_site, packages)))}
+    report = tmp_path / "termination-log"
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(map(str, (site, image_site, packages))),
+        vllm_support.REPORT_ENV: str(report),
+    }
     result = subprocess.run(
         [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True, timeout=30
     )
@@ -407,6 +414,40 @@ def test_the_site_directory_patches_vllm_when_imported_and_runs_the_images_own_s
     # sitecustomize ran too.
     expected = "False usage_the_kernel_cannot_reclaim short_warm_up.<locals>.warming_up_model True\n"
     assert result.stdout == expected
+    # And the server's report says so, a line per fix it tried (the fake vLLM has no version: each fix checks).
+    assert report.read_text() == "cpullm-vllm-fix leave_page_cache_out loaded\ncpullm-vllm-fix short_warm_up loaded\n"
+
+
+@pytest.mark.parametrize(
+    ("env", "module", "outcome"),
+    [
+        ({}, "vllm.utils.cpu_resource_utils", "leave_page_cache_out nothing-to-patch"),
+        ({"CPULLM_VLLM_FIXES_OFF": "short_warm_up"}, "vllm.v1.worker.cpu_model_runner", "short_warm_up turned-off"),
+    ],
+)
+def test_each_fix_tried_is_one_line_of_the_report_however_many_processes_try_it(
+    tmp_path, monkeypatch, env, module, outcome
+):
+    report = tmp_path / "termination-log"
+    monkeypatch.setenv(vllm_support.REPORT_ENV, str(report))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for _ in range(3):  # the API server, the engine core, a worker
+        apply(ModuleType(module))
+    assert report.read_text() == f"cpullm-vllm-fix {outcome}\n"
+
+
+def test_a_fix_not_for_this_vllm_says_so_in_the_report(tmp_path, monkeypatch):
+    monkeypatch.setenv(vllm_support.REPORT_ENV, str(tmp_path / "report"))
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.30.0"))
+    assert apply(ModuleType("vllm.utils.cpu_resource_utils")) is False
+    assert vllm_support.read_report((tmp_path / "report").read_text()) == {"leave_page_cache_out": "not-for-this-vllm"}
+
+
+def test_a_report_that_cannot_be_written_leaves_the_server_running(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(vllm_support.REPORT_ENV, str(tmp_path / "no-such-dir" / "report"))
+    vllm_fixes.record("short_warm_up", "loaded")
+    assert "cannot write the fixes' report" in capsys.readouterr().err
 
 
 def test_every_fix_is_named_where_users_read_how_to_turn_it_off():

@@ -15,6 +15,8 @@ from .builders import node, qwen_05b, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_FIXES = sorted(vllm_support.FIX_VERSIONS)
+# What a TP 1 plan on a pod-local cache counts on: every fix but the AOT cache's, which needs a cache kept across pods.
+TP1_FIXES = [fix for fix in ALL_FIXES if fix != vllm_support.AOT_CACHE_LOADS]
 
 
 def plan_for(image: str | None, **fields):
@@ -24,21 +26,21 @@ def plan_for(image: str | None, **fields):
 @pytest.mark.parametrize(
     ("image", "fields", "version", "source", "fixes"),
     [
-        pytest.param(None, {}, "0.32.0", "image tag", ALL_FIXES, id="the default image"),
-        pytest.param("docker.io/vllm/vllm-openai-cpu:v0.31.0-x86_64", {}, "0.31.0", "image tag", ALL_FIXES, id="0.31"),
-        pytest.param("docker.io/vllm/vllm-openai-cpu:v0.33.0", {}, "0.33.0", "image tag", ALL_FIXES, id="0.33"),
+        pytest.param(None, {}, "0.32.0", "image tag", TP1_FIXES, id="the default image"),
+        pytest.param("docker.io/vllm/vllm-openai-cpu:v0.31.0-x86_64", {}, "0.31.0", "image tag", TP1_FIXES, id="0.31"),
+        pytest.param("docker.io/vllm/vllm-openai-cpu:v0.33.0", {}, "0.33.0", "image tag", TP1_FIXES, id="0.33"),
         pytest.param(
-            "registry.corp/vllm-cpu:0.33.0@sha256:" + "a" * 64, {}, "0.33.0", "image tag", ALL_FIXES, id="tag+digest"
+            "registry.corp/vllm-cpu:0.33.0@sha256:" + "a" * 64, {}, "0.33.0", "image tag", TP1_FIXES, id="tag+digest"
         ),
         pytest.param("registry.corp/vllm@sha256:" + "a" * 64, {}, None, "unknown", [], id="digest alone"),
         pytest.param("registry.corp/vllm:latest", {}, None, "unknown", [], id="a tag of one's own"),
         pytest.param(
-            "registry.corp/vllm:latest", {"vllmVersion": "0.32.0"}, "0.32.0", "spec", ALL_FIXES, id="spec says"
+            "registry.corp/vllm:latest", {"vllmVersion": "0.32.0"}, "0.32.0", "spec", TP1_FIXES, id="spec says"
         ),
         pytest.param(
             "docker.io/vllm/vllm-openai-cpu:v0.40.0", {}, "0.40.0", "image tag", [], id="newer than the table"
         ),
-        pytest.param("registry:5000/vllm:v0.32.0", {}, "0.32.0", "image tag", ALL_FIXES, id="a registry port"),
+        pytest.param("registry:5000/vllm:v0.32.0", {}, "0.32.0", "image tag", TP1_FIXES, id="a registry port"),
     ],
 )
 def test_the_plan_knows_its_vllm_version_and_counts_only_the_fixes_for_it(image, fields, version, source, fixes):
@@ -88,3 +90,32 @@ def test_the_docs_table_is_the_table():
         max((v for v, r in vllm_support.RELEASES.items() if r["run_here"]), key=vllm_support.version_key)
         == vllm_support.DEFAULT_VERSION
     )
+
+
+OFF = "CPULLM_VLLM_FIXES_OFF"
+
+
+@pytest.mark.parametrize(
+    ("fields", "credited"),
+    [
+        pytest.param({}, TP1_FIXES, id="TP 1 on a pod-local cache"),
+        pytest.param(
+            {"modelCache": {"persistentVolumeClaim": {"claimName": "models"}}},
+            ALL_FIXES,
+            id="a cache kept across pods: the AOT cache",
+        ),
+        pytest.param(
+            {"env": [{"name": OFF, "value": "short_warm_up,engine_core_forked"}]},
+            [f for f in TP1_FIXES if f not in ("short_warm_up", "engine_core_forked")],
+            id="turned off in spec.env",
+        ),
+        pytest.param(
+            {"env": [{"name": OFF, "value": "rank_in_engine_core"}]},
+            ["checkpoint_pages_dropped", "leave_page_cache_out", "short_warm_up"],
+            id="no rank in the engine core: no fork either",
+        ),
+        pytest.param({"cpu": {"launcher": False}}, [], id="without the launcher"),
+    ],
+)
+def test_the_plan_credits_the_fixes_its_figures_count_on(fields, credited):
+    assert plan_for(None, **fields).fixes_credited == credited

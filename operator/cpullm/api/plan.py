@@ -239,8 +239,9 @@ class Plan(_Model):
     vllm_version_source: str = Field(default="image tag", description="'spec', 'image tag' or 'unknown'.")
     fixes_credited: list[str] = Field(
         default_factory=list,
-        description="The launcher's fixes to vLLM that apply to that version (cpullm/vllm_support.py), whose savings "
-        "the plan counts: none without the launcher or for an unknown version.",
+        description="The launcher's fixes to vLLM whose effect the plan's figures count on: those for that version "
+        "(cpullm/vllm_support.py) that spec.env leaves on and the plan uses; none without the launcher or for an "
+        "unknown version. A server that reports one of them not loaded sets FixesLoaded=False.",
     )
     startup_seconds: int = Field(
         default=0,

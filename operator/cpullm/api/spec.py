@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, f
 from pydantic.alias_generators import to_camel, to_snake
 
 from cpullm.errors import InvalidSpec
+from cpullm.vllm_support import REPORT_ENV
 
 GROUP = "cpullm.io"
 VERSION = "v1alpha1"
@@ -736,6 +737,7 @@ OWNED_ENV = {
     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "cpu.cpusPerRank",
     "HF_TOKEN": "hfTokenSecret",
     "VLLM_API_KEY": "apiKeySecret",
+    REPORT_ENV: "cpu.launcher",
 }
 OWNED_FLAGS = {
     "--model": "model.name",

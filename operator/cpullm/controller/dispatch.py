@@ -25,6 +25,7 @@ from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, with_topology
 from cpullm.core.rollout import replacing_pods
+from cpullm.core.server_exits import server_exit
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, parse_node
 from cpullm.errors import NodeLabelError, NodeTopologyError, PermissionDenied, TransientApiError
@@ -66,6 +67,7 @@ class _Facts:
         self.crds = installed(indexes["installed_crds"])
         self._deployments: Mapping[Any, Any] = indexes["owned_deployments"]
         self._unschedulable: Mapping[Any, Any] = indexes["unschedulable_pods"]
+        self._exits: Mapping[Any, Any] = indexes["server_exits"]
         self.rolling = rolling(indexes)  # what holds rollout slots (controller/pacing.py)
 
     async def reconcile(self, state: ControllerState, service: Mapping[str, Any]) -> Any:
@@ -73,7 +75,8 @@ class _Facts:
         deployment, unschedulable = first(self._deployments, key), first(self._unschedulable, key)
         reconciler = state.reconciler
         facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
-        return await state.workers.run(reconciler.reconcile, service, *facts, self.topologies, self.rolling)
+        exits = tuple(self._exits.get(key, ()))
+        return await state.workers.run(reconciler.reconcile, service, *facts, self.topologies, self.rolling, exits)
 
 
 # How soon a service whose rollout waits for a slot is reconciled again when no event woke it before.
@@ -259,10 +262,14 @@ async def child_changed(state: ControllerState, namespace: str, type: str | None
 
 async def pod_changed(state: ControllerState, namespace: str, name: str, type: str | None, indexes: Indexes) -> None:
     """A server pod that became unschedulable, or schedulable again (or went), reconciles its service, so its
-    Ready condition carries the scheduler's reason; every other pod change (most of them) does nothing. A pod's
+    Ready condition carries the scheduler's reason; so does one whose vLLM container's last end reports fixes that
+    did not load, or no longer does (FixesLoaded); every other pod change (most of them) does nothing. A pod's
     controller is its ReplicaSet: it is matched to its service by label, and changes only what status says."""
     owner = (indexes["labels"] or {}).get(SERVICE_LABEL)
-    news = state.unschedulable_pods.news((namespace, name), type, scheduling_failure(indexes["status"]))
+    status = indexes["status"]
+    unschedulable = state.unschedulable_pods.news((namespace, name), type, scheduling_failure(status))
+    ended = state.server_exits.news((namespace, name), type, server_exit(name, status))
+    news = unschedulable is not None or ended is not None
     if news and (namespace, owner) in indexes["services"]:
         await reconcile_quietly(state, list(indexes["services"][namespace, owner]), indexes)
 

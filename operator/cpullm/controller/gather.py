@@ -18,6 +18,7 @@ from cpullm.core.children.common import Owner
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, merge_topologies
 from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, Observed, OperatorPolicy
+from cpullm.core.server_exits import ServerExit
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError
@@ -73,6 +74,7 @@ def gather(
     daemons: Sequence[DaemonPods] = (),
     topologies: Sequence[NodeTopology] = (),
     policy: OperatorPolicy = DEFAULT_POLICY,
+    server_exits: Sequence[ServerExit] = (),
 ) -> Observed:
     """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
     own); errors that are about this service (bad spec, model unavailable) are observations, not raised. Each
@@ -110,6 +112,7 @@ def gather(
         daemons=tuple(daemons),
         deployment=deployment,
         unschedulable=unschedulable,
+        server_exits=tuple(server_exits),
         status=last_status if last_status is not None else service.get("status") or {},
         installed_crds=installed_crds,
         policy=policy,

@@ -36,6 +36,7 @@ from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LA
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_topology import NodeTopology, parse_topology
 from cpullm.core.rollout import server_deployment_facts
+from cpullm.core.server_exits import ServerExit, server_exit
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import NodeLabelError, NodeTopologyError
@@ -48,7 +49,8 @@ log = logging.getLogger(__name__)
 CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 # The owned children that are watched (drift reverted, readiness copied), as (group, version, plural).
 CHILD_RESOURCES = tuple((k.group, k.version, k.plural) for k in WATCHED_KINDS)
-POD_RESOURCE = ("", "v1", "pods")  # the server pods: only whether the scheduler can place them is read
+# The server pods: whether the scheduler can place them, and the vLLM container's last end (core/server_exits.py).
+POD_RESOURCE = ("", "v1", "pods")
 
 
 class SpecBlindDiffBase(kopf.AnnotationsDiffBaseStorage):
@@ -217,6 +219,15 @@ async def unschedulable_pods(
     return {(namespace, owner): message} if owner and message else {}
 
 
+@kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
+async def server_exits(
+    namespace: str, name: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], ServerExit]:
+    """Each server pod whose vLLM container last ended reporting fixes that did not load, keyed by its service."""
+    owner, ended = labels.get(SERVICE_LABEL), server_exit(name, status)
+    return {(namespace, owner): ended} if owner and ended else {}
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
 async def service_changed(
     type: str | None, namespace: str, name: str, uid: str, body: kopf.Body, memo: kopf.Memo, **indexes: Any
@@ -262,7 +273,8 @@ for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CH
 
 @kopf.on.event(*POD_RESOURCE, labels=CHILD_LABELS)
 async def pod_changed(namespace: str, name: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
-    """A server pod became unschedulable, or schedulable again (or went): its service's Ready condition says so."""
+    """A server pod became unschedulable, or schedulable again (or went), or its vLLM container ended reporting a fix
+    that did not load: its service's conditions say so."""
     await dispatch.pod_changed(_state(memo), namespace, name, type, indexes)
 
 

@@ -27,6 +27,7 @@ from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.node_topology import NodeTopology
 from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.rollout import is_servers_deployment
+from cpullm.core.server_exits import ServerExit
 from cpullm.core.status import READY, deployment_facts
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
@@ -287,6 +288,7 @@ class Reconciler:
         daemons: Sequence[DaemonPods] = (),
         topologies: Sequence[NodeTopology] = (),
         rolling: Set[ServiceKey] = frozenset(),
+        server_exits: Sequence[ServerExit] = (),
     ) -> Plan | CpuLLMError | None:
         """Bring children and status in line with the spec; returns the plan or the error reported, or None
         when the namespace is being deleted (nothing may be created there; everything goes with it) or the
@@ -297,7 +299,8 @@ class Reconciler:
         DaemonSets whose pods whole-node plans leave room for (Kopf's index); `topologies` the nodes'
         NodeResourceTopologies (Kopf's index), merged into their profiles in gather; `rolling` the services whose
         servers' Deployment Kopf's index shows replacing pods of an older template (they take rollout slots:
-        controller/pacing.py)."""
+        controller/pacing.py); `server_exits` its server pods' last ends that report fixes not loaded (Kopf's
+        index, core/server_exits.py)."""
         meta = service["metadata"]
         key = (meta["namespace"], meta["name"])
         with self._lock(key):
@@ -307,7 +310,7 @@ class Reconciler:
                 return None  # a reconcile that read newer facts (or the service's deletion) came after
             started = time.monotonic()
             outcome = self._reconcile(
-                service, nodes, deployment, installed_crds, unschedulable, daemons, topologies, rolling
+                service, nodes, deployment, installed_crds, unschedulable, daemons, topologies, rolling, server_exits
             )
         label = _outcome_label(outcome)
         RECONCILES.labels(outcome=label).inc()
@@ -336,6 +339,7 @@ class Reconciler:
         daemons: Sequence[DaemonPods],
         topologies: Sequence[NodeTopology],
         rolling: Set[ServiceKey],
+        server_exits: Sequence[ServerExit],
     ) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
         uid, key = str(meta.get("uid")), (meta["namespace"], meta["name"])
@@ -352,6 +356,7 @@ class Reconciler:
                 daemons=daemons,
                 topologies=topologies,
                 policy=self.policy,
+                server_exits=server_exits,
             )
             decision = self._admitted(decide(observed, self.clock()), observed, key, rolling)
             try:

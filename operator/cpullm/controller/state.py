@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.server_exits import ServerExit
 from cpullm.core.topology import NodeState, node_state_changed
 
 K = TypeVar("K", bound=Hashable)
@@ -87,6 +88,7 @@ class ControllerState:
     nodes: LastSeen[str, NodeState] = field(default_factory=lambda: LastSeen(node_state_changed))
     daemonsets: LastSeen[tuple[str, str], DaemonPods] = field(default_factory=LastSeen)
     unschedulable_pods: LastSeen[tuple[str, str], str] = field(default_factory=LastSeen)  # the scheduler's message
+    server_exits: LastSeen[tuple[str, str], ServerExit] = field(default_factory=LastSeen)  # fixes not loaded
     served_optional_apis: LastSeen[str, bool] = field(default_factory=LastSeen)  # True: served
     # Why each node's NodeResourceTopology cannot be read, as last logged (None: it can, or it is gone).
     topology_problems: dict[str, str | None] = field(default_factory=dict)

@@ -25,6 +25,7 @@ from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import enforced_level, server_security
 from cpullm.core.rollout import RolloutCause, is_servers_deployment, rollout_cause
+from cpullm.core.server_exits import fixes_loaded_condition
 from cpullm.core.status import (
     OPTIONAL_CHILDREN,
     ROLLOUT_PACED,
@@ -174,6 +175,8 @@ def decide(observed: Observed, now: datetime) -> Decision:
         wanted, features, optional_kinds = _optional_parts(observed, built)
         features += [paced] if paced else []
         features += [FeatureCondition(c.condition, False, c.reason, c.message) for c in outcome.cautions or []]
+        fixes = fixes_loaded_condition(observed.server_exits, outcome.fixes_credited)
+        features += [fixes] if fixes else []
         children = tuple(wanted)
         before = observed.status.get(OPTIONAL_CHILDREN) or []
         kept = kept_refs(observed.owner)

@@ -11,6 +11,7 @@ from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.common import Owner
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.server_exits import ServerExit
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
@@ -58,7 +59,8 @@ class Observed:
     had, or None when it was not looked up (bad spec, terminating namespace); `status` is the status as the
     operator last wrote it (the object's own after a restart); `apply_error` is what the API server answered
     when the children of an earlier decision were applied, if it refused them; `unschedulable` the
-    scheduler's message for one of its pods that it cannot place; `deployment` the servers' Deployment as Kopf's
+    scheduler's message for one of its pods that it cannot place; `server_exits` its server pods' last ends whose
+    report names fixes that did not load (core/server_exits.py); `deployment` the servers' Deployment as Kopf's
     index holds it (its generation, template digest and replicas, and its status).
     """
 
@@ -72,6 +74,7 @@ class Observed:
     daemons: Sequence[DaemonPods] = ()  # the DaemonSets whose pods' requests whole-node plans leave room for
     deployment: Mapping[str, Any] | None = None
     unschedulable: str | None = None
+    server_exits: Sequence[ServerExit] = ()
     status: Mapping[str, Any] = field(default_factory=dict)
     apply_error: CpuLLMError | None = None
     # The optional APIs' CRDs installed in the cluster (children/OPTIONAL_APIS); None: unknown, assume all

@@ -375,6 +375,22 @@ def _aot_compile_cache(spec: CpuLLMServiceSpec, fixes: frozenset[str]) -> bool:
     return kept and spec.cpu.launcher and fix in fixes and not _turned_off(spec, fix)
 
 
+def _credited_fixes(
+    spec: CpuLLMServiceSpec, fixes: frozenset[str], processes: dict[str, bool], aot_compile_cache: bool
+) -> list[str]:
+    """The fixes whose effect the plan's figures count on: those for this vLLM that spec.env leaves on, and of the
+    ones a plan may not use, those it does (the rank in the engine core, its fork, the AOT cache). A server whose
+    report says one of them did not load runs outside its plan (core/server_exits.py)."""
+    used_only_when = {
+        vllm_support.RANK_IN_ENGINE_CORE: processes["rank_in_engine_core"],
+        vllm_support.ENGINE_CORE_FORKED: processes["engine_core_forked"],
+        vllm_support.AOT_CACHE_LOADS: aot_compile_cache,
+    }
+    if not spec.cpu.launcher:
+        return []
+    return sorted(f for f in fixes if not _turned_off(spec, f) and used_only_when.get(f, True))
+
+
 def _kernels(spec: CpuLLMServiceSpec, node: NodeProfile) -> dict[str, bool]:
     """What vLLM's CPU kernels keep on this node beside the weights, as memory_budget's fields."""
     return {"embeddings_packed": onednn_packs_embeddings(node.arch, node.isa, spec.model.dtype)}
@@ -425,6 +441,7 @@ def _plan_for_shape(
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
     processes, kernels = _server_processes(spec, tp, node.arch, server.fixes), _kernels(spec, node)
+    aot_compile_cache = _aot_compile_cache(spec, server.fixes)
     _check_fits(memory_budget(model, tp, shard, 0, **processes, **kernels), layout, where, "the weights alone need")
     kv = _kv_cache(spec, model, tp)
     budget = memory_budget(model, tp, shard, kv.gib, **processes, **kernels)
@@ -462,10 +479,10 @@ def _plan_for_shape(
         launcher=spec.cpu.launcher,
         security=server_security(spec),  # as a namespace enforcing no Pod Security level admits it (decision.py)
         **processes,
-        aot_compile_cache=_aot_compile_cache(spec, server.fixes),
+        aot_compile_cache=aot_compile_cache,
         vllm_version=server.version,
         vllm_version_source=server.version_source,
-        fixes_credited=sorted(server.fixes) if spec.cpu.launcher else [],
+        fixes_credited=_credited_fixes(spec, server.fixes, processes, aot_compile_cache),
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,

@@ -8,6 +8,8 @@ Conditions:
   or pods are still starting).
 - NUMAAligned, NativeBF16 (core/cautions.py): present (False, a Warning event) only while the plan runs slower
   than the nodes or the model allow, with what to change.
+- FixesLoaded (core/server_exits.py): present (False, a Warning event) only while a server pod's last end reports a
+  fix the plan counts on as not loaded.
 - RolloutPaced: present (True) only while the servers' new pod template waits for a rollout slot
   (core/rollout.py): the servers run the current one meanwhile.
 On a failed plan the last good plan stays in status.plan: it is what the Deployment still runs.
