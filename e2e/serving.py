@@ -9,7 +9,7 @@ from typing import Any
 
 from testbed.tools import Kubectl
 
-from cpullm import launcher
+from cpullm import launcher, vllm_support
 from cpullm.core.constants import MODEL_CACHE_MOUNT
 
 TINY = "tiny-llama"
@@ -146,6 +146,16 @@ def assert_as_planned(seen: dict[str, Any], plan: dict[str, Any]) -> None:
     assert all(seen[f"numa_{call}"] == "ok" for call in ("get_mempolicy", "set_mempolicy", "mbind")), seen
     assert int(seen["shm_kib"]) * 1024 == plan["shmBytes"], seen
     assert int(seen["limit"]) == plan["memoryLimitBytes"] and int(seen["oom_kills"] or 0) == 0, seen
+
+
+def assert_fixes_reported_loaded(kubectl: Kubectl, namespace: str, pod: str, plan: dict[str, Any]) -> None:
+    """The server's own report of its fixes, in its termination message as the kubelet will keep it when the container
+    ends (vllm_support.REPORT_PATH, written by the server's user): every fix the plan counts on loaded."""
+    out = kubectl.run("exec", pod, "-n", namespace, "-c", "vllm", "--", "cat", vllm_support.REPORT_PATH).stdout
+    outcomes = vllm_support.read_report(out)
+    assert plan["fixesCredited"] and {fix: outcomes.get(fix) for fix in plan["fixesCredited"]} == dict.fromkeys(
+        plan["fixesCredited"], vllm_support.LOADED
+    ), out
 
 
 def completion_request(tokens: int, model: str) -> dict[str, Any]:

@@ -39,6 +39,7 @@ from e2e.serving import (
     CAP_SYS_NICE,
     TINY,
     assert_as_planned,
+    assert_fixes_reported_loaded,
     completion_request,
     in_container,
     model_volume,
@@ -270,6 +271,7 @@ def test_the_operators_deployment_serves_real_vllm_on_the_real_node(
     assert plan["rankInEngineCore"] and f"{vllm_fixes.LOG_PREFIX} {vllm_fixes.RANK_IN_ENGINE_CORE}" in log
     assert plan["engineCoreForked"] is (f"{vllm_fixes.RANK_IN_ENGINE_CORE}, {vllm_fixes.FORKED}" in log)
     assert f"{vllm_fixes.LOG_PREFIX} {vllm_fixes.CHECKPOINT_DROPPED}" in log
+    assert_fixes_reported_loaded(kubectl, namespace, name, plan)
 
     # The server started again on the same node with the same model cache (the claim): what the first start
     # compiled (the model, in vLLM's AOT compile cache, and inductor's kernels beside it) and inspected (vLLM's
@@ -429,6 +431,7 @@ def test_numa_calls_and_serving_under_pod_security_restricted_with_the_charts_pr
         assert {call: seen[f"numa_{call}"] for call in NUMA_CALLS} == dict.fromkeys(NUMA_CALLS, "ok"), seen
         tokens, _ = complete(pod["status"]["podIP"], 16, TINY)
         assert tokens == 16
+        assert_fixes_reported_loaded(kubectl, name, pod["metadata"]["name"], service["status"]["plan"])
         print(f"real node, restricted under the NUMA profile, uid {seen['uid']}: {', '.join(NUMA_CALLS)} ok")
     finally:
         kubectl.run("delete", "cpullm", "--all", "-n", name, "--wait=false", check=False)

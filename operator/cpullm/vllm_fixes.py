@@ -88,6 +88,7 @@ from cpullm.vllm_support import (
     NOTHING_TO_PATCH,
     OFF_ENV,
     REPORT_ENV,
+    REPORT_PATH,
     TURNED_OFF,
     fix_applies,
     names_turned_off,
@@ -128,9 +129,10 @@ def report(message: str) -> None:
 
 
 def record(fix: str, outcome: str) -> None:
-    """One line of the server's report (vllm_support.REPORT_ENV): a line another process wrote already is not
-    written again, so the report stays within the kubelet's 4 KiB for any number of ranks."""
-    path = os.environ.get(REPORT_ENV)
+    """One line of the server's report (vllm_support.REPORT_PATH, or the file REPORT_ENV names; none outside a
+    container that has one): a line another process wrote already is not written again, so the report stays
+    within the kubelet's 4 KiB for any number of ranks."""
+    path = os.environ.get(REPORT_ENV) or (REPORT_PATH if os.path.exists(REPORT_PATH) else None)
     if not path:
         return
     line = report_line(fix, outcome)

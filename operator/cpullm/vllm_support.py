@@ -56,9 +56,11 @@ RELEASES: dict[str, dict[str, bool | str]] = {
     },
 }
 # The server's report of which fixes loaded: each process of the server writes one line per fix it tried,
-# `cpullm-vllm-fix <fix> <outcome>`, to the file REPORT_ENV names: the container's terminationMessagePath, which
-# the kubelet keeps in the pod's status when the container ends (an OOM kill too). The operator reads it there
-# (core/server_exits.py); the real-vLLM tests read the file.
+# `cpullm-vllm-fix <fix> <outcome>`, to the container's termination message (Kubernetes' default
+# terminationMessagePath, which the kubelet creates in every container and copies into the pod's status when the
+# container ends, an OOM kill too: nothing in the pod template names it, so no server restarts for it). The
+# operator reads it there (core/server_exits.py). REPORT_ENV names another file (the real-vLLM tests' local runs).
+REPORT_PATH = "/dev/termination-log"
 REPORT_ENV = "CPULLM_VLLM_FIX_REPORT"
 REPORT_WORD = "cpullm-vllm-fix"
 LOADED = "loaded"

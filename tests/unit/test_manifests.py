@@ -133,8 +133,6 @@ def test_deployment_whole_manifest():
                                 # A claim and the launcher's fix: vLLM's AOT compile cache (Plan.aotCompileCache).
                                 {"name": "VLLM_USE_AOT_COMPILE", "value": "1"},
                                 {"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": "300"},
-                                # Where the server's processes report which fixes loaded (core/server_exits.py).
-                                {"name": "CPULLM_VLLM_FIX_REPORT", "value": "/dev/termination-log"},
                                 {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "HF_TOKEN"}}},
                                 {
                                     "name": "VLLM_API_KEY",
@@ -180,7 +178,6 @@ def test_deployment_whole_manifest():
                             "lifecycle": {
                                 "preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT, "8000", "10"]}}
                             },
-                            "terminationMessagePath": "/dev/termination-log",
                             "securityContext": {
                                 "allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"], "add": ["SYS_NICE"]},

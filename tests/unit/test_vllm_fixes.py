@@ -19,6 +19,14 @@ from cpullm.core.children.launcher import SOURCES
 from cpullm.core.constants import SITECUSTOMIZE_FILE
 from cpullm.vllm_fixes import GIB, WARM_UP_TOKENS, apply, file_pages, without_page_cache
 
+
+@pytest.fixture(autouse=True)
+def no_termination_message_here(tmp_path, monkeypatch):
+    """The fixes report to a container's termination message where there is one: not this machine's /dev."""
+    monkeypatch.setattr(vllm_fixes, "REPORT_PATH", str(tmp_path / "no-termination-log"))
+    monkeypatch.delenv(vllm_support.REPORT_ENV, raising=False)
+
+
 V2_STAT = "anon 2147483648\nfile 1610612736\nactive_file 268435456\ninactive_file 1073741824\nshmem 1048576\n"
 # v1: the hierarchical totals are read (usage_in_bytes is hierarchical too), never the cgroup's own lines.
 V1_STAT = "cache 1\nactive_file 2\ninactive_file 3\ntotal_active_file 268435456\ntotal_inactive_file 1073741824\n"
@@ -442,6 +450,16 @@ def test_a_fix_not_for_this_vllm_says_so_in_the_report(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.30.0"))
     assert apply(ModuleType("vllm.utils.cpu_resource_utils")) is False
     assert vllm_support.read_report((tmp_path / "report").read_text()) == {"leave_page_cache_out": "not-for-this-vllm"}
+
+
+def test_in_a_container_the_report_is_its_termination_message_and_elsewhere_there_is_none(tmp_path, monkeypatch):
+    vllm_fixes.record("short_warm_up", "loaded")  # no termination message file, no REPORT_ENV: nothing written
+    assert not (tmp_path / "no-termination-log").exists()
+    message = tmp_path / "termination-log"
+    message.touch()  # what the kubelet creates in every container
+    monkeypatch.setattr(vllm_fixes, "REPORT_PATH", str(message))
+    vllm_fixes.record("short_warm_up", "loaded")
+    assert message.read_text() == "cpullm-vllm-fix short_warm_up loaded\n"
 
 
 def test_a_report_that_cannot_be_written_leaves_the_server_running(tmp_path, monkeypatch, capsys):

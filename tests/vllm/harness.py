@@ -30,12 +30,13 @@ from testbed.machine import drop_from_page_cache
 from testbed.tools import free_port
 
 from cpullm.cli import main as cpullm
-from cpullm.core.constants import TERMINATION_MESSAGE_PATH
 from cpullm.core.topology import parse_quantity
+from cpullm.vllm_support import REPORT_ENV
 from tests.vllm.cgroup import MemoryCgroup, Reading
 
 ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER_DIR = "opt-cpullm"  # where the launcher ConfigMap's files go, as the pod mounts them
+REPORT_FILE = "termination-log"  # the server's report of its fixes, in its workdir
 
 
 # Prompts for the benchmarks' single-stream and batch measurements.
@@ -157,14 +158,12 @@ def render_service(
 
 
 def pod_mounts(workdir: Path, python: Path) -> dict[str, Path]:
-    """The pod's paths as local ones: the model cache, the launcher ConfigMap, the termination message the server
-    reports its fixes to, and the image's venv (/opt/venv,
+    """The pod's paths as local ones: the model cache, the launcher ConfigMap, and the image's venv (/opt/venv,
     where LD_PRELOAD finds Intel OpenMP) as the vLLM environment made by scripts/setup-vllm.sh."""
     return {
         "/models": workdir / "models",
         "/opt/cpullm": workdir / LAUNCHER_DIR,
         "/opt/venv": python.parent.parent,
-        TERMINATION_MESSAGE_PATH: workdir / "termination-log",
     }
 
 
@@ -415,6 +414,8 @@ def server_for_container(
 
     env = {"PATH": f"{python.parent}:/usr/local/bin:/usr/bin:/bin", "HOME": os.environ.get("HOME", "/root")}
     env.update({entry["name"]: local(entry["value"]) for entry in container["env"] if "value" in entry})
+    # The server's report of its fixes, which a pod writes to its termination message (vllm_support.REPORT_PATH).
+    env[REPORT_ENV] = str(workdir / REPORT_FILE)
     env.update(extra_env or {})
     command = [*map(local, container["command"]), *substitute(container["args"], str(model), port)]
     limit = container["resources"]["limits"]["memory"]

@@ -19,7 +19,7 @@ from testbed.machine import cached_bytes
 
 from cpullm import launcher, vllm_fixes, vllm_support
 from tests.vllm.conftest import BINDINGS, MEMORY, WAITING_PEAKS
-from tests.vllm.harness import LocalServer, render_service, server_for_container
+from tests.vllm.harness import REPORT_FILE, LocalServer, render_service, server_for_container
 
 pytestmark = [pytest.mark.vllm, pytest.mark.memory_peak]
 SIM_MULTI_NUMA = {"env": [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]}
@@ -207,7 +207,7 @@ def test_rendered_pod_serves_within_its_memory_limit_on_the_launchers_cpus(
     assert all(any(cpus <= rank for rank in rank_cpus) for cpus in pinned.values()), pinned
 
     check_the_memory_cgroup(case, server, plan, tiny_model)
-    check_the_fixes_report(tmp_path / "termination-log", plan)
+    check_the_fixes_report(tmp_path / REPORT_FILE, plan)
 
 
 @pytest.mark.parametrize(

@@ -78,9 +78,6 @@ LAUNCHER_FILE = "launcher.py"
 VLLM_FIXES_FILE = "vllm_fixes.py"
 SITECUSTOMIZE_FILE = "sitecustomize.py"
 LAUNCHER_SITE_DIR = "site"
-# Where the vLLM container's processes report which of the launcher's fixes loaded (vllm_support.REPORT_ENV): its
-# terminationMessagePath, which the kubelet copies into the pod's status when the container ends.
-TERMINATION_MESSAGE_PATH = "/dev/termination-log"
 # The API key guard (cpullm/api_key_guard.py), shipped in the same ConfigMap into a directory of its own on the
 # server's PYTHONPATH (without the fixes: it serves a pod without the launcher too), loaded by vLLM's --middleware.
 API_KEY_GUARD_FILE = "api_key_guard.py"

@@ -15,7 +15,6 @@ from cpullm.core.children.launcher import launcher_command, launcher_volume, lau
 from cpullm.core.children.model_cache import compile_cache_volume, ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
 from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
-from cpullm.vllm_support import REPORT_ENV
 
 CONTAINER_NAME = "vllm"
 PYTHONPATH = "PYTHONPATH"
@@ -81,8 +80,6 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     env += [{"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV.items()]
     env.append({"name": c.AOT_COMPILE_ENV, "value": "1" if plan.aot_compile_cache else "0"})
     env.append({"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": str(plan.step_timeout_seconds)})
-    if plan.launcher:
-        env.append({"name": REPORT_ENV, "value": c.TERMINATION_MESSAGE_PATH})
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
@@ -200,7 +197,6 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         ],
         **_probes(plan),
         "lifecycle": drain_hook(spec),
-        "terminationMessagePath": c.TERMINATION_MESSAGE_PATH,
     }
     pod_spec: dict[str, Any] = {
         # The server calls no Kubernetes API: no token of the namespace's service account in its filesystem.
