@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local
+# The test commands. `scripts/test.sh` (a contributor's): lint, types, the layer contract and the unit tests only
+# (about 40 s on two cores; no root, no cluster, no vLLM). `scripts/test.sh --full` (what .ci/run calls): lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local
 # control plane (scripts/build-tools.sh builds it on first use; CPULLM_SKIP_E2E=1 skips it; where the kind path runs
 # the whole suite against the in-cluster operator, only the tests it skips there, marker local_operator, so each test
 # runs once), then the real-vLLM tests (scripts/setup-vllm.sh installs vLLM's CPU build on first use;
@@ -10,16 +11,21 @@
 # tests, the release path (scripts/release.sh into a registry on localhost, whose chart the quick start
 # installs), then the e2e suite on a kind cluster against the in-cluster operator, testbed/kind/run.sh;
 # CPULLM_SKIP_KIND=1 skips them).
-# `scripts/test.sh --fast`: lint, types, the layer contract and the unit tests only (seconds, no cluster).
 # What the later stages install and build on first use is prepared in the background at idle priority
 # (scripts/prepare.sh): `fetch` from the start, `build` while the e2e suite and the real-vLLM tests but the
 # memory-peak ones run; its log goes to the output if it fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [[ ${1:-} == --fast ]]; then
-  export CPULLM_SKIP_E2E=1 CPULLM_SKIP_VLLM=1 CPULLM_SKIP_NODE=1 CPULLM_SKIP_KIND=1
-elif [[ $# -gt 0 ]]; then
-  echo "usage: scripts/test.sh [--fast]" >&2
+case ${1:-} in
+  "" | --fast) export CPULLM_SKIP_E2E=1 CPULLM_SKIP_VLLM=1 CPULLM_SKIP_NODE=1 CPULLM_SKIP_KIND=1 ;;
+  --full) ;; # each later stage unless its CPULLM_SKIP_X=1
+  *)
+    echo "usage: scripts/test.sh [--full]" >&2
+    exit 2
+    ;;
+esac
+if [[ $# -gt 1 ]]; then
+  echo "usage: scripts/test.sh [--full]" >&2
   exit 2
 fi
 stage() { echo "== test.sh [$((SECONDS / 60))m$((SECONDS % 60))s] $*" >&2; }
