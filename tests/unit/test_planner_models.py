@@ -57,7 +57,10 @@ def test_mla_kv_is_one_latent_per_layer_on_every_rank():
     plan = plan_service(spec(kvCacheGiB=1, maxModelLen=32768), model("deepseek-v2-lite"), [node(numa=2)])
     assert plan.tensor_parallel_size == 2
     assert plan.kv_bytes_per_token == 27 * 576 * 2
-    assert plan.kv_tokens_per_rank == GiB // (27 * 576 * 2)  # the same tokens on both ranks
+    # The same tokens on both ranks, as vLLM counts them: whole 128-token blocks of the 27 layers (an AMX node: 16
+    # without it), the requests of 32,768 tokens they hold, times 32,768.
+    blocks = GiB // (128 * 27 * 576 * 2)
+    assert plan.kv_tokens_per_rank == int(blocks / (32768 // 128) * 32768)
     assert plan.sizing.kv_layout.startswith("27 MLA layers, latent 576")
 
 

@@ -39,6 +39,8 @@ LD_PRELOAD_BY_ARCH = {
 # KV cache block size of vLLM's CPU backend for dense models (vllm/platforms/cpu.py, check_and_update_config):
 # a context length capped to the KV cache is a whole number of blocks.
 KV_BLOCK_TOKENS = 128
+# ... and for MLA models where vLLM CPU runs its reference MLA decode kernel (no AMX): it compiles for 16 only.
+MLA_KV_BLOCK_TOKENS = 16
 # Tokens one scheduler step may prefill per rank: vLLM CPU's default max_num_batched_tokens for the OpenAI server
 # is 2048 x TP (vllm/engine/arg_utils.py). A sliding-window layer keeps its window plus these in flight.
 SERVER_BATCHED_TOKENS_PER_RANK = 2048

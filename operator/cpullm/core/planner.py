@@ -245,8 +245,8 @@ def kv_element_bytes(spec: CpuLLMServiceSpec, model: ModelSize) -> int:
     return 1
 
 
-def _kv_cache(spec: CpuLLMServiceSpec, model: ModelSize, tp: int) -> _KVCache:
-    layout = model.kv(kv_element_bytes(spec, model))
+def _kv_cache(spec: CpuLLMServiceSpec, model: ModelSize, tp: int, isa: frozenset[str]) -> _KVCache:
+    layout = model.kv(kv_element_bytes(spec, model), isa)
     model_max = model.max_position_embeddings
     if spec.max_model_len is not None and model_max is not None and spec.max_model_len > model_max:
         raise ContextTooLong(
@@ -330,7 +330,7 @@ def _one_server_fits_a_numa_node(
     """The `auto` placement rule: does one TP=1 server (weights, KV cache, runtime, server processes and
     /dev/shm) fit one NUMA node's memory?"""
     try:
-        kv = _kv_cache(spec, model, 1)
+        kv = _kv_cache(spec, model, 1, shape.node.isa)
     except KVCacheTooSmall:
         return False
     processes = _server_processes(spec, 1, shape.node.arch, fixes)
@@ -443,7 +443,7 @@ def _plan_for_shape(
     processes, kernels = _server_processes(spec, tp, node.arch, server.fixes), _kernels(spec, node)
     aot_compile_cache = _aot_compile_cache(spec, server.fixes)
     _check_fits(memory_budget(model, tp, shard, 0, **processes, **kernels), layout, where, "the weights alone need")
-    kv = _kv_cache(spec, model, tp)
+    kv = _kv_cache(spec, model, tp, node.isa)
     budget = memory_budget(model, tp, shard, kv.gib, **processes, **kernels)
     _check_fits(budget, layout, where, "needs")
 

@@ -1,6 +1,6 @@
 """A model's anatomy as vLLM builds it: its weight matrices (what quantization and tensor parallelism act on), the
-parameters kept in the serving dtype (embeddings, norms, biases, routers), and its attention layers as the KV
-cache holds them. Families (families.py) describe a config as an Anatomy; sizing reads only the Anatomy."""
+parameters kept in the serving dtype (embeddings, norms, biases, routers), and its attention and state-space layers
+as the KV cache holds them. Families (families.py) describe a config as an Anatomy; sizing reads only the Anatomy."""
 
 from __future__ import annotations
 
@@ -51,6 +51,34 @@ class LayerKind(StrEnum):
     FULL = "full"
     SLIDING = "sliding"
     MLA = "mla"
+    CHUNKED = "chunked"  # chunked local attention (Llama 4): a token sees the tokens of its chunk only
+    STATE = "state"  # a state-space or linear-attention mixer (Mamba2, gated DeltaNet): a state per sequence
+
+
+@dataclass(frozen=True)
+class StateShape:
+    """What a state-space or linear-attention mixer keeps per sequence, as vLLM's MambaStateShapeCalculator shapes it
+    per rank: a convolution state of `conv_rows` x channels (`conv_channels`, plus 2 x `state_size` per group of
+    `groups`: Mamba2's B and C, with the groups extended to a multiple of TP), split by TP; and a temporal state of
+    `heads` x `head_a` x `head_b`, its heads split by TP. vLLM keeps `pages_per_request` pages of it per sequence
+    (prefix caching's align mode: the running state, the previous block's, and Mamba2's prefill checkpoint)."""
+
+    mixer: str  # "mamba2" or "gated_deltanet": what vLLM CPU runs for it
+    conv_rows: int
+    conv_channels: int
+    groups: int
+    state_size: int
+    heads: int
+    head_a: int
+    head_b: int
+    pages_per_request: int
+
+    def bytes(self, tensor_parallel_size: int, conv_bytes: int, temporal_bytes: int) -> int:
+        """Per rank and sequence, one page's content: the two states in their element sizes."""
+        tp = tensor_parallel_size
+        groups = self.groups + (0 if not self.groups or self.groups % tp == 0 else tp - self.groups)
+        channels = (self.conv_channels + 2 * groups * self.state_size) // tp
+        return self.conv_rows * channels * conv_bytes + self.heads // tp * self.head_a * self.head_b * temporal_bytes
 
 
 @dataclass(frozen=True)
@@ -62,7 +90,8 @@ class KVGroup:
     layers: int
     kv_heads: int
     entry: int
-    window: int | None = None
+    window: int | None = None  # the sliding window, or the attention chunk of CHUNKED layers
+    state: StateShape | None = None  # STATE layers' (their kv_heads and entry are 0)
 
     def heads_per_rank(self, tensor_parallel_size: int) -> int:
         """A rank holds K/TP KV heads; with TP > K vLLM replicates and each rank holds one. MLA's latent is one
@@ -88,6 +117,7 @@ class Anatomy:
     active_experts: int | None = None
     notes: tuple[str, ...] = field(default=())
     vocabulary: int | None = None  # vocab_size, as the config gives it (None: it does not)
+    decoder_layers: int | None = None  # where layers carry both attention and a state mixer (Falcon-H1): their count
 
     @property
     def parameters(self) -> int:
@@ -100,4 +130,5 @@ class Anatomy:
 
     @property
     def layers(self) -> int:
-        return sum(group.layers for group in self.kv_groups)
+        """Decoder layers: one per attention or state layer, or as the family says (parallel hybrids)."""
+        return self.decoder_layers or sum(group.layers for group in self.kv_groups)

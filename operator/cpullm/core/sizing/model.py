@@ -16,7 +16,7 @@ from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split
 from cpullm.core.sizing.checkpoint import CheckpointTensors
 from cpullm.core.sizing.config import show
 from cpullm.core.sizing.families import anatomy_of
-from cpullm.core.sizing.quantization import WeightFormat, weight_format
+from cpullm.core.sizing.quantization import AMX, BF16_ARITHMETIC, WeightFormat, weight_format
 from cpullm.errors import UnsupportedModel
 
 # A safetensors index's total_size beyond this (4 EiB) is no checkpoint.
@@ -37,65 +37,136 @@ class ModelFiles:
 
 @dataclass(frozen=True)
 class KVLayout:
-    """The KV cache of one model in one element size (the serving dtype, or fp8), as vLLM's hybrid KV cache
-    manager lays it out: every attention kind of a hybrid model is cut into groups of the same layer count (the
-    smaller kind's count, or the larger's when it is under 1.5x the smaller), padded up to whole groups; a full
-    or MLA layer keeps every token of a sequence in 128-token blocks; a sliding-window layer keeps at most its
-    window plus the tokens in flight (max_num_batched_tokens) and one more block."""
+    """The KV cache of one model in one element size (the serving dtype, or fp8), as vLLM's hybrid KV cache manager
+    lays it out (vllm/v1/core/kv_cache_utils.py), per rank:
+    - every layer slot holds pages of one size: a block of `block_tokens` tokens of one attention layer; a
+      state-space layer's state per sequence is padded to that page, and where a state is larger than a 128-token
+      page the block grows to the multiple of 128 tokens whose page holds it (the CPU platform's
+      `_align_hybrid_block_size`);
+    - the layers of each kind make groups of one size (the smaller kind's count, or the larger's when it is under 1.5x
+      the smaller), padded up to whole groups; a block of the shared pool is one page in each layer of a group;
+    - a request takes, per group: a full or MLA layer's every token in blocks; a sliding layer at most its window
+      plus the tokens in flight and one block; a chunked layer at most its chunk plus the tokens in flight; a state
+      layer its pages (StateShape.pages_per_request);
+    - the pool holds kv_bytes // (page x group size) blocks, and vLLM's token capacity ("KV cache size: N tokens") is
+      the requests of `context` tokens it holds, times `context`.
+    A state's convolution part is in the serving dtype (`state_bytes`), its temporal part in `temporal_bytes`:
+    float32 where the CPU has bf16 arithmetic (vLLM CPU resets the SSM cache dtype there), else the serving dtype.
+    MLA's block is 16 tokens where vLLM CPU runs its reference MLA kernel (no AMX), else 128."""
 
     groups: tuple[KVGroup, ...]
     element_bytes: int
+    state_bytes: int = 2
+    temporal_bytes: int = 2
+    attention_block: int = c.KV_BLOCK_TOKENS  # tokens per block where no state widens it
+
+    @functools.cached_property
+    def _counts(self) -> dict[LayerKind, int]:
+        counts: dict[LayerKind, int] = {}
+        for g in self.groups:
+            counts[g.kind] = counts.get(g.kind, 0) + g.layers
+        return counts
+
+    @functools.cached_property
+    def group_size(self) -> int:
+        """Layers per KV cache group."""
+        counts = self._counts.values()
+        if not counts:
+            return 1
+        small, large = min(counts), max(counts)
+        return large if large < 1.5 * small else small
 
     @functools.cached_property
     def _slots(self) -> dict[LayerKind, int]:
         """Layers per kind as allocated: padded to whole groups when kinds are mixed."""
-        counts = {g.kind: g.layers for g in self.groups}
-        if len(counts) < 2:
-            return counts
-        small, large = min(counts.values()), max(counts.values())
-        size = large if large < 1.5 * small else small
-        return {kind: -(-layers // size) * size for kind, layers in counts.items()}
+        if len(self._counts) < 2:
+            return dict(self._counts)
+        size = self.group_size
+        return {kind: -(-layers // size) * size for kind, layers in self._counts.items()}
 
     def _layer_bytes(self, group: KVGroup, tensor_parallel_size: int) -> int:
-        """Per layer slot and token."""
+        """Per attention layer slot and token."""
         return group.heads_per_rank(tensor_parallel_size) * group.entry * self.element_bytes
+
+    def _state_page(self, tensor_parallel_size: int) -> int:
+        return max(
+            (g.state.bytes(tensor_parallel_size, self.state_bytes, self.temporal_bytes) for g in self._states),
+            default=0,
+        )
+
+    @functools.cached_property
+    def _states(self) -> tuple[KVGroup, ...]:
+        return tuple(g for g in self.groups if g.state is not None)
+
+    def _attention_token_bytes(self, tensor_parallel_size: int) -> int:
+        """Per layer slot and token, of the attention layers (every attention kind of a model has the same)."""
+        attention = [g for g in self.groups if g.state is None]
+        return self._layer_bytes(attention[0], tensor_parallel_size) if attention else 0
+
+    def block_tokens(self, tensor_parallel_size: int = 1) -> int:
+        """Tokens per block: 128 on CPU, or the multiple of 128 whose attention page holds a state."""
+        state, token = self._state_page(tensor_parallel_size), self._attention_token_bytes(tensor_parallel_size)
+        if not state or not token:
+            return self.attention_block
+        return self.attention_block * -(-state // (self.attention_block * token))
+
+    def page_bytes(self, tensor_parallel_size: int = 1) -> int:
+        """One block of one layer slot (a state padded to it)."""
+        token = self._attention_token_bytes(tensor_parallel_size)
+        return self.block_tokens(tensor_parallel_size) * token or self._state_page(tensor_parallel_size)
+
+    def _blocks(self, group: KVGroup, tensor_parallel_size: int, context: int) -> int:
+        """The blocks one request of `context` tokens takes in one layer slot of the group's kind."""
+        block = self.block_tokens(tensor_parallel_size)
+        in_flight = c.SERVER_BATCHED_TOKENS_PER_RANK * tensor_parallel_size
+        if group.state is not None:
+            return group.state.pages_per_request
+        if group.window is None:
+            return -(-context // block)
+        if group.kind == LayerKind.CHUNKED:
+            return -(-min(group.window + in_flight, context) // block)
+        return -(-min(group.window - 1 + in_flight, context) // block) + 1
+
+    def _request_blocks(self, tensor_parallel_size: int, context: int, growing: bool | None = None) -> int:
+        """Blocks of the shared pool one request of `context` tokens takes: per group of each kind, its blocks
+        (growing: only the layers that keep every token; False: only the others)."""
+        total = 0
+        for kind, slots in self._slots.items():
+            group = next(g for g in self.groups if g.kind == kind)
+            keeps_every_token = group.window is None and group.state is None
+            if growing is None or growing is keeps_every_token:
+                total += slots // self.group_size * self._blocks(group, tensor_parallel_size, context)
+        return total
+
+    def _pool_block_bytes(self, tensor_parallel_size: int) -> int:
+        return self.page_bytes(tensor_parallel_size) * self.group_size
 
     def bytes_per_token(self, tensor_parallel_size: int = 1) -> int:
         """Per rank, for each token of context: the layers that keep every token (full attention, MLA); 0 when
-        every layer slides."""
+        every layer slides, chunks or keeps a state."""
         return sum(
-            self._slots[g.kind] * self._layer_bytes(g, tensor_parallel_size) for g in self.groups if g.window is None
+            self._slots[g.kind] * self._layer_bytes(g, tensor_parallel_size)
+            for g in self.groups
+            if g.window is None and g.state is None
         )
 
     def window_bytes(self, tensor_parallel_size: int, context: int) -> int:
-        """Per rank and sequence: what the sliding-window layers hold of it."""
-        return sum(
-            self._slots[g.kind]
-            * self._layer_bytes(g, tensor_parallel_size)
-            * self._window_tokens(g, tensor_parallel_size, context)
-            for g in self.groups
-            if g.window is not None
-        )
-
-    @staticmethod
-    def _window_tokens(group: KVGroup, tensor_parallel_size: int, context: int) -> int:
-        assert group.window is not None
-        in_flight = c.SERVER_BATCHED_TOKENS_PER_RANK * tensor_parallel_size
-        return _blocks(min(group.window - 1 + in_flight, context)) + c.KV_BLOCK_TOKENS
+        """Per rank and sequence: what the sliding, chunked and state layers hold of it."""
+        blocks = self._request_blocks(tensor_parallel_size, context, growing=False)
+        return blocks * self._pool_block_bytes(tensor_parallel_size)
 
     def sequence_bytes(self, tensor_parallel_size: int, context: int) -> int:
         """Per rank: what one sequence of `context` tokens takes."""
-        return _blocks(context) * self.bytes_per_token(tensor_parallel_size) + self.window_bytes(
-            tensor_parallel_size, context
-        )
+        return self._request_blocks(tensor_parallel_size, context) * self._pool_block_bytes(tensor_parallel_size)
 
     def tokens(self, kv_bytes: int, tensor_parallel_size: int, context: int | None) -> int:
-        """The KV cache's capacity in tokens as vLLM logs it ("KV cache size: N tokens"): how many sequences of
-        `context` tokens it holds, times `context`."""
+        """The KV cache's capacity in tokens as vLLM logs it ("KV cache size: N tokens"): the requests of `context`
+        tokens its blocks hold, times `context`."""
         if context is None:
             per_token = self.bytes_per_token(tensor_parallel_size)
             return kv_bytes // per_token if per_token else 0
-        return kv_bytes * context // self.sequence_bytes(tensor_parallel_size, context)
+        blocks = kv_bytes // self._pool_block_bytes(tensor_parallel_size)
+        return int(blocks / self._request_blocks(tensor_parallel_size, context) * context)
 
     def longest_context(self, kv_bytes: int, tensor_parallel_size: int, at_most: int) -> int:
         """The longest sequence (at most `at_most` tokens) a KV cache of kv_bytes per rank holds."""
@@ -115,15 +186,20 @@ class KVLayout:
                 parts.append(f"{g.layers} MLA layers, latent {g.entry}")
             elif g.kind == LayerKind.SLIDING:
                 parts.append(f"{g.layers} sliding (window {g.window})")
+            elif g.kind == LayerKind.CHUNKED:
+                parts.append(f"{g.layers} chunked (chunk {g.window})")
+            elif g.state is not None:
+                parts.append(f"{g.layers} {g.state.mixer} state")
             else:
                 parts.append(f"{g.layers} full")
-        heads = next((g for g in self.groups if g.kind != LayerKind.MLA), None)
+        heads = next((g for g in self.groups if g.kind != LayerKind.MLA and g.state is None), None)
         if heads and all(g.kind == LayerKind.FULL for g in self.groups):
             parts.append("0 sliding")
         shape = f" layers, {heads.kv_heads} KV heads x {heads.entry // 2}" if heads else ""
-        padded = sum(self._slots.values()) - sum(g.layers for g in self.groups)
+        padded = sum(self._slots.values()) - sum(self._counts.values())
         padding = f", {padded} padding layer{'s' * (padded != 1)}" if padded else ""
-        return " + ".join(parts) + shape + padding + f", {self.element_bytes} B/element"
+        block = f", {self.block_tokens()}-token blocks" if self._states else ""
+        return " + ".join(parts) + shape + padding + block + f", {self.element_bytes} B/element"
 
 
 def _blocks(tokens: int) -> int:
@@ -152,8 +228,18 @@ class ModelSize:
     def max_position_embeddings(self) -> int | None:
         return self.anatomy.max_context
 
-    def kv(self, element_bytes: int | None = None) -> KVLayout:
-        return KVLayout(self.anatomy.kv_groups, element_bytes or self.dtype_bytes)
+    def kv(self, element_bytes: int | None = None, isa: frozenset[str] = frozenset()) -> KVLayout:
+        """The KV cache as vLLM CPU lays it out on a node with these CPU flags (which decide MLA's block and the
+        element size of a state's temporal part)."""
+        mla = self.uses_mla and AMX not in isa
+        temporal = 4 if BF16_ARITHMETIC in isa else self.dtype_bytes
+        return KVLayout(
+            self.anatomy.kv_groups,
+            element_bytes or self.dtype_bytes,
+            state_bytes=self.dtype_bytes,
+            temporal_bytes=temporal,
+            attention_block=c.MLA_KV_BLOCK_TOKENS if mla else c.KV_BLOCK_TOKENS,
+        )
 
     @property
     def kv_bytes_per_token(self) -> int:

@@ -27,6 +27,9 @@ from cpullm.errors import UnsupportedModel
 # 'cpu_gemm_wna16'").
 AMX = "amx_tile"
 AVX512 = "avx512f"
+# What torch.cpu._is_avx512_bf16_supported reads: vLLM CPU keeps a state-space layer's temporal state in float32
+# where it is set (vllm/platforms/cpu.py).
+BF16_ARITHMETIC = "avx512_bf16"
 WNA16_METHODS = ("awq", "gptq", "compressed-tensors")
 METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")
 
