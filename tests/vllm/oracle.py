@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -78,7 +79,7 @@ def measure(request: dict[str, Any], first: bool) -> dict[str, Any]:
 
 
 def main() -> None:
-    requests = json.loads(open(sys.argv[1]).read())
+    requests = json.loads(Path(sys.argv[1]).read_text())
     for index, request in enumerate(requests):
         print(json.dumps(measure(request, first=index == 0)), flush=True)
 
