@@ -12,7 +12,7 @@ from typing import Any
 from cpullm.api.spec import DType
 from cpullm.core import constants as c
 from cpullm.core.constants import DTYPE_BYTES, UNSUPPORTED_TENSOR_PARALLEL_SIZES
-from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split
+from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split, StateShape
 from cpullm.core.sizing.checkpoint import CheckpointTensors
 from cpullm.core.sizing.config import show
 from cpullm.core.sizing.families import anatomy_of
@@ -89,14 +89,15 @@ class KVLayout:
         return group.heads_per_rank(tensor_parallel_size) * group.entry * self.element_bytes
 
     def _state_page(self, tensor_parallel_size: int) -> int:
+        """One sequence's state, the largest of the state layers'."""
         return max(
-            (g.state.bytes(tensor_parallel_size, self.state_bytes, self.temporal_bytes) for g in self._states),
+            (state.bytes(tensor_parallel_size, self.state_bytes, self.temporal_bytes) for state in self._states),
             default=0,
         )
 
     @functools.cached_property
-    def _states(self) -> tuple[KVGroup, ...]:
-        return tuple(g for g in self.groups if g.state is not None)
+    def _states(self) -> tuple[StateShape, ...]:
+        return tuple(g.state for g in self.groups if g.state is not None)
 
     def _attention_token_bytes(self, tensor_parallel_size: int) -> int:
         """Per layer slot and token, of the attention layers (every attention kind of a model has the same)."""
