@@ -19,6 +19,7 @@ from typing import Any
 
 from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, KVGroup, LayerKind, Params, Split
 from cpullm.core.sizing.config import ConfigView, first_present, model_type, show, text_config
+from cpullm.core.sizing.hybrids import HYBRIDS, NOT_SIZED
 from cpullm.core.sizing.layers import (
     EXPERT_COUNT_KEYS,
     MoE,
@@ -250,14 +251,21 @@ FAMILIES: dict[str, Family] = {
         )
     ),
     "opt": Family(_opt, {"max_position_embeddings": 2048}),
+    **{name: Family(build) for name, build in HYBRIDS.items()},
 }
 # Multimodal configs whose language model is a family above, nested in text_config.
-MULTIMODAL = {"gemma3": "gemma3_text"}
+MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 
 
 def _generic(family: str, config: ConfigView) -> Anatomy:
     """A family not in the table whose config uses the common field names: a Llama-shaped decoder, with the
-    Mixtral/Qwen/DeepSeek expert fields and MLA where the config has them."""
+    Mixtral/Qwen/DeepSeek expert fields and MLA where the config has them. A state-space family not sized here is
+    refused by name: its common fields would size it as a Llama."""
+    if family in NOT_SIZED:
+        raise UnsupportedModel(
+            f"model_type {show(family)} has state-space or linear-attention layers this operator does not size yet "
+            f"(sized: {', '.join(sorted(HYBRIDS))})"
+        )
     if config.has("kv_lora_rank"):
         return _mla(family, config, _DEEPSEEK_MOE)
     for experts_key in EXPERT_COUNT_KEYS:

@@ -152,8 +152,9 @@ def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, 
         unknown = sorted({t for t in types[:layers] if t not in LAYER_TYPES})
         if unknown:
             raise UnsupportedModel(
-                f"model config layer_types has {', '.join(map(show, unknown))}: only full and sliding attention "
-                "layers are sized; set spec.model.weightsBytes and spec.kvCacheGiB to plan it"
+                f"model config layer_types has {', '.join(map(show, unknown))}: model_type {show(config.family)} is "
+                "sized with full and sliding attention layers only (state-space and chunked layers are sized for "
+                "the families of core/sizing/hybrids.py)"
             )
         return [LAYER_TYPES[t] for t in types[:layers]]
     if sliding is None:

@@ -1,0 +1,258 @@
+"""Hybrid families: decoders whose layers mix attention with a state-space or linear-attention mixer, or with
+chunked local attention, as vLLM's model classes build them (granitemoehybrid.py, falcon_h1.py, qwen3_next.py,
+llama4.py). One builder per family (HYBRIDS); tests/vllm/test_oracle.py checks each against vLLM's own model and KV
+cache layout from the same config.
+
+Shapes, with h = hidden_size:
+  Mamba2 mixer    in_proj: h x (2 I + 2 G N + H)   out_proj: I x h   conv1d: (I + 2 G N) x kernel (+ bias)
+                  A, D, dt_bias: H   norm: I (where gated)            with I = the mixer's width, G groups, N state,
+                  H heads of P = I / H; state per sequence: conv (kernel - 1) x (I + 2 G N), temporal H x P x N
+  gated DeltaNet  in_proj_qkvz: h x (2 K + 2 V)   in_proj_ba: h x 2 Hv   conv1d: (2 K + V) x kernel   A_log, dt_bias: Hv
+                  norm: dv   out_proj: V x h       with K = Hk x dk, V = Hv x dv; state: conv (kernel - 1) x (2 K + V),
+                  temporal Hv x dv x dk
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split, StateShape
+from cpullm.core.sizing.config import ConfigView, show
+from cpullm.core.sizing.layers import MoE, Parts, add_embeddings, attention_heads, gated_mlp
+from cpullm.errors import UnsupportedModel
+
+# Names a config's layer_types gives each layer, by what they are (transformers remaps the old names, "mamba" and
+# "attention", to the new ones, "linear_attention" and "full_attention", as it loads: vLLM reads them so).
+LAYER_NAMES = {
+    "linear_attention": LayerKind.STATE,
+    "mamba": LayerKind.STATE,
+    "full_attention": LayerKind.FULL,
+    "attention": LayerKind.FULL,
+    "chunked_attention": LayerKind.CHUNKED,
+}
+# Pages of its state a sequence takes, per mixer, under prefix caching's align mode (vLLM's default): the running
+# state and the last block's, and Mamba2's prefill checkpoint (MambaMixer2.get_kv_cache_spec).
+MAMBA2_PAGES = 3
+GATED_DELTANET_PAGES = 2
+
+
+def hybrid_layer_kinds(config: ConfigView, layers: int, default: Callable[[int], LayerKind]) -> list[LayerKind]:
+    """Each layer's kind from `layer_types` (or its alias `layers_block_type`), else the family's pattern."""
+    types = config.strings("layer_types")
+    if types is None:
+        return [default(i) for i in range(layers)]
+    if len(types) < layers:
+        raise UnsupportedModel(f"model config layer_types lists {len(types)} layers of {layers}")
+    unknown = sorted({t for t in types[:layers] if t not in LAYER_NAMES})
+    if unknown:
+        raise UnsupportedModel(
+            f"model config layer_types has {', '.join(map(show, unknown))}: {config.family} layers are "
+            f"{', '.join(sorted(LAYER_NAMES))}"
+        )
+    return [LAYER_NAMES[t] for t in types[:layers]]
+
+
+@dataclass(frozen=True)
+class Mamba2:
+    """A Mamba2 mixer's sizes, from the family's config keys."""
+
+    width: int
+    heads: int
+    head_dim: int
+    groups: int
+    state: int
+    kernel: int
+    conv_bias: bool
+    gated_norm: bool
+
+    def add(self, parts: Parts, name: str, h: int, layers: int) -> StateShape:
+        conv = self.width + 2 * self.groups * self.state
+        parts.linear(f"{name}.in_proj", h, self.width + conv + self.heads, layers, Split.COLUMN)
+        parts.linear(f"{name}.out_proj", self.width, h, layers, Split.ROW)
+        parts.param(f"{name}.conv1d", layers * conv * (self.kernel + self.conv_bias))
+        parts.param(f"{name} A, D, dt_bias", layers * 3 * self.heads)
+        parts.param(f"{name}.norm", layers * self.width * self.gated_norm)
+        return StateShape(
+            "mamba2", self.kernel - 1, self.width, self.groups, self.state, self.heads, self.head_dim, self.state,
+            MAMBA2_PAGES,
+        )  # fmt: skip
+
+
+def _mamba2(config: ConfigView, prefix: str, width: int, gated_norm: bool) -> Mamba2:
+    """Mamba2's sizes under keys `<prefix>n_heads`, `<prefix>d_head` ("auto": the width over the heads), ..."""
+    heads = config.positive(f"{prefix}n_heads")
+    head = config.values.get(f"{prefix}d_head", "auto")
+    head_dim = width // heads if head == "auto" else config.positive(f"{prefix}d_head")
+    if heads * head_dim != width:
+        raise UnsupportedModel(
+            f"model config {prefix}n_heads={heads} x {prefix}d_head={head_dim} is not the mixer's width {width}"
+        )
+    return Mamba2(
+        width=width,
+        heads=heads,
+        head_dim=head_dim,
+        groups=config.positive(f"{prefix}n_groups", 1),
+        state=config.positive(f"{prefix}d_state", 256),
+        kernel=config.positive(f"{prefix}d_conv", 4),
+        conv_bias=config.flag(f"{prefix}conv_bias", True),
+        gated_norm=gated_norm,
+    )
+
+
+def _attention(parts: Parts, config: ConfigView, h: int, layers: int, q_gate: bool = False) -> tuple[int, int, int]:
+    """q, k, v, o of `layers` attention layers (q twice as wide where its output is gated: Qwen3-Next)."""
+    heads, kv_heads, d = attention_heads(config)
+    bias = config.flag("attention_bias", False)
+    parts.linear("self_attn.q_proj", h, heads * d * (2 if q_gate else 1), layers, Split.HEADS)
+    parts.linear("self_attn.k_proj", h, kv_heads * d, layers, Split.HEADS)
+    parts.linear("self_attn.v_proj", h, kv_heads * d, layers, Split.HEADS)
+    parts.linear("self_attn.o_proj", heads * d, h, layers, Split.ROW)
+    parts.param("attention biases", layers * ((heads * (2 if q_gate else 1) + 2 * kv_heads) * d + h) * bias)
+    return heads, kv_heads, d
+
+
+def _groups(
+    kinds: Sequence[LayerKind], kv_heads: int, entry: int, state: StateShape | None, chunk: int | None = None
+) -> tuple[KVGroup, ...]:
+    """One KV group per kind present, in the order vLLM's layers come (attention kinds, then states)."""
+    groups = []
+    for kind in (LayerKind.CHUNKED, LayerKind.FULL, LayerKind.STATE):
+        count = kinds.count(kind)
+        if not count:
+            continue
+        if kind == LayerKind.STATE:
+            groups.append(KVGroup(kind, count, 0, 0, state=state))
+        else:
+            groups.append(KVGroup(kind, count, kv_heads, entry, window=chunk if kind == LayerKind.CHUNKED else None))
+    return tuple(groups)
+
+
+def _granite_hybrid(family: str, config: ConfigView) -> Anatomy:
+    """Granite 4.0-H (granitemoehybrid): Mamba2 layers and a few attention layers, each with an MoE of
+    num_local_experts (none: dense) and a shared MLP of shared_intermediate_size."""
+    config.require("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
+    kinds = hybrid_layer_kinds(config, layers, lambda i: LayerKind.STATE)
+    parts = Parts()
+    heads, kv_heads, d = _attention(parts, config, h, kinds.count(LayerKind.FULL))
+    mixer = _mamba2(config, "mamba_", config.positive("mamba_expand", 2) * h, gated_norm=True)
+    state = mixer.add(parts, "mamba", h, kinds.count(LayerKind.STATE))
+    experts = active = None
+    if config.count("num_local_experts"):
+        moe = MoE("num_local_experts", expert_size_key="intermediate_size")
+        experts, active = moe.add(parts, config, h, layers)
+    shared = config.count("shared_intermediate_size")
+    parts.linear("shared_mlp.input_linear", h, 2 * shared, layers if shared else 0, Split.COLUMN)
+    parts.linear("shared_mlp.output_linear", shared, h, layers if shared else 0, Split.ROW)
+    parts.param("layer norms", layers * 2 * h + h)
+    add_embeddings(parts, config, h, tied_default=True)
+    groups = _groups(kinds, kv_heads, 2 * d, state)
+    return parts.anatomy(family, config, groups, heads, kv_heads, (experts, active))
+
+
+def _falcon_h1(family: str, config: ConfigView) -> Anatomy:
+    """Falcon-H1: every layer runs attention and a Mamba2 mixer side by side, then an MLP."""
+    config.require("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
+    parts = Parts()
+    heads, kv_heads, d = _attention(parts, config, h, layers)
+    width = config.optional("mamba_d_ssm") or config.positive("mamba_expand", 2) * h
+    mixer = _mamba2(config, "mamba_", width, gated_norm=config.flag("mamba_rms_norm", False))
+    state = mixer.add(parts, "mamba", h, layers)
+    for name, fan_in, fan_out, split in gated_mlp(h, config.positive("intermediate_size")):
+        parts.linear(f"feed_forward.{name}", fan_in, fan_out, layers, split)
+    parts.param("layer norms", layers * 2 * h + h)
+    add_embeddings(parts, config, h, tied_default=False)
+    groups = _groups([LayerKind.FULL] * layers + [LayerKind.STATE] * layers, kv_heads, 2 * d, state)
+    return replace(parts.anatomy(family, config, groups, heads, kv_heads), decoder_layers=layers)
+
+
+_QWEN3_NEXT_MOE = MoE("num_experts", shared_size_key="shared_expert_intermediate_size", step_key="decoder_sparse_step")
+
+
+def _qwen3_next(family: str, config: ConfigView) -> Anatomy:
+    """Qwen3-Next: gated DeltaNet layers with a gated full-attention layer every full_attention_interval, each with
+    an MoE (a shared expert behind a gate) or, on mlp_only_layers, a dense MLP."""
+    config.require("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
+    interval = config.positive("full_attention_interval", 4)
+    kinds = hybrid_layer_kinds(config, layers, lambda i: LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.STATE)
+    parts = Parts()
+    full = kinds.count(LayerKind.FULL)
+    heads, kv_heads, d = _attention(parts, config, h, full, q_gate=True)
+    parts.param("q/k norms", full * 2 * d)
+    linear = kinds.count(LayerKind.STATE)
+    k_heads, v_heads = config.positive("linear_num_key_heads", 16), config.positive("linear_num_value_heads", 32)
+    dk, dv = config.positive("linear_key_head_dim", 128), config.positive("linear_value_head_dim", 128)
+    kernel = config.positive("linear_conv_kernel_dim", 4)
+    key, value = k_heads * dk, v_heads * dv
+    parts.linear("linear_attn.in_proj_qkvz", h, 2 * key + 2 * value, linear, Split.COLUMN)
+    parts.linear("linear_attn.in_proj_ba", h, 2 * v_heads, linear, Split.COLUMN)
+    parts.linear("linear_attn.out_proj", value, h, linear, Split.ROW)
+    parts.param("linear_attn.conv1d", linear * (2 * key + value) * kernel)
+    parts.param("linear_attn A_log, dt_bias, norm", linear * (2 * v_heads + dv))
+    state = StateShape("gated_deltanet", kernel - 1, 2 * key + value, 0, 0, v_heads, dv, dk, GATED_DELTANET_PAGES)
+    moe_layers = _QWEN3_NEXT_MOE.layers(config, layers)
+    experts, active = _QWEN3_NEXT_MOE.add(parts, config, h, moe_layers)
+    if layers - moe_layers:
+        for name, fan_in, fan_out, split in gated_mlp(h, config.positive("intermediate_size")):
+            parts.linear(f"mlp.{name}", fan_in, fan_out, layers - moe_layers, split)
+    parts.param("layer norms", layers * 2 * h + h)
+    add_embeddings(parts, config, h, tied_default=False)
+    groups = _groups(kinds, kv_heads, 2 * d, state)
+    return parts.anatomy(family, config, groups, heads, kv_heads, (experts, active))
+
+
+def _llama4_kinds(config: ConfigView, layers: int) -> list[LayerKind]:
+    """Llama 4: a layer with RoPE (no_rope_layers 1) attends within its attention_chunk_size; a NoPE layer (0, every
+    no_rope_layer_interval-th) attends to the whole context (vLLM's Llama4Attention)."""
+    chunked = config.optional("attention_chunk_size") is not None
+    rope = config.values.get("no_rope_layers")
+    if isinstance(rope, list) and len(rope) >= layers and config.strings("layer_types") is None:
+        return [LayerKind.CHUNKED if flag and chunked else LayerKind.FULL for flag in rope[:layers]]
+    interval = config.positive("no_rope_layer_interval", 4)
+    return hybrid_layer_kinds(
+        config,
+        layers,
+        lambda i: LayerKind.CHUNKED if chunked and (i + 1) % interval != 0 else LayerKind.FULL,
+    )
+
+
+def _llama4(family: str, config: ConfigView) -> Anatomy:
+    """Llama 4 (Scout, Maverick): chunked local attention with a global NoPE layer every few; every
+    interleave_moe_layer_step-th layer an MoE of intermediate_size experts and a shared expert of the same size, the
+    others a dense MLP of intermediate_size_mlp."""
+    config.require("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+    h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
+    kinds = _llama4_kinds(config, layers)
+    parts = Parts()
+    heads, kv_heads, d = _attention(parts, config, h, layers)
+    step = config.positive("interleave_moe_layer_step", 1)
+    moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0)
+    experts, size = config.positive("num_local_experts"), config.positive("intermediate_size")
+    for name, fan_in, fan_out, split in gated_mlp(h, size):
+        parts.linear(f"feed_forward.experts.{name}", fan_in, fan_out, moe_layers * experts, split, expert=True)
+        parts.linear(f"feed_forward.shared_expert.{name}", fan_in, fan_out, moe_layers, split)
+    parts.param("router", moe_layers * h * experts)
+    if layers - moe_layers:
+        for name, fan_in, fan_out, split in gated_mlp(h, config.positive("intermediate_size_mlp")):
+            parts.linear(f"feed_forward.{name}", fan_in, fan_out, layers - moe_layers, split)
+    parts.param("layer norms", layers * 2 * h + h)
+    add_embeddings(parts, config, h, tied_default=False)
+    chunk = config.optional("attention_chunk_size")
+    groups = _groups(kinds, kv_heads, 2 * d, None, chunk)
+    return parts.anatomy(family, config, groups, heads, kv_heads, (experts, config.positive("num_experts_per_tok", 1)))
+
+
+HYBRIDS: dict[str, Callable[[str, ConfigView], Anatomy]] = {
+    "granitemoehybrid": _granite_hybrid,
+    "falcon_h1": _falcon_h1,
+    "qwen3_next": _qwen3_next,
+    "llama4_text": _llama4,
+}
+# State-space and linear-attention families vLLM CPU may run that are not sized here: refused by name rather than
+# sized as the Llama-shaped decoder their common fields would suggest.
+NOT_SIZED = frozenset(
+    {"bamba", "jamba", "mamba", "mamba2", "falcon_mamba", "nemotron_h", "plamo2", "lfm2", "minimax", "kimi_linear"}
+)
