@@ -15,22 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import torch
-from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
-from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
-from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
-from vllm.engine.arg_utils import EngineArgs
-from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-from vllm.model_executor.model_loader.utils import initialize_model
-from vllm.platforms import current_platform
-from vllm.utils.torch_utils import set_default_torch_dtype
-from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
-from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
-
 PORT = 29517
+# What starts each result line (vLLM logs on stdout too).
+RESULT = "oracle: "
 
 
 def vllm_config(request: dict[str, Any]) -> Any:
+    from vllm.engine.arg_utils import EngineArgs
+
     args = EngineArgs(
         model=request["config"],
         skip_tokenizer_init=True,
@@ -44,6 +36,18 @@ def vllm_config(request: dict[str, Any]) -> Any:
 
 
 def measure(request: dict[str, Any], first: bool) -> dict[str, Any]:
+    """vLLM's imports here: the tests import RESULT from this file without vLLM."""
+    import torch
+    from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+    from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
+    from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.platforms import current_platform
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
+
     config = vllm_config(request)
     with set_current_vllm_config(config):
         if first:  # one process-wide group of one rank serves every config
@@ -79,9 +83,16 @@ def measure(request: dict[str, Any], first: bool) -> dict[str, Any]:
 
 
 def main() -> None:
+    """One line per request, `{"config": ..., "error": ...}` where vLLM refuses the config (the next ones go on)."""
     requests = json.loads(Path(sys.argv[1]).read_text())
-    for index, request in enumerate(requests):
-        print(json.dumps(measure(request, first=index == 0)), flush=True)
+    first = True
+    for request in requests:
+        try:
+            result = measure(request, first)
+        except Exception as error:  # vLLM's own refusal of this config is the answer for it
+            result = {"config": request["config"], "error": f"{type(error).__name__}: {error}"[:2000]}
+        first = False
+        print(RESULT + json.dumps(result), flush=True)
 
 
 if __name__ == "__main__":

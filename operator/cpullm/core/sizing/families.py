@@ -22,6 +22,7 @@ from cpullm.core.sizing.config import ConfigView, first_present, model_type, sho
 from cpullm.core.sizing.hybrids import HYBRIDS, NOT_SIZED
 from cpullm.core.sizing.layers import (
     EXPERT_COUNT_KEYS,
+    Family,
     MoE,
     Parts,
     add_embeddings,
@@ -199,12 +200,6 @@ _QWEN_MOE = MoE("num_experts", step_key="decoder_sparse_step")
 _DEEPSEEK_MOE = MoE("n_routed_experts", shared_count_key="n_shared_experts", first_dense_key="first_k_dense_replace")
 
 
-@dataclass(frozen=True)
-class Family:
-    build: Callable[[str, ConfigView], Anatomy]
-    defaults: Mapping[str, Any] = field(default_factory=dict)
-
-
 def _decoder(**options: Any) -> Family:
     decoder = Decoder(**options)
     return Family(decoder.build, decoder.defaults)
@@ -251,7 +246,7 @@ FAMILIES: dict[str, Family] = {
         )
     ),
     "opt": Family(_opt, {"max_position_embeddings": 2048}),
-    **{name: Family(build) for name, build in HYBRIDS.items()},
+    **HYBRIDS,
 }
 # Multimodal configs whose language model is a family above, nested in text_config.
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text"}

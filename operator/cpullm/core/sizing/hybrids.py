@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split, StateShape
 from cpullm.core.sizing.config import ConfigView, show
-from cpullm.core.sizing.layers import MoE, Parts, add_embeddings, attention_heads, gated_mlp
+from cpullm.core.sizing.layers import Family, MoE, Parts, add_embeddings, attention_heads, gated_mlp
 from cpullm.errors import UnsupportedModel
 
 # Names a config's layer_types gives each layer, by what they are (transformers remaps the old names, "mamba" and
@@ -92,9 +92,9 @@ def _mamba2(config: ConfigView, prefix: str, width: int, gated_norm: bool) -> Ma
         width=width,
         heads=heads,
         head_dim=head_dim,
-        groups=config.positive(f"{prefix}n_groups", 1),
-        state=config.positive(f"{prefix}d_state", 256),
-        kernel=config.positive(f"{prefix}d_conv", 4),
+        groups=config.positive(f"{prefix}n_groups"),
+        state=config.positive(f"{prefix}d_state"),
+        kernel=config.positive(f"{prefix}d_conv"),
         conv_bias=config.flag(f"{prefix}conv_bias", True),
         gated_norm=gated_norm,
     )
@@ -136,7 +136,7 @@ def _granite_hybrid(family: str, config: ConfigView) -> Anatomy:
     kinds = hybrid_layer_kinds(config, layers, lambda i: LayerKind.STATE)
     parts = Parts()
     heads, kv_heads, d = _attention(parts, config, h, kinds.count(LayerKind.FULL))
-    mixer = _mamba2(config, "mamba_", config.positive("mamba_expand", 2) * h, gated_norm=True)
+    mixer = _mamba2(config, "mamba_", config.positive("mamba_expand") * h, gated_norm=True)
     state = mixer.add(parts, "mamba", h, kinds.count(LayerKind.STATE))
     experts = active = None
     if config.count("num_local_experts"):
@@ -157,7 +157,7 @@ def _falcon_h1(family: str, config: ConfigView) -> Anatomy:
     h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
     parts = Parts()
     heads, kv_heads, d = _attention(parts, config, h, layers)
-    width = config.optional("mamba_d_ssm") or config.positive("mamba_expand", 2) * h
+    width = config.optional("mamba_d_ssm") or config.positive("mamba_expand") * h
     mixer = _mamba2(config, "mamba_", width, gated_norm=config.flag("mamba_rms_norm", False))
     state = mixer.add(parts, "mamba", h, layers)
     for name, fan_in, fan_out, split in gated_mlp(h, config.positive("intermediate_size")):
@@ -176,16 +176,16 @@ def _qwen3_next(family: str, config: ConfigView) -> Anatomy:
     an MoE (a shared expert behind a gate) or, on mlp_only_layers, a dense MLP."""
     config.require("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
-    interval = config.positive("full_attention_interval", 4)
+    interval = config.positive("full_attention_interval")
     kinds = hybrid_layer_kinds(config, layers, lambda i: LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.STATE)
     parts = Parts()
     full = kinds.count(LayerKind.FULL)
     heads, kv_heads, d = _attention(parts, config, h, full, q_gate=True)
     parts.param("q/k norms", full * 2 * d)
     linear = kinds.count(LayerKind.STATE)
-    k_heads, v_heads = config.positive("linear_num_key_heads", 16), config.positive("linear_num_value_heads", 32)
-    dk, dv = config.positive("linear_key_head_dim", 128), config.positive("linear_value_head_dim", 128)
-    kernel = config.positive("linear_conv_kernel_dim", 4)
+    k_heads, v_heads = config.positive("linear_num_key_heads"), config.positive("linear_num_value_heads")
+    dk, dv = config.positive("linear_key_head_dim"), config.positive("linear_value_head_dim")
+    kernel = config.positive("linear_conv_kernel_dim")
     key, value = k_heads * dk, v_heads * dv
     parts.linear("linear_attn.in_proj_qkvz", h, 2 * key + 2 * value, linear, Split.COLUMN)
     parts.linear("linear_attn.in_proj_ba", h, 2 * v_heads, linear, Split.COLUMN)
@@ -211,7 +211,7 @@ def _llama4_kinds(config: ConfigView, layers: int) -> list[LayerKind]:
     rope = config.values.get("no_rope_layers")
     if isinstance(rope, list) and len(rope) >= layers and config.strings("layer_types") is None:
         return [LayerKind.CHUNKED if flag and chunked else LayerKind.FULL for flag in rope[:layers]]
-    interval = config.positive("no_rope_layer_interval", 4)
+    interval = config.positive("no_rope_layer_interval")
     return hybrid_layer_kinds(
         config,
         layers,
@@ -228,7 +228,7 @@ def _llama4(family: str, config: ConfigView) -> Anatomy:
     kinds = _llama4_kinds(config, layers)
     parts = Parts()
     heads, kv_heads, d = _attention(parts, config, h, layers)
-    step = config.positive("interleave_moe_layer_step", 1)
+    step = config.positive("interleave_moe_layer_step")
     moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0)
     experts, size = config.positive("num_local_experts"), config.positive("intermediate_size")
     for name, fan_in, fan_out, split in gated_mlp(h, size):
@@ -245,11 +245,39 @@ def _llama4(family: str, config: ConfigView) -> Anatomy:
     return parts.anatomy(family, config, groups, heads, kv_heads, (experts, config.positive("num_experts_per_tok", 1)))
 
 
-HYBRIDS: dict[str, Callable[[str, ConfigView], Anatomy]] = {
-    "granitemoehybrid": _granite_hybrid,
-    "falcon_h1": _falcon_h1,
-    "qwen3_next": _qwen3_next,
-    "llama4_text": _llama4,
+# transformers' defaults for the fields a config may omit (GraniteMoeHybridConfig, FalconH1Config, ...).
+_MAMBA2_DEFAULTS = {"mamba_n_groups": 1, "mamba_d_state": 256, "mamba_d_conv": 4, "mamba_expand": 2}
+HYBRIDS: dict[str, Family] = {
+    "granitemoehybrid": Family(
+        _granite_hybrid,
+        {**_MAMBA2_DEFAULTS, "mamba_n_heads": 128, "num_local_experts": 8, "shared_intermediate_size": 1024},
+    ),
+    "falcon_h1": Family(_falcon_h1, {**_MAMBA2_DEFAULTS, "mamba_d_ssm": 1024, "mamba_n_heads": 128}),
+    "qwen3_next": Family(
+        _qwen3_next,
+        {
+            "full_attention_interval": 4,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_key_head_dim": 128,
+            "linear_value_head_dim": 128,
+            "linear_conv_kernel_dim": 4,
+            "num_experts": 512,
+            "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512,
+            "num_experts_per_tok": 10,
+        },
+    ),
+    "llama4_text": Family(
+        _llama4,
+        {
+            "attention_chunk_size": 8192,
+            "no_rope_layer_interval": 4,
+            "interleave_moe_layer_step": 1,
+            "intermediate_size_mlp": 16384,
+            "num_local_experts": 16,
+        },
+    ),
 }
 # State-space and linear-attention families vLLM CPU may run that are not sized here: refused by name rather than
 # sized as the Llama-shaped decoder their common fields would suggest.

@@ -4,15 +4,25 @@ as transformers' modelling code and vLLM's model classes build them."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from cpullm.core import constants as c
 from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, KVGroup, LayerKind, Linear, Params, Split
 from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, first_present, positive_int, show
 from cpullm.errors import UnsupportedModel
 
 EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a model_type is built, and transformers' defaults for the fields its configs may omit."""
+
+    build: Callable[[str, ConfigView], Anatomy]
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+
+
 # transformers' names for the layer kinds of `layer_types`.
 LAYER_TYPES = {"full_attention": LayerKind.FULL, "sliding_attention": LayerKind.SLIDING}
 
@@ -164,16 +174,11 @@ def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, 
 
 
 def kv_groups(config: ConfigView, kinds: list[LayerKind], kv_heads: int, entry: int) -> tuple[KVGroup, ...]:
-    """Layers of one kind make one group. A window that with the tokens in flight covers the model's whole context
-    never slides (Phi-3-mini-128k's 262144; Phi-3-mini-4k's 2047 + 2048 in 128-token blocks for a 4096 context):
-    those layers keep every token, as full ones do."""
+    """Layers of one kind make one group. A window as long as the context still slides in vLLM's accounting
+    (Phi-3-mini-128k's 262144, Phi-3-mini-4k's 2047: vLLM 0.32 keeps a SlidingWindowSpec for them, whose request
+    takes one block more than the context's)."""
     sliding = kinds.count(LayerKind.SLIDING)
     window = config.positive("sliding_window") if sliding else None
-    context = max_context(config)
-    if window is not None and context is not None:
-        held = min(window - 1 + c.SERVER_BATCHED_TOKENS_PER_RANK, context)
-        if -(-held // c.KV_BLOCK_TOKENS) * c.KV_BLOCK_TOKENS >= context:
-            sliding, window = 0, None
     groups = []
     if len(kinds) - sliding:
         groups.append(KVGroup(LayerKind.FULL, len(kinds) - sliding, kv_heads, entry))

@@ -1,0 +1,143 @@
+"""Sizing against vLLM itself as the oracle, from config.json alone (tests/vllm/oracle.py): for every model config
+fixture (tests/unit/fixtures/models) and configs made by varying the fields that decide the layout, vLLM builds its
+model on the meta device as vLLM CPU would serve it on this machine at TP 1, and lays out a 4 GiB KV cache for the
+context. Sizing must agree: weights within 1%, and exactly vLLM's block size and token capacity ("CPU KV cache
+size: N tokens"). A config vLLM refuses on this machine must be refused by sizing on this machine's CPU flags too.
+One vLLM process runs them all (a few seconds each)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from testbed import machine
+
+from cpullm.api.spec import DType
+from cpullm.core.sizing import ModelSize, size_model
+from cpullm.errors import UnsupportedModel
+from tests.vllm.oracle import RESULT
+
+pytestmark = pytest.mark.vllm
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "unit" / "fixtures" / "models"
+KV_BYTES = 4 << 30
+CONTEXT = 8192
+WEIGHTS_TOLERANCE = 0.01
+# Configs vLLM cannot build here for a reason that is not about serving them (each is asserted to still fail, so
+# that the day it builds, it is compared).
+NOT_BUILT_HERE = {
+    "gemma-3-4b-it": "the multimodal Gemma3ForConditionalGeneration is inspected through its processor, which "
+    "transformers cannot load offline",
+    "kimi-k2.5": "vLLM's Kimi K2.5 model copies a tensor while it is built, which the meta device refuses",
+}
+
+
+def _variant(base: str, **changes: Any) -> dict[str, Any]:
+    config = json.loads((FIXTURES / f"{base}.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    return config
+
+
+# The fields that decide a hybrid's layout, varied: groups and state of Mamba2, where the attention layers are, the
+# full-attention interval of Qwen3-Next without layer_types, Llama 4's chunk (shorter than the context, so it
+# chunks) and MoE interleave, and a sliding window shorter than the context.
+VARIANTS: dict[str, dict[str, Any]] = {
+    "granite-h-micro-groups2-state64": _variant(
+        "granite-4.0-h-micro", mamba_n_groups=2, mamba_d_state=64,
+        layer_types=["attention" if i % 8 == 7 else "mamba" for i in range(40)],
+    ),
+    "granite-h-small-heads64": _variant("granite-4.0-h-small", mamba_n_heads=64, mamba_d_head=128),
+    "qwen3-next-interval2": _variant(
+        "qwen3-next-80b-a3b", layer_types=None, full_attention_interval=2, linear_num_value_heads=16
+    ),
+    "falcon-h1-expand": _variant(
+        "falcon-h1-7b", mamba_d_ssm=8192, mamba_n_heads=64, mamba_d_head=128, mamba_d_state=128
+    ),
+    "llama4-chunk2048-interleave2": _variant(
+        "llama-4-scout-text", attention_chunk_size=2048, interleave_moe_layer_step=2, moe_layers=None
+    ),
+    "gemma-2-2b": _variant("gemma-2-2b"),
+}  # fmt: skip
+
+
+def cases(workdir: Path) -> dict[str, tuple[dict[str, Any], Path]]:
+    """Every fixture and variant, each written as a model directory of its config.json."""
+    configs = {path.stem: json.loads(path.read_text()) for path in sorted(FIXTURES.glob("*.json"))}
+    configs |= VARIANTS
+    out = {}
+    for name, config in configs.items():
+        directory = workdir / name
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(config))
+        out[name] = (config, directory)
+    return out
+
+
+def ours(config: dict[str, Any]) -> ModelSize | str:
+    """Sizing's model, or why it refuses it on this machine's CPU."""
+    try:
+        size = size_model(config, DType.BFLOAT16)
+    except UnsupportedModel as refused:
+        return refused.message
+    return size.node_problem(frozenset(machine.cpu_flags())) or size
+
+
+def context_of(size: ModelSize | str) -> int:
+    limit = size.max_position_embeddings if isinstance(size, ModelSize) else None
+    return min(CONTEXT, limit or CONTEXT)
+
+
+@pytest.fixture(scope="module")
+def oracle(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("oracle")
+    found = cases(workdir)
+    requests = [
+        {"config": str(directory), "dtype": "bfloat16", "max_model_len": context_of(ours(config)), "kv_bytes": KV_BYTES}
+        for config, directory in found.values()
+    ]
+    (workdir / "requests.json").write_text(json.dumps(requests))
+    run = subprocess.run(
+        [str(vllm_python), str(Path(__file__).parent / "oracle.py"), str(workdir / "requests.json")],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
+    results = [json.loads(line[len(RESULT) :]) for line in run.stdout.splitlines() if line.startswith(RESULT)]
+    assert len(results) == len(requests), run.stderr[-3000:]
+    return {Path(result["config"]).name: result for result in results}
+
+
+def layout_seen(result: dict[str, Any]) -> str:
+    groups = ", ".join(f"{g['layers']} x {g['spec']}" for g in result["groups"])
+    return f"vLLM: block {result['block_size']} tokens, page {result['page_bytes']} B, groups [{groups}]"
+
+
+@pytest.mark.parametrize("name", [p.stem for p in sorted(FIXTURES.glob("*.json"))] + list(VARIANTS))
+def test_sizing_agrees_with_vllm_built_from_the_config(name: str, oracle: dict[str, dict[str, Any]]) -> None:
+    config = VARIANTS.get(name) or json.loads((FIXTURES / f"{name}.json").read_text())
+    result, size = oracle[name], ours(config)
+    if name in NOT_BUILT_HERE:
+        assert "error" in result, f"vLLM builds {name} now: drop it from NOT_BUILT_HERE ({NOT_BUILT_HERE[name]})"
+        return
+    if "error" in result:
+        assert isinstance(size, str), f"vLLM refuses {name} on this machine ({result['error'][:300]}); sizing plans it"
+        return
+    assert isinstance(size, ModelSize), f"sizing refuses {name} ({size}), which vLLM builds here"
+    served = result["weights_bytes"]
+    assert abs(size.weights_bytes - served) <= WEIGHTS_TOLERANCE * served, (
+        f"weights: sizing {size.weights_bytes:,} B, vLLM {served:,} B"
+    )
+    kv = size.kv(None, frozenset(machine.cpu_flags()))
+    context = context_of(size)
+    planned = (kv.block_tokens(1), kv.page_bytes(1), kv.tokens(KV_BYTES, 1, context))
+    assert planned == (result["block_size"], result["page_bytes"], result["kv_tokens"]), (
+        f"sizing: block {planned[0]} tokens, page {planned[1]} B, {planned[2]:,} tokens ({kv.describe()}); "
+        f"{layout_seen(result)}, {result['kv_tokens']:,} tokens of {context}"
+    )
