@@ -73,6 +73,13 @@ class StateShape:
     head_b: int
     pages_per_request: int
 
+    def tensor_parallel_problem(self, tp: int) -> str | None:
+        """vLLM splits the mixer's heads and channels between ranks (and Mamba2's groups, unless there is one)."""
+        for count, what in ((self.heads, "heads"), (self.conv_channels, "channels"), (self.groups, "groups")):
+            if count > 1 and count % tp:
+                return f"tensor parallel size {tp} does not divide the {count} {what} of the {self.mixer} layers"
+        return None
+
     def bytes(self, tensor_parallel_size: int, conv_bytes: int, temporal_bytes: int) -> int:
         """Per rank and sequence, one page's content: the two states in their element sizes."""
         tp = tensor_parallel_size
@@ -118,6 +125,8 @@ class Anatomy:
     notes: tuple[str, ...] = field(default=())
     vocabulary: int | None = None  # vocab_size, as the config gives it (None: it does not)
     decoder_layers: int | None = None  # where layers carry both attention and a state mixer (Falcon-H1): their count
+    routing: str | None = None  # how tokens are routed to the experts, as vLLM's RoutingMethodType names it
+    activation: str = "silu"  # the MLP's and experts' activation (hidden_act)
 
     @property
     def parameters(self) -> int:

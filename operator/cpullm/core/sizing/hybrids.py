@@ -204,10 +204,17 @@ def _qwen3_next(family: str, config: ConfigView) -> Anatomy:
     return parts.anatomy(family, config, groups, heads, kv_heads, (experts, active))
 
 
+def _chunk(config: ConfigView) -> int | None:
+    """Llama 4's attention_chunk_size: an explicit null turns chunking off; absent, transformers' default."""
+    if "attention_chunk_size" in config.values and config.values["attention_chunk_size"] is None:
+        return None
+    return config.optional("attention_chunk_size")
+
+
 def _llama4_kinds(config: ConfigView, layers: int) -> list[LayerKind]:
     """Llama 4: a layer with RoPE (no_rope_layers 1) attends within its attention_chunk_size; a NoPE layer (0, every
     no_rope_layer_interval-th) attends to the whole context (vLLM's Llama4Attention)."""
-    chunked = config.optional("attention_chunk_size") is not None
+    chunked = _chunk(config) is not None
     rope = config.values.get("no_rope_layers")
     if isinstance(rope, list) and len(rope) >= layers and config.strings("layer_types") is None:
         return [LayerKind.CHUNKED if flag and chunked else LayerKind.FULL for flag in rope[:layers]]
@@ -235,13 +242,13 @@ def _llama4(family: str, config: ConfigView) -> Anatomy:
         parts.linear(f"feed_forward.experts.{name}", fan_in, fan_out, moe_layers * experts, split, expert=True)
         parts.linear(f"feed_forward.shared_expert.{name}", fan_in, fan_out, moe_layers, split)
     parts.param("router", moe_layers * h * experts)
+    parts.routing = "Llama4"  # top-1 then sigmoid: vLLM's custom routing for Llama 4
     if layers - moe_layers:
         for name, fan_in, fan_out, split in gated_mlp(h, config.positive("intermediate_size_mlp")):
             parts.linear(f"feed_forward.{name}", fan_in, fan_out, layers - moe_layers, split)
     parts.param("layer norms", layers * 2 * h + h)
     add_embeddings(parts, config, h, tied_default=False)
-    chunk = config.optional("attention_chunk_size")
-    groups = _groups(kinds, kv_heads, 2 * d, None, chunk)
+    groups = _groups(kinds, kv_heads, 2 * d, None, _chunk(config))
     return parts.anatomy(family, config, groups, heads, kv_heads, (experts, config.positive("num_experts_per_tok", 1)))
 
 

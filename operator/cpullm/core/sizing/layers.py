@@ -33,6 +33,7 @@ class Parts:
     def __init__(self) -> None:
         self.linears: list[Linear] = []
         self.params: list[Params] = []
+        self.routing: str | None = None  # the experts' routing method, as vLLM names it (routing_method)
 
     def linear(self, name: str, fan_in: int, fan_out: int, count: int, split: Split, expert: bool = False) -> None:
         if count:
@@ -63,6 +64,8 @@ class Parts:
             experts=experts[0],
             active_experts=experts[1],
             vocabulary=own_vocabulary(config),
+            routing=self.routing,
+            activation=str(config.values.get("hidden_act", "silu")),
         )
 
 
@@ -107,6 +110,7 @@ class MoE:
         for name, fan_in, fan_out, split in gated_mlp(h, size):
             parts.linear(f"mlp.experts.{name}", fan_in, fan_out, moe_layers * experts, split, expert=True)
         parts.param("router", moe_layers * (h * experts + experts * (self.router_bias + self.score_bias)))
+        parts.routing = routing_method(config, self.score_bias)
         parts.param("expert biases", moe_layers * experts * (2 * size + h) * self.expert_bias)
         shared = 0
         if self.shared_size_key and config.has(self.shared_size_key):
@@ -117,6 +121,26 @@ class MoE:
         for name, fan_in, fan_out, split in gated_mlp(h, shared):
             parts.linear(f"mlp.shared_expert.{name}", fan_in, fan_out, moe_layers if shared else 0, split)
         return experts, config.positive(self.active_key, 1)
+
+
+def routing_method(config: ConfigView, score_bias: bool) -> str:
+    """How vLLM routes tokens to the experts, named as its RoutingMethodType (fused_moe/config.py,
+    get_routing_method_type), from the config's router fields: the scoring function, whether the top-k weights are
+    renormalized, a score correction bias (DeepSeek-V3's noaux_tc, MiniMax's use_routing_bias) and expert groups."""
+    scoring = config.values.get("scoring_func", "softmax")
+    renormalize = config.flag("norm_topk_prob", True)
+    bias = score_bias or config.values.get("topk_method") == "noaux_tc" or config.flag("use_routing_bias", False)
+    if scoring == "sqrtsoftplus":
+        return "DeepseekV4" if renormalize else "Unspecified"
+    if bias:
+        if scoring != "sigmoid" or not renormalize:
+            return "Unspecified"
+        return "DeepSeekV3" if config.count("n_group") else "MiniMax2"
+    if scoring == "sigmoid":
+        return "SigmoidRenorm" if renormalize else "Sigmoid"
+    if scoring == "softmax":
+        return "RenormalizeNaive" if renormalize else "Default"
+    return "Unspecified"
 
 
 def gated_mlp(h: int, i: int) -> list[tuple[str, int, int, Split]]:

@@ -265,6 +265,10 @@ class ModelSize:
         kv = anatomy.kv_heads
         if kv is not None and kv % tp and tp % kv:
             return f"tensor parallel size {tp} neither divides nor is a multiple of the {kv} KV heads"
+        for group in anatomy.kv_groups:
+            problem = group.state.tensor_parallel_problem(tp) if group.state else None
+            if problem:
+                return problem
         for linear in anatomy.linears:
             size = {Split.COLUMN: linear.out_features, Split.ROW: linear.in_features}.get(linear.split)
             if size is not None and size % tp:
@@ -295,10 +299,12 @@ def size_model(
         raise UnsupportedModel(f"model config is {type(config).__name__}, not an object")
     dtype_bytes = DTYPE_BYTES[dtype]
     quantization = weight_format(config)
+    anatomy = anatomy_of(config, placeholders=_WEIGHTS_ONLY if weights_bytes is not None else None)
+    problem = quantization.model_problem(anatomy) if quantization else None
+    if problem:
+        raise UnsupportedModel(problem)
     if weights_bytes is not None:
-        anatomy = anatomy_of(config, placeholders=_WEIGHTS_ONLY)
         return ModelSize(anatomy, None, weights_bytes, "spec.model.weightsBytes", quantization, dtype_bytes)
-    anatomy = anatomy_of(config)
     parameters = anatomy.parameters
     if tensors is not None:
         loaded = tensors.weights_bytes(anatomy.layers, dtype_bytes)

@@ -30,6 +30,10 @@ AVX512 = "avx512f"
 # What torch.cpu._is_avx512_bf16_supported reads: vLLM CPU keeps a state-space layer's temporal state in float32
 # where it is set (vllm/platforms/cpu.py).
 BF16_ARITHMETIC = "avx512_bf16"
+# What vLLM CPU's FP8 MoE experts take (fused_moe/experts/cpu_moe.py, CPUExpertsFp8 and CPUExpertsFp8W8A8): 128x128
+# blocks, and these routing methods (RoutingMethodType names).
+FP8_MOE_BLOCK = (128, 128)
+FP8_MOE_ROUTING = frozenset({"Default", "Renormalize", "RenormalizeNaive", "DeepSeekV3", "DeepseekV4"})
 WNA16_METHODS = ("awq", "gptq", "compressed-tensors")
 METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")
 
@@ -80,6 +84,24 @@ class WeightFormat:
             scales = fan_out if self.per_channel else 1
         zeros = math.ceil(scales * self.bits / 8) if self.zero_points else 0
         return weights + scales * self.scale_bytes + zeros
+
+    def model_problem(self, anatomy: Anatomy) -> str | None:
+        """Why vLLM CPU cannot load this format for this model on any CPU, or None: its FP8 MoE kernel (W8A16 on AMX,
+        W8A8 on AMX-FP8) takes experts quantized in 128x128 blocks, with SiLU, routed by softmax top-k or DeepSeek's
+        grouped sigmoid with a bias (fused_moe/experts/cpu_moe.py)."""
+        if self.method != "fp8" or not any(linear.expert and self.quantizes(linear) for linear in anatomy.linears):
+            return None
+        instead = "a BF16 checkpoint of the same model serves on CPU instead"
+        if self.block != FP8_MOE_BLOCK:
+            return f"vLLM CPU runs FP8 experts quantized in 128x128 blocks only, not {self.describe()}: {instead}"
+        if anatomy.routing not in FP8_MOE_ROUTING:
+            return (
+                f"vLLM CPU's FP8 MoE kernel does not route as this model does ({anatomy.routing} routing; it routes "
+                f"{', '.join(sorted(FP8_MOE_ROUTING))}): {instead}"
+            )
+        if anatomy.activation != "silu":
+            return f"vLLM CPU's FP8 MoE kernel runs SiLU experts only, not {anatomy.activation}: {instead}"
+        return None
 
     def kernel_problem(self, isa: frozenset[str], anatomy: Anatomy) -> str | None:
         """Why a node with these CPU flags cannot run this format in vLLM CPU, or None."""
