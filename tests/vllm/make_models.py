@@ -1,6 +1,8 @@
 """Builds tiny random-weight checkpoints of the model kinds sizing distinguishes, for the vLLM comparison tests:
 dense GQA (Llama), MoE (Qwen3-MoE), hybrid sliding-window attention (Gemma 3), MLA with vLLM CPU's 576-wide
-latent (DeepSeek-V2), and a GPTQ int4 Llama with random packed weights. transformers (in the vLLM environment)
+latent (DeepSeek-V2), a GPTQ int4 Llama with random packed weights, and the hybrids: Mamba2 layers with an
+attention layer (Granite 4.0-H), gated DeltaNet with gated attention (Qwen3-Next), and chunked local attention
+with a NoPE layer and experts (Llama 4). transformers (in the vLLM environment)
 lays out the floating point ones under their real tensor names; nothing is downloaded. Runs in the vLLM environment:
 python make_models.py KIND OUT_DIR
 """
@@ -87,6 +89,65 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "n_group": 1,
         "topk_group": 1,
         "max_position_embeddings": 2048,
+    },
+}
+# Three state layers and one attention layer, as the hybrids' 3:1 to 9:1 patterns; a context of 4096 exceeds
+# Llama 4's 256-token chunk and the tokens in flight.
+HYBRID_LAYERS = ["linear_attention"] * 3 + ["full_attention"]
+CONFIGS |= {
+    "mamba2": {
+        **COMMON,
+        "model_type": "granitemoehybrid",
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        "num_hidden_layers": 4,
+        "layer_types": HYBRID_LAYERS,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "shared_intermediate_size": 256,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 64,
+        "mamba_n_groups": 1,
+        "mamba_d_state": 64,
+        "mamba_d_conv": 4,
+        "mamba_expand": 2,
+        "max_position_embeddings": 4096,
+    },
+    "gated_deltanet": {
+        **COMMON,
+        "model_type": "qwen3_next",
+        "architectures": ["Qwen3NextForCausalLM"],
+        "num_hidden_layers": 4,
+        "layer_types": HYBRID_LAYERS,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 128,
+        "shared_expert_intermediate_size": 128,
+        "max_position_embeddings": 4096,
+    },
+    "chunked": {
+        **COMMON,
+        "model_type": "llama4_text",
+        "architectures": ["Llama4ForCausalLM"],
+        "num_hidden_layers": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "intermediate_size": 128,
+        "intermediate_size_mlp": 512,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 1,
+        "attention_chunk_size": 256,
+        "no_rope_layers": [1, 1, 1, 0],
+        "interleave_moe_layer_step": 1,
+        "max_position_embeddings": 4096,
     },
 }
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}

@@ -1,11 +1,12 @@
 """Sizing against vLLM itself. For a tiny random-weight model of each kind sizing tells apart (dense GQA, MoE,
-hybrid sliding-window attention, MLA with the 576-wide latent, GPTQ int4), the rendered command is started and the
-plan's figures are compared with what vLLM reports for the same model, each within 5%. It starts with vLLM's
+hybrid sliding-window attention, MLA with the 576-wide latent, GPTQ int4, and the hybrids: Mamba2 with attention,
+gated DeltaNet with attention, chunked local attention with experts), the rendered command is started and the
+plan's figures are compared with what vLLM reports for the same model: weights within 5%, KV capacity exactly. It starts with vLLM's
 compilation off (`--optimization-level 0`, in spec.extraArgs): neither figure depends on it, and each start is
 shorter by the graph's compile (30-36 s against 55-69 s; tests/vllm/test_rendered_pod.py starts the command as
 rendered):
 - KV: vLLM's "CPU KV cache size: N tokens" (the sequences of the max model length its KV cache holds, times that
-  length) for the plan's VLLM_CPU_KVCACHE_SPACE, against the plan's kvTokensPerRank;
+  length) for the plan's VLLM_CPU_KVCACHE_SPACE, equal to the plan's kvTokensPerRank;
 - weights: the parameter bytes vLLM's loader holds once the checkpoint is loaded, before the CPU kernels repack
   them (tests/vllm/probe: vLLM CPU 0.32 logs no model-load memory), against the plan's weightsBytes sized both
   ways: the family formula over the inline config (as offline), and the checkpoint's safetensors headers."""
@@ -34,15 +35,16 @@ TOLERANCE = 0.05
 SIZES: dict[str, dict[str, Any]] = {}
 HAS_AVX512 = "avx512f" in machine.cpu_flags()
 NO_COMPILE = ["--optimization-level", "0"]
+KINDS = ("dense", "moe", "hybrid", "mla", "gptq", "mamba2", "gated_deltanet", "chunked")
 
 
 @pytest.fixture(scope="session")
 def models(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("sizing-models")
-    for kind in ("dense", "moe", "hybrid", "mla", "gptq"):
+    for kind in KINDS:
         script = ROOT / "tests" / "vllm" / "make_models.py"
         subprocess.run([str(vllm_python), str(script), kind, str(out / kind)], check=True, capture_output=True)
-    return {kind: out / kind for kind in ("dense", "moe", "hybrid", "mla", "gptq")}
+    return {kind: out / kind for kind in KINDS}
 
 
 def plan_from_headers(workdir: Path, model: Path, max_model_len: int) -> dict[str, Any]:
@@ -96,6 +98,10 @@ def within(planned: int, served: int) -> bool:
         ("hybrid", 4096, "2 full + 2 sliding (window 256) layers, 2 KV heads x 64"),
         ("mla", 1024, "2 MLA layers, latent 576"),
         ("gptq", 1024, "4 full + 0 sliding layers, 2 KV heads x 64"),
+        # The hybrids: a state per sequence padded to a page, a chunk of 256 tokens that 4096 exceeds.
+        ("mamba2", 4096, "1 full + 3 mamba2 state layers, 2 KV heads x 64"),
+        ("gated_deltanet", 4096, "1 full + 3 gated_deltanet state layers, 2 KV heads x 64"),
+        ("chunked", 4096, "3 chunked (chunk 256) + 1 full layers, 2 KV heads x 64"),
     ],
 )
 def test_plan_matches_what_vllm_serves(kind, max_model_len, layout, models, vllm_python: Path, tmp_path: Path):
@@ -125,8 +131,13 @@ def test_plan_matches_what_vllm_serves(kind, max_model_len, layout, models, vllm
     }
     assert within(plan["weightsBytes"], loaded), SIZES[kind]
     assert within(from_headers["weightsBytes"], loaded), SIZES[kind]
-    assert within(plan["kvTokensPerRank"], tokens), SIZES[kind]
-    if kind != "hybrid":  # every layer keeps every token: KV bytes per token is the KV space over its tokens
+    assert plan["kvTokensPerRank"] == tokens, SIZES[kind]  # vLLM's blocks, exactly
+    if kind in (
+        "dense",
+        "moe",
+        "mla",
+        "gptq",
+    ):  # every layer keeps every token: KV bytes per token is the KV space over its tokens
         assert within(plan["kvBytesPerToken"], 2**30 // tokens), SIZES[kind]
 
 

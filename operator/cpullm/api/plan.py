@@ -56,13 +56,14 @@ class ModelSizing(_Model):
     )
     kv_layout: str = Field(
         description="The KV cache's layers as vLLM's KV specs count them: full attention, sliding window (holding "
-        "at most the window per sequence) or MLA (one latent per token, the same on every rank)."
+        "at most the window per sequence), chunked local attention (at most the chunk), MLA (one latent per token, "
+        "the same on every rank) or a state-space mixer's state (one per sequence, padded to the KV block)."
     )
     kv_cache_dtype: str = Field(description="The KV cache's element type (vLLM's --kv-cache-dtype).")
     kv_window_bytes_per_sequence: int = Field(
         default=0,
-        description="Per rank and sequence: what the sliding-window layers hold (at most their window), on top of "
-        "kvBytesPerToken for each token of context.",
+        description="Per rank and sequence: what the sliding-window, chunked and state-space layers hold (at most "
+        "their window or chunk, or their state), on top of kvBytesPerToken for each token of context.",
     )
     notes: list[str] = Field(
         default_factory=list, description="What sizing could not count (e.g. a vision encoder of an unknown shape)."
@@ -155,7 +156,8 @@ class Plan(_Model):
     weight_shard_bytes: int = Field(description="Weight bytes per rank.")
     kv_bytes_per_token: int = Field(
         description="KV bytes per token of context for the whole model (TP 1): the full-attention and MLA layers; "
-        "sliding-window layers hold at most their window (sizing.kvWindowBytesPerSequence)."
+        "sliding-window, chunked and state-space layers hold a bounded amount per sequence "
+        "(sizing.kvWindowBytesPerSequence)."
     )
     rank_overhead_bytes: int = Field(
         description="Runtime memory per rank beside weights and KV cache (measured: a base and a share per decoder "
