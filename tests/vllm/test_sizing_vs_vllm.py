@@ -1,10 +1,10 @@
 """Sizing against vLLM itself. For a tiny random-weight model of each kind sizing tells apart (dense GQA, MoE,
 hybrid sliding-window attention, MLA with the 576-wide latent, GPTQ int4, and the hybrids: Mamba2 with attention,
 gated DeltaNet with attention, chunked local attention with experts), the rendered command is started and the
-plan's figures are compared with what vLLM reports for the same model: weights within 5%, KV capacity exactly. It starts with vLLM's
-compilation off (`--optimization-level 0`, in spec.extraArgs): neither figure depends on it, and each start is
-shorter by the graph's compile (30-36 s against 55-69 s; tests/vllm/test_rendered_pod.py starts the command as
-rendered):
+plan's figures are compared with what vLLM reports for the same model: weights within 5%, KV capacity exactly.
+It starts with vLLM's compilation off (`--optimization-level 0`, in spec.extraArgs): neither figure depends on
+it, and each start is shorter by the graph's compile (30-36 s against 55-69 s; tests/vllm/test_rendered_pod.py
+starts the command as rendered):
 - KV: vLLM's "CPU KV cache size: N tokens" (the sequences of the max model length its KV cache holds, times that
   length) for the plan's VLLM_CPU_KVCACHE_SPACE, equal to the plan's kvTokensPerRank;
 - weights: the parameter bytes vLLM's loader holds once the checkpoint is loaded, before the CPU kernels repack
