@@ -21,6 +21,7 @@ from testbed.tools import ROOT, Kubectl, eventually, free_port, published_crds
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import sample_nodes
+from e2e.support import NodePool, node_ready
 
 if TYPE_CHECKING:
     from e2e.spread import QuickStart
@@ -75,12 +76,6 @@ def cluster_ready(kubectl: Kubectl) -> Kubectl:
     return kubectl
 
 
-def node_ready(kubectl: Kubectl, name: str) -> bool:
-    node = kubectl.get("node", name)
-    conditions = {c["type"]: c["status"] for c in (node or {}).get("status", {}).get("conditions", [])}
-    return conditions.get("Ready") == "True"
-
-
 @pytest.fixture(scope="session")
 def operator(cluster_ready: Kubectl, workdir: Path) -> Iterator[Operator | InClusterOperator]:
     if IN_CLUSTER_OPERATOR:
@@ -105,19 +100,6 @@ def namespace(cluster_ready: Kubectl, operator: Operator, request: pytest.Fixtur
     cluster_ready.run("create", "namespace", name)
     yield name
     cluster_ready.run("delete", "namespace", name, "--wait=false")
-
-
-class NodePool:
-    """KWOK nodes made for one test; deleted after it."""
-
-    def __init__(self, kubectl: Kubectl) -> None:
-        self.kubectl = kubectl
-        self.names: set[str] = set()
-
-    def add(self, node: dict[str, Any]) -> None:
-        self.kubectl.apply(node)
-        self.names.add(node["metadata"]["name"])
-        eventually(lambda: node_ready(self.kubectl, node["metadata"]["name"]), timeout=60, what="node Ready")
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from testbed.tools import ROOT, Kubectl, free_port, require_free_space
 from tests.vllm.harness import make_tiny_model, vllm_python
 
 from e2e.serving import TINY
-from e2e.test_operator import ready
+from e2e.support import ready
 
 NAME = "cpullm-quickstart-test"
 REGISTRY_DIRECTORY = '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'

@@ -18,28 +18,9 @@ from testbed.tools import ROOT, Kubectl, eventually, free_port
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import tiny_service
-from e2e.test_operator import conditions, ready
+from e2e.support import CHART, RELEASE, RELEASE_NAMESPACE, Helm, conditions, ready
 
-CHART = ROOT / "charts" / "cpullm-operator"
-RELEASE = "cpullm"
-RELEASE_NAMESPACE = "cpullm-system"
 DIGEST = "sha256:" + "ab" * 32
-
-
-class Helm:
-    def __init__(self, binary: Path, kubeconfig: str) -> None:
-        self.binary, self.kubeconfig = binary, kubeconfig
-
-    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(self.binary), "--kubeconfig", self.kubeconfig, *args], capture_output=True, text=True, timeout=300
-        )
-        if check and result.returncode != 0:
-            raise AssertionError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
-        return result
-
-    def template(self, *values: str) -> str:
-        return self.run("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, *values).stdout
 
 
 @pytest.fixture(scope="module")

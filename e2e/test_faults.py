@@ -5,165 +5,19 @@ no traceback in its log (a transient API error is one warning line and a short j
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 from testbed.cluster import LocalCluster
 from testbed.proxy import CuttableProxy
 from testbed.tools import Kubectl, eventually, free_port
 
-from cpullm.core.children.common import SERVICE_LABEL
-from e2e.conftest import NodePool
 from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import fake_node, tiny_service
-from e2e.test_operator import conditions
+from e2e.objects import fake_node
+from e2e.support import SETTLE_SECONDS, LogMark, NodePool, converged, create, pool
 
-# After a fault ends, the time every service gets to agree with its children again: the operator's transient
-# retry is a few seconds (controller/outcomes.py's TRANSIENT_RETRY_SECONDS, jittered) and a watch resumes at once.
-SETTLE_SECONDS = 90
 RESYNC_SECONDS = 10  # the relayed operator's listing of its children (settings.resync_seconds; default 300)
-
-
-def pool(nodes: NodePool, namespace: str, count: int = 2) -> dict[str, str]:
-    """Big one-NUMA nodes only this test's services select (TP=1, 3 CPUs each: ~85 services per node)."""
-    for i in range(count):
-        nodes.add(fake_node(f"pool-{i}-{namespace[-5:]}", numa=1, cpu="256", memory="2Ti", pool=namespace))
-    return {"pool": namespace}
-
-
-def create(kubectl: Kubectl, namespace: str, prefix: str, count: int, selector: dict[str, str]) -> list[str]:
-    names = [f"{prefix}-{i}" for i in range(count)]
-    for start in range(0, count, 50):  # one kubectl call per 50: each stays well within its timeout
-        kubectl.apply(*(tiny_service(n, namespace, nodeSelector=selector) for n in names[start : start + 50]))
-    return names
-
-
-# A pod bound this long and still not started was missed by KWOK, the fake kubelet (its fast stages start a pod
-# within a second): seen twice in ~8 runs after an etcd restart, that pod left Pending for good.
-MISSED_BY_KWOK_SECONDS = 30
-
-
-def settled(service: dict[str, Any]) -> bool:
-    status = service.get("status", {})
-    return (
-        conditions(service).get("Ready", {}).get("status") == "True"
-        and status.get("observedGeneration") == service["metadata"]["generation"]
-        and status.get("readyReplicas") == service["spec"].get("replicas", 1)
-    )
-
-
-def missed_by_kwok(pods: list[dict[str, Any]], now: datetime) -> bool:
-    """Every pod bound to a node MISSED_BY_KWOK_SECONDS ago or more and never started (not the operator's doing)."""
-
-    def bound_since(pod: dict[str, Any]) -> datetime | None:
-        for condition in pod["status"].get("conditions", []):
-            if condition["type"] == "PodScheduled" and condition["status"] == "True":
-                return datetime.fromisoformat(condition["lastTransitionTime"])
-        return None
-
-    since = [bound_since(p) for p in pods if p["status"].get("phase") == "Pending"]
-    return (
-        bool(pods)
-        and len(since) == len(pods)
-        and all(s is not None and (now - s).total_seconds() >= MISSED_BY_KWOK_SECONDS for s in since)
-    )
-
-
-def missed_by_kwok_and_reported(
-    kubectl: Kubectl, namespace: str, services: dict[str, dict[str, Any]], stale: list[str]
-) -> list[str]:
-    """The stale services settled all the same: KWOK never started their pods, and they say so (Ready=False)."""
-    deployments = {d["metadata"]["name"]: d for d in kubectl.get("deployments", namespace=namespace)}
-    pods: dict[str, list[dict[str, Any]]] = {}
-    for pod in kubectl.get("pods", namespace=namespace):
-        pods.setdefault(pod["metadata"]["labels"].get(SERVICE_LABEL, ""), []).append(pod)
-    now = datetime.now(UTC)
-    missed = [
-        name
-        for name in stale
-        if missed_by_kwok(pods.get(name, []), now) and reports_its_deployment(services[name], deployments.get(name))
-    ]
-    if missed:
-        print(f"left Pending by KWOK, reported as not ready: {missed}")
-    return missed
-
-
-def reports_its_deployment(service: dict[str, Any], deployment: dict[str, Any] | None) -> bool:
-    """The service's status describes its Deployment as it is: generation, ready pods, and Ready=False."""
-    status = service.get("status", {})
-    ready = (deployment or {}).get("status", {}).get("readyReplicas", 0)
-    return (
-        deployment is not None
-        and status.get("observedGeneration") == service["metadata"]["generation"]
-        and status.get("readyReplicas") == ready < service["spec"].get("replicas", 1)
-        and conditions(service).get("Ready", {}).get("status") == "False"
-    )
-
-
-class LogMark:
-    """What the operator logged since the mark."""
-
-    def __init__(self, operator: Operator) -> None:
-        self.operator, self.offset = operator, operator.log_path.stat().st_size
-
-    def text(self) -> str:
-        with self.operator.log_path.open("rb") as log:
-            log.seek(self.offset)
-            return log.read().decode(errors="replace")
-
-    def assert_quiet(self) -> None:
-        text = self.text()
-        assert "Traceback" not in text, text[text.index("Traceback") - 2000 :][:6000]
-
-
-def converged(
-    kubectl: Kubectl,
-    namespace: str,
-    names: list[str],
-    timeout: float = SETTLE_SECONDS,
-    log: LogMark | None = None,
-    one_replica_set: bool = True,
-) -> float:
-    """Waits until every service is Ready for its generation with its replicas ready (or truly reports a pod KWOK
-    never started: missed_by_kwok_and_reported), then checks each has exactly one Deployment, Service and
-    ReplicaSet (`one_replica_set=False`: a Deployment created again may adopt its predecessor's ReplicaSet before
-    the garbage collector removed it, and keep it as history at 0 replicas). Returns the seconds it took."""
-    start = time.monotonic()
-
-    def probe() -> bool:
-        services = {s["metadata"]["name"]: s for s in kubectl.get("cpullm", namespace=namespace)}
-        assert sorted(services) == sorted(names), sorted(services)
-        stale = sorted(name for name, service in services.items() if not settled(service))
-        if stale:
-            missed = missed_by_kwok_and_reported(kubectl, namespace, services, stale)
-            stale = [name for name in stale if name not in missed]
-        assert not stale, f"{len(stale)} not settled, e.g. {stale[0]}: {services[stale[0]].get('status')}"
-        return True
-
-    try:
-        eventually(probe, timeout=timeout, interval=1, what=f"{len(names)} services settled")
-    except AssertionError as err:
-        stale = str(err).split(", e.g. ", 1)[-1].split(":", 1)[0]
-        if log is not None:  # what the operator did about the first one left behind
-            lines = [line for line in log.text().splitlines() if f"/{stale} " in line or f"/{stale}:" in line]
-            raise AssertionError(f"{err}\noperator log about {stale}:\n" + "\n".join(lines[-40:])) from err
-        raise
-    took = time.monotonic() - start
-    for kind in ("deployments", "services"):
-        assert sorted(o["metadata"]["name"] for o in kubectl.get(kind, namespace=namespace)) == sorted(names), kind
-    deployments = {d["metadata"]["name"]: d for d in kubectl.get("deployments", namespace=namespace)}
-    for service in kubectl.get("cpullm", namespace=namespace):  # the status agrees with the child it describes
-        child = deployments[service["metadata"]["name"]]["status"]
-        assert child.get("readyReplicas", 0) == service["status"]["readyReplicas"], (child, service["status"])
-    scaled_up = [rs for rs in kubectl.get("replicasets", namespace=namespace) if rs["spec"].get("replicas")]
-    assert len(scaled_up) == len(names), [rs["metadata"]["name"] for rs in scaled_up]
-    if one_replica_set:
-        assert len(kubectl.get("replicasets", namespace=namespace)) == len(names)
-    return took
 
 
 @pytest.fixture

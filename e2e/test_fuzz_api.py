@@ -20,11 +20,9 @@ from kubernetes.client.rest import ApiException
 from testbed.tools import Kubectl, eventually
 
 from cpullm import errors
-from e2e.conftest import NodePool
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import E2E_LABEL, QWEN_SMALL, fake_node, tiny_service
-from e2e.test_faults import LogMark
-from e2e.test_operator import conditions, ready
+from e2e.support import LogMark, NodePool, conditions, ready
 
 REASONS = {"Planned"} | {
     cls.reason for cls in vars(errors).values() if isinstance(cls, type) and issubclass(cls, errors.CpuLLMError)

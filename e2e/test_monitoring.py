@@ -7,36 +7,16 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from typing import Any
 
 import pytest
 from testbed.tools import Kubectl, eventually
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import tiny_service
-from e2e.test_operator import conditions, ready
+from e2e.support import condition, conditions, install, owned_by_service, ready
 
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 SCALEDOBJECT_CRD = "scaledobjects.keda.sh"
-
-
-def install(kubectl: Kubectl, path: str, name: str) -> None:
-    kubectl.run("apply", "--server-side", "-f", path)
-    kubectl.wait_established(name)
-
-
-def condition(kubectl: Kubectl, namespace: str, name: str, type_: str, status: str, reason: str) -> dict[str, Any]:
-    def probe() -> dict[str, Any]:
-        found = conditions(kubectl.get("cpullm", name, namespace)).get(type_, {})
-        assert (found.get("status"), found.get("reason")) == (status, reason), found
-        return found
-
-    return eventually(probe, timeout=60, what=f"{type_}={status} {reason}")
-
-
-def owned_by_service(obj: dict[str, Any], name: str) -> bool:
-    refs = obj["metadata"].get("ownerReferences") or []
-    return [(r["kind"], r["name"], r.get("controller")) for r in refs] == [("CpuLLMService", name, True)]
 
 
 def test_podmonitor_waits_for_its_crd_then_is_applied_and_owned(

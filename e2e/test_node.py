@@ -46,8 +46,7 @@ from e2e.serving import (
     server_pods,
     tiny_served,
 )
-from e2e.test_chart import CHART, Helm
-from e2e.test_operator import conditions, ready
+from e2e.support import CHART, Helm, conditions, ready
 
 pytestmark = [
     pytest.mark.node,

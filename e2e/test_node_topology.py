@@ -9,11 +9,9 @@ from typing import Any
 from testbed.tools import Kubectl, eventually
 from tests.unit.builders import topology_object
 
-from e2e.conftest import NodePool
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import fake_node, tiny_service
-from e2e.test_monitoring import install
-from e2e.test_operator import container, ready
+from e2e.support import NodePool, container, install, ready
 
 NODE_RESOURCE_TOPOLOGY_CRD = "noderesourcetopologies.topology.node.k8s.io"
 

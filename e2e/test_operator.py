@@ -12,54 +12,15 @@ import pytest
 import yaml
 from testbed.tools import ROOT, Kubectl, eventually
 
-from e2e.conftest import NodePool
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import E2E_LABEL, fake_node, sample_nodes, tiny_service
+from e2e.support import NodePool, conditions, container, not_planned, ready
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
 
-def conditions(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in service.get("status", {}).get("conditions", [])}
-
-
-def ready(
-    kubectl: Kubectl, namespace: str, name: str, replicas: int | None = None, timeout: float = 90, interval: float = 0.5
-) -> dict[str, Any]:
-    """The service once Ready for its current generation (and with `replicas` ready pods, if given)."""
-
-    def probe() -> dict[str, Any]:
-        service = kubectl.get("cpullm", name, namespace)
-        assert service is not None, "service missing"
-        status = service.get("status", {})
-        ready_condition = conditions(service).get("Ready", {})
-        assert ready_condition.get("status") == "True", ready_condition
-        assert status.get("observedGeneration") == service["metadata"]["generation"], status
-        if replicas is not None:
-            assert status.get("readyReplicas") == replicas, status
-        return service
-
-    return eventually(probe, timeout=timeout, interval=interval, what=f"{namespace}/{name} Ready")
-
-
-def not_planned(kubectl: Kubectl, namespace: str, name: str, reason: str) -> dict[str, Any]:
-    def probe() -> dict[str, Any]:
-        service = kubectl.get("cpullm", name, namespace)
-        cond = conditions(service)
-        assert cond.get("Planned", {}).get("reason") == reason, cond
-        assert cond["Ready"]["status"] == "False", cond
-        return service
-
-    return eventually(probe, timeout=60, what=f"{namespace}/{name} refused with {reason}")
-
-
 def deployment(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
     return eventually(lambda: kubectl.get("deployment", name, namespace), timeout=60, what="Deployment")
-
-
-def container(deploy: dict[str, Any]) -> dict[str, Any]:
-    result: dict[str, Any] = deploy["spec"]["template"]["spec"]["containers"][0]
-    return result
 
 
 def env(deploy: dict[str, Any]) -> dict[str, str | None]:

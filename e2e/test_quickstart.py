@@ -33,7 +33,7 @@ from e2e.spread import (
     served,
     servers_generation,
 )
-from e2e.test_operator import ready
+from e2e.support import ready
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 PHASES = ("pulling the image", "loading the model", "ready", "completion:")

@@ -16,8 +16,7 @@ from testbed.tools import Kubectl, eventually, free_port
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import tiny_service
-from e2e.test_monitoring import condition, install, owned_by_service
-from e2e.test_operator import conditions
+from e2e.support import condition, conditions, install, owned_by_service
 
 INFERENCEPOOL_CRD = "inferencepools.inference.networking.k8s.io"
 HTTPROUTE_CRD = "httproutes.gateway.networking.k8s.io"

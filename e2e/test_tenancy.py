@@ -14,8 +14,7 @@ from testbed.tools import Kubectl, eventually
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import QWEN_SMALL, tiny_service
-from e2e.test_faults import LogMark
-from e2e.test_operator import conditions, not_planned, ready
+from e2e.support import LogMark, conditions, not_planned, ready
 
 
 def test_a_same_name_service_someone_else_made_is_not_adopted(

@@ -26,9 +26,8 @@ import pytest
 import yaml
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
-from e2e.conftest import NodePool
 from e2e.helpers import Operator
-from e2e.test_faults import LogMark, converged, create, pool
+from e2e.support import LogMark, NodePool, converged, create, pool
 
 pytestmark = pytest.mark.local_operator
 SERVICES = 50

@@ -6,14 +6,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpullm.api.spec import parse_spec
 from cpullm.cli import main
 from cpullm.core.constants import GiB
-from cpullm.core.planner import plan_service
-from cpullm.core.sizing import size_model
-from cpullm.io.files import load_nodes
 
 from .builders import node_object, topology_object
+from .support import direct_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 NODES = str(ROOT / "examples" / "nodes.yaml")
@@ -27,15 +24,6 @@ EXPECTED_PLANS = {
     "qwen-small.yaml": (1, 2, 47, 6170869760, ["xeon-amx-0", "xeon-amx-1"]),
     "qwen-throughput.yaml": (1, 1, 31, 5042601984, ["avx512-4numa-0"]),
 }
-
-
-def direct_plan(example: Path) -> dict:
-    """The plan computed without the CLI: the planner on the parsed spec, the sized model and parsed nodes."""
-    spec = parse_spec(yaml.safe_load(example.read_text())["spec"])
-    assert spec.model.config is not None  # every example sizes from its inline config
-    model = size_model(spec.model.config, spec.model.dtype, weights_bytes=spec.model.weights_bytes)
-    plan = plan_service(spec, model, load_nodes(NODES, pytest.fail))
-    return plan.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 
 def test_the_expected_table_covers_every_example():

@@ -10,9 +10,8 @@ import pytest
 
 import cpullm.core.decision as decision_module
 from cpullm.api.plan import Plan
-from cpullm.core.children.common import Owner
 from cpullm.core.decision import Decision, Event, decide
-from cpullm.core.observation import NamespaceFacts, Observed
+from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import (
     ChildRejected,
     InvalidSpec,
@@ -22,28 +21,14 @@ from cpullm.errors import (
     PodSecurityForbidden,
 )
 
-from .builders import llama_8b, node, spec
+from .builders import node, spec
+from .support import T0, observed
 
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 T1 = datetime(2026, 1, 1, 12, 5, 0, tzinfo=UTC)
 T0_TEXT, T1_TEXT = "2026-01-01T12:00:00Z", "2026-01-01T12:05:00Z"
-OWNER = Owner(name="llama", namespace="serving", uid="u1")
 NODES = (node("n1", numa=2, memory="512Gi"),)
 BASELINE = NamespaceFacts(labels={"pod-security.kubernetes.io/enforce": "baseline"})
 UNAVAILABLE = ModelConfigUnavailable("cannot reach the hub")
-
-
-def observed(**fields: Any) -> Observed:
-    """A service that plans (TP 2 on one 2-NUMA node) unless the test says otherwise."""
-    base: dict[str, Any] = {
-        "owner": OWNER,
-        "generation": 3,
-        "spec": spec(),
-        "requested_replicas": 1,
-        "model": llama_8b(),
-        "nodes": NODES,
-    }
-    return Observed(**{**base, **fields})
 
 
 def kinds(decision: Decision) -> set[str]:

@@ -22,11 +22,12 @@ from cpullm.core.children.model_cache import (
     stale_node_cache,
 )
 from cpullm.core.decision import decide_plan
-from cpullm.core.observation import NamespaceFacts, Observed, OperatorPolicy
+from cpullm.core.observation import NamespaceFacts, OperatorPolicy
 from cpullm.errors import InvalidSpec, NodeCacheDisabled, PodSecurityForbidden
 from cpullm.io.files import scan_node_cache
 
-from .builders import llama_8b, node, spec
+from . import support
+from .builders import node, spec
 
 NODE_LOCAL = {"modelCache": {"nodeLocal": True}}
 NS_A = "0b6f2a4e-5c3d-4e1f-9a8b-7c6d5e4f3a2b"
@@ -46,13 +47,11 @@ def observed(
     node_cache_dir: str | None = "/var/lib/cpullm",
     name: str = "llama",
 ):
-    return Observed(
+    return support.observed(
         owner=Owner(name, "team-a", service_uid),
         generation=1,
         spec=spec(**NODE_LOCAL),
-        requested_replicas=1,
         namespace=NamespaceFacts(labels or {}, uid=namespace_uid),
-        model=llama_8b(),
         nodes=(node("n1", numa=2, cpu="96", memory="512Gi"),),
         policy=OperatorPolicy(node_cache_dir=node_cache_dir),
     )

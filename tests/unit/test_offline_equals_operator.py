@@ -12,60 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from cpullm.cli import main
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.observation import NamespaceFacts
-from cpullm.core.sizing import ModelFiles
 from cpullm.io.files import load_nodes
-from cpullm.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[2]
-NODES = str(ROOT / "examples" / "nodes.yaml")
-EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
-TOKEN = "hf_offline_test"
-
-
-class RecordingKube:
-    """The API as the reconciler sees it: every secret holds TOKEN; applies and status patches are recorded."""
-
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-        self.status_patches: list[dict[str, Any]] = []
-        self.secret_reads: list[tuple[str, str, str]] = []
-
-    def read_namespace(self, namespace: str) -> NamespaceFacts:
-        return NamespaceFacts()
-
-    def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
-        self.secret_reads.append((namespace, name, key))
-        return TOKEN
-
-    def apply(self, manifest: dict[str, Any], over: Any) -> dict[str, Any]:
-        self.applied.append(manifest)
-        return manifest
-
-    def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> None:
-        return None
-
-    def patch_service_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        self.status_patches.append(dict(status))
-
-    def emit_event(self, regarding: Any, type_: str, reason: str, message: str) -> None:
-        pass
-
-
-class ConfigHub:
-    """A Hub that answers every model with one config.json, and records who asked with which token."""
-
-    def __init__(self, config: dict[str, Any] | None) -> None:
-        self.config = config
-        self.calls: list[tuple[str, str | None, str | None]] = []
-
-    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
-        self.calls.append((name, revision, token))
-        if self.config is None:
-            raise AssertionError(f"the Hub was asked for {name} although the spec has an inline config")
-        return ModelFiles(config=self.config, checkpoint_total_bytes=None)
+from .support import EXAMPLES, NODES, TOKEN, ConfigHub, RecordingKube, cli
 
 
 def prepared(example: Path, tmp_path: Path, inline: bool) -> tuple[dict[str, Any], list[str]]:
@@ -80,32 +30,6 @@ def prepared(example: Path, tmp_path: Path, inline: bool) -> tuple[dict[str, Any
         flags = ["--model-config", str(tmp_path / "config.json")]
     (tmp_path / "service.yaml").write_text(yaml.safe_dump(service, sort_keys=False))
     return service, flags
-
-
-def cli(capsys: pytest.CaptureFixture[str], *args: str) -> Any:
-    assert main(list(args)) == 0, capsys.readouterr().err
-    return json.loads(capsys.readouterr().out)
-
-
-def offline_and_operator(
-    service: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> tuple[list[dict[str, Any]], dict[str, Any], RecordingKube]:
-    """One service on the sample nodes with the settings of the environment, both ways: what `cpullm render` and
-    `cpullm plan` print, and the RecordingKube of the operator's reconcile (constructed from Settings, as
-    handlers.configure does)."""
-    path = tmp_path / "service.yaml"
-    path.write_text(yaml.safe_dump(service))
-    rendered = cli(capsys, "render", str(path), "--nodes", NODES, "-o", "json")["items"]
-    plan = cli(capsys, "plan", str(path), "--nodes", NODES, "-o", "json")
-    settings, kube = Settings(), RecordingKube()
-    reconciler = Reconciler(
-        kube,
-        ConfigHub(None),
-        clock=lambda: datetime(2026, 1, 1, tzinfo=UTC),
-        policy=settings.policy(),
-    )
-    reconciler.reconcile(service, load_nodes(NODES, pytest.fail))
-    return rendered, plan, kube
 
 
 CASES = [pytest.param(e, True, id=f"{e.stem}-inline") for e in EXAMPLES] + [

@@ -22,6 +22,7 @@ from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, InvalidSpec, NoEligibleNode, PermissionDenied
 
+from . import support
 from .builders import LLAMA_8B, llama_8b, node, spec
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -358,17 +359,8 @@ def test_crd_carries_the_same_rules_as_cel():
 def observed(
     installed_crds: frozenset[str] | None = ALL_CRDS, status: dict[str, Any] | None = None, **fields: Any
 ) -> Observed:
-    base: dict[str, Any] = {
-        "owner": OWNER,
-        "generation": 3,
-        "spec": spec(),
-        "requested_replicas": 1,
-        "model": llama_8b(),
-        "nodes": NODES,
-        "installed_crds": installed_crds,
-        "status": status or {},
-    }
-    return Observed(**{**base, **fields})
+    """support.observed for this module's owner, with every optional API's CRD installed unless a test says not."""
+    return support.observed(**{"owner": OWNER, "installed_crds": installed_crds, "status": status or {}, **fields})
 
 
 def kinds(decision: Decision) -> list[str]:

@@ -12,7 +12,7 @@ from cpullm.cli import main
 from cpullm.commands import plan_table
 from cpullm.planview import COLOURS, plan_svg
 
-from .test_cli import NODES, ROOT, direct_plan
+from .support import NODES, ROOT, direct_plan
 
 SVG = "{http://www.w3.org/2000/svg}"
 PICTURES = {

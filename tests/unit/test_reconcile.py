@@ -8,75 +8,13 @@ import pytest
 
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.observation import NamespaceFacts, OperatorPolicy
-from cpullm.core.sizing import ModelFiles
+from cpullm.core.observation import OperatorPolicy
 from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Ownership
 
 from .builders import LLAMA_8B, node
-
-
-class StubKube:
-    def __init__(self) -> None:
-        self.applied: list[dict[str, Any]] = []
-        self.status_patches: list[dict[str, Any]] = []
-        self.events: list[tuple[str, str]] = []
-        self.secrets = {("serving", "hf", "HF_TOKEN"): "hf_secret"}
-        self.namespace_labels: dict[str, str] = {}
-        self.terminating = False
-        self.present: set[tuple[str, str]] = set()  # what list_owned finds, of any kind
-        self.changed: set[tuple[str, str]] = set()  # of those, what another writer changed
-        self.unlisted: set[tuple[str, str]] = set()  # what exists though list_owned misses it
-        self.reads: list[tuple[str, str, str]] = []
-        self.owners: dict[tuple[str, str, str], Ownership] = {}  # objects that exist, by kind, namespace, name
-
-    def list_owned(self, kind, namespaces):
-        """Markers as applied (this stub stores what it is given: no uid, no generation) unless changed."""
-        return {key: "other/2" if key in self.changed else "None/None" for key in self.present}
-
-    def child_exists(self, kind, namespace, name):
-        self.reads.append((kind, namespace, name))
-        return (namespace, name) in self.present | self.unlisted
-
-    def apply(self, manifest, over):
-        self.applied.append(manifest)
-        return manifest
-
-    def ownership(self, api_version, kind, namespace, name):
-        return self.owners.get((kind, namespace, name))
-
-    def read_namespace(self, namespace):
-        return NamespaceFacts(labels=self.namespace_labels, terminating=self.terminating)
-
-    def patch_service_status(self, namespace, name, status):
-        self.status_patches.append(dict(status))
-
-    def read_secret_key(self, namespace, name, key):
-        return self.secrets.get((namespace, name, key))
-
-    def emit_event(self, regarding, type_, reason, message):
-        self.events.append((type_, reason))
-
-
-class StubHub:
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
-        self.calls: list[tuple[str, str | None, str | None]] = []
-
-    def fetch(self, name, revision, token):
-        self.calls.append((name, revision, token))
-        if self.fail:
-            raise ModelConfigUnavailable("cannot reach the hub")
-        return ModelFiles(config=LLAMA_8B, checkpoint_total_bytes=None)
-
-
-def service(spec: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "llama", "namespace": "serving", "uid": "u1", "generation": 2},
-        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B"}, "kvCacheGiB": 4, "maxModelLen": 8192, **spec},
-        "status": status or {},
-    }
+from .support import StubHub, StubKube, service
 
 
 def reconciler(hub: StubHub | None = None) -> tuple[Reconciler, StubKube]:

@@ -25,8 +25,7 @@ from cpullm.core.rollout import (
 from cpullm.core.status import ROLLOUT_PACED
 
 from .builders import node
-from .test_decision import T0, observed
-from .test_reconcile import StubHub, StubKube, service
+from .support import T0, StubHub, StubKube, observed, service
 
 DESIRED = {"metadata": {"annotations": {TEMPLATE_DIGEST: "new"}}}
 

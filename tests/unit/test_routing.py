@@ -20,8 +20,7 @@ from cpullm.core.planner import plan_service
 from cpullm.core.routing import drain_seconds
 
 from .builders import llama_8b, node, qwen_05b, spec
-from .test_offline_equals_operator import ROOT, offline_and_operator
-from .test_optional_children import T0
+from .support import ROOT, T0, offline_and_operator
 
 OWNER = Owner("chat", "serving", uid="u-1")
 QWEN = {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "kvCacheGiB": 1, "maxModelLen": 8192}

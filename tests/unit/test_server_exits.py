@@ -14,7 +14,7 @@ from cpullm.core.server_exits import ServerExit, fixes_loaded_condition, server_
 from cpullm.vllm_support import read_report
 
 from .builders import qwen_05b, spec
-from .test_decision import T0, observed
+from .support import T0, observed
 
 LOADED_ALL = "cpullm-vllm-fix leave_page_cache_out loaded\ncpullm-vllm-fix short_warm_up loaded\n"
 WITHOUT_RANK = LOADED_ALL + "cpullm-vllm-fix rank_in_engine_core nothing-to-patch\n"

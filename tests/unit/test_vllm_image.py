@@ -13,7 +13,7 @@ import yaml
 from cpullm.core.planner import plan_service
 
 from .builders import llama_8b, node, spec
-from .test_offline_equals_operator import EXAMPLES, NODES, ROOT, cli, offline_and_operator
+from .support import EXAMPLES, NODES, ROOT, cli, offline_and_operator
 
 PUBLISHED = {
     "amd64": "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64",

@@ -9,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.harness import Measured, make_tiny_model, setup_vllm
-
-MEMORY: dict[str, Measured] = {}
-BINDINGS: dict[str, tuple[str, list[list[int]]]] = {}
-WAITING_PEAKS: dict[str, tuple[float, int, float]] = {}  # peak, scrapes, burst seconds
+from tests.vllm.harness import BINDINGS, MEMORY, SIZES, WAITING_PEAKS, make_tiny_model, setup_vllm
 
 
 @pytest.fixture(scope="session")
@@ -48,8 +44,6 @@ def qwen_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> P
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    from tests.vllm.test_sizing_vs_vllm import SIZES
-
     if SIZES:
         terminalreporter.section("sizing against vLLM: weights (bytes) and KV cache capacity (tokens), side by side")
         columns = list(next(iter(SIZES.values())))

@@ -38,6 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 LAUNCHER_DIR = "opt-cpullm"  # where the launcher ConfigMap's files go, as the pod mounts them
 REPORT_FILE = "termination-log"  # the server's report of its fixes, in its workdir
 
+# What the tests measured, for the run's summary (conftest.py's pytest_terminal_summary).
+SIZES: dict[str, dict[str, Any]] = {}  # test_sizing_vs_vllm: per kind, the figures side by side
+MEMORY: dict[str, Measured] = {}  # test_rendered_pod: per case, the memory cgroup's readings
+BINDINGS: dict[str, tuple[str, list[list[int]]]] = {}  # per case, the launcher's choice and the pinned CPUs
+WAITING_PEAKS: dict[str, tuple[float, int, float]] = {}  # peak, scrapes, burst seconds
+
 
 # Prompts for the benchmarks' single-stream and batch measurements.
 PROMPTS = [

@@ -18,8 +18,15 @@ import pytest
 from testbed.machine import cached_bytes
 
 from cpullm import launcher, vllm_fixes, vllm_support
-from tests.vllm.conftest import BINDINGS, MEMORY, WAITING_PEAKS
-from tests.vllm.harness import REPORT_FILE, LocalServer, render_service, server_for_container
+from tests.vllm.harness import (
+    BINDINGS,
+    MEMORY,
+    REPORT_FILE,
+    WAITING_PEAKS,
+    LocalServer,
+    render_service,
+    server_for_container,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.memory_peak]
 SIM_MULTI_NUMA = {"env": [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]}

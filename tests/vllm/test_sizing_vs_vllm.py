@@ -27,12 +27,11 @@ from testbed import machine
 from testbed.tools import ROOT
 
 from cpullm.cli import main as cpullm
-from tests.vllm.harness import render_service, server_for_container, this_machine
+from tests.vllm.harness import SIZES, render_service, server_for_container, this_machine
 
 pytestmark = pytest.mark.vllm
 PROBE = ROOT / "tests" / "vllm" / "probe"
 TOLERANCE = 0.05
-SIZES: dict[str, dict[str, Any]] = {}
 HAS_AVX512 = "avx512f" in machine.cpu_flags()
 NO_COMPILE = ["--optimization-level", "0"]
 KINDS = ("dense", "moe", "hybrid", "mla", "gptq", "mamba2", "gated_deltanet", "chunked")
