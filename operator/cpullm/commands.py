@@ -24,6 +24,7 @@ from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide
 from cpullm.core.memory import MARGIN_FRACTION
 from cpullm.core.node_topology import NodeTopology
+from cpullm.core.observation import ClusterView
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
 from cpullm.io.files import (
@@ -87,10 +88,7 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
     nodes, daemons, topologies = _nodes(nodes_path)
     observed = gather(
         load_service(service_path),
-        nodes=nodes,
-        daemons=daemons,
-        topologies=topologies,
-        deployment=None,
+        ClusterView(nodes=nodes, topologies=topologies, daemons=daemons),
         last_status={},
         cluster=OfflineCluster(settings.hf_token),
         models=models,

@@ -16,7 +16,7 @@ from cpullm.api.spec import parse_spec
 from cpullm.cli import main
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.children.common import Owner
-from cpullm.core.observation import NamespaceFacts, Observed
+from cpullm.core.observation import ClusterView, NamespaceFacts, Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelFiles, size_model
 from cpullm.errors import ModelConfigUnavailable
@@ -106,7 +106,7 @@ def offline_and_operator(
         clock=lambda: datetime(2026, 1, 1, tzinfo=UTC),
         policy=settings.policy(),
     )
-    reconciler.reconcile(service, load_nodes(NODES, pytest.fail))
+    reconciler.reconcile(service, ClusterView(nodes=load_nodes(NODES, pytest.fail)))
     return rendered, plan, kube
 
 

@@ -23,7 +23,7 @@ from cpullm.api.spec import CpuLLMServiceSpec, DType, parse_spec
 from cpullm.controller.gather import gather
 from cpullm.core import topology as t
 from cpullm.core.decision import decide
-from cpullm.core.observation import NamespaceFacts
+from cpullm.core.observation import ClusterView, NamespaceFacts
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import FAMILIES, ModelFiles, ModelSize, anatomy_of, size_model
 from cpullm.errors import InvalidSpec, NodeLabelError, PlanRefusal, UnsupportedModel
@@ -299,9 +299,7 @@ class _Hub:
 
 def _decide(raw_spec: Any, name: str = "fuzz") -> Mapping[str, Any]:
     service = {"metadata": {"name": name, "namespace": "default", "uid": "u-1", "generation": 3}, "spec": raw_spec}
-    observed = gather(
-        service, nodes=NODES, deployment=None, last_status=None, cluster=_Cluster(), models=_Hub(), installed_crds=None
-    )
+    observed = gather(service, ClusterView(nodes=NODES), last_status=None, cluster=_Cluster(), models=_Hub())
     decision = decide(observed, NOW)
     conditions = {c["type"]: c for c in decision.status["conditions"]}
     assert {"Planned", "Ready"} <= set(conditions)

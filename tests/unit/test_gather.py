@@ -10,7 +10,7 @@ import pytest
 from cpullm.controller.gather import gather, resolve_model
 from cpullm.controller.outcomes import retry_delay
 from cpullm.core.children.common import Owner
-from cpullm.core.observation import NamespaceFacts
+from cpullm.core.observation import ClusterView, NamespaceFacts
 from cpullm.core.sizing import ModelFiles, size_model
 from cpullm.errors import InvalidSpec, ModelConfigUnavailable, UnexpectedError
 
@@ -127,9 +127,16 @@ def service(raw_spec: dict[str, Any] | None = None, **meta: Any) -> dict[str, An
     }
 
 
-def observe(obj: dict[str, Any], cluster: Cluster | None = None, source: Source | None = None, **kwargs: Any):
-    options: dict[str, Any] = {"nodes": [node("n1")], "deployment": None, "last_status": None, **kwargs}
-    return gather(obj, cluster=cluster or Cluster(), models=source or Source(), **options)
+def observe(
+    obj: dict[str, Any],
+    cluster: Cluster | None = None,
+    source: Source | None = None,
+    last_status: dict[str, Any] | None = None,
+    **view: Any,
+):
+    """gather on a view of one node (and whatever `view` adds to it)."""
+    seen = ClusterView(**{"nodes": [node("n1")], **view})
+    return gather(obj, seen, last_status=last_status, cluster=cluster or Cluster(), models=source or Source())
 
 
 def test_gather_observes_owner_generation_namespace_model_and_nodes():

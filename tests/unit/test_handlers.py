@@ -17,6 +17,7 @@ from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
+from cpullm.core.observation import ClusterView
 from cpullm.core.rollout import TEMPLATE_DIGEST
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
@@ -47,26 +48,14 @@ class RecordingReconciler:
     def begin(self, service, deployment):
         return 0
 
-    def reconcile(
-        self,
-        service: dict[str, Any],
-        nodes: list[Any],
-        deployment: Any = None,
-        crds: Any = None,
-        pending: Any = None,
-        ticket: int | None = None,
-        daemons: Any = (),
-        topologies: Any = (),
-        rolling: Any = frozenset(),
-        exits: Any = (),
-    ) -> None:
-        self.exits.append(exits)
-        self.calls.append((service["metadata"]["name"], sorted(n.name for n in nodes)))
-        self.rolling.append(rolling)
-        self.daemons.append(daemons)
-        self.topologies.append(topologies)
-        self.deployments.append(deployment)
-        self.unschedulable.append(pending)
+    def reconcile(self, service: dict[str, Any], view: ClusterView, ticket: int | None = None) -> None:
+        self.exits.append(view.server_exits)
+        self.calls.append((service["metadata"]["name"], sorted(n.name for n in view.nodes)))
+        self.rolling.append(view.rolling)
+        self.daemons.append(view.daemons)
+        self.topologies.append(view.topologies)
+        self.deployments.append(view.deployment)
+        self.unschedulable.append(view.unschedulable)
 
     def emit_event(self, regarding, type_, reason, message):
         self.events.append((regarding["kind"], type_, reason))
@@ -269,8 +258,8 @@ class FlakyReconciler(RecordingReconciler):
         super().__init__()
         self.failures = failures
 
-    def reconcile(self, service: dict[str, Any], nodes: list[Any], *facts: Any) -> Any:
-        super().reconcile(service, nodes, *facts)
+    def reconcile(self, service: dict[str, Any], view: ClusterView, ticket: int | None = None) -> Any:
+        super().reconcile(service, view, ticket)
         if len(self.calls) <= self.failures:
             return TransientApiError("cannot apply Deployment ns/a: HTTP 503")
         return None
@@ -591,9 +580,9 @@ class MeetingReconciler(RecordingReconciler):
         super().__init__()
         self.meeting = threading.Barrier(parties, timeout=5)
 
-    def reconcile(self, service: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+    def reconcile(self, service: dict[str, Any], view: ClusterView, ticket: int | None = None) -> None:
         self.meeting.wait()
-        super().reconcile(service, *args, **kwargs)
+        super().reconcile(service, view, ticket)
 
 
 @pytest.mark.parametrize("workers", [2, 4])
@@ -663,14 +652,14 @@ class OverlapCountingReconciler(RecordingReconciler):
         self.running, self.most = 0, 0
         self.lock = threading.Lock()
 
-    def reconcile(self, service: dict[str, Any], nodes: list[Any], *rest: Any) -> None:
+    def reconcile(self, service: dict[str, Any], view: ClusterView, ticket: int | None = None) -> None:
         with self.lock:
             self.running += 1
             self.most = max(self.most, self.running)
         time.sleep(0.05)
         with self.lock:
             self.running -= 1
-        super().reconcile(service, nodes, *rest)
+        super().reconcile(service, view, ticket)
 
 
 def test_at_most_the_configured_number_of_reconciles_run_at_once():

@@ -14,7 +14,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from cpullm import metrics
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.observation import NamespaceFacts
+from cpullm.core.observation import ClusterView, NamespaceFacts
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.io.kube import Kube
@@ -102,40 +102,40 @@ REFUSALS = tuple(
 
 
 def _planned(rec: Reconciler, kube: StubKube) -> None:
-    rec.reconcile(service(), NODES)
+    rec.reconcile(service(), ClusterView(nodes=NODES))
 
 
 def _planned_twice(rec: Reconciler, kube: StubKube) -> None:
-    rec.reconcile(service(), NODES)
-    rec.reconcile(service(), NODES)  # nothing changed: still a reconcile
+    rec.reconcile(service(), ClusterView(nodes=NODES))
+    rec.reconcile(service(), ClusterView(nodes=NODES))  # nothing changed: still a reconcile
 
 
 def _no_eligible_node(rec: Reconciler, kube: StubKube) -> None:
-    rec.reconcile(service(cpu={"requiredISA": ["sve"]}), NODES)
+    rec.reconcile(service(cpu={"requiredISA": ["sve"]}), ClusterView(nodes=NODES))
 
 
 def _invalid_spec(rec: Reconciler, kube: StubKube) -> None:
-    rec.reconcile(service(replicas=-1), NODES)
+    rec.reconcile(service(replicas=-1), ClusterView(nodes=NODES))
 
 
 def _child_rejected(rec: Reconciler, kube: StubKube) -> None:
     kube.fail_apply = ChildRejected("the API server refused to apply Deployment serving/llama")
-    rec.reconcile(service(), NODES)
+    rec.reconcile(service(), ClusterView(nodes=NODES))
 
 
 def _apply_forbidden(rec: Reconciler, kube: StubKube) -> None:
     kube.fail_apply = PermissionDenied("forbidden to apply Deployment serving/llama")
-    rec.reconcile(service(), NODES)
+    rec.reconcile(service(), ClusterView(nodes=NODES))
 
 
 def _api_unavailable(rec: Reconciler, kube: StubKube) -> None:
     kube.fail_read = TransientApiError("cannot read Namespace serving: HTTP 503")
-    rec.reconcile(service(), NODES)
+    rec.reconcile(service(), ClusterView(nodes=NODES))
 
 
 def _terminating(rec: Reconciler, kube: StubKube) -> None:
     kube.terminating = True
-    rec.reconcile(service(), NODES)
+    rec.reconcile(service(), ClusterView(nodes=NODES))
 
 
 @pytest.mark.parametrize(
@@ -165,18 +165,18 @@ def test_reconciles_are_counted_by_outcome(
 def test_services_by_readiness_counts_the_written_statuses():
     rec, kube = reconciler()
     assert rec.services_by_readiness() == {"True": 0, "False": 0}
-    rec.reconcile(service("a", "ua"), NODES, READY)  # planned, its one replica ready
-    rec.reconcile(service("b", "ub"), NODES)  # planned, no pod ready yet
-    rec.reconcile(service("c", "uc", cpu={"requiredISA": ["sve"]}), NODES)  # refused
+    rec.reconcile(service("a", "ua"), ClusterView(nodes=NODES, deployment=READY))  # planned, its one replica ready
+    rec.reconcile(service("b", "ub"), ClusterView(nodes=NODES))  # planned, no pod ready yet
+    rec.reconcile(service("c", "uc", cpu={"requiredISA": ["sve"]}), ClusterView(nodes=NODES))  # refused
     assert rec.services_by_readiness() == {"True": 1, "False": 2}
 
-    rec.reconcile(service("b", "ub"), NODES, READY)  # b becomes ready
+    rec.reconcile(service("b", "ub"), ClusterView(nodes=NODES, deployment=READY))  # b becomes ready
     assert rec.services_by_readiness() == {"True": 2, "False": 1}
     rec.forget("serving", "c", "uc")  # c deleted
     assert rec.services_by_readiness() == {"True": 2, "False": 0}
 
     kube.terminating = True  # nothing reported for a terminating namespace: nothing counted
-    rec.reconcile(service("d", "ud"), NODES)
+    rec.reconcile(service("d", "ud"), ClusterView(nodes=NODES))
     assert rec.services_by_readiness() == {"True": 2, "False": 0}
 
 
@@ -187,9 +187,9 @@ def test_services_gauge_is_collected_at_scrape_time(monkeypatch):
     metrics.track_services(rec.services_by_readiness)
     assert registry.get_sample_value("cpullm_services", {"ready": "True"}) == 0.0
     assert registry.get_sample_value("cpullm_services", {"ready": "False"}) == 0.0
-    rec.reconcile(service("a", "ua"), NODES, READY)
-    rec.reconcile(service("b", "ub"), NODES)
-    rec.reconcile(service("c", "uc"), NODES)
+    rec.reconcile(service("a", "ua"), ClusterView(nodes=NODES, deployment=READY))
+    rec.reconcile(service("b", "ub"), ClusterView(nodes=NODES))
+    rec.reconcile(service("c", "uc"), ClusterView(nodes=NODES))
     assert registry.get_sample_value("cpullm_services", {"ready": "True"}) == 1.0
     assert registry.get_sample_value("cpullm_services", {"ready": "False"}) == 2.0
 

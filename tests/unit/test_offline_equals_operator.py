@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from cpullm.controller.reconcile import Reconciler
+from cpullm.core.observation import ClusterView
 from cpullm.io.files import load_nodes
 
 from .support import EXAMPLES, NODES, TOKEN, ConfigHub, RecordingKube, cli
@@ -51,7 +52,7 @@ def test_render_and_plan_equal_what_the_reconciler_applies_and_reports(example, 
     hub = ConfigHub(None if inline else json.loads((tmp_path / "config.json").read_text()))
     reconciler = Reconciler(kube, hub, clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
     nodes = load_nodes(NODES, pytest.fail)
-    outcome = reconciler.reconcile(service, nodes)
+    outcome = reconciler.reconcile(service, ClusterView(nodes=nodes))
 
     assert outcome is not None and not isinstance(outcome, Exception), outcome
     assert kube.applied == rendered["items"]

@@ -17,7 +17,7 @@ from cpullm.core.children.autoscaler import build_autoscaler
 from cpullm.core.children.common import Owner
 from cpullm.core.children.podmonitor import build_pod_monitor
 from cpullm.core.decision import Decision, decide
-from cpullm.core.observation import NamespaceFacts, Observed
+from cpullm.core.observation import ClusterView, NamespaceFacts, Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, InvalidSpec, NoEligibleNode, PermissionDenied
@@ -686,20 +686,20 @@ BASE_APPLIES = [
 )
 def test_reconcile_deletes_obsolete_children_once(first, second, applied, deleted, optional):
     rec, kube = reconciler()
-    rec.reconcile(service(first), NODES, installed_crds=ALL_CRDS)
+    rec.reconcile(service(first), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
     assert writes(kube, "delete") == []
     first_status = kube.status_patches[-1]
 
     kube.calls.clear()
-    rec.reconcile(service(second, status=first_status), NODES, installed_crds=ALL_CRDS)
+    rec.reconcile(service(second, status=first_status), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
     assert writes(kube, "apply") == applied  # the unchanged base children are not written again
     assert writes(kube, "delete") == deleted
     assert kube.status_patches[-1]["optionalChildren"] == optional
 
     # The watch delivers the status just written (or still the old one): nothing is deleted again.
     kube.calls.clear()
-    rec.reconcile(service(second, status=kube.status_patches[-1]), NODES, installed_crds=ALL_CRDS)
-    rec.reconcile(service(second, status=first_status), NODES, installed_crds=ALL_CRDS)
+    rec.reconcile(service(second, status=kube.status_patches[-1]), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
+    rec.reconcile(service(second, status=first_status), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
     assert writes(kube, "delete") == []
 
 
@@ -707,7 +707,8 @@ def test_a_restarted_operator_deletes_from_the_objects_own_status():
     """After a restart nothing was written by this process: the object's status.optionalChildren is the record."""
     rec, kube = reconciler()
     rec.reconcile(
-        service({}, status={"optionalChildren": [NP, "HorizontalPodAutoscaler"]}), NODES, installed_crds=ALL_CRDS
+        service({}, status={"optionalChildren": [NP, "HorizontalPodAutoscaler"]}),
+        ClusterView(nodes=NODES, installed_crds=ALL_CRDS),
     )
     assert writes(kube, "delete") == [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")]
     assert kube.status_patches[-1]["optionalChildren"] == [NP]
@@ -716,7 +717,9 @@ def test_a_restarted_operator_deletes_from_the_objects_own_status():
 def test_a_refused_plan_deletes_nothing():
     rec, kube = reconciler()
     status = {"optionalChildren": [NP, "PodMonitor"]}
-    outcome = rec.reconcile(service({"cpu": {"requiredISA": ["sve"]}}, status=status), NODES, installed_crds=ALL_CRDS)
+    outcome = rec.reconcile(
+        service({"cpu": {"requiredISA": ["sve"]}}, status=status), ClusterView(nodes=NODES, installed_crds=ALL_CRDS)
+    )
     assert isinstance(outcome, NoEligibleNode)
     assert writes(kube, "apply") == writes(kube, "delete") == []
     assert "optionalChildren" not in kube.status_patches[-1]
@@ -725,7 +728,7 @@ def test_a_refused_plan_deletes_nothing():
 def test_missing_crd_is_reported_once_and_not_applied():
     rec, kube = reconciler()
     fields = {"monitoring": MONITORED}
-    rec.reconcile(service(fields), NODES, installed_crds=frozenset())
+    rec.reconcile(service(fields), ClusterView(nodes=NODES, installed_crds=frozenset()))
     assert writes(kube, "apply") == BASE_APPLIES
     assert ("event", "Warning", "PodMonitorCRDMissing") in kube.calls
     (patch,) = kube.status_patches
@@ -733,7 +736,7 @@ def test_missing_crd_is_reported_once_and_not_applied():
 
     # The CRD gets installed (optional_api_changed reconciles again): the PodMonitor is applied, the condition flips.
     kube.calls.clear()
-    rec.reconcile(service(fields, status=patch), NODES, installed_crds=ALL_CRDS)
+    rec.reconcile(service(fields, status=patch), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
     assert writes(kube, "apply") == [("apply", "monitoring.coreos.com/v1", "PodMonitor")]
     assert writes(kube, "event") == [("event", "Normal", "PodMonitorApplied")]
     assert kube.status_patches[-1]["optionalChildren"] == [NP, "PodMonitor"]
@@ -741,7 +744,7 @@ def test_missing_crd_is_reported_once_and_not_applied():
 
 def test_switching_hpa_to_keda_survives_the_keda_webhook():
     rec, kube = reconciler()
-    rec.reconcile(service({"autoscaling": HPA}), NODES, installed_crds=ALL_CRDS)
+    rec.reconcile(service({"autoscaling": HPA}), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
     first_status = kube.status_patches[-1]
     kube.calls.clear()
     hpa_alive = True
@@ -764,7 +767,9 @@ def test_switching_hpa_to_keda_survives_the_keda_webhook():
 
     kube.apply, kube.delete = apply, delete
     for _ in range(2):  # the first attempt and one retry
-        rec.reconcile(service({"autoscaling": KEDA}, status=first_status), NODES, installed_crds=ALL_CRDS)
+        rec.reconcile(
+            service({"autoscaling": KEDA}, status=first_status), ClusterView(nodes=NODES, installed_crds=ALL_CRDS)
+        )
     assert writes(kube, "delete") == [("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama")]
     assert ("apply", "keda.sh/v1alpha1", "ScaledObject") in writes(kube, "apply")
     assert kube.status_patches[-1]["optionalChildren"] == [NP, PDB, "ScaledObject"]

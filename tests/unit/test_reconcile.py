@@ -8,7 +8,7 @@ import pytest
 
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.observation import OperatorPolicy
+from cpullm.core.observation import ClusterView, OperatorPolicy
 from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Ownership
@@ -29,7 +29,7 @@ READY = {"status": {"replicas": 1, "readyReplicas": 1}}
 
 def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     rec, kube = reconciler()
-    outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), NODES, READY)
+    outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), ClusterView(nodes=NODES, deployment=READY))
     assert outcome.tensor_parallel_size == 2
     assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
     assert rec.hub.calls == [("meta-llama/Llama-3.1-8B", None, "hf_secret")]
@@ -37,7 +37,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     assert patch["readyReplicas"] == 1 and patch["observedGeneration"] == 2
     assert kube.events == [("Normal", "Planned"), ("Normal", "Available")]
 
-    rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), NODES, READY)
+    rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}, status=patch), ClusterView(nodes=NODES, deployment=READY))
     assert len(kube.status_patches) == 1 and len(kube.events) == 2  # nothing changed: no patch, no event
     assert len(kube.applied) == 4  # the children did not change and nobody touched them: no second write
 
@@ -52,7 +52,7 @@ def test_a_child_name_taken_by_someone_else_is_a_conflict_and_nothing_is_touched
     either; the service's own (a restart of the operator) is applied as usual."""
     rec, kube = reconciler()
     kube.owners[("Service", "serving", "llama")] = Ownership(uid="s1", controller_uid=controller)
-    outcome = rec.reconcile(service({}), NODES, READY)
+    outcome = rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     if adopted:
         assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
         return
@@ -64,7 +64,7 @@ def test_a_child_name_taken_by_someone_else_is_a_conflict_and_nothing_is_touched
 
 def test_refusal_becomes_condition_and_warning_event_not_an_exception():
     rec, kube = reconciler()
-    outcome = rec.reconcile(service({"cpu": {"requiredISA": ["sve"]}}), NODES)
+    outcome = rec.reconcile(service({"cpu": {"requiredISA": ["sve"]}}), ClusterView(nodes=NODES))
     assert isinstance(outcome, NoEligibleNode)
     assert kube.applied == []
     assert kube.events == [("Warning", "NoEligibleNode"), ("Warning", "NoEligibleNode")]
@@ -74,7 +74,7 @@ def test_refusal_becomes_condition_and_warning_event_not_an_exception():
 
 def test_invalid_spec_is_reported():
     rec, kube = reconciler()
-    outcome = rec.reconcile(service({"replicas": -1}), NODES)
+    outcome = rec.reconcile(service({"replicas": -1}), ClusterView(nodes=NODES))
     assert outcome.reason == "InvalidSpec" and "spec.replicas" in outcome.message
     assert kube.status_patches[0]["conditions"][0]["reason"] == "InvalidSpec"
 
@@ -94,7 +94,7 @@ def test_invalid_spec_is_reported():
 )
 def test_unavailable_model_config_is_reported_and_retried_with_backoff(spec, hub, message):
     rec, kube = reconciler(hub)
-    outcome = rec.reconcile(service(spec), NODES)
+    outcome = rec.reconcile(service(spec), ClusterView(nodes=NODES))
     assert isinstance(outcome, ModelConfigUnavailable) and message in outcome.message
     assert kube.status_patches[0]["conditions"][0]["reason"] == "ModelConfigUnavailable"
     assert retry_delay(outcome, 3) == 80
@@ -103,7 +103,9 @@ def test_unavailable_model_config_is_reported_and_retried_with_backoff(spec, hub
 def test_inline_config_needs_no_hub():
     rec, _ = reconciler(StubHub(fail=True))
     assert (
-        rec.reconcile(service({"model": {"name": "/models/llama", "config": LLAMA_8B}}), NODES).tensor_parallel_size
+        rec.reconcile(
+            service({"model": {"name": "/models/llama", "config": LLAMA_8B}}), ClusterView(nodes=NODES)
+        ).tensor_parallel_size
         == 2
     )
 
@@ -122,7 +124,7 @@ def test_inline_config_needs_no_hub():
 def test_pod_security_level_that_would_reject_the_pod_is_a_refusal(level, spec, refused):
     rec, kube = reconciler()
     kube.namespace_labels = {"pod-security.kubernetes.io/enforce": level}
-    outcome = rec.reconcile(service(spec), NODES)
+    outcome = rec.reconcile(service(spec), ClusterView(nodes=NODES))
     if refused is None:
         assert outcome.tensor_parallel_size == 2
     else:
@@ -137,7 +139,7 @@ def test_with_the_administrators_numa_profile_a_restricted_namespace_runs_server
     policy = OperatorPolicy(numa_seccomp_profile="cpullm/numa.json")
     rec = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC), policy=policy)
     kube.namespace_labels = {"pod-security.kubernetes.io/enforce": "restricted"}
-    outcome = rec.reconcile(service({}), NODES)
+    outcome = rec.reconcile(service({}), ClusterView(nodes=NODES))
     assert outcome.security.localhost_profile == "cpullm/numa.json" and outcome.security.run_as_user is not None
     (deployment,) = [c for c in kube.applied if c["kind"] == "Deployment"]
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
@@ -150,14 +152,16 @@ def test_with_the_administrators_numa_profile_a_restricted_namespace_runs_server
 def test_terminating_namespace_is_left_alone():
     rec, kube = reconciler()
     kube.terminating = True
-    assert rec.reconcile(service({}), NODES) is None
+    assert rec.reconcile(service({}), ClusterView(nodes=NODES)) is None
     assert (kube.applied, kube.status_patches, kube.events) == ([], [], [])
 
 
 def test_a_stale_snapshot_after_our_own_status_write_causes_no_repeat():
     rec, kube = reconciler()
-    rec.reconcile(service({}), NODES, READY)
-    rec.reconcile(service({}), NODES, READY)  # the watch has not delivered our status yet: same stale body
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
+    rec.reconcile(
+        service({}), ClusterView(nodes=NODES, deployment=READY)
+    )  # the watch has not delivered our status yet: same stale body
     assert len(kube.status_patches) == 1 and kube.events == [("Normal", "Planned"), ("Normal", "Available")]
 
 
@@ -168,7 +172,7 @@ def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
         raise PermissionDenied("forbidden to apply Deployment serving/llama: no rule")
 
     kube.apply = forbidden
-    outcome = rec.reconcile(service({}), NODES)
+    outcome = rec.reconcile(service({}), ClusterView(nodes=NODES))
     assert isinstance(outcome, PermissionDenied)
     assert kube.status_patches[0]["conditions"][0]["reason"] == "PermissionDenied"
     assert retry_delay(outcome, 0) == 10
@@ -176,11 +180,13 @@ def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
 
 def test_forgetting_a_deleted_service_releases_its_memory():
     rec, kube = reconciler()
-    rec.reconcile(service({}), NODES)
-    rec.reconcile(service({}), NODES)  # the stale body is compared with what was written: no patch
+    rec.reconcile(service({}), ClusterView(nodes=NODES))
+    rec.reconcile(service({}), ClusterView(nodes=NODES))  # the stale body is compared with what was written: no patch
     assert len(kube.status_patches) == 1
     rec.forget("serving", "llama", "u1")
-    rec.reconcile(service({}), NODES)  # forgotten: the object's own (empty) status is the reference again
+    rec.reconcile(
+        service({}), ClusterView(nodes=NODES)
+    )  # forgotten: the object's own (empty) status is the reference again
     assert len(kube.status_patches) == 2
 
 
@@ -196,18 +202,20 @@ def test_children_are_applied_again_only_when_they_or_someone_elses_edits_change
             "metadata": {**manifest["metadata"], "generation": 1, "resourceVersion": "10"},
         }
     )
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
     status_only = {"metadata": {"name": "llama", "generation": 1, "resourceVersion": "11"}}
     rec.child_event("Deployment", "serving", "llama", "MODIFIED", status_only, "llama")
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert len(kube.applied) == 4
     assert rec.child_event("Deployment", "serving", "llama", "MODIFIED", {"metadata": {"generation": 2}}, "llama")
     assert rec.child_event("ConfigMap", "serving", "llama-launcher", "DELETED", {"metadata": {}}, "llama")
     assert rec.child_event("Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}}, "llama")
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied[4:]] == ["ConfigMap", "Deployment", "Service"]
-    rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY)  # the desired Deployment changed
+    rec.reconcile(
+        service({"kvCacheGiB": 8}), ClusterView(nodes=NODES, deployment=READY)
+    )  # the desired Deployment changed
     assert [m["kind"] for m in kube.applied[7:]] == ["Deployment"]
 
 
@@ -219,10 +227,10 @@ def test_namespace_facts_are_read_once_per_ttl():
     kube.read_namespace = lambda ns: reads.append(ns) or read(ns)
     rec = Reconciler(kube, StubHub(), namespace_cache_seconds=10, monotonic=lambda: now[0])
     for _ in range(3):
-        rec.reconcile(service({}), NODES, READY)
+        rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert reads == ["serving"]
     now[0] += 10.5
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert reads == ["serving", "serving"]
 
 
@@ -234,9 +242,9 @@ def test_a_deleted_service_drops_its_namespaces_facts():
     read = kube.read_namespace
     kube.read_namespace = lambda ns: reads.append(ns) or read(ns)
     rec = Reconciler(kube, StubHub(), namespace_cache_seconds=10, monotonic=lambda: 100.0)
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     rec.forget("serving", "llama", "u1")
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert reads == ["serving", "serving"]
 
 
@@ -285,7 +293,7 @@ def test_a_child_event_asks_for_a_reconcile_only_when_it_can_change_the_children
     writes, answered with generation 1, resourceVersion 10) asks for nothing more."""
     rec, kube = reconciler()
     applied_with_markers(kube)
-    rec.reconcile(service({}), NODES, STARTING, ticket=rec.begin(service({}), STARTING))
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=STARTING), ticket=rec.begin(service({}), STARTING))
     assert rec.child_event(kind, "serving", name, event, body, "llama") is needed
 
 
@@ -301,68 +309,70 @@ def test_a_reconcile_that_read_older_facts_than_a_later_one_is_superseded():
     rec, kube = reconciler()
     older = rec.begin(service({}), None)
     newer = rec.begin(service({}), READY)
-    assert rec.reconcile(service({}), NODES, READY, ticket=newer) is not None
+    assert rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY), ticket=newer) is not None
     patches, applied = len(kube.status_patches), len(kube.applied)
-    assert rec.reconcile(service({}), NODES, None, ticket=older) is None
+    assert rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=None), ticket=older) is None
     assert (len(kube.status_patches), len(kube.applied)) == (patches, applied)
     assert kube.status_patches[-1]["readyReplicas"] == 1
     pending = rec.begin(service({}), READY)
     rec.forget("serving", "llama", "u1")
-    assert rec.reconcile(service({}), NODES, READY, ticket=pending) is None
+    assert rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY), ticket=pending) is None
     assert len(kube.applied) == applied
 
 
 def test_children_deleted_unseen_are_found_by_a_listing_and_applied_again():
     rec, kube = reconciler()
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     kube.present = {("serving", "llama")}  # the launcher ConfigMap "llama-launcher" is gone
     assert rec.find_drifted("Deployment", []) == []
     assert rec.find_drifted("ConfigMap", []) == [("serving", "llama")]  # its owner, the service
     assert kube.reads == [("ConfigMap", "serving", "llama-launcher")]  # only what the listing missed is read
     assert rec.find_drifted("ConfigMap", []) == []  # forgotten: reported once
     del kube.applied[:]
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied] == ["ConfigMap"]
 
 
 def test_a_child_another_writer_changed_is_found_by_a_listing_and_applied_again():
     """What the kinds that are not watched (an InferencePool, a PodDisruptionBudget) rely on: no event tells."""
     rec, kube = reconciler()
-    rec.reconcile(service({"replicas": 2}), NODES, READY)
+    rec.reconcile(service({"replicas": 2}), ClusterView(nodes=NODES, deployment=READY))
     kube.present = {("serving", "llama"), ("serving", "llama-launcher")}
     kube.changed = {("serving", "llama")}
     assert rec.find_drifted("PodDisruptionBudget", []) == [("serving", "llama")]
     assert kube.reads == []  # listed, so not read
     assert rec.find_drifted("PodDisruptionBudget", []) == []  # forgotten: reported once
     del kube.applied[:]
-    rec.reconcile(service({"replicas": 2}), NODES, READY)
+    rec.reconcile(service({"replicas": 2}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied] == ["PodDisruptionBudget"]
 
 
 def test_a_child_applied_while_the_listing_ran_is_not_taken_for_deleted():
     rec, kube = reconciler()
-    rec.reconcile(service({}), NODES, READY)
-    kube.list_owned = lambda kind, namespaces: rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY) and {}
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
+    kube.list_owned = lambda kind, namespaces: (
+        rec.reconcile(service({"kvCacheGiB": 8}), ClusterView(nodes=NODES, deployment=READY)) and {}
+    )
     assert rec.find_drifted("Deployment", []) == []
 
 
 def test_a_child_a_listing_misses_but_a_read_finds_is_not_taken_for_deleted():
     rec, kube = reconciler()
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     kube.unlisted = {("serving", "llama")}
     assert [rec.find_drifted(kind, []) for kind in ("Deployment", "Service")] == [[], []]
     assert [kind for kind, _, _ in kube.reads] == ["Deployment", "Service"]
     del kube.applied[:]
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert kube.applied == []  # still known to match: nothing applied again
 
 
 def test_a_child_applied_again_while_it_was_read_is_not_taken_for_deleted():
     rec, kube = reconciler()
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
 
     def applied_meanwhile(kind, namespace, name):
-        rec.reconcile(service({"kvCacheGiB": 8}), NODES, READY)
+        rec.reconcile(service({"kvCacheGiB": 8}), ClusterView(nodes=NODES, deployment=READY))
         return False
 
     kube.child_exists = applied_meanwhile
@@ -371,7 +381,7 @@ def test_a_child_applied_again_while_it_was_read_is_not_taken_for_deleted():
 
 def test_a_forgotten_service_leaves_no_children_to_look_for():
     rec, _ = reconciler()
-    rec.reconcile(service({}), NODES, READY)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     rec.forget("serving", "llama", "u1")
     assert [rec.find_drifted(kind, []) for kind in ("Deployment", "Service", "ConfigMap")] == [[], [], []]
 
@@ -440,11 +450,13 @@ def test_a_child_another_service_of_this_process_applied_is_never_taken_over():
     rec, kube = reconciler()
     owners_from_applies(kube)
     router = {"routing": {"mode": "router"}}
-    assert not isinstance(rec.reconcile(named(router, "llama", "u1"), NODES, READY), ChildConflict)
+    assert not isinstance(
+        rec.reconcile(named(router, "llama", "u1"), ClusterView(nodes=NODES, deployment=READY)), ChildConflict
+    )
     theirs = kube.owners[("Service", "serving", "llama-servers")]
     assert theirs.controller_uid == "u1"
     applied = len(kube.applied)
-    outcome = rec.reconcile(named({}, "llama-servers", "u2"), NODES, READY)
+    outcome = rec.reconcile(named({}, "llama-servers", "u2"), ClusterView(nodes=NODES, deployment=READY))
     assert isinstance(outcome, ChildConflict)
     assert outcome.message.startswith("Service serving/llama-servers exists and is not controlled by this")
     assert len(kube.applied) == applied and kube.owners[("Service", "serving", "llama-servers")] == theirs
@@ -456,12 +468,16 @@ def test_a_service_made_again_under_its_old_name_does_not_take_its_predecessors_
     with the resourceVersion their read gave."""
     rec, kube = reconciler()
     owners_from_applies(kube)
-    rec.reconcile(named({}, "llama", "u1"), NODES, READY)
+    rec.reconcile(named({}, "llama", "u1"), ClusterView(nodes=NODES, deployment=READY))
     rec.forget("serving", "llama", "u1")
-    assert isinstance(rec.reconcile(named({}, "llama", "u2"), NODES, READY), ChildConflict)
+    assert isinstance(
+        rec.reconcile(named({}, "llama", "u2"), ClusterView(nodes=NODES, deployment=READY)), ChildConflict
+    )
     kube.owners.clear()  # collected
-    rec.reconcile(named({}, "llama", "u2"), NODES, READY)
-    rec.reconcile(named({"kvCacheGiB": 5}, "llama", "u2"), NODES, READY)  # a spec change: read, then written over
+    rec.reconcile(named({}, "llama", "u2"), ClusterView(nodes=NODES, deployment=READY))
+    rec.reconcile(
+        named({"kvCacheGiB": 5}, "llama", "u2"), ClusterView(nodes=NODES, deployment=READY)
+    )  # a spec change: read, then written over
     assert {o.controller_uid for o in kube.owners.values()} == {"u2"}
 
 
@@ -470,11 +486,11 @@ def test_a_deployment_whose_pods_cannot_be_created_needs_a_reconcile_its_counts_
     rec, kube = reconciler()
     applied_with_markers(kube)
     ticket = rec.begin(service({}), {"status": {"replicas": 0}})
-    rec.reconcile(service({}), NODES, {"status": {"replicas": 0}}, ticket=ticket)
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment={"status": {"replicas": 0}}), ticket=ticket)
     failed = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "exceeded quota"}
     body = {"metadata": {"generation": 1}, "status": {"replicas": 0, "conditions": [failed]}}
     assert rec.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")
     ticket = rec.begin(service({}), body)
-    outcome = rec.reconcile(service({}), NODES, body, ticket=ticket)
+    outcome = rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=body), ticket=ticket)
     assert outcome is not None and kube.status_patches[-1]["conditions"][1]["reason"] == "FailedCreate"
     assert not rec.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")  # read already

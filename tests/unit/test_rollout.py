@@ -13,7 +13,7 @@ import pytest
 from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.decision import decide
-from cpullm.core.observation import OperatorPolicy
+from cpullm.core.observation import ClusterView, OperatorPolicy
 from cpullm.core.rollout import (
     TEMPLATE_DIGEST,
     RolloutCause,
@@ -207,13 +207,13 @@ def test_the_reconcile_writes_a_background_rollout_only_with_a_slot_and_frees_it
     running = live("an older template", generation=1)
     other = ("serving", "other")
 
-    reconciler.reconcile(svc, [node_8b()], deployment=running, rolling=frozenset({other}))
+    reconciler.reconcile(svc, ClusterView(nodes=[node_8b()], deployment=running, rolling=frozenset({other})))
     assert [c["kind"] for c in kube.applied if c["metadata"]["name"] == "llama" and c["kind"] == "Deployment"] == []
     assert ("Normal", ROLLOUT_PACED) in kube.events
     assert reconciler.pacer.to_wake(frozenset()) == [("serving", "llama")]
 
     kube.applied.clear()
-    reconciler.reconcile(svc, [node_8b()], deployment=running, rolling=frozenset())
+    reconciler.reconcile(svc, ClusterView(nodes=[node_8b()], deployment=running, rolling=frozenset()))
     written = [c for c in kube.applied if c["kind"] == "Deployment" and c["metadata"]["name"] == "llama"]
     assert len(written) == 1
     assert not reconciler.pacer.admit(other, frozenset())  # the slot is taken until the rollout is seen finished

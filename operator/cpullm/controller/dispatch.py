@@ -24,6 +24,7 @@ from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_topology import NodeTopology, with_topology
+from cpullm.core.observation import ClusterView
 from cpullm.core.rollout import replacing_pods
 from cpullm.core.server_exits import server_exit
 from cpullm.core.status import scheduling_failure
@@ -55,10 +56,10 @@ def node_profile(name: str, indexes: Indexes) -> NodeProfile | None:
     return with_topology(profile, topology) if profile is not None and isinstance(topology, NodeTopology) else profile
 
 
-class _Facts:
-    """What a reconcile reads from Kopf's indexes; read on the event loop, before the reconcile goes to a worker
-    thread. Made only once the reconcile holds a worker slot (controller/workers.py): a waiting reconcile holds no
-    copies."""
+class _Indexed:
+    """What Kopf's indexes hold for reconciles, read on the event loop (Kopf mutates them there) before a reconcile
+    goes to a worker thread, and made only once the reconcile holds a worker slot (controller/workers.py): a waiting
+    reconcile holds no copies. Each service's ClusterView is taken from it."""
 
     def __init__(self, indexes: Indexes) -> None:
         self.nodes: list[NodeProfile] = indexed(indexes["node_profiles"])
@@ -70,13 +71,22 @@ class _Facts:
         self._exits: Mapping[Any, Any] = indexes["server_exits"]
         self.rolling = rolling(indexes)  # what holds rollout slots (controller/pacing.py)
 
+    def view(self, key: tuple[str, str]) -> ClusterView:
+        return ClusterView(
+            nodes=self.nodes,
+            topologies=self.topologies,
+            daemons=self.daemons,
+            deployment=first(self._deployments, key),
+            installed_crds=self.crds,
+            unschedulable=first(self._unschedulable, key),
+            server_exits=tuple(self._exits.get(key, ())),
+            rolling=self.rolling,
+        )
+
     async def reconcile(self, state: ControllerState, service: Mapping[str, Any]) -> Any:
-        key = (service["metadata"]["namespace"], service["metadata"]["name"])
-        deployment, unschedulable = first(self._deployments, key), first(self._unschedulable, key)
-        reconciler = state.reconciler
-        facts = (self.nodes, deployment, self.crds, unschedulable, reconciler.begin(service, deployment), self.daemons)
-        exits = tuple(self._exits.get(key, ()))
-        return await state.workers.run(reconciler.reconcile, service, *facts, self.topologies, self.rolling, exits)
+        view = self.view((service["metadata"]["namespace"], service["metadata"]["name"]))
+        ticket = state.reconciler.begin(service, view.deployment)
+        return await state.workers.run(state.reconciler.reconcile, service, view, ticket)
 
 
 # How soon a service whose rollout waits for a slot is reconciled again when no event woke it before.
@@ -106,7 +116,7 @@ async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], ind
     meta = service["metadata"]
     try:
         async with state.workers.slot:
-            outcome = await _Facts(indexes).reconcile(state, copy_json(service))
+            outcome = await _Indexed(indexes).reconcile(state, copy_json(service))
     except Exception:  # an event handler must not stop the watch; the error is in the log
         log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
         return

@@ -10,17 +10,14 @@ from files (io/files.py). Both go through `gather`, so a model is resolved by on
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any, Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
-from cpullm.core.daemonsets import DaemonPods
-from cpullm.core.node_topology import NodeTopology, merge_topologies
-from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, Observed, OperatorPolicy
-from cpullm.core.server_exits import ServerExit
+from cpullm.core.node_topology import merge_topologies
+from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
-from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError
 
 log = logging.getLogger(__name__)
@@ -63,22 +60,17 @@ def resolve_model(
 
 def gather(
     service: Mapping[str, Any],
+    view: ClusterView,
     *,
-    nodes: Sequence[NodeProfile],
-    deployment: Mapping[str, Any] | None,
     last_status: Mapping[str, Any] | None,
     cluster: ClusterFacts,
     models: ModelConfigSource,
-    installed_crds: frozenset[str] | None = None,
-    unschedulable: str | None = None,
-    daemons: Sequence[DaemonPods] = (),
-    topologies: Sequence[NodeTopology] = (),
     policy: OperatorPolicy = DEFAULT_POLICY,
-    server_exits: Sequence[ServerExit] = (),
 ) -> Observed:
-    """The observation of one service. `last_status` is what the operator last wrote (None: use the object's
-    own); errors that are about this service (bad spec, model unavailable) are observations, not raised. Each
-    node's profile from its labels is refined by its NodeResourceTopology, where `topologies` has one."""
+    """The observation of one service in the cluster as `view` shows it. `last_status` is what the operator last
+    wrote (None: use the object's own); errors that are about this service (bad spec, model unavailable) are
+    observations, not raised. Each node's profile from its labels is refined by its NodeResourceTopology, where
+    the view has one."""
     meta = service["metadata"]
     raw_spec = service.get("spec") or {}
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
@@ -108,12 +100,12 @@ def gather(
         requested_replicas=replicas if isinstance(replicas, int) else 0,
         namespace=namespace,
         model=model,
-        nodes=tuple(merge_topologies(nodes, topologies)),
-        daemons=tuple(daemons),
-        deployment=deployment,
-        unschedulable=unschedulable,
-        server_exits=tuple(server_exits),
+        nodes=tuple(merge_topologies(view.nodes, view.topologies)),
+        daemons=tuple(view.daemons),
+        deployment=view.deployment,
+        unschedulable=view.unschedulable,
+        server_exits=tuple(view.server_exits),
         status=last_status if last_status is not None else service.get("status") or {},
-        installed_crds=installed_crds,
+        installed_crds=view.installed_crds,
         policy=policy,
     )

@@ -22,14 +22,10 @@ from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.controller.pacing import RolloutPacer, ServiceKey
 from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
-from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide, regarding
-from cpullm.core.node_topology import NodeTopology
-from cpullm.core.observation import DEFAULT_POLICY, NamespaceFacts, Observed, OperatorPolicy
+from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.rollout import is_servers_deployment
-from cpullm.core.server_exits import ServerExit
 from cpullm.core.status import READY, deployment_facts
-from cpullm.core.topology import NodeProfile
 from cpullm.errors import (
     ChildConflict,
     ChildRejected,
@@ -43,6 +39,8 @@ from cpullm.io.kube import Ownership
 from cpullm.metrics import PLAN_REFUSALS, RECONCILE_SECONDS, RECONCILES
 
 log = logging.getLogger(__name__)
+# A cluster with nothing in it (the tests' reconciles that need no nodes).
+EMPTY_VIEW = ClusterView()
 
 
 class KubeGateway(ClusterFacts, Protocol):
@@ -278,29 +276,12 @@ class Reconciler:
         return decide(replace(observed, rollout_held=True), self.clock())
 
     def reconcile(
-        self,
-        service: Mapping[str, Any],
-        nodes: Sequence[NodeProfile],
-        deployment: Mapping[str, Any] | None = None,
-        installed_crds: frozenset[str] | None = None,
-        unschedulable: str | None = None,
-        ticket: int | None = None,
-        daemons: Sequence[DaemonPods] = (),
-        topologies: Sequence[NodeTopology] = (),
-        rolling: Set[ServiceKey] = frozenset(),
-        server_exits: Sequence[ServerExit] = (),
+        self, service: Mapping[str, Any], view: ClusterView = EMPTY_VIEW, ticket: int | None = None
     ) -> Plan | CpuLLMError | None:
-        """Bring children and status in line with the spec; returns the plan or the error reported, or None
-        when the namespace is being deleted (nothing may be created there; everything goes with it) or the
-        reconcile was superseded. `deployment` is the owned Deployment as last seen (Kopf's index), for the
-        replica counts; `installed_crds` the optional APIs' CRDs installed (Kopf's index; None: unknown);
-        `unschedulable` the scheduler's message for one of its pods it cannot place (Kopf's index); `ticket`
-        what `begin` gave when these facts were read (None: not ordered, as in the CLI and tests); `daemons` the
-        DaemonSets whose pods whole-node plans leave room for (Kopf's index); `topologies` the nodes'
-        NodeResourceTopologies (Kopf's index), merged into their profiles in gather; `rolling` the services whose
-        servers' Deployment Kopf's index shows replacing pods of an older template (they take rollout slots:
-        controller/pacing.py); `server_exits` its server pods' last ends that report fixes not loaded (Kopf's
-        index, core/server_exits.py)."""
+        """Bring children and status in line with the spec, in the cluster as `view` shows it (Kopf's indexes,
+        read at the entrance: controller/dispatch.py); returns the plan or the error reported, or None when the
+        namespace is being deleted (nothing may be created there; everything goes with it) or the reconcile was
+        superseded. `ticket` is what `begin` gave when the view was read (None: not ordered, as in the tests)."""
         meta = service["metadata"]
         key = (meta["namespace"], meta["name"])
         with self._lock(key):
@@ -309,9 +290,7 @@ class Reconciler:
                 RECONCILES.labels(outcome="superseded").inc()
                 return None  # a reconcile that read newer facts (or the service's deletion) came after
             started = time.monotonic()
-            outcome = self._reconcile(
-                service, nodes, deployment, installed_crds, unschedulable, daemons, topologies, rolling, server_exits
-            )
+            outcome = self._reconcile(service, view)
         label = _outcome_label(outcome)
         RECONCILES.labels(outcome=label).inc()
         RECONCILE_SECONDS.labels(outcome=label).observe(time.monotonic() - started)
@@ -329,36 +308,19 @@ class Reconciler:
                 counts[ready["status"]] = counts.get(ready["status"], 0) + 1
         return counts
 
-    def _reconcile(
-        self,
-        service: Mapping[str, Any],
-        nodes: Sequence[NodeProfile],
-        deployment: Mapping[str, Any] | None,
-        installed_crds: frozenset[str] | None,
-        unschedulable: str | None,
-        daemons: Sequence[DaemonPods],
-        topologies: Sequence[NodeTopology],
-        rolling: Set[ServiceKey],
-        server_exits: Sequence[ServerExit],
-    ) -> Plan | CpuLLMError | None:
+    def _reconcile(self, service: Mapping[str, Any], view: ClusterView) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
         uid, key = str(meta.get("uid")), (meta["namespace"], meta["name"])
         try:
             observed = gather(
                 service,
-                nodes=nodes,
-                deployment=deployment,
+                view,
                 last_status=self._written.get(uid),
                 cluster=self._cluster,
                 models=self.hub,
-                installed_crds=installed_crds,
-                unschedulable=unschedulable,
-                daemons=daemons,
-                topologies=topologies,
                 policy=self.policy,
-                server_exits=server_exits,
             )
-            decision = self._admitted(decide(observed, self.clock()), observed, key, rolling)
+            decision = self._admitted(decide(observed, self.clock()), observed, key, view.rolling)
             try:
                 # Obsolete children go first: a new autoscaler may be refused while the old one still
                 # targets the service (KEDA's admission webhook refuses a ScaledObject beside an HPA).

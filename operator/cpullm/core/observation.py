@@ -11,6 +11,7 @@ from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.common import Owner
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.node_topology import NodeTopology
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
@@ -49,6 +50,27 @@ class OperatorPolicy:
 
 # Every choice left at its default (settings.py's defaults build the same).
 DEFAULT_POLICY = OperatorPolicy()
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the cluster shows one reconcile, read whole at its entrance: Kopf's indexes for the operator
+    (controller/dispatch.py), files for the CLI (commands.py). `nodes` are the nodes' profiles from their labels,
+    refined in gather by their NodeResourceTopologies (`topologies`); `daemons` the DaemonSets whose pods whole-node
+    plans leave room for; `deployment` the servers' Deployment as last seen (its generation, template digest,
+    replicas and status); `installed_crds` the optional APIs' CRDs installed (None: unknown, assume all);
+    `unschedulable` the scheduler's message for one of the service's pods it cannot place; `server_exits` its server
+    pods' last ends that report fixes not loaded; `rolling` the services whose servers' Deployment is replacing pods
+    of an older template (they hold rollout slots: controller/pacing.py)."""
+
+    nodes: Sequence[NodeProfile] = ()
+    topologies: Sequence[NodeTopology] = ()
+    daemons: Sequence[DaemonPods] = ()
+    deployment: Mapping[str, Any] | None = None
+    installed_crds: frozenset[str] | None = None
+    unschedulable: str | None = None
+    server_exits: Sequence[ServerExit] = ()
+    rolling: frozenset[tuple[str, str]] = frozenset()
 
 
 @dataclass(frozen=True)
