@@ -76,6 +76,7 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import GROUP, PLURAL, VERSION, parse_spec
 from cpullm.controller.gather import gather, resolve_model
 from cpullm.core.decision import decide
+from cpullm.core.observation import ClusterView
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
@@ -173,15 +174,8 @@ def precompute_floor(keys: list[tuple[str, str]], profiles: list[NodeProfile]) -
     for namespace, name in keys:
         service = bench_service(name, namespace)
         service["metadata"].update(uid=PLACEHOLDER_UID, generation=1)
-        observed = gather(
-            service,
-            nodes=profiles,
-            deployment=None,
-            last_status={},
-            cluster=OfflineCluster(),
-            models=NoHub(),
-            installed_crds=frozenset(),
-        )
+        view = ClusterView(nodes=profiles, installed_crds=frozenset())
+        observed = gather(service, view, last_status={}, cluster=OfflineCluster(), models=NoHub())
         decision = decide(observed, datetime.now(UTC))
         if not isinstance(decision.outcome, Plan):
             raise RuntimeError(f"{namespace}/{name} would not be planned: {decision.outcome}")
