@@ -6,8 +6,10 @@ from typing import Any
 
 import pytest
 
+from cpullm.api.plan import Plan
+from cpullm.api.spec import parse_spec
 from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
-from cpullm.core.children import OPTIONAL_APIS
+from cpullm.core.children import CHILD_KINDS, OPTIONAL_APIS, build_children
 from cpullm.core.children.common import Owner, metadata
 from cpullm.errors import NodeLabelError
 
@@ -100,3 +102,27 @@ def refs(**ref: Any) -> dict[str, Any]:
 def test_a_child_belongs_to_the_service_its_controller_reference_names_by_uid(meta, owner):
     assert owning_service("ns", meta, {("ns", "a"): [SERVICE_A]}) == owner
     assert owning_service("other", meta, {("ns", "a"): [SERVICE_A]}) is None  # owners are in the child's namespace
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {"monitoring": {"podMonitor": True}},
+        {"autoscaling": {"kind": "keda", "maxReplicas": 2, "prometheusAddress": "http://p"}},
+        {"autoscaling": {"kind": "hpa", "maxReplicas": 2}},
+        {"routing": POOL},
+        {"routing": {**POOL, "inferencePool": {"endpointPicker": "epp", "gateway": "gw"}}},
+    ],
+)
+def test_each_optional_kind_is_wanted_exactly_where_its_builder_builds_one(fields):
+    """CHILD_KINDS' `wanted` (what asks_for_api reads) and the builders (what is applied) agree for every optional
+    kind: the typed fact and the children are one rule."""
+    service = planned_service(**fields)
+    spec, plan = parse_spec(service["spec"]), Plan.model_validate(service["status"]["plan"])
+    built = {child["kind"] for child in build_children(Owner("llama", "serving"), spec, plan)}
+    optional = [kind for kind in CHILD_KINDS if kind.condition is not None]
+    assert optional and all(kind.wanted is not None for kind in optional)
+    assert {kind.kind for kind in optional if kind.wanted and kind.wanted(spec, plan)} == built & {
+        kind.kind for kind in optional
+    }

@@ -10,8 +10,8 @@ from pydantic import ValidationError
 
 from cpullm.api.plan import Plan
 from cpullm.api.spec import parse_spec
-from cpullm.core.children import OPTIONAL_APIS, build_children
-from cpullm.core.children.common import Owner, controlling_service
+from cpullm.core.children import CHILD_KINDS
+from cpullm.core.children.common import controlling_service
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.topology import NodeProfile, NodeState
 from cpullm.errors import CpuLLMError
@@ -32,17 +32,17 @@ def affected_by_node(service: Mapping[str, Any], node: str, before: NodeState, a
 
 
 def asks_for_api(service: Mapping[str, Any], crd: str) -> bool:
-    """Whether the service asks for a child of the optional API this CRD serves (a PodMonitor, an InferencePool):
-    its children as its last plan (status.plan) builds them. A service with no plan has nothing to apply."""
-    meta, plan = service.get("metadata") or {}, (service.get("status") or {}).get("plan")
+    """Whether the service asks for a child of the optional API this CRD serves (a PodMonitor, an InferencePool),
+    as its spec and last plan (status.plan) say: each optional kind's `wanted`, without building the children. A
+    service with no plan has nothing to apply."""
+    plan = (service.get("status") or {}).get("plan")
     if not plan:
         return False
     try:
         spec, planned = parse_spec(service.get("spec")), Plan.model_validate(plan)
     except (CpuLLMError, ValidationError):
         return True  # its reconcile reports what is wrong; nothing to save here
-    owner = Owner(meta.get("name", ""), meta.get("namespace", ""))
-    return any(OPTIONAL_APIS.get((c["apiVersion"], c["kind"])) == crd for c in build_children(owner, spec, planned))
+    return any(kind.crd == crd and kind.wanted is not None and kind.wanted(spec, planned) for kind in CHILD_KINDS)
 
 
 def owning_service(

@@ -8,13 +8,19 @@ optional APIs' conditions, what a spec can stop asking for) derives from that li
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.plan import Plan
 from cpullm.api.spec import CpuLLMServiceSpec
-from cpullm.core.children.autoscaler import HPA_API_VERSION, SCALEDOBJECT_API_VERSION, build_autoscaler
+from cpullm.core.children.autoscaler import (
+    HPA_API_VERSION,
+    SCALEDOBJECT_API_VERSION,
+    build_autoscaler,
+    wants_hpa,
+    wants_scaled_object,
+)
 from cpullm.core.children.common import ChildBuilder, Owner
 from cpullm.core.children.deployment import build_deployment
 from cpullm.core.children.disruption import PDB_API_VERSION, build_disruption_budget
@@ -23,6 +29,8 @@ from cpullm.core.children.inferencepool import (
     INFERENCEPOOL_API_VERSION,
     build_http_route,
     build_inference_pool,
+    wants_http_route,
+    wants_inference_pool,
 )
 from cpullm.core.children.launcher import build_launcher_config_map, launcher_config_map_name
 from cpullm.core.children.network_policy import (
@@ -30,7 +38,7 @@ from cpullm.core.children.network_policy import (
     build_router_network_policy,
     build_servers_network_policy,
 )
-from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION, build_pod_monitor
+from cpullm.core.children.podmonitor import PODMONITOR_API_VERSION, build_pod_monitor, wants_pod_monitor
 from cpullm.core.children.router import build_router_config_map, build_router_deployment, build_servers_service
 from cpullm.core.children.service import build_service
 
@@ -67,6 +75,9 @@ class ChildKind:
     # The condition reporting it, for the kinds a spec asks for as a feature; and what installs its CRD.
     condition: str | None = None
     installer: str = ""
+    # For the kinds a spec asks for as a feature: whether this spec and plan ask for one (what its builder builds
+    # on), read without building it (core/affected.py: which services a CRD's arrival concerns).
+    wanted: Callable[[CpuLLMServiceSpec, Plan], bool] | None = None
 
     @property
     def group(self) -> str:
@@ -96,6 +107,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         crd="inferencepools.inference.networking.k8s.io",
         condition="Routing",
         installer="the Gateway API Inference Extension",
+        wanted=wants_inference_pool,
     ),
     ChildKind(
         HTTPROUTE_API_VERSION,
@@ -104,6 +116,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         crd="httproutes.gateway.networking.k8s.io",
         condition="Routing",
         installer="the Gateway API",
+        wanted=wants_http_route,
     ),
     ChildKind(
         PODMONITOR_API_VERSION,
@@ -112,8 +125,15 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         crd="podmonitors.monitoring.coreos.com",
         condition="Monitoring",
         installer="the Prometheus Operator's CRDs",
+        wanted=wants_pod_monitor,
     ),
-    ChildKind(HPA_API_VERSION, "HorizontalPodAutoscaler", "horizontalpodautoscalers", condition="Autoscaling"),
+    ChildKind(
+        HPA_API_VERSION,
+        "HorizontalPodAutoscaler",
+        "horizontalpodautoscalers",
+        condition="Autoscaling",
+        wanted=wants_hpa,
+    ),
     ChildKind(
         SCALEDOBJECT_API_VERSION,
         "ScaledObject",
@@ -121,6 +141,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         crd="scaledobjects.keda.sh",
         condition="Autoscaling",
         installer="KEDA",
+        wanted=wants_scaled_object,
     ),
 )
 CHILD_KIND = {k.kind: k for k in CHILD_KINDS}

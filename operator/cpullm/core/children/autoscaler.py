@@ -31,12 +31,20 @@ def _scale_down(seconds: int) -> dict[str, Any]:
     return {"scaleDown": {"stabilizationWindowSeconds": seconds}}
 
 
-def build_autoscaler(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
+def wants_scaled_object(spec: CpuLLMServiceSpec, plan: Plan) -> bool:
     del plan  # the plan caps what is placed; the autoscaler asks for what the load needs
+    return spec.autoscaling is not None and spec.autoscaling.kind == AutoscalerKind.KEDA
+
+
+def wants_hpa(spec: CpuLLMServiceSpec, plan: Plan) -> bool:
+    return spec.autoscaling is not None and not wants_scaled_object(spec, plan)
+
+
+def build_autoscaler(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
     scaling = spec.autoscaling
     if scaling is None:
         return None
-    if scaling.kind == AutoscalerKind.KEDA:
+    if wants_scaled_object(spec, plan):
         return _scaled_object(owner, spec)
     metrics: list[dict[str, Any]] = [
         {

@@ -15,9 +15,18 @@ INFERENCEPOOL_API_VERSION = "inference.networking.k8s.io/v1"
 HTTPROUTE_API_VERSION = "gateway.networking.k8s.io/v1"
 
 
+def wants_inference_pool(spec: CpuLLMServiceSpec, plan: Plan) -> bool:
+    return plan.routing == RoutingMode.INFERENCE_POOL and spec.routing.inference_pool is not None
+
+
+def wants_http_route(spec: CpuLLMServiceSpec, plan: Plan) -> bool:
+    pool = spec.routing.inference_pool
+    return wants_inference_pool(spec, plan) and pool is not None and pool.gateway is not None
+
+
 def build_inference_pool(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
     pool = spec.routing.inference_pool
-    if plan.routing != RoutingMode.INFERENCE_POOL or pool is None:
+    if not wants_inference_pool(spec, plan) or pool is None:
         return None
     return {
         "apiVersion": INFERENCEPOOL_API_VERSION,
@@ -33,7 +42,7 @@ def build_inference_pool(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> d
 
 def build_http_route(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
     pool = spec.routing.inference_pool
-    if plan.routing != RoutingMode.INFERENCE_POOL or pool is None or pool.gateway is None:
+    if not wants_http_route(spec, plan) or pool is None or pool.gateway is None:
         return None
     group = INFERENCEPOOL_API_VERSION.partition("/")[0]
     return {

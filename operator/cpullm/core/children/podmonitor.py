@@ -16,9 +16,13 @@ PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
 SERVICE_METRIC_LABEL = "cpullm_service"
 
 
-def build_pod_monitor(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
+def wants_pod_monitor(spec: CpuLLMServiceSpec, plan: Plan) -> bool:
     del plan  # what is scraped does not depend on the plan
-    if not spec.monitoring.pod_monitor:
+    return spec.monitoring.pod_monitor
+
+
+def build_pod_monitor(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
+    if not wants_pod_monitor(spec, plan):
         return None
     pod_label = "__meta_kubernetes_pod_label_" + "".join(ch if ch.isalnum() else "_" for ch in SERVICE_LABEL)
     return {
