@@ -23,7 +23,7 @@ from cpullm.core.constants import LAUNCHER_FILE, GiB
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.decision import Decision, decide
 from cpullm.core.memory import MARGIN_FRACTION
-from cpullm.core.node_topology import NodeTopology
+from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact
 from cpullm.core.observation import ClusterView
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
@@ -34,8 +34,8 @@ from cpullm.io.files import (
     cluster_uids,
     load_service,
     profile_daemonsets,
+    profile_node_facts,
     profile_nodes,
-    profile_topologies,
     read_node_file,
     scan_node_cache,
 )
@@ -52,10 +52,10 @@ class NoCluster(Exception):
     """--from-cluster without a kubeconfig or in-cluster credentials."""
 
 
-def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods], list[NodeTopology]]:
-    """The nodes to plan on, the DaemonSets whose pods they run and their NodeResourceTopologies: a file's
-    (`kubectl get nodes,daemonsets,noderesourcetopologies -A -o yaml` prints them), or (None) the current
-    kubeconfig context's cluster's."""
+def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods], list[NodeFact]]:
+    """The nodes to plan on, the DaemonSets whose pods they run and what the node-fact sources say of them (their
+    NodeResourceTopologies): a file's (`kubectl get nodes,daemonsets,noderesourcetopologies -A -o yaml` prints
+    them), or (None) the current kubeconfig context's cluster's."""
     if nodes_path is not None:
         objects = read_node_file(nodes_path)
     else:
@@ -67,8 +67,9 @@ def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods],
             kube = Kube.from_environment()
         except ConfigException as err:
             raise NoCluster(f"--from-cluster: no cluster to read ({err})") from None
-        objects = [*kube.list_nodes(), *kube.list_daemonsets(), *kube.list_node_topologies()]
-    return profile_nodes(objects, _warn), profile_daemonsets(objects, _warn), profile_topologies(objects, _warn)
+        objects = [*kube.list_nodes(), *kube.list_daemonsets()]
+        objects += [item for source in NODE_FACT_SOURCES for item in kube.list_node_facts(source)]
+    return profile_nodes(objects, _warn), profile_daemonsets(objects, _warn), profile_node_facts(objects, _warn)
 
 
 def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
@@ -85,10 +86,10 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
             allow_http=settings.hub_allow_http,
         )
     )
-    nodes, daemons, topologies = _nodes(nodes_path)
+    nodes, daemons, facts = _nodes(nodes_path)
     observed = gather(
         load_service(service_path),
-        ClusterView(nodes=nodes, topologies=topologies, daemons=daemons),
+        ClusterView(nodes=nodes, node_facts=facts, daemons=daemons),
         last_status={},
         cluster=OfflineCluster(settings.hf_token),
         models=models,

@@ -8,7 +8,8 @@ import pytest
 
 from cpullm.api.spec import parse_spec
 from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection
-from cpullm.core.node_topology import merge_topologies, parse_topology
+from cpullm.core.node_facts import refine_profiles
+from cpullm.core.node_topology import parse_topology
 from cpullm.core.planner import plan_service
 from cpullm.core.topology import parse_node
 from cpullm.errors import InvalidSpec, NodeLabelError, NoEligibleNode
@@ -246,7 +247,7 @@ def test_a_multi_numa_node_is_never_planned_with_a_guessed_numa_count(labels, to
     NodeResourceTopology."""
     profiles = [node("n1", numa=None, cpu="64", memory="512Gi", labels=labels)]
     if topology:
-        profiles = merge_topologies(profiles, [parse_topology(topology_object("n1"))])
+        profiles = refine_profiles(profiles, [parse_topology(topology_object("n1"))])
     if planned is None:
         with pytest.raises(NoEligibleNode, match=r"NUMA count unknown .* nodeFeatureRule\.enabled=true"):
             plan_service(spec(), llama_8b(), profiles)

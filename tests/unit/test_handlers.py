@@ -17,6 +17,7 @@ from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
+from cpullm.core.node_facts import NODE_FACT_SOURCES
 from cpullm.core.observation import ClusterView
 from cpullm.core.rollout import TEMPLATE_DIGEST
 from cpullm.errors import TransientApiError
@@ -53,7 +54,7 @@ class RecordingReconciler:
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in view.nodes)))
         self.rolling.append(view.rolling)
         self.daemons.append(view.daemons)
-        self.topologies.append(view.topologies)
+        self.topologies.append(view.node_facts)
         self.deployments.append(view.deployment)
         self.unschedulable.append(view.unschedulable)
 
@@ -94,6 +95,7 @@ OTHER_INDEXES: dict[str, Any] = {
 }
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
+NRT = kopf.Resource(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL, kind=node_topology.KIND)
 
 
 def child(
@@ -736,11 +738,18 @@ def call_topology_changed(
 ) -> None:
     """As Kopf does: the topology index is updated from the event first, then the event handler runs."""
     name = obj["metadata"]["name"]
-    entry = {} if type_ == "DELETED" else asyncio.run(handlers.node_topologies(name=name, body=kopf.Body(obj)))
+    entry = {} if type_ == "DELETED" else asyncio.run(handlers.node_facts(name=name, body=kopf.Body(obj), resource=NRT))
     topologies._replace((None, name, name), entry)
     others = {k: v for k, v in OTHER_INDEXES.items() if k != "node_topologies"}
-    run = handlers.node_topology_changed(
-        name=name, type=type_, memo=memo, node_profiles=nodes, node_topologies=topologies, services=SERVICES, **others
+    run = handlers.node_fact_changed(
+        name=name,
+        type=type_,
+        resource=NRT,
+        memo=memo,
+        node_profiles=nodes,
+        node_topologies=topologies,
+        services=SERVICES,
+        **others,
     )
     asyncio.run(run)
 
@@ -751,7 +760,7 @@ def test_a_node_resource_topology_replans_only_when_what_it_says_of_the_node_cha
     nodes, topologies = {"n1": [node("n1", numa=None)]}, KopfIndex()
     # Kopf starts handlers once every index is loaded: the node's first listing sees its topology already.
     topologies._replace(
-        (None, "n1", "n1"), asyncio.run(handlers.node_topologies("n1", kopf.Body(topology_object("n1"))))
+        (None, "n1", "n1"), asyncio.run(handlers.node_facts("n1", kopf.Body(topology_object("n1")), NRT))
     )
     call_node_changed(memo, None, node_object("n1", numa=None), nodes, topologies)
     call_topology_changed(memo, None, topology_object("n1"), nodes, topologies)  # first listing
@@ -843,3 +852,17 @@ def test_kopfs_diff_base_leaves_out_a_spec_deeper_than_copying_reaches():
     body = kopf.Body({"metadata": meta, "spec": {"model": {"config": deep}}})
     essence = handlers.SpecBlindDiffBase().build(body=body)
     assert essence == {"metadata": {"labels": {"team": "a"}}}
+
+
+@pytest.mark.parametrize("source", NODE_FACT_SOURCES, ids=[s.kind for s in NODE_FACT_SOURCES])
+def test_each_node_fact_source_is_indexed_and_watched(source):
+    """A registry line (core/node_facts.py) is all a source needs for its index and its watch: both are registered
+    with Kopf from it, the index under the name the reconciles read."""
+    registry = kopf.get_default_registry()
+    where = (source.group, source.version, source.plural)
+
+    def selects(handler: Any) -> bool:
+        return (handler.selector.group, handler.selector.version, handler.selector.any_name) == where
+
+    assert [h.id for h in registry._indexing.get_all_handlers() if selects(h)] == [source.index]
+    assert any(selects(h) for h in registry._watching.get_all_handlers())

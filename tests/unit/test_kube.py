@@ -11,6 +11,7 @@ import pytest
 import urllib3
 from kubernetes import client
 
+from cpullm.core.node_facts import NODE_FACT_SOURCES
 from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.io.kube import REQUEST_TIMEOUT, Kube, Ownership
@@ -113,15 +114,16 @@ def test_listing_nodes_reads_every_page_whole():
     assert "PartialObjectMetadata" not in first["headers"].get("Accept", "")
 
 
-def test_listing_node_resource_topologies_reads_the_cluster_scoped_objects_or_none_where_unserved():
+def test_listing_a_node_fact_source_reads_its_cluster_scoped_objects_or_none_where_unserved():
+    [source] = NODE_FACT_SOURCES  # NodeResourceTopology
     topology = {"metadata": {"name": "n1"}, "zones": []}
     transport = FakeTransport(pages=[{"metadata": {}, "items": [topology]}])
-    assert kube(transport).list_node_topologies() == [{"kind": "NodeResourceTopology", **topology}]
+    assert kube(transport).list_node_facts(source) == [{"kind": "NodeResourceTopology", **topology}]
     path = "/apis/topology.node.k8s.io/v1alpha2/noderesourcetopologies"
     assert urlsplit(transport.requests[0]["url"]).path == path
-    assert kube(FakeTransport(404, {"kind": "Status", "code": 404})).list_node_topologies() == []
+    assert kube(FakeTransport(404, {"kind": "Status", "code": 404})).list_node_facts(source) == []
     with pytest.raises(PermissionDenied, match="forbidden to list noderesourcetopologies"):
-        kube(FakeTransport(403, {"kind": "Status", "code": 403})).list_node_topologies()
+        kube(FakeTransport(403, {"kind": "Status", "code": 403})).list_node_facts(source)
 
 
 def test_listing_owned_children_of_watched_namespaces_lists_each_of_them():

@@ -5,7 +5,8 @@ from typing import Any
 
 import pytest
 
-from cpullm.core.node_topology import NUMA_SOURCE, merge_topologies, parse_topology, with_topology
+from cpullm.core.node_facts import refine_profiles
+from cpullm.core.node_topology import NUMA_SOURCE, parse_topology, with_topology
 from cpullm.core.planner import plan_service
 from cpullm.errors import ModelTooLarge, NodeTopologyError
 
@@ -86,11 +87,11 @@ def test_a_topology_is_preferred_over_labels_for_numa_facts_and_the_policy():
 
 def test_topologies_are_merged_by_node_name():
     nodes = [node("a", numa=None), node("b", numa=None)]
-    merged = merge_topologies(
+    merged = refine_profiles(
         nodes, [parse_topology(topology_object("b", cpus=(32, 32))), parse_topology(topology_object("gone"))]
     )
     assert [(n.name, n.numa_nodes) for n in merged] == [("a", 1), ("b", 2)]
-    assert merge_topologies(nodes, []) == nodes
+    assert refine_profiles(nodes, []) == nodes
 
 
 def test_reserved_cpus_on_one_numa_node_shrink_each_throughput_server_only_with_a_topology():
@@ -99,7 +100,7 @@ def test_reserved_cpus_on_one_numa_node_shrink_each_throughput_server_only_with_
     nodes = [node(f"n{i}", numa=2, cpu="62") for i in range(2)]
     topologies = [parse_topology(topology_object(f"n{i}", cpus=(30, 32))) for i in range(2)]
     by_labels = plan_service(spec(**THROUGHPUT), qwen_05b(), nodes)
-    by_topology = plan_service(spec(**THROUGHPUT), qwen_05b(), merge_topologies(nodes, topologies))
+    by_topology = plan_service(spec(**THROUGHPUT), qwen_05b(), refine_profiles(nodes, topologies))
     assert (by_labels.cpus_per_rank, by_topology.cpus_per_rank) == (31, 30)
     assert (by_labels.node_profile.numa_cpus, by_topology.node_profile.numa_cpus) == ([], [30, 32])
     assert by_topology.node_profile.numa_source == NUMA_SOURCE
@@ -111,7 +112,7 @@ def test_a_numa_count_only_a_topology_reports_gives_tensor_parallelism():
     nodes = [node("n1", numa=None)]  # no NUMA label: 1 assumed
     topologies = [parse_topology(topology_object("n1", cpus=(32, 32)))]
     assert plan_service(spec(), llama_8b(), nodes).tensor_parallel_size == 1
-    plan = plan_service(spec(), llama_8b(), merge_topologies(nodes, topologies))
+    plan = plan_service(spec(), llama_8b(), refine_profiles(nodes, topologies))
     assert (plan.tensor_parallel_size, plan.cpus_per_rank, plan.node_profile.numa_source) == (2, 32, NUMA_SOURCE)
     assert "NUMA count unknown" not in (plan.placement_note or "")
 
@@ -120,7 +121,7 @@ def test_a_reported_policy_that_aligns_numa_nodes_drops_the_best_effort_note():
     nodes = [node("n1", numa=2)]
     aligned = [parse_topology(topology_object("n1", policy="single-numa-node"))]
     assert "best-effort" in (plan_service(spec(**THROUGHPUT), qwen_05b(), nodes).placement_note or "")
-    assert plan_service(spec(**THROUGHPUT), qwen_05b(), merge_topologies(nodes, aligned)).placement_note is None
+    assert plan_service(spec(**THROUGHPUT), qwen_05b(), refine_profiles(nodes, aligned)).placement_note is None
 
 
 def test_the_smallest_reported_numa_memory_bounds_a_server():
@@ -128,7 +129,7 @@ def test_the_smallest_reported_numa_memory_bounds_a_server():
     small = [parse_topology(topology_object("n1", memory_gib=(3, 61)))]
     assert plan_service(spec(**THROUGHPUT), qwen_05b(), nodes).replicas == 1
     with pytest.raises(ModelTooLarge, match=r"\(3\.0 GiB per NUMA node\)"):
-        plan_service(spec(**THROUGHPUT), qwen_05b(), merge_topologies(nodes, small))
+        plan_service(spec(**THROUGHPUT), qwen_05b(), refine_profiles(nodes, small))
 
 
 def name_requirements(plan) -> list[tuple[str, list[str]]]:
@@ -141,7 +142,7 @@ def test_nodes_labelled_like_the_chosen_ones_but_too_small_per_numa_node_are_exc
     nodes = [node(f"n{i}", numa=2, cpu="62") for i in range(4)]
     topologies = [parse_topology(topology_object(f"n{i}", cpus=(31, 31))) for i in range(3)]
     topologies.append(parse_topology(topology_object("n3", cpus=(30, 32))))
-    plan = plan_service(spec(**THROUGHPUT), qwen_05b(), merge_topologies(nodes, topologies))
+    plan = plan_service(spec(**THROUGHPUT), qwen_05b(), refine_profiles(nodes, topologies))
     assert (plan.eligible_nodes, plan.cpus_per_rank) == (["n0", "n1", "n2"], 31)
     assert len(plan.node_selector_terms) == 1
     assert name_requirements(plan) == [("NotIn", ["n3"])]
@@ -152,7 +153,7 @@ def test_nodes_of_another_numa_count_labelled_alike_are_excluded_and_roomier_one
     nodes = [node(f"n{i}", numa=None) for i in range(4)]
     topologies = [parse_topology(topology_object(f"n{i}", cpus=(32, 32))) for i in range(2)]
     topologies.append(parse_topology(topology_object("n2", cpus=(32, 32), memory_gib=(200, 200))))
-    plan = plan_service(spec(), llama_8b(), merge_topologies(nodes, topologies))
+    plan = plan_service(spec(), llama_8b(), refine_profiles(nodes, topologies))
     # n3 has no topology: one NUMA node, as its labels say; TP 2 pods must not land there.
     assert plan.tensor_parallel_size == 2
     assert name_requirements(plan) == [("NotIn", ["n3"])]

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from cpullm.core.children import CHILD_KINDS, ChildKind
+from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFactSource
 
 INSTALL = Path(__file__).resolve().parents[2] / "manifests" / "install.yaml"
 
@@ -92,3 +93,13 @@ def test_the_child_policy_leaves_out_the_operator_and_kubernetes_controllers_and
     assert spec["failurePolicy"] == "Fail"
     binding = installed("ValidatingAdmissionPolicyBinding", "cpullm-operator-children")["spec"]
     assert binding == {"policyName": "cpullm-operator-children", "validationActions": ["Deny"]}
+
+
+@pytest.mark.parametrize("source", NODE_FACT_SOURCES, ids=[s.kind for s in NODE_FACT_SOURCES])
+def test_the_chart_grants_what_each_node_fact_source_needs(source: NodeFactSource):
+    """A node-fact source's objects are listed and watched cluster-wide (core/node_facts.py): its registry line
+    needs its rule in the cluster role."""
+    rules = installed("ClusterRole", "cpullm-operator-cluster")["rules"]
+    found = [r for r in rules if source.group in r["apiGroups"] and source.plural in r["resources"]]
+    assert len(found) == 1, f"{source.plural}.{source.group}: {len(found)} rules"
+    assert set(source.verbs) <= set(found[0]["verbs"]), f"{source.kind} needs {source.verbs}"

@@ -23,13 +23,13 @@ from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
 from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.daemonsets import DaemonPods
-from cpullm.core.node_topology import NodeTopology, with_topology
+from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact, NodeFactSource, refine_profiles
 from cpullm.core.observation import ClusterView
 from cpullm.core.rollout import replacing_pods
 from cpullm.core.server_exits import server_exit
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, NodeState, parse_node
-from cpullm.errors import NodeLabelError, NodeTopologyError, PermissionDenied, TransientApiError
+from cpullm.errors import NodeLabelError, PermissionDenied, TransientApiError
 from cpullm.metrics import NODE_PROFILES
 
 log = logging.getLogger(__name__)
@@ -49,11 +49,21 @@ def installed(index: Mapping[Any, Any]) -> frozenset[str]:
     return frozenset(index.keys())
 
 
+def node_facts(indexes: Indexes, name: str | None = None) -> list[NodeFact]:
+    """What the node-fact sources' indexes hold that can be used (of one node, or of all): each source's facts, not
+    the errors of objects that cannot be read (their nodes are planned from their labels)."""
+    found: list[NodeFact] = []
+    for source in NODE_FACT_SOURCES:
+        values = indexes[source.index].get(name, ()) if name is not None else indexed(indexes[source.index])
+        found += [fact for fact in values if not isinstance(fact, source.error)]
+    return found
+
+
 def node_profile(name: str, indexes: Indexes) -> NodeProfile | None:
-    """A node's profile as the planner sees it: its labels', refined by its NodeResourceTopology's (None: the
-    node is not in the index)."""
-    profile, topology = first(indexes["node_profiles"], name), first(indexes["node_topologies"], name)
-    return with_topology(profile, topology) if profile is not None and isinstance(topology, NodeTopology) else profile
+    """A node's profile as the planner sees it: its labels', refined by what the node-fact sources say of it (None:
+    the node is not in the index)."""
+    profile = first(indexes["node_profiles"], name)
+    return None if profile is None else refine_profiles([profile], node_facts(indexes, name))[0]
 
 
 class _Indexed:
@@ -63,7 +73,7 @@ class _Indexed:
 
     def __init__(self, indexes: Indexes) -> None:
         self.nodes: list[NodeProfile] = indexed(indexes["node_profiles"])
-        self.topologies = [t for t in indexed(indexes["node_topologies"]) if isinstance(t, NodeTopology)]
+        self.node_facts = node_facts(indexes)
         self.daemons: list[DaemonPods] = indexed(indexes["daemonset_pods"])
         self.crds = installed(indexes["installed_crds"])
         self._deployments: Mapping[Any, Any] = indexes["owned_deployments"]
@@ -74,7 +84,7 @@ class _Indexed:
     def view(self, key: tuple[str, str]) -> ClusterView:
         return ClusterView(
             nodes=self.nodes,
-            topologies=self.topologies,
+            node_facts=self.node_facts,
             daemons=self.daemons,
             deployment=first(self._deployments, key),
             installed_crds=self.crds,
@@ -219,18 +229,21 @@ async def node_changed(state: ControllerState, name: str, type: str | None, body
     await _replan_for_node(state, name, change, indexes)
 
 
-async def node_topology_changed(state: ControllerState, name: str, type: str | None, indexes: Indexes) -> None:
-    """A NodeResourceTopology that appeared, changed or went changes its node's profile as a label change does
-    (the topology-updater rewrites it every minute with what pods use, which the profile does not read: noise);
-    one that cannot be read is logged once per problem, and its node planned from its labels."""
-    topology, logged = first(indexes["node_topologies"], name), state.topology_problems
-    problem = topology.message if isinstance(topology, NodeTopologyError) and type != "DELETED" else None
-    if problem and logged.get(name) != problem:
+async def node_fact_changed(
+    state: ControllerState, source: NodeFactSource, name: str, type: str | None, indexes: Indexes
+) -> None:
+    """An object of a node-fact source (core/node_facts.py: a NodeResourceTopology) that appeared, changed or went
+    changes its node's profile as a label change does (the topology-updater rewrites a NodeResourceTopology every
+    minute with what pods use, which the profile does not read: noise); one that cannot be read is logged once per
+    problem, and its node planned from its labels."""
+    said, logged = first(indexes[source.index], name), state.node_fact_problems
+    problem = said.message if isinstance(said, source.error) and type != "DELETED" else None
+    if problem and logged.get((source.kind, name)) != problem:
         log.warning("%s; node %s is planned from its labels", problem, name)
-    logged[name] = problem
+    logged[source.kind, name] = problem
     if first(indexes["node_profiles"], name) is None:
         return  # no usable node of that name: its own events say what there is to say
-    # For the node, its NodeResourceTopology going is a change of its profile, not the node's deletion.
+    # For the node, a fact's object going is a change of its profile, not the node's deletion.
     change = state.nodes.news(name, None if type is None else "MODIFIED", node_profile(name, indexes))
     if change is not None:
         await _replan_for_node(state, name, change, indexes)

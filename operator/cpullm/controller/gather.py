@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
 from cpullm.core.children.common import Owner
-from cpullm.core.node_topology import merge_topologies
+from cpullm.core.node_facts import refine_profiles
 from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError
@@ -69,8 +69,8 @@ def gather(
 ) -> Observed:
     """The observation of one service in the cluster as `view` shows it. `last_status` is what the operator last
     wrote (None: use the object's own); errors that are about this service (bad spec, model unavailable) are
-    observations, not raised. Each node's profile from its labels is refined by its NodeResourceTopology, where
-    the view has one."""
+    observations, not raised. Each node's profile from its labels is refined by what the view's other sources say
+    of it (core/node_facts.py)."""
     meta = service["metadata"]
     raw_spec = service.get("spec") or {}
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
@@ -100,7 +100,7 @@ def gather(
         requested_replicas=replicas if isinstance(replicas, int) else 0,
         namespace=namespace,
         model=model,
-        nodes=tuple(merge_topologies(view.nodes, view.topologies)),
+        nodes=tuple(refine_profiles(view.nodes, view.node_facts)),
         daemons=tuple(view.daemons),
         deployment=view.deployment,
         unschedulable=view.unschedulable,

@@ -30,16 +30,15 @@ from cpullm.controller import discovery_wait, dispatch
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
-from cpullm.core import node_topology
 from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
-from cpullm.core.node_topology import NodeTopology, parse_topology
+from cpullm.core.node_facts import NODE_FACT_SOURCES, SOURCE_OF_PLURAL
 from cpullm.core.rollout import server_deployment_facts
 from cpullm.core.server_exits import ServerExit, server_exit
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, parse_node
-from cpullm.errors import NodeLabelError, NodeTopologyError
+from cpullm.errors import NodeLabelError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Kube
 from cpullm.metrics import track_services
@@ -117,7 +116,7 @@ def _optional_node_facts_unresolved(record: logging.LogRecord) -> bool:
     message = record.getMessage()
     if not message.startswith("Unresolved resources cannot be served"):
         return True
-    return not (message.count("Selector(") == 1 and f"='{node_topology.PLURAL}'" in message)
+    return not (message.count("Selector(") == 1 and any(f"='{plural}'" in message for plural in SOURCE_OF_PLURAL))
 
 
 def _state(memo: kopf.Memo) -> ControllerState:
@@ -158,13 +157,13 @@ async def node_profiles(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeP
         return {}
 
 
-@kopf.index(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL)
-async def node_topologies(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeTopology | NodeTopologyError]:
-    """Each node's NodeResourceTopology (where its CRD is served), or why it cannot be read: that node is then
-    planned from its labels (node_topology_changed logs why)."""
+async def node_facts(name: str, body: kopf.Body, resource: kopf.Resource, **_: Any) -> dict[str, Any]:
+    """What each object of a node-fact source (core/node_facts.py; its CRD served) says of its node, or why it cannot
+    be read: that node is then planned from its labels (node_fact_changed logs why)."""
+    source = SOURCE_OF_PLURAL[resource.plural]
     try:
-        return {name: parse_topology(body)}
-    except NodeTopologyError as err:
+        return {name: source.parse(body)}
+    except source.error as err:
         return {name: err}
 
 
@@ -249,10 +248,16 @@ async def node_changed(name: str, type: str | None, body: kopf.Body, memo: kopf.
     await dispatch.node_changed(_state(memo), name, type, body, indexes)
 
 
-@kopf.on.event(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL)
-async def node_topology_changed(name: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
-    """A NodeResourceTopology appeared, changed or went: its node's profile is news as a label change is."""
-    await dispatch.node_topology_changed(_state(memo), name, type, indexes)
+async def node_fact_changed(
+    name: str, type: str | None, resource: kopf.Resource, memo: kopf.Memo, **indexes: Any
+) -> None:
+    """An object of a node-fact source appeared, changed or went: its node's profile is news as a label change is."""
+    await dispatch.node_fact_changed(_state(memo), SOURCE_OF_PLURAL[resource.plural], name, type, indexes)
+
+
+for _source in NODE_FACT_SOURCES:  # each source's index and watch (core/node_facts.py)
+    kopf.index(_source.group, _source.version, _source.plural, id=_source.index)(node_facts)
+    kopf.on.event(_source.group, _source.version, _source.plural, id=f"{_source.index}_changed")(node_fact_changed)
 
 
 @kopf.on.event("apps", "v1", "daemonsets")

@@ -90,7 +90,8 @@ class ControllerState:
     unschedulable_pods: LastSeen[tuple[str, str], str] = field(default_factory=LastSeen)  # the scheduler's message
     server_exits: LastSeen[tuple[str, str], ServerExit] = field(default_factory=LastSeen)  # fixes not loaded
     served_optional_apis: LastSeen[str, bool] = field(default_factory=LastSeen)  # True: served
-    # Why each node's NodeResourceTopology cannot be read, as last logged (None: it can, or it is gone).
-    topology_problems: dict[str, str | None] = field(default_factory=dict)
+    # Why a node-fact source's object of a node cannot be read, as last logged, by (its kind, the node) (None: it
+    # can, or it is gone).
+    node_fact_problems: dict[tuple[str, str], str | None] = field(default_factory=dict)
     retries: RetryScheduler = field(default_factory=RetryScheduler)
     resync: asyncio.Task[None] | None = None

@@ -16,7 +16,7 @@ the labels select whose NodeResourceTopology says the pod cannot fit them (core/
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -109,11 +109,3 @@ def with_topology(profile: NodeProfile, topology: NodeTopology) -> NodeProfile:
         numa_memory_bytes=tuple(z.memory_bytes for z in topology.zones),
         topology_manager_policy=topology.topology_manager_policy or profile.topology_manager_policy,
     )
-
-
-def merge_topologies(profiles: Sequence[NodeProfile], topologies: Iterable[NodeTopology]) -> list[NodeProfile]:
-    """Each node's profile, refined by the NodeResourceTopology named after it where there is one."""
-    by_node = {t.node: t for t in topologies}
-    if not by_node:
-        return list(profiles)
-    return [with_topology(p, by_node[p.name]) if p.name in by_node else p for p in profiles]

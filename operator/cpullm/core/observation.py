@@ -11,7 +11,7 @@ from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.common import Owner
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
-from cpullm.core.node_topology import NodeTopology
+from cpullm.core.node_facts import NodeFact
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
@@ -56,15 +56,15 @@ DEFAULT_POLICY = OperatorPolicy()
 class ClusterView:
     """What the cluster shows one reconcile, read whole at its entrance: Kopf's indexes for the operator
     (controller/dispatch.py), files for the CLI (commands.py). `nodes` are the nodes' profiles from their labels,
-    refined in gather by their NodeResourceTopologies (`topologies`); `daemons` the DaemonSets whose pods whole-node
-    plans leave room for; `deployment` the servers' Deployment as last seen (its generation, template digest,
-    replicas and status); `installed_crds` the optional APIs' CRDs installed (None: unknown, assume all);
-    `unschedulable` the scheduler's message for one of the service's pods it cannot place; `server_exits` its server
-    pods' last ends that report fixes not loaded; `rolling` the services whose servers' Deployment is replacing pods
-    of an older template (they hold rollout slots: controller/pacing.py)."""
+    refined in gather by what other sources say of them (`node_facts`: core/node_facts.py, NodeResourceTopologies);
+    `daemons` the DaemonSets whose pods whole-node plans leave room for; `deployment` the servers' Deployment as last
+    seen (its generation, template digest, replicas and status); `installed_crds` the optional APIs' CRDs installed
+    (None: unknown, assume all); `unschedulable` the scheduler's message for one of the service's pods it cannot
+    place; `server_exits` its server pods' last ends that report fixes not loaded; `rolling` the services whose
+    servers' Deployment is replacing pods of an older template (they hold rollout slots: controller/pacing.py)."""
 
     nodes: Sequence[NodeProfile] = ()
-    topologies: Sequence[NodeTopology] = ()
+    node_facts: Sequence[NodeFact] = ()
     daemons: Sequence[DaemonPods] = ()
     deployment: Mapping[str, Any] | None = None
     installed_crds: frozenset[str] | None = None

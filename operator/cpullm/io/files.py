@@ -17,12 +17,11 @@ from huggingface_hub import get_local_safetensors_metadata
 
 from cpullm.core.children.model_cache import NAMESPACE_DIR, SERVICES_DIR, UNKNOWN_NAMESPACE_UID
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
-from cpullm.core.node_topology import KIND as TOPOLOGY_KIND
-from cpullm.core.node_topology import NodeTopology, parse_topology
+from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact
 from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
-from cpullm.errors import InvalidSpec, NodeLabelError, NodeTopologyError
+from cpullm.errors import InvalidSpec, NodeLabelError
 from cpullm.io.hub import summarize_headers
 
 Parsed = TypeVar("Parsed")
@@ -126,11 +125,13 @@ def profile_daemonsets(objects: Iterable[Mapping[str, Any]], warn: Callable[[str
     return _parse_each(objects, "DaemonSet", parse_daemonset, DaemonSetUnreadable, "DaemonSet skipped", warn)
 
 
-def profile_topologies(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[NodeTopology]:
-    """The NodeResourceTopologies among these objects; an unreadable one is skipped, warned (its node is then
-    planned from its labels)."""
-    skipped = "its node is planned from its labels"
-    return _parse_each(objects, TOPOLOGY_KIND, parse_topology, NodeTopologyError, skipped, warn)
+def profile_node_facts(objects: Iterable[Mapping[str, Any]], warn: Callable[[str], None]) -> list[NodeFact]:
+    """What the objects of each node-fact source among these say of their nodes (core/node_facts.py:
+    NodeResourceTopologies); an unreadable one is skipped, warned (its node is then planned from its labels)."""
+    skipped, found = "its node is planned from its labels", []
+    for source in NODE_FACT_SOURCES:
+        found += _parse_each(objects, source.kind, source.parse, source.error, skipped, warn)
+    return found
 
 
 def load_service(path: str) -> dict[str, Any]:

@@ -27,9 +27,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
-from cpullm.core import node_topology
 from cpullm.core.children import CHILD_KIND, marker
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, controller_reference
+from cpullm.core.node_facts import NodeFactSource
 from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.metrics import API_ERRORS
@@ -193,17 +193,17 @@ class Kube:
             for item in _paged("list daemonsets", self.apps.list_daemon_set_for_all_namespaces)
         ]
 
-    def list_node_topologies(self) -> list[dict[str, Any]]:
-        """Every NodeResourceTopology of the cluster (`cpullm plan --from-cluster`); none where its CRD is not
-        served."""
-        where = (node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL)
+    def list_node_facts(self, source: NodeFactSource) -> list[dict[str, Any]]:
+        """Every object of a node-fact source in the cluster (`cpullm plan --from-cluster`: its
+        NodeResourceTopologies); none where its CRD is not served."""
+        where = (source.group, source.version, source.plural)
         try:
-            items = list(_paged(f"list {node_topology.PLURAL}", self.custom.list_cluster_custom_object, *where))
+            items = list(_paged(f"list {source.plural}", self.custom.list_cluster_custom_object, *where))
         except ApiException as err:
             if err.status == 404:
                 return []
             raise
-        return [{"kind": node_topology.KIND, **item} for item in items]
+        return [{"kind": source.kind, **item} for item in items]
 
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether one child of an owned kind exists (a read of its metadata only): a listing's word
