@@ -32,7 +32,12 @@ def cli(*args: str) -> str:
 
 
 def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
-    return [e for e in kubectl.get("events", namespace=namespace) if e["involvedObject"]["name"] == name]
+    """The events about the CpuLLMService `name` (not its Deployment of the same name, whose controller's events
+    come through the events.k8s.io API without a count)."""
+    about = {"kind": "CpuLLMService", "name": name}
+    return [
+        e for e in kubectl.get("events", namespace=namespace) if {k: e["involvedObject"].get(k) for k in about} == about
+    ]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
