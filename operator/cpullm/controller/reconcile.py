@@ -7,7 +7,6 @@ a status patch only when the status changed, an event for each condition that ch
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import logging
 import threading
@@ -19,13 +18,12 @@ from typing import Any, Protocol
 
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
+from cpullm.controller.memory import ChildKey, OperatorMemory
 from cpullm.controller.pacing import RolloutPacer, ServiceKey
-from cpullm.core.children import marker
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.rollout import is_servers_deployment
-from cpullm.core.status import READY, deployment_facts
 from cpullm.errors import (
     ChildConflict,
     ChildRejected,
@@ -55,22 +53,6 @@ class KubeGateway(ClusterFacts, Protocol):
     def emit_event(self, regarding: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
 
-ChildKey = tuple[str, str, str]  # kind, namespace, name
-
-
-@dataclass(frozen=True)
-class _Applied:
-    """What the operator last applied to a child, and how to tell a later change by someone else from noise:
-    a Deployment's generation (its status changes all the time, its generation only with its spec), the
-    resourceVersion of the others (nothing but a change of them bumps it); and the service that owns it (its
-    name, and its uid: a later service of the same name is another owner)."""
-
-    digest: str
-    marker: str
-    owner: str
-    owner_uid: str
-
-
 @dataclass(frozen=True)
 class _Write:
     """A child to apply: its manifest and digest, and what the read before the write found (None: absent)."""
@@ -79,17 +61,6 @@ class _Write:
     child: Mapping[str, Any]
     digest: str
     read: Ownership | None
-
-
-@dataclass(frozen=True)
-class _Started:
-    """The latest reconcile of a service to read its facts: its ticket, the service's uid and generation (the
-    spec it read), and what it read of the owned Deployment's status that the service's status reports."""
-
-    ticket: int
-    uid: str
-    generation: int
-    deployment: tuple[int, int, str | None]
 
 
 def _digest(manifest: Mapping[str, Any]) -> str:
@@ -138,20 +109,9 @@ class Reconciler:
         self.clock = clock
         self.pacer = RolloutPacer(policy.max_concurrent_rollouts)
         self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
-        # What was last applied to each child: a child whose desired manifest did not change and that nobody
-        # changed since (child_event) is not applied again; a no-op server-side apply is still an API write.
-        self._applied: dict[ChildKey, _Applied] = {}
+        self.memory = OperatorMemory()  # what was applied and written, and which reconcile read the newest facts
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        # Per service, the latest reconcile to read its facts (`begin`, on the event loop, so in order). An older
-        # one still waiting for the service's lock is superseded: run after the newer, it would report older
-        # facts. And a child event that brings nothing newer than what that reconcile read needs none.
-        self._latest: dict[tuple[str, str], _Started] = {}
-        self._tickets = itertools.count(1)
-        # The operator is the only writer of status; what it last wrote (per object uid) is newer than a
-        # watch snapshot that may not have caught up yet, and comparing against it avoids repeated patches
-        # and events. Empty after a restart: the object's own status is used then.
-        self._written: dict[str, Mapping[str, Any]] = {}
 
     def _lock(self, key: tuple[str, str]) -> threading.Lock:
         with self._locks_guard:
@@ -161,56 +121,23 @@ class Reconciler:
         """Drop what is remembered about a deleted service (its children go by garbage collection)."""
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
-        self._latest.pop((namespace, name), None)
-        self._written.pop(uid, None)
+        self.memory.forget(namespace, name, uid)
         self._cluster.drop(namespace)
         self.pacer.forget((namespace, name))
-        for key in [k for k, applied in self._applied.items() if k[1] == namespace and applied.owner == name]:
-            self._applied.pop(key, None)
 
     def begin(self, service: Mapping[str, Any], deployment: Mapping[str, Any] | None) -> int:
-        """Where a reconcile reads its facts (the service, its Deployment as last seen): its ticket for
-        `reconcile`. Called on the event loop, where Kopf updates what the facts are read from, so tickets
-        follow the order of the facts."""
-        meta = service["metadata"]
-        ticket = next(self._tickets)
-        facts = deployment_facts((deployment or {}).get("status"))
-        generation = int(meta.get("generation") or 0)
-        self._latest[meta["namespace"], meta["name"]] = _Started(ticket, str(meta.get("uid")), generation, facts)
-        return ticket
+        """Where a reconcile reads its facts: its ticket for `reconcile` (OperatorMemory.begin)."""
+        return self.memory.begin(service, deployment)
 
     def service_event(self, service: Mapping[str, Any]) -> bool:
-        """A watch event of a CpuLLMService (in Kopf's listings too): whether it needs a reconcile. Yes when no
-        reconcile read this spec yet: the service is new, its spec changed (its generation), or this process has
-        not reconciled it (its first listing, as after a restart). No for the operator's own status
-        patches and metadata edits, which change nothing it reads."""
-        meta = service["metadata"]
-        latest = self._latest.get((meta["namespace"], meta["name"]))
-        spec_read = (str(meta.get("uid")), int(meta.get("generation") or 0))
-        return latest is None or (latest.uid, latest.generation) != spec_read
+        """Whether a CpuLLMService's watch event needs a reconcile (OperatorMemory.service_event)."""
+        return self.memory.service_event(service)
 
     def child_event(
         self, kind: str, namespace: str, name: str, event: str | None, body: Mapping[str, Any], owner: str
     ) -> bool:
-        """A watch event of an owned child (event None: in Kopf's re-listing after a watch failed, e.g. an API
-        server restart): whether its owner needs a reconcile.
-
-        Yes when someone else changed or deleted the child (it is then applied again: a Deployment's generation
-        or another kind's resourceVersion differs from what the operator's apply returned); when the servers'
-        Deployment's replica counts or pod-creation failure are not those the owner's latest reconcile read; and
-        for any watch event of a child this process has not applied (yet). No for the operator's own writes and a
-        Deployment's other status updates: those reconciles changed nothing (4 of the 6 per service at N=1,000).
-        In a re-listing, a child known to nothing (the operator's first listing) needs none: every service is
-        reconciled on its own listing."""
-        key = (kind, namespace, name)
-        applied = self._applied.get(key)
-        if applied is not None and (event == "DELETED" or marker(body) != applied.marker):
-            self._applied.pop(key, None)
-            return True
-        latest = self._latest.get((namespace, owner))
-        if applied is None or latest is None:
-            return event is not None
-        return kind == "Deployment" and name == owner and deployment_facts(body.get("status")) != latest.deployment
+        """Whether an owned child's watch event needs its owner's reconcile (OperatorMemory.child_event)."""
+        return self.memory.child_event(kind, namespace, name, event, body, owner)
 
     def find_drifted(self, kind: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
         """The owners (namespace, service) of children of `kind` the operator applied that no longer exist or that
@@ -221,19 +148,12 @@ class Reconciler:
 
         Each one the listing misses is read before it counts as gone: taking a live child for deleted would
         report it as not ready, and re-applying it unchanged brings no event to correct that."""
-        before = {key: applied for key, applied in list(self._applied.items()) if key[0] == kind}
-        present = self.kube.list_owned(kind, namespaces)
-        owners: set[tuple[str, str]] = set()
-        for key, applied in before.items():
-            # Still the same entry: not re-applied while the listing ran (then it may be newer than the listing).
-            if present.get((key[1], key[2])) == applied.marker or self._applied.get(key) is not applied:
-                continue
-            if (key[1], key[2]) not in present and self.kube.child_exists(*key):
-                log.warning("%s %s/%s is missing from a listing but exists; left as it is", *key)
-            elif self._applied.get(key) is applied:
-                self._applied.pop(key, None)
-                owners.add((key[1], applied.owner))
-        return sorted(owners)
+        owners, missed = self.memory.drifted(
+            kind, lambda: self.kube.list_owned(kind, namespaces), lambda key: self.kube.child_exists(*key)
+        )
+        for key in missed:
+            log.warning("%s %s/%s is missing from a listing but exists; left as it is", *key)
+        return owners
 
     def _writes(self, children: Sequence[Mapping[str, Any]], owner_uid: str) -> list[_Write]:
         """The children to write, each read just before: one whose manifest this process last applied for this
@@ -246,8 +166,7 @@ class Reconciler:
             meta = child["metadata"]
             key = (child["kind"], meta["namespace"], meta["name"])
             digest = _digest(child)
-            applied = self._applied.get(key)
-            if applied is not None and applied.digest == digest and applied.owner_uid == owner_uid:
+            if self.memory.unchanged(key, digest, owner_uid):
                 continue
             found = self.kube.ownership(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
             if found is not None and found.controller_uid != owner_uid:
@@ -259,10 +178,10 @@ class Reconciler:
         return writes
 
     def _apply(self, write: _Write, owner_uid: str) -> Mapping[str, Any]:
-        self._applied.pop(write.key, None)  # until the server confirms it, the child is not known to match
+        self.memory.applying(write.key)
         stored = self.kube.apply(write.child, write.read)
         owner = write.child["metadata"]["labels"][SERVICE_LABEL]
-        self._applied[write.key] = _Applied(write.digest, marker(stored), owner, owner_uid)
+        self.memory.applied(write.key, write.digest, stored, owner, owner_uid)
         return stored
 
     def _admitted(self, decision: Decision, observed: Observed, key: ServiceKey, rolling: Set[ServiceKey]) -> Decision:
@@ -285,8 +204,7 @@ class Reconciler:
         meta = service["metadata"]
         key = (meta["namespace"], meta["name"])
         with self._lock(key):
-            latest = self._latest.get(key)
-            if ticket is not None and (latest is None or latest.ticket != ticket):
+            if self.memory.superseded(key, ticket):
                 RECONCILES.labels(outcome="superseded").inc()
                 return None  # a reconcile that read newer facts (or the service's deletion) came after
             started = time.monotonic()
@@ -301,12 +219,7 @@ class Reconciler:
 
     def services_by_readiness(self) -> dict[str, int]:
         """How many services the operator last reported Ready=True and Ready=False (cpullm_services)."""
-        counts = {"True": 0, "False": 0}
-        for status in list(self._written.values()):
-            ready = next((c for c in status.get("conditions") or [] if c.get("type") == READY), None)
-            if ready is not None:
-                counts[ready["status"]] = counts.get(ready["status"], 0) + 1
-        return counts
+        return self.memory.readiness()
 
     def _reconcile(self, service: Mapping[str, Any], view: ClusterView) -> Plan | CpuLLMError | None:
         meta = service["metadata"]
@@ -315,7 +228,7 @@ class Reconciler:
             observed = gather(
                 service,
                 view,
-                last_status=self._written.get(uid),
+                last_status=self.memory.written(uid),
                 cluster=self._cluster,
                 models=self.hub,
                 policy=self.policy,
@@ -344,7 +257,7 @@ class Reconciler:
         """Status only when it changed (compared with what was last written), an event per changed condition."""
         if decision.status_patch:
             self.kube.patch_service_status(owner.namespace, owner.name, decision.status_patch)
-            self._written[uid] = decision.status
+            self.memory.wrote(uid, decision.status)
         for event in decision.events:
             log.info("%s/%s %s %s: %s", owner.namespace, owner.name, event.type, event.reason, event.message)
             self.kube.emit_event(regarding(owner), event.type, event.reason, event.message)
