@@ -410,6 +410,17 @@ def pod(name: str, scheduled: dict[str, str] | None) -> dict[str, Any]:
     return {"name": name, "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "status": {"conditions": conditions}}
 
 
+def pod_event(memo: kopf.Memo, type_: str | None, event: dict[str, Any], index_name: str, indexer: Any) -> None:
+    """As Kopf does for a server pod's event: the index `index_name` is updated from the event by its `indexer`
+    first (the pod's entry; none once deleted), then pod_changed runs."""
+    entry = asyncio.run(indexer(**event)) if type_ != "DELETED" else None
+    index = {key: [value] for key, value in (entry or {}).items()}  # as Kopf keeps it
+    call = handlers.pod_changed(
+        **event, type=type_, memo=memo, services=SERVICES, node_profiles={}, **{**OTHER_INDEXES, index_name: index}
+    )
+    asyncio.run(call)
+
+
 INSUFFICIENT = {"status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu."}
 
 
@@ -417,7 +428,6 @@ def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedu
     """Only a change in whether (and why) a pod cannot be scheduled reconciles; its message reaches the reconcile
     through the index, and the many other pod events (phase, IPs, probes) do nothing."""
     memo = handler_memo(RecordingReconciler())
-    index: dict[tuple[str, str], list[str]] = {}
     for type_, scheduled in [
         (None, None),  # the initial listing
         ("ADDED", None),
@@ -428,18 +438,7 @@ def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedu
         ("MODIFIED", INSUFFICIENT),
         ("DELETED", INSUFFICIENT),
     ]:
-        event = pod("a-1", scheduled)
-        entry = asyncio.run(handlers.unschedulable_pods(**event)) if type_ != "DELETED" else None
-        index = {key: [message] for key, message in (entry or {}).items()}  # as Kopf keeps it
-        call = handlers.pod_changed(
-            **event,
-            type=type_,
-            memo=memo,
-            services=SERVICES,
-            node_profiles={},
-            **{**OTHER_INDEXES, "unschedulable_pods": index},
-        )
-        asyncio.run(call)
+        pod_event(memo, type_, pod("a-1", scheduled), "unschedulable_pods", handlers.unschedulable_pods)
     rec = memo["state"].reconciler
     message = INSUFFICIENT["message"]
     assert rec.unschedulable == [message, None, message, None]
@@ -463,18 +462,7 @@ def test_a_pod_whose_server_ended_without_a_fix_reconciles_its_service_with_that
         ("MODIFIED", not_loaded),
         ("DELETED", not_loaded),
     ]:
-        event = ended(message)
-        entry = asyncio.run(handlers.server_exits(**event)) if type_ != "DELETED" else None
-        index = {key: [value] for key, value in (entry or {}).items()}
-        call = handlers.pod_changed(
-            **event,
-            type=type_,
-            memo=memo,
-            services=SERVICES,
-            node_profiles={},
-            **{**OTHER_INDEXES, "server_exits": index},
-        )
-        asyncio.run(call)
+        pod_event(memo, type_, ended(message), "server_exits", handlers.server_exits)
     exits = memo["state"].reconciler.exits
     assert [[e.not_loaded for e in handed] for handed in exits] == [
         [(("rank_in_engine_core", "nothing-to-patch"),)],

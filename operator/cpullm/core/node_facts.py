@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from cpullm.core import node_topology
+from cpullm.core.api_resources import ApiResource
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError, NodeTopologyError
 
@@ -25,27 +26,16 @@ class NodeFact(Protocol):
 
 
 @dataclass(frozen=True)
-class NodeFactSource:
+class NodeFactSource(ApiResource):
     """A kind of object that describes a node: its API, how one is read (a `fact_type`; raising `error` when it cannot
     be used: its node is then planned from its labels), and how what it says refines the node's profile."""
 
-    api_version: str
-    kind: str
-    plural: str
     index: str  # Kopf's index of the parsed objects, by node name (an index's name is its handler's id)
     fact_type: type
     parse: Callable[[Mapping[str, Any]], NodeFact]
     error: type[CpuLLMError]
     refine: Callable[[NodeProfile, Any], NodeProfile]
     verbs: tuple[str, ...] = ("list", "watch")  # cluster-wide, as nodes
-
-    @property
-    def group(self) -> str:
-        return self.api_version.rpartition("/")[0]
-
-    @property
-    def version(self) -> str:
-        return self.api_version.rpartition("/")[2]
 
 
 NODE_FACT_SOURCES: tuple[NodeFactSource, ...] = (

@@ -14,6 +14,7 @@ from typing import Any
 
 from cpullm.api.plan import Plan
 from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core.api_resources import ApiResource
 from cpullm.core.children.autoscaler import (
     HPA_API_VERSION,
     SCALEDOBJECT_API_VERSION,
@@ -60,12 +61,9 @@ CHILDREN: tuple[ChildBuilder, ...] = (
 
 
 @dataclass(frozen=True)
-class ChildKind:
+class ChildKind(ApiResource):
     """An owned kind, and how the operator handles it."""
 
-    api_version: str
-    kind: str
-    plural: str
     # Watched (drift reverted, readiness copied): the children every service has. The resync lists every served
     # kind, watched or not.
     watched: bool = False
@@ -78,14 +76,6 @@ class ChildKind:
     # For the kinds a spec asks for as a feature: whether this spec and plan ask for one (what its builder builds
     # on), read without building it (core/affected.py: which services a CRD's arrival concerns).
     wanted: Callable[[CpuLLMServiceSpec, Plan], bool] | None = None
-
-    @property
-    def group(self) -> str:
-        return self.api_version.rpartition("/")[0]
-
-    @property
-    def version(self) -> str:
-        return self.api_version.rpartition("/")[2]
 
     @property
     def verbs(self) -> tuple[str, ...]:

@@ -18,8 +18,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split, StateShape
-from cpullm.core.sizing.config import ConfigView, show
-from cpullm.core.sizing.layers import Family, MoE, Parts, add_embeddings, attention_heads, gated_mlp
+from cpullm.core.sizing.config import ConfigView
+from cpullm.core.sizing.layers import (
+    Family,
+    MoE,
+    Parts,
+    add_embeddings,
+    attention_heads,
+    gated_mlp,
+    listed_layer_kinds,
+)
 from cpullm.errors import UnsupportedModel
 
 # Names a config's layer_types gives each layer, by what they are (transformers remaps the old names, "mamba" and
@@ -38,19 +46,10 @@ GATED_DELTANET_PAGES = 2
 
 
 def hybrid_layer_kinds(config: ConfigView, layers: int, default: Callable[[int], LayerKind]) -> list[LayerKind]:
-    """Each layer's kind from `layer_types` (or its alias `layers_block_type`), else the family's pattern."""
-    types = config.strings("layer_types")
-    if types is None:
-        return [default(i) for i in range(layers)]
-    if len(types) < layers:
-        raise UnsupportedModel(f"model config layer_types lists {len(types)} layers of {layers}")
-    unknown = sorted({t for t in types[:layers] if t not in LAYER_NAMES})
-    if unknown:
-        raise UnsupportedModel(
-            f"model config layer_types has {', '.join(map(show, unknown))}: {config.family} layers are "
-            f"{', '.join(sorted(LAYER_NAMES))}"
-        )
-    return [LAYER_NAMES[t] for t in types[:layers]]
+    """Each layer's kind from `layer_types`, else the family's pattern."""
+    sized = f"{config.family} layers are {', '.join(sorted(LAYER_NAMES))}"
+    listed = listed_layer_kinds(config, layers, LAYER_NAMES, sized)
+    return listed if listed is not None else [default(i) for i in range(layers)]
 
 
 @dataclass(frozen=True)

@@ -175,22 +175,33 @@ def add_embeddings(parts: Parts, config: ConfigView, h: int, tied_default: bool)
     parts.param("lm_head", vocab * h * (not tied))
 
 
+def listed_layer_kinds(
+    config: ConfigView, layers: int, names: Mapping[str, LayerKind], sized: str
+) -> list[LayerKind] | None:
+    """Each layer's kind as the config's `layer_types` names it (`names`: the names a family knows; `sized`: what a
+    refusal of another says), or None where the config has no layer_types."""
+    types = config.strings("layer_types")
+    if types is None:
+        return None
+    if len(types) < layers:
+        raise UnsupportedModel(f"model config layer_types lists {len(types)} layers of {layers}")
+    unknown = sorted({t for t in types[:layers] if t not in names})
+    if unknown:
+        raise UnsupportedModel(f"model config layer_types has {', '.join(map(show, unknown))}: {sized}")
+    return [names[t] for t in types[:layers]]
+
+
 def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, int], bool] | None) -> list[LayerKind]:
     """Each layer's attention, as vLLM decides it: `layer_types` when the config lists them, else the family's
     pattern, else every layer slides when the config sets a sliding_window (vLLM's cache-wide window: Mistral
     v0.1, Phi-3), else full."""
-    types = config.strings("layer_types")
-    if types is not None:
-        if len(types) < layers:
-            raise UnsupportedModel(f"model config layer_types lists {len(types)} layers of {layers}")
-        unknown = sorted({t for t in types[:layers] if t not in LAYER_TYPES})
-        if unknown:
-            raise UnsupportedModel(
-                f"model config layer_types has {', '.join(map(show, unknown))}: model_type {show(config.family)} is "
-                "sized with full and sliding attention layers only (state-space and chunked layers are sized for "
-                "the families of core/sizing/hybrids.py)"
-            )
-        return [LAYER_TYPES[t] for t in types[:layers]]
+    sized = (
+        f"model_type {show(config.family)} is sized with full and sliding attention layers only (state-space and "
+        "chunked layers are sized for the families of core/sizing/hybrids.py)"
+    )
+    listed = listed_layer_kinds(config, layers, LAYER_TYPES, sized)
+    if listed is not None:
+        return listed
     if sliding is None:
         window = config.count("sliding_window")  # 0 or absent: no window
         return [LayerKind.SLIDING if window else LayerKind.FULL] * layers
