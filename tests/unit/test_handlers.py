@@ -12,7 +12,8 @@ from kopf._cogs.structs.references import Selector  # Kopf's, to log what Kopf l
 from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to test against its semantics
 from kopf._core.reactor import observation  # Kopf's handler of CRD events, which configure() wraps
 
-from cpullm.controller import discovery_wait, dispatch, handlers
+from cpullm.controller import discovery_wait, dispatch, handlers, kopf_settings
+from cpullm.controller.indexes import KopfIndexes, indexed
 from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
@@ -94,6 +95,13 @@ OTHER_INDEXES: dict[str, Any] = {
     "node_topologies": {},
 }
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
+
+
+def kopf_indexes(given: dict[str, Any]) -> KopfIndexes:
+    """What a handler hands dispatch: every index, those given filled."""
+    return KopfIndexes.of({"services": {}, **INDEXES, **given})
+
+
 DEPLOYMENTS = kopf.Resource("apps", "v1", "deployments", kind="Deployment")
 NRT = kopf.Resource(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL, kind=node_topology.KIND)
 
@@ -243,7 +251,7 @@ def test_node_index_keeps_label_errors_out_of_planning():
     for n, labels in [("n1", {}), ("n2", {}), ("n2", {"cpullm.io/numa-nodes": "x"})]:
         body = kopf.Body(node_object(n, labels=labels))
         index._replace((None, n, n), asyncio.run(handlers.node_profiles(name=n, body=body)))
-    assert [p.name for p in dispatch.indexed(index)] == ["n1"]
+    assert [p.name for p in indexed(index)] == ["n1"]
 
 
 def test_a_pod_scheduled_at_last_leaves_the_unschedulable_index():
@@ -524,7 +532,7 @@ def test_a_resync_lists_the_optional_kinds_whose_crds_are_served():
         "services": SERVICES,
         "installed_crds": {"inferencepools.inference.networking.k8s.io": [True]},
     }
-    asyncio.run(dispatch.resync(handler_memo(rec)["state"], indexes, []))
+    asyncio.run(dispatch.resync(handler_memo(rec)["state"], kopf_indexes(indexes), []))
     assert "InferencePool" in rec.listed and "HTTPRoute" not in rec.listed and "PodMonitor" not in rec.listed
 
 
@@ -544,7 +552,7 @@ def test_a_resync_reconciles_each_owner_of_children_deleted_unseen_once(caplog):
         **OTHER_INDEXES,
         "owned_deployments": {("ns", name): [seen] for name, seen in last_seen.items()},
     }
-    asyncio.run(dispatch.resync(memo["state"], indexes, []))
+    asyncio.run(dispatch.resync(memo["state"], kopf_indexes(indexes), []))
     # Every kind that is served: the built-in ones, not those whose CRD is not installed.
     assert rec.listed == [
         "ConfigMap",
@@ -581,7 +589,7 @@ def test_the_services_one_event_affects_are_reconciled_as_many_at_once_as_there_
     services = {("ns", f"s{i}"): [{"metadata": {"name": f"s{i}", "namespace": "ns"}}] for i in range(2 * workers)}
     indexes = {**OTHER_INDEXES, "services": services, "node_profiles": {}}
     memo = handler_memo(rec, workers=workers)
-    asyncio.run(dispatch.reconcile_quietly(memo["state"], dispatch.indexed(services), indexes))
+    asyncio.run(dispatch.reconcile_quietly(memo["state"], indexed(services), kopf_indexes(indexes)))
     assert sorted(name for name, _ in rec.calls) == sorted(name for _, name in services)
 
 
@@ -589,14 +597,14 @@ def test_the_resync_runs_in_the_background_until_cleanup():
     async def scenario() -> tuple[bool, bool]:
         memo = handler_memo(RecordingReconciler(), workers=1)
         memo["settings"] = Settings(resync_seconds=300)
-        await handlers.start_resync(memo=memo, services=SERVICES)
+        await handlers.start_resync(memo=memo, services=SERVICES, **INDEXES)
         task = memo["state"].resync
         await handlers.shut_down(memo=memo)
         with contextlib.suppress(asyncio.CancelledError):
             await task
         disabled = handler_memo(RecordingReconciler(), workers=1)
         disabled["settings"] = Settings(resync_seconds=0)
-        await handlers.start_resync(memo=disabled, services=SERVICES)
+        await handlers.start_resync(memo=disabled, services=SERVICES, **INDEXES)
         return task.cancelled(), disabled["state"].resync is not None
 
     assert asyncio.run(scenario()) == (True, False)
@@ -611,7 +619,9 @@ def test_a_resync_round_that_fails_unforeseen_is_logged_and_the_next_round_runs(
     indexes = {**OTHER_INDEXES, "services": SERVICES, "node_profiles": {}}
 
     async def scenario() -> None:
-        task = asyncio.get_running_loop().create_task(dispatch.resync_forever(memo["state"], indexes, 0.01, []))
+        task = asyncio.get_running_loop().create_task(
+            dispatch.resync_forever(memo["state"], kopf_indexes(indexes), 0.01, [])
+        )
         while rec.listed.count("ConfigMap") < 2:  # the loop went on after the failed round
             await asyncio.sleep(0.01)
         task.cancel()
@@ -663,7 +673,10 @@ def test_at_most_the_configured_number_of_reconciles_run_at_once():
 
     async def burst() -> None:
         created = [service_event(memo, "ADDED", b, services, indexes) for b in bodies]
-        events = [dispatch.reconcile_quietly(memo["state"], [b], indexes) for b in bodies]
+        events = [
+            dispatch.reconcile_quietly(memo["state"], [b], kopf_indexes({**indexes, "services": services}))
+            for b in bodies
+        ]
         await asyncio.gather(*created, *events)
 
     asyncio.run(burst())
@@ -713,7 +726,9 @@ def test_failed_reconciles_of_one_service_leave_one_retry_pending_the_soonest(mo
 
     async def scenario() -> None:
         for _ in range(3):
-            await dispatch.reconcile_quietly(memo["state"], SERVICES["ns", "a"], {"services": SERVICES, **INDEXES})
+            await dispatch.reconcile_quietly(
+                memo["state"], SERVICES["ns", "a"], kopf_indexes({"services": SERVICES, **INDEXES})
+            )
         assert len(memo["state"].retries.pending) == 1
         await retries_settled(memo)
 
@@ -786,7 +801,7 @@ def test_an_unreadable_topology_is_warned_once_and_its_node_planned_from_its_lab
 
 def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_unserved_too(caplog):
     logger = __import__("logging").getLogger("kopf._core.reactor.observation")
-    logger.addFilter(handlers._optional_node_facts_unresolved)
+    logger.addFilter(kopf_settings._optional_node_facts_unresolved)
     # As Kopf prints the selectors its decorators made (names given positionally are `any_name=`).
     nrt = str(Selector(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL))
     other = str(Selector("example.com", "v1", "widgets"))
@@ -794,7 +809,7 @@ def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_un
         for selectors in (nrt, f"{nrt}, {other}"):
             logger.warning(f"Unresolved resources cannot be served (try creating their CRDs): {selectors}")
     finally:
-        logger.removeFilter(handlers._optional_node_facts_unresolved)
+        logger.removeFilter(kopf_settings._optional_node_facts_unresolved)
     assert [r.getMessage().count("Selector(") for r in caplog.records] == [2]
 
 
@@ -838,7 +853,7 @@ def test_kopfs_diff_base_leaves_out_a_spec_deeper_than_copying_reaches():
     managed = [{"manager": "kubectl", "fieldsV1": {"f:spec": deep}}]  # the API server mirrors the spec's shape
     meta = {"name": "x", "labels": {"team": "a"}, "managedFields": managed}
     body = kopf.Body({"metadata": meta, "spec": {"model": {"config": deep}}})
-    essence = handlers.SpecBlindDiffBase().build(body=body)
+    essence = kopf_settings.SpecBlindDiffBase().build(body=body)
     assert essence == {"metadata": {"labels": {"team": "a"}}}
 
 

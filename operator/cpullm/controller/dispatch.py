@@ -1,8 +1,8 @@
 """What each watch event does, apart from Kopf's decorators (controller/handlers.py, one line per event).
 
-Each function takes the operator's ControllerState and `indexes`: the keyword arguments Kopf passed the handler,
-among them every Kopf index by name (node profiles, NodeResourceTopologies, DaemonSets' pods, services, the owned
-Deployments' status, the scheduler's messages, the served optional APIs). What an event can affect is decided by
+Each function takes the operator's ControllerState, the event's own facts, and Kopf's indexes, typed
+(controller/indexes.py: node profiles, node-fact sources, DaemonSets' pods, services, the owned Deployments' status,
+the scheduler's messages, the servers' last ends, the served optional APIs). What an event can affect is decided by
 the pure functions of core/affected.py; whether it is news, by the state's LastSeen records. Reconciles read the
 indexes on the event loop (Kopf mutates them there), then run on a worker thread; one that could not finish is
 retried on controller/outcomes.py's delays.
@@ -14,104 +14,51 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from cpullm.api.spec import copy_json
+from cpullm.controller.indexes import KopfIndexes, first, indexed
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.state import Change, ControllerState
 from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
 from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
-from cpullm.core.daemonsets import DaemonPods
-from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact, NodeFactSource, refine_profiles
-from cpullm.core.observation import ClusterView
-from cpullm.core.rollout import replacing_pods
+from cpullm.core.node_facts import NodeFactSource
 from cpullm.core.server_exits import server_exit
 from cpullm.core.status import scheduling_failure
-from cpullm.core.topology import NodeProfile, NodeState, parse_node
+from cpullm.core.topology import NodeState, parse_node
 from cpullm.errors import NodeLabelError, PermissionDenied, TransientApiError
 from cpullm.metrics import NODE_PROFILES
 
 log = logging.getLogger(__name__)
-Indexes = Mapping[str, Any]  # what Kopf passes a handler by keyword, its indexes among them
-
-
-def indexed(index: Mapping[Any, Any]) -> list[Any]:
-    """Every value a Kopf index holds (the node profiles, the DaemonSets' pods, the services)."""
-    return [value for store in index.values() for value in store]
-
-
-def first(index: Mapping[Any, Any], key: Any) -> Any:
-    return next(iter(index.get(key, ())), None)
-
-
-def installed(index: Mapping[Any, Any]) -> frozenset[str]:
-    return frozenset(index.keys())
-
-
-def node_facts(indexes: Indexes, name: str | None = None) -> list[NodeFact]:
-    """What the node-fact sources' indexes hold that can be used (of one node, or of all): each source's facts, not
-    the errors of objects that cannot be read (their nodes are planned from their labels)."""
-    found: list[NodeFact] = []
-    for source in NODE_FACT_SOURCES:
-        values = indexes[source.index].get(name, ()) if name is not None else indexed(indexes[source.index])
-        found += [fact for fact in values if not isinstance(fact, source.error)]
-    return found
-
-
-def node_profile(name: str, indexes: Indexes) -> NodeProfile | None:
-    """A node's profile as the planner sees it: its labels', refined by what the node-fact sources say of it (None:
-    the node is not in the index)."""
-    profile = first(indexes["node_profiles"], name)
-    return None if profile is None else refine_profiles([profile], node_facts(indexes, name))[0]
-
-
-class _Indexed:
-    """What Kopf's indexes hold for reconciles, read on the event loop (Kopf mutates them there) before a reconcile
-    goes to a worker thread, and made only once the reconcile holds a worker slot (controller/workers.py): a waiting
-    reconcile holds no copies. Each service's ClusterView is taken from it."""
-
-    def __init__(self, indexes: Indexes) -> None:
-        self.nodes: list[NodeProfile] = indexed(indexes["node_profiles"])
-        self.node_facts = node_facts(indexes)
-        self.daemons: list[DaemonPods] = indexed(indexes["daemonset_pods"])
-        self.crds = installed(indexes["installed_crds"])
-        self._deployments: Mapping[Any, Any] = indexes["owned_deployments"]
-        self._unschedulable: Mapping[Any, Any] = indexes["unschedulable_pods"]
-        self._exits: Mapping[Any, Any] = indexes["server_exits"]
-        self.rolling = rolling(indexes)  # what holds rollout slots (controller/pacing.py)
-
-    def view(self, key: tuple[str, str]) -> ClusterView:
-        return ClusterView(
-            nodes=self.nodes,
-            node_facts=self.node_facts,
-            daemons=self.daemons,
-            deployment=first(self._deployments, key),
-            installed_crds=self.crds,
-            unschedulable=first(self._unschedulable, key),
-            server_exits=tuple(self._exits.get(key, ())),
-            rolling=self.rolling,
-        )
-
-    async def reconcile(self, state: ControllerState, service: Mapping[str, Any]) -> Any:
-        view = self.view((service["metadata"]["namespace"], service["metadata"]["name"]))
-        ticket = state.reconciler.begin(service, view.deployment)
-        return await state.workers.run(state.reconciler.reconcile, service, view, ticket)
 
 
 # How soon a service whose rollout waits for a slot is reconciled again when no event woke it before.
 PACED_RETRY_SECONDS = 30
 
 
-def rolling(indexes: Indexes) -> frozenset[tuple[str, str]]:
-    """The services whose servers' Deployment Kopf's index shows replacing pods of an older template: they hold
-    rollout slots (controller/pacing.py)."""
-    store = indexes["owned_deployments"]
-    return frozenset(key for key, deployments in store.items() if any(map(replacing_pods, deployments)))
+@dataclass(frozen=True)
+class ChildEvent:
+    """What a watched child's event says, read from Kopf's arguments by the handler."""
+
+    kind: str
+    namespace: str
+    name: str
+    type: str | None
+    meta: Mapping[str, Any]
+    body: Mapping[str, Any]
+
+
+async def _reconcile(state: ControllerState, indexes: KopfIndexes, service: Mapping[str, Any]) -> Any:
+    """One reconcile on a worker thread, with the ClusterView read from the indexes on the event loop."""
+    view = indexes.snapshot().view((service["metadata"]["namespace"], service["metadata"]["name"]))
+    ticket = state.reconciler.begin(service, view.deployment)
+    return await state.workers.run(state.reconciler.reconcile, service, view, ticket)
 
 
 async def reconcile_quietly(
-    state: ControllerState, services: list[Mapping[str, Any]], indexes: Indexes, attempt: int = 0
+    state: ControllerState, services: list[Mapping[str, Any]], indexes: KopfIndexes, attempt: int = 0
 ) -> None:
     """Reconciles report through status. The services are reconciled side by side, as many at once as there are
     worker slots (one event can affect hundreds: a node's change, a resync after an outage). One that could not
@@ -122,11 +69,13 @@ async def reconcile_quietly(
     await asyncio.gather(*(_reconcile_one(state, service, indexes, attempt) for service in live))
 
 
-async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], indexes: Indexes, attempt: int) -> None:
+async def _reconcile_one(
+    state: ControllerState, service: Mapping[str, Any], indexes: KopfIndexes, attempt: int
+) -> None:
     meta = service["metadata"]
     try:
         async with state.workers.slot:
-            outcome = await _Indexed(indexes).reconcile(state, copy_json(service))
+            outcome = await _reconcile(state, indexes, copy_json(service))
     except Exception:  # an event handler must not stop the watch; the error is in the log
         log.exception("reconcile of %s/%s failed", meta["namespace"], meta["name"])
         return
@@ -138,28 +87,28 @@ async def _reconcile_one(state: ControllerState, service: Mapping[str, Any], ind
     if delay is not None:
 
         async def again() -> None:  # from Kopf's indexes as they are then
-            latest = list(indexes["services"].get(key, ())) if "services" in indexes else []
+            latest = indexes.service(key)
             await reconcile_quietly(state, latest, indexes, attempt + 1)
 
         state.retries.later(key, delay, again)
 
 
-async def wake_paced(state: ControllerState, indexes: Indexes) -> None:
+async def wake_paced(state: ControllerState, indexes: KopfIndexes) -> None:
     """Reconcile the services whose rollout waits for a slot, as many as are free (controller/pacing.py). Called on
     every reconcile's end and Deployment event: the index is walked only while someone waits."""
     if not state.reconciler.pacer.anyone_waiting():
         return
-    woken = state.reconciler.pacer.to_wake(rolling(indexes))
-    services = [s for key in woken for s in indexes["services"].get(key, ())]
+    woken = state.reconciler.pacer.to_wake(indexes.rolling())
+    services = [s for key in woken for s in indexes.service(key)]
     if services:
         await reconcile_quietly(state, services, indexes)
 
 
-async def resync(state: ControllerState, indexes: Indexes, namespaces: list[str]) -> None:
+async def resync(state: ControllerState, indexes: KopfIndexes, namespaces: list[str]) -> None:
     """One round: per kind that is served, list what exists; then reconcile, once each, the owners of what
     vanished or was changed by another writer (the only way a change to a kind that is not watched, e.g. an
     InferencePool, is seen)."""
-    served = installed(indexes["installed_crds"])
+    served = frozenset(indexes.installed_crds.keys())
     drifted: dict[tuple[str, str], set[str]] = {}  # owner -> the kinds of its children that drifted
     for kind in (k.kind for k in CHILD_KINDS if k.crd is None or k.crd in served):
         try:
@@ -174,15 +123,11 @@ async def resync(state: ControllerState, indexes: Indexes, namespaces: list[str]
     if not drifted:
         return
     # Kopf's index still holds a vanished Deployment's last status (no event removed it): not the replacement's.
-    deployments = indexes["owned_deployments"]
-    facts = {
-        **indexes,
-        "owned_deployments": {k: v for k, v in deployments.items() if "Deployment" not in drifted.get(k, ())},
-    }
-    await reconcile_quietly(state, [s for owner in drifted for s in indexes["services"].get(owner, ())], facts)
+    facts = indexes.without_deployments({owner for owner, kinds in drifted.items() if "Deployment" in kinds})
+    await reconcile_quietly(state, [s for owner in drifted for s in indexes.service(owner)], facts)
 
 
-async def resync_forever(state: ControllerState, indexes: Indexes, every: float, namespaces: list[str]) -> None:
+async def resync_forever(state: ControllerState, indexes: KopfIndexes, every: float, namespaces: list[str]) -> None:
     """A round that fails in a way no one foresaw is logged with its traceback; the rounds go on (the task is
     the only one that finds what the watches missed: ended, nothing would say so)."""
     while True:
@@ -194,28 +139,28 @@ async def resync_forever(state: ControllerState, indexes: Indexes, every: float,
 
 
 async def service_changed(
-    state: ControllerState, type: str | None, namespace: str, name: str, uid: str, body: Any, indexes: Indexes
+    state: ControllerState, type: str | None, namespace: str, name: str, uid: str, body: Any, indexes: KopfIndexes
 ) -> None:
     """A deleted service is forgotten; one whose spec no reconcile has read yet is reconciled."""
     if type == "DELETED":
         state.reconciler.forget(namespace, name, uid)
     elif state.reconciler.service_event(body):
-        await reconcile_quietly(state, list(indexes["services"].get((namespace, name), ())), indexes)
+        await reconcile_quietly(state, indexes.service((namespace, name)), indexes)
 
 
-async def node_changed(state: ControllerState, name: str, type: str | None, body: Any, indexes: Indexes) -> None:
+async def node_changed(state: ControllerState, name: str, type: str | None, body: Any, indexes: KopfIndexes) -> None:
     """A node whose profile changed re-plans the services it can affect; one whose labels cannot be parsed is
     reported on the node. Kopf updates its indexes before event handlers run, so the index already holds this
     event's profile; what the services were last planned against is remembered per node (ControllerState.nodes)."""
     node: NodeState = None
     if type != "DELETED":
-        node = node_profile(name, indexes)
+        node = indexes.node_profile(name)
         if node is None:  # left out of the index: its labels cannot be parsed
             try:
                 parse_node(body)
             except NodeLabelError as err:
                 node = err
-    NODE_PROFILES.set(sum(len(store) for store in indexes["node_profiles"].values()))
+    NODE_PROFILES.set(sum(len(store) for store in indexes.node_profiles.values()))
     change = state.nodes.news(name, type, node)
     if change is None:
         return  # the operator's first listing (service_changed plans every service) or noise
@@ -230,78 +175,84 @@ async def node_changed(state: ControllerState, name: str, type: str | None, body
 
 
 async def node_fact_changed(
-    state: ControllerState, source: NodeFactSource, name: str, type: str | None, indexes: Indexes
+    state: ControllerState, source: NodeFactSource, name: str, type: str | None, indexes: KopfIndexes
 ) -> None:
     """An object of a node-fact source (core/node_facts.py: a NodeResourceTopology) that appeared, changed or went
     changes its node's profile as a label change does (the topology-updater rewrites a NodeResourceTopology every
     minute with what pods use, which the profile does not read: noise); one that cannot be read is logged once per
     problem, and its node planned from its labels."""
-    said, logged = first(indexes[source.index], name), state.node_fact_problems
+    said, logged = first(indexes.node_facts[source.index], name), state.node_fact_problems
     problem = said.message if isinstance(said, source.error) and type != "DELETED" else None
     if problem and logged.get((source.kind, name)) != problem:
         log.warning("%s; node %s is planned from its labels", problem, name)
     logged[source.kind, name] = problem
-    if first(indexes["node_profiles"], name) is None:
+    if first(indexes.node_profiles, name) is None:
         return  # no usable node of that name: its own events say what there is to say
     # For the node, a fact's object going is a change of its profile, not the node's deletion.
-    change = state.nodes.news(name, None if type is None else "MODIFIED", node_profile(name, indexes))
+    change = state.nodes.news(name, None if type is None else "MODIFIED", indexes.node_profile(name))
     if change is not None:
         await _replan_for_node(state, name, change, indexes)
 
 
-async def _replan_for_node(state: ControllerState, name: str, change: Change[Any], indexes: Indexes) -> None:
-    affected = [s for s in indexed(indexes["services"]) if affected_by_node(s, name, change.before, change.after)]
+async def _replan_for_node(state: ControllerState, name: str, change: Change[Any], indexes: KopfIndexes) -> None:
+    affected = [s for s in indexed(indexes.services) if affected_by_node(s, name, change.before, change.after)]
     await reconcile_quietly(state, affected, indexes)
 
 
 async def daemonset_changed(
-    state: ControllerState, namespace: str, name: str, type: str | None, indexes: Indexes
+    state: ControllerState, namespace: str, name: str, type: str | None, indexes: KopfIndexes
 ) -> None:
     """Every service is re-planned when what a DaemonSet's pods take, or where, changed (a new agent, a bigger
     request): rare, and any whole-node plan may have to leave it room. Its status (pods rolling) is noise."""
     key = (namespace, name)
-    if state.daemonsets.news(key, type, first(indexes["daemonset_pods"], key)) is not None:
-        await reconcile_quietly(state, indexed(indexes["services"]), indexes)
+    if state.daemonsets.news(key, type, first(indexes.daemonset_pods, key)) is not None:
+        await reconcile_quietly(state, indexed(indexes.services), indexes)
 
 
-async def child_changed(state: ControllerState, namespace: str, type: str | None, indexes: Indexes) -> None:
+async def child_changed(state: ControllerState, child: ChildEvent, indexes: KopfIndexes) -> None:
     """A child's owner (its controller owner reference, name and UID) is reconciled, which reverts drift and
     refreshes status, when the event can change either (Reconciler.child_event): someone else's edit or deletion,
     or a Deployment's replica counts; the operator's own writes and a Deployment's other status updates do not.
     Kopf lists again (events of type None) when a watch failed and the API server no longer has its resource
     version: what changed meanwhile is found there."""
-    service = owning_service(namespace, indexes["meta"], indexes["services"])
-    if indexes["resource"].kind == "Deployment":  # a rollout may have ended (or its Deployment gone with its owner)
+    service = owning_service(child.namespace, child.meta, indexes.services)
+    if child.kind == "Deployment":  # a rollout may have ended (or its Deployment gone with its owner)
         owner = service["metadata"]["name"] if service is not None else None
-        if indexes["name"] == owner:  # the servers' (a router's rollout is not paced)
-            state.reconciler.pacer.observe((namespace, owner), None if type == "DELETED" else indexes["body"])
+        if child.name == owner:  # the servers' (a router's rollout is not paced)
+            state.reconciler.pacer.observe((child.namespace, owner), None if child.type == "DELETED" else child.body)
         await wake_paced(state, indexes)
     if service is None or not state.reconciler.child_event(
-        indexes["resource"].kind, namespace, indexes["name"], type, indexes["body"], service["metadata"]["name"]
+        child.kind, child.namespace, child.name, child.type, child.body, service["metadata"]["name"]
     ):
         return
     await reconcile_quietly(state, [service], indexes)
 
 
-async def pod_changed(state: ControllerState, namespace: str, name: str, type: str | None, indexes: Indexes) -> None:
+async def pod_changed(
+    state: ControllerState,
+    namespace: str,
+    name: str,
+    type: str | None,
+    labels: Mapping[str, str] | None,
+    status: Mapping[str, Any],
+    indexes: KopfIndexes,
+) -> None:
     """A server pod that became unschedulable, or schedulable again (or went), reconciles its service, so its
     Ready condition carries the scheduler's reason; so does one whose vLLM container's last end reports fixes that
     did not load, or no longer does (FixesLoaded); every other pod change (most of them) does nothing. A pod's
     controller is its ReplicaSet: it is matched to its service by label, and changes only what status says."""
-    owner = (indexes["labels"] or {}).get(SERVICE_LABEL)
-    status = indexes["status"]
+    owner = (labels or {}).get(SERVICE_LABEL)
     unschedulable = state.unschedulable_pods.news((namespace, name), type, scheduling_failure(status))
     ended = state.server_exits.news((namespace, name), type, server_exit(name, status))
-    news = unschedulable is not None or ended is not None
-    if news and (namespace, owner) in indexes["services"]:
-        await reconcile_quietly(state, list(indexes["services"][namespace, owner]), indexes)
+    if (unschedulable is not None or ended is not None) and owner is not None:
+        await reconcile_quietly(state, indexes.service((namespace, owner)), indexes)
 
 
 async def optional_api_changed(
-    state: ControllerState, name: str, type: str | None, status: Mapping[str, Any], indexes: Indexes
+    state: ControllerState, name: str, type: str | None, status: Mapping[str, Any], indexes: KopfIndexes
 ) -> None:
     """An optional API that began or stopped being served reconciles the services that ask for it (a PodMonitor
     or an InferencePool is applied as soon as its CRD is established)."""
     if state.served_optional_apis.news(name, type, True if crd_established(status) else None) is None:
         return  # no change in what is served (CRD edits, resyncs), or the operator's first listing
-    await reconcile_quietly(state, [s for s in indexed(indexes["services"]) if asks_for_api(s, name)], indexes)
+    await reconcile_quietly(state, [s for s in indexed(indexes.services) if asks_for_api(s, name)], indexes)

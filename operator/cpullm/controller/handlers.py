@@ -20,16 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION, copy_json
-from cpullm.controller import discovery_wait, dispatch
-from cpullm.controller.reconcile import Reconciler
+from cpullm.controller import dispatch, kopf_settings
+from cpullm.controller.indexes import KopfIndexes
 from cpullm.controller.state import ControllerState
-from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
@@ -39,8 +38,6 @@ from cpullm.core.server_exits import ServerExit, server_exit
 from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import NodeLabelError
-from cpullm.io.hub import HubClient
-from cpullm.io.kube import Kube
 from cpullm.metrics import track_services
 from cpullm.settings import Settings
 
@@ -52,71 +49,13 @@ CHILD_RESOURCES = tuple((k.group, k.version, k.plural) for k in WATCHED_KINDS)
 POD_RESOURCE = ("", "v1", "pods")
 
 
-class SpecBlindDiffBase(kopf.AnnotationsDiffBaseStorage):
-    """Kopf's diff base, built without the spec and the managed fields. Kopf builds an essence of every object at
-    every event (a deep copy, then a diff) for change handlers; this operator has none (event handlers and
-    indexes read the spec themselves), and a spec nested deeper than copy.deepcopy reaches (and managedFields,
-    which mirror its shape) stopped each event of that service before any handler ran: no status, a traceback per
-    event. What the essence still holds (labels, annotations) is Kopf's."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Iterable[kopf.FieldSpec] | None = None) -> kopf.BodyEssence:
-        meta = {k: v for k, v in body.get("metadata", {}).items() if k != "managedFields"}
-        shallow = {**{k: v for k, v in body.items() if k != "spec"}, "metadata": meta}
-        return super().build(body=kopf.Body(shallow), extra_fields=extra_fields)
-
-
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    """Every Kopf setting the operator changes from Kopf's defaults, each with its reason."""
-    settings.persistence.diffbase_storage = SpecBlindDiffBase()
-    # Kopf's resource scanning stays on (its default): a NodeResourceTopology CRD installed after the operator is
-    # watched from then on. It lists and watches CRDs, which the operator reads anyway (optional APIs); in
-    # watched-namespace mode it cannot list Namespaces (no RBAC) and keeps to the namespaces it was given. Kopf
-    # reads a new CRD's kind from discovery at the CRD's events only, which can precede discovery: it waits for it.
-    discovery_wait.install()
-    logging.getLogger("kopf._core.reactor.observation").addFilter(_optional_node_facts_unresolved)
-    # Our own events say what was decided; Kopf's per-handler events would double them. Kopf still posts
-    # its warnings and errors.
-    settings.posting.level = logging.WARNING
-    # Kopf retries a failed API request, a watch included, on these delays and then gives up (a watch that
-    # gives up stops the operator). Its default sums to 54 s, about what an API server restart takes, and
-    # waits up to 21 s between tries; these ride out about 4 minutes of outage and notice the API server back
-    # within 10 s (measured: 50 services settled 62 s after a 30 s outage with 30 s steps), then the
-    # operator's liveness probe gets it restarted.
-    settings.networking.error_backoffs = [1, 2, 3, 5, *[10] * 24]
-    # Watches are re-opened every 5 minutes (default: never), so a stream silently dropped by a proxy or load
-    # balancer is noticed; the client waits a little longer than the server, which ends the request cleanly.
-    settings.watching.server_timeout = 300
-    settings.watching.client_timeout = 330
-    # Children are watched with a server-side label selector: the API server sends only objects the operator
-    # owns, not every Deployment, Service and ConfigMap of the cluster (the handlers' `labels=` filter alone
-    # is applied client-side, after the whole stream arrived).
-    for resource in (*CHILD_RESOURCES, POD_RESOURCE):
-        settings.watching.label_selectors[resource] = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+    """Kopf's settings (controller/kopf_settings.py, each with its reason) and the operator's state, once."""
+    kopf_settings.apply(settings, watched=(*CHILD_RESOURCES, POD_RESOURCE))
     if "state" not in memo:
-        config: Settings = memo.get("settings") or Settings()
-        hub = HubClient(
-            config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds, allow_http=config.hub_allow_http
-        )
-        # One API connection per reconcile thread, and one for the resync's lists.
-        kube = Kube.from_environment(connections=config.reconcile_workers + 1, read_any_secret=config.read_any_secret)
-        reconciler = Reconciler(
-            kube,
-            hub,
-            namespace_cache_seconds=config.namespace_cache_seconds,
-            policy=config.policy(),
-        )
-        memo["state"] = ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers))
-        track_services(reconciler.services_by_readiness)
-
-
-def _optional_node_facts_unresolved(record: logging.LogRecord) -> bool:
-    """Kopf warns of every watched resource the cluster does not serve; NodeResourceTopology is optional (nodes
-    are then planned from their labels alone), so that warning is not logged when it names only it."""
-    message = record.getMessage()
-    if not message.startswith("Unresolved resources cannot be served"):
-        return True
-    return not (message.count("Selector(") == 1 and any(f"='{plural}'" in message for plural in SOURCE_OF_PLURAL))
+        memo["state"] = kopf_settings.controller_state(memo.get("settings") or Settings())
+        track_services(memo["state"].reconciler.services_by_readiness)
 
 
 def _state(memo: kopf.Memo) -> ControllerState:
@@ -132,7 +71,7 @@ async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
     config: Settings = memo.get("settings") or Settings()
     if config.resync_seconds > 0:
         _state(memo).resync = asyncio.get_running_loop().create_task(
-            dispatch.resync_forever(_state(memo), indexes, config.resync_seconds, config.namespaces)
+            dispatch.resync_forever(_state(memo), KopfIndexes.of(indexes), config.resync_seconds, config.namespaces)
         )
 
 
@@ -239,20 +178,22 @@ async def service_changed(
     An event handler, not Kopf's create/update handlers: those keep the last handled spec in an annotation,
     one more write per change and a copy of the whole object per event to compare with it, while the
     generation already says whether the spec changed."""
-    await dispatch.service_changed(_state(memo), type, namespace, name, uid, body, indexes)
+    await dispatch.service_changed(_state(memo), type, namespace, name, uid, body, KopfIndexes.of(indexes))
 
 
 @kopf.on.event("", "v1", "nodes")
 async def node_changed(name: str, type: str | None, body: kopf.Body, memo: kopf.Memo, **indexes: Any) -> None:
     """Re-plan the services a node can affect when its profile changed (heartbeats and status noise do not count)."""
-    await dispatch.node_changed(_state(memo), name, type, body, indexes)
+    await dispatch.node_changed(_state(memo), name, type, body, KopfIndexes.of(indexes))
 
 
 async def node_fact_changed(
     name: str, type: str | None, resource: kopf.Resource, memo: kopf.Memo, **indexes: Any
 ) -> None:
     """An object of a node-fact source appeared, changed or went: its node's profile is news as a label change is."""
-    await dispatch.node_fact_changed(_state(memo), SOURCE_OF_PLURAL[resource.plural], name, type, indexes)
+    await dispatch.node_fact_changed(
+        _state(memo), SOURCE_OF_PLURAL[resource.plural], name, type, KopfIndexes.of(indexes)
+    )
 
 
 for _source in NODE_FACT_SOURCES:  # each source's index and watch (core/node_facts.py)
@@ -263,13 +204,23 @@ for _source in NODE_FACT_SOURCES:  # each source's index and watch (core/node_fa
 @kopf.on.event("apps", "v1", "daemonsets")
 async def daemonset_changed(namespace: str, name: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
     """Re-plan every service when what a DaemonSet's pods take, or where, changed."""
-    await dispatch.daemonset_changed(_state(memo), namespace, name, type, indexes)
+    await dispatch.daemonset_changed(_state(memo), namespace, name, type, KopfIndexes.of(indexes))
 
 
-async def child_changed(namespace: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
+async def child_changed(
+    resource: kopf.Resource,
+    namespace: str,
+    name: str,
+    type: str | None,
+    meta: Mapping[str, Any],
+    body: kopf.Body,
+    memo: kopf.Memo,
+    **indexes: Any,
+) -> None:
     """A child changed or vanished: reconcile its owner when the event can change what the operator wrote or
     reports."""
-    await dispatch.child_changed(_state(memo), namespace, type, indexes)
+    child = dispatch.ChildEvent(resource.kind, namespace, name, type, meta, body)
+    await dispatch.child_changed(_state(memo), child, KopfIndexes.of(indexes))
 
 
 for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CHILD_KINDS)
@@ -277,10 +228,18 @@ for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CH
 
 
 @kopf.on.event(*POD_RESOURCE, labels=CHILD_LABELS)
-async def pod_changed(namespace: str, name: str, type: str | None, memo: kopf.Memo, **indexes: Any) -> None:
+async def pod_changed(
+    namespace: str,
+    name: str,
+    type: str | None,
+    labels: Mapping[str, str],
+    status: Mapping[str, Any],
+    memo: kopf.Memo,
+    **indexes: Any,
+) -> None:
     """A server pod became unschedulable, or schedulable again (or went), or its vLLM container ended reporting a fix
     that did not load: its service's conditions say so."""
-    await dispatch.pod_changed(_state(memo), namespace, name, type, indexes)
+    await dispatch.pod_changed(_state(memo), namespace, name, type, labels, status, KopfIndexes.of(indexes))
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)
@@ -288,4 +247,4 @@ async def optional_api_changed(
     name: str, type: str | None, status: Mapping[str, Any], memo: kopf.Memo, **indexes: Any
 ) -> None:
     """An optional API began or stopped being served: reconcile the services that ask for it."""
-    await dispatch.optional_api_changed(_state(memo), name, type, status, indexes)
+    await dispatch.optional_api_changed(_state(memo), name, type, status, KopfIndexes.of(indexes))

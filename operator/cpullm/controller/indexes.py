@@ -1,0 +1,114 @@
+"""Kopf's indexes, typed: read once by name from a handler's keyword arguments (`KopfIndexes.of`), then passed whole
+through controller/dispatch.py, so no event's path reads Kopf's arguments by string key.
+
+Kopf mutates its indexes on the event loop; they are read there (copied into a `Snapshot`) before a reconcile goes
+to a worker thread. Each index maps a key to a store of values; {} means "not in the index".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact, refine_profiles
+from cpullm.core.observation import ClusterView
+from cpullm.core.rollout import replacing_pods
+from cpullm.core.topology import NodeProfile
+
+Index = Mapping[Any, Any]  # a Kopf index: key -> store of values
+
+
+def indexed(index: Index) -> list[Any]:
+    """Every value an index holds (the node profiles, the DaemonSets' pods, the services)."""
+    return [value for store in index.values() for value in store]
+
+
+def first(index: Index, key: Any) -> Any:
+    return next(iter(index.get(key, ())), None)
+
+
+@dataclass(frozen=True)
+class KopfIndexes:
+    """Every index handlers.py declares, by its name there (core/node_facts.py's sources by their `index`)."""
+
+    node_profiles: Index
+    node_facts: Mapping[str, Index]  # per node-fact source's index name
+    daemonset_pods: Index
+    installed_crds: Index
+    services: Index
+    owned_deployments: Index
+    unschedulable_pods: Index
+    server_exits: Index
+
+    @classmethod
+    def of(cls, kwargs: Mapping[str, Any]) -> KopfIndexes:
+        """The indexes among the keyword arguments Kopf passed a handler."""
+        return cls(
+            node_profiles=kwargs["node_profiles"],
+            node_facts={source.index: kwargs[source.index] for source in NODE_FACT_SOURCES},
+            daemonset_pods=kwargs["daemonset_pods"],
+            installed_crds=kwargs["installed_crds"],
+            services=kwargs["services"],
+            owned_deployments=kwargs["owned_deployments"],
+            unschedulable_pods=kwargs["unschedulable_pods"],
+            server_exits=kwargs["server_exits"],
+        )
+
+    def without_deployments(self, keys: set[tuple[str, str]]) -> KopfIndexes:
+        """These services' Deployments left out (the index still holds a vanished one's last status)."""
+        return replace(self, owned_deployments={k: v for k, v in self.owned_deployments.items() if k not in keys})
+
+    def service(self, key: tuple[str, str]) -> list[Any]:
+        """The service of that (namespace, name), as a list of none or one."""
+        return list(self.services.get(key, ()))
+
+    def usable_node_facts(self, name: str | None = None) -> list[NodeFact]:
+        """What the node-fact sources say that can be used (of one node, or of all): each source's facts, not the
+        errors of objects that cannot be read (their nodes are planned from their labels)."""
+        found: list[NodeFact] = []
+        for source in NODE_FACT_SOURCES:
+            index = self.node_facts[source.index]
+            values = index.get(name, ()) if name is not None else indexed(index)
+            found += [fact for fact in values if not isinstance(fact, source.error)]
+        return found
+
+    def node_profile(self, name: str) -> NodeProfile | None:
+        """A node's profile as the planner sees it: its labels', refined by what the node-fact sources say of it
+        (None: the node is not in the index)."""
+        profile = first(self.node_profiles, name)
+        return None if profile is None else refine_profiles([profile], self.usable_node_facts(name))[0]
+
+    def rolling(self) -> frozenset[tuple[str, str]]:
+        """The services whose servers' Deployment shows pods of an older template being replaced: they hold
+        rollout slots (controller/pacing.py)."""
+        return frozenset(k for k, found in self.owned_deployments.items() if any(map(replacing_pods, found)))
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self)
+
+
+class Snapshot:
+    """What the indexes hold for reconciles, copied on the event loop once a reconcile holds a worker slot
+    (controller/workers.py: a waiting reconcile holds no copies). Each service's ClusterView is taken from it."""
+
+    def __init__(self, indexes: KopfIndexes) -> None:
+        self.nodes: list[NodeProfile] = indexed(indexes.node_profiles)
+        self.node_facts = indexes.usable_node_facts()
+        self.daemons: list[DaemonPods] = indexed(indexes.daemonset_pods)
+        self.crds = frozenset(indexes.installed_crds.keys())
+        self.rolling = indexes.rolling()
+        self._indexes = indexes
+
+    def view(self, key: tuple[str, str]) -> ClusterView:
+        return ClusterView(
+            nodes=self.nodes,
+            node_facts=self.node_facts,
+            daemons=self.daemons,
+            deployment=first(self._indexes.owned_deployments, key),
+            installed_crds=self.crds,
+            unschedulable=first(self._indexes.unschedulable_pods, key),
+            server_exits=tuple(self._indexes.server_exits.get(key, ())),
+            rolling=self.rolling,
+        )
