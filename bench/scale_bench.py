@@ -57,11 +57,13 @@ from scale_support import (
     AGENT_FLOOR,
     AGENT_WATCH,
     AUDIT_DROPPED,
+    AUDIT_POLICY,
+    CLUSTER_NAME,
     AuditLog,
-    BenchCluster,
     ResourceMonitor,
     Tracker,
     Watches,
+    api_client,
     bench_node,
     bench_service,
     reconciles,
@@ -69,7 +71,7 @@ from scale_support import (
     with_owner_uid,
     writes,
 )
-from testbed.cluster import SERVICE_CIDR
+from testbed.cluster import SERVICE_CIDR, LocalCluster
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
 from cpullm.api.plan import Plan
@@ -231,7 +233,7 @@ def converge_timeout(n: int) -> float:
 
 
 def operator_phase(
-    cluster: BenchCluster,
+    cluster: LocalCluster,
     results: OperatorRun,
     keys: list[tuple[str, str]],
     tracker: Tracker,
@@ -241,7 +243,7 @@ def operator_phase(
     rng: random.Random,
     log: Path,
 ) -> None:
-    driver = cluster.api_client(AGENT_DRIVER)
+    driver = api_client(cluster.kubeconfig, AGENT_DRIVER)
     custom = client.CustomObjectsApi(driver)
     create_namespaces(driver, {ns for ns, _ in keys})
     metrics_port = free_port()
@@ -370,7 +372,7 @@ def spec_change_latency(custom: client.CustomObjectsApi, tracker: Tracker, key: 
 
 
 def floor_phase(
-    cluster: BenchCluster,
+    cluster: LocalCluster,
     results: Results,
     keys: list[tuple[str, str]],
     decisions: dict[tuple[str, str], Any],
@@ -380,9 +382,9 @@ def floor_phase(
     log: Path,
 ) -> None:
     say("floor: writing", log)
-    api = cluster.api_client(AGENT_FLOOR)
+    api = api_client(cluster.kubeconfig, AGENT_FLOOR)
     custom, kube = client.CustomObjectsApi(api), Kube(api)
-    create_namespaces(cluster.api_client(AGENT_DRIVER), {ns for ns, _ in keys})
+    create_namespaces(api_client(cluster.kubeconfig, AGENT_DRIVER), {ns for ns, _ in keys})
 
     def write(key: tuple[str, str]) -> None:
         namespace, name = key
@@ -436,14 +438,13 @@ def run(args: argparse.Namespace, results: Results, log: Path) -> None:
     try:
         say(f"starting the kwokctl cluster in {results.workdir}", log)
         started = time.monotonic()
-        cluster = BenchCluster.prepare(results.workdir)
+        cluster = LocalCluster.start(results.workdir, name=CLUSTER_NAME, audit_policy=AUDIT_POLICY)
         stack.callback(cluster.delete, results.workdir / "cluster-logs")
-        cluster.create()
         kubectl = Kubectl(str(cluster.kubectl), str(cluster.kubeconfig))
-        create_nodes(cluster.api_client(AGENT_DRIVER), kubectl, args.services, log)
+        create_nodes(api_client(cluster.kubeconfig, AGENT_DRIVER), kubectl, args.services, log)
         results.cluster_setup_s = time.monotonic() - started
         tracker = Tracker()
-        watches = Watches(cluster.api_client(AGENT_WATCH, pool=8), tracker)
+        watches = Watches(api_client(cluster.kubeconfig, AGENT_WATCH, pool=8), tracker)
         watches.start()
         stack.callback(watches.close)
         audit = AuditLog(cluster.audit_log)

@@ -1,9 +1,7 @@
-"""The scale benchmark's parts (bench/scale_bench.py): its own kwokctl cluster, the shapes of nodes and services,
-watches that time convergence, the API server's audit log counted by client, and the operator's resources.
-
-Kept apart from testbed/cluster.py on purpose: the benchmark needs API server flags the e2e suite does not (a
-service CIDR larger than the default /24, an audit policy), and a cluster name of its own so it never touches
-an e2e cluster running beside it.
+"""The scale benchmark's parts (bench/scale_bench.py): the shapes of nodes and services, watches that time
+convergence, the API server's audit log counted by client, and the operator's resources. Its cluster is the e2e
+suite's (testbed/cluster.py's LocalCluster) with an audit policy, under a name of its own so it never touches an
+e2e cluster running beside it.
 """
 
 from __future__ import annotations
@@ -11,9 +9,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import os
-import shutil
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -24,11 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import yaml
 from e2e.objects import fake_node, tiny_service
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
-from testbed.cluster import create_args, kubernetes_version, tool_dirs
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
@@ -66,72 +59,14 @@ AUDIT_POLICY = {
 AUDIT_DROPPED = "leases, pods, replicasets, endpoints(lices), nodes/status"
 
 
-@dataclass
-class BenchCluster:
-    """kwokctl (binary runtime) with the e2e suite's binaries, a /16 service CIDR and an audit log."""
-
-    workdir: Path
-    kubeconfig: Path
-    kubectl: Path
-    kwokctl: Path
-    tools: dict[str, Path]
-
-    @classmethod
-    def prepare(cls, workdir: Path) -> BenchCluster:
-        """Builds or finds the binaries; nothing runs yet (so a delete can be registered before create)."""
-        tools = tool_dirs()
-        return cls(workdir, workdir / "kubeconfig", tools["kubernetes"] / "kubectl", tools["kwok"] / "kwokctl", tools)
-
-    def create(self) -> None:
-        tools, workdir = self.tools, self.workdir
-        policy = workdir / "audit-policy.yaml"
-        policy.write_text(yaml.safe_dump(AUDIT_POLICY, sort_keys=False))
-        self.delete()  # one left over by an interrupted run in this workdir
-        self._kwokctl(
-            *create_args(tools, self.kubeconfig),
-            "--kube-audit-policy",
-            str(policy),
-            "--wait",
-            "2m",
-        )
-
-    @property
-    def logs(self) -> Path:
-        return self.workdir / "kwok" / "clusters" / CLUSTER_NAME / "logs"
-
-    @property
-    def audit_log(self) -> Path:
-        return self.logs / "audit.log"
-
-    def _kwokctl(self, *args: str) -> None:
-        env = {
-            **os.environ,
-            "PATH": f"{self.kubectl.parent}:{os.environ.get('PATH', '')}",
-            "KWOK_KUBE_VERSION": kubernetes_version(),
-            "KWOK_WORKDIR": str(self.workdir / "kwok"),
-        }
-        subprocess.run(
-            [str(self.kwokctl), "--name", CLUSTER_NAME, *args],
-            check=True,
-            env=env,
-            timeout=600,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-
-    def delete(self, keep_logs: Path | None = None) -> None:
-        """Stops every component; the logs (audit log included) are moved to keep_logs first."""
-        if keep_logs is not None and self.logs.exists():
-            shutil.move(str(self.logs), str(keep_logs))
-        self._kwokctl("delete", "cluster")
-
-    def api_client(self, user_agent: str, pool: int = 16) -> client.ApiClient:
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=str(self.kubeconfig), client_configuration=configuration)
-        configuration.connection_pool_maxsize = pool
-        api = client.ApiClient(configuration)
-        api.user_agent = user_agent
-        return api
+def api_client(kubeconfig: Path, user_agent: str, pool: int = 16) -> client.ApiClient:
+    """A client of the benchmark's own, named by its user agent (the audit log counts requests by client)."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool
+    api = client.ApiClient(configuration)
+    api.user_agent = user_agent
+    return api
 
 
 # --- what the cluster holds --------------------------------------------------------------------------------

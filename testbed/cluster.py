@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import shutil
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -114,9 +116,17 @@ class LocalCluster:
     _restarted: list[subprocess.Popen[bytes]] = field(default_factory=list)  # components outage() restarted
 
     @classmethod
-    def start(cls, workdir: Path, *, name: str = CLUSTER_NAME, real_node: bool = False) -> LocalCluster:
+    def start(
+        cls,
+        workdir: Path,
+        *,
+        name: str = CLUSTER_NAME,
+        real_node: bool = False,
+        audit_policy: dict[str, Any] | None = None,
+    ) -> LocalCluster:
         """real_node: configured for a real kubelet to join (real_node_config); every KWOK node must then carry
-        FAKE_NODE_ANNOTATION."""
+        FAKE_NODE_ANNOTATION. audit_policy: the API server writes its audit log (`audit_log`) by that policy (the
+        scale benchmark counts requests by client). A cluster that fails to start is deleted."""
         tools = tool_dirs()
         k8s, kwok = tools["kubernetes"], tools["kwok"]
         kubeconfig = workdir / "kubeconfig"
@@ -129,8 +139,24 @@ class LocalCluster:
             config = workdir / "kwokctl-real-node.yaml"
             config.write_text(yaml.safe_dump(real_node_config()))
             args += ["--config", str(config)]
-        cluster._kwokctl(*args, "--wait", "2m")
+        if audit_policy is not None:
+            policy = workdir / "audit-policy.yaml"
+            policy.write_text(yaml.safe_dump(audit_policy, sort_keys=False))
+            args += ["--kube-audit-policy", str(policy)]
+        try:
+            cluster._kwokctl(*args, "--wait", "2m")
+        except BaseException:
+            cluster.delete()
+            raise
         return cluster
+
+    @property
+    def logs(self) -> Path:
+        return self._cluster_dir / "logs"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.logs / "audit.log"
 
     def _kwokctl(self, *args: str) -> None:
         env = {
@@ -141,7 +167,10 @@ class LocalCluster:
         }
         subprocess.run([str(self.kwokctl), "--name", self.name, *args], check=True, env=env, timeout=600)
 
-    def delete(self) -> None:
+    def delete(self, keep_logs: Path | None = None) -> None:
+        """Stops every component; its logs (an audit log included) are moved to keep_logs first."""
+        if keep_logs is not None and self.logs.exists():
+            shutil.move(str(self.logs), str(keep_logs))
         self._kwokctl("delete", "cluster")
         for process in self._restarted:  # stopped by the delete (their pid files); reaped here
             process.wait(timeout=60)
