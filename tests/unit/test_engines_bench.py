@@ -46,7 +46,7 @@ def test_the_recipes_memory_share_follows_the_tightest_nodes_available_memory(to
 def test_the_recipes_and_the_handwritten_runs_are_the_flags_and_env_they_claim():
     python, model = Path("/venv/bin/python"), Path("/models/m")
     recipe, recipe_env = recipe_command(python, model, 8000, meminfo(24, 20))
-    assert recipe[:3] == ["/venv/bin/vllm", "serve", "/models/m"]
+    assert recipe[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/m"]
     assert recipe[recipe.index("--tensor-parallel-size") + 1] == "1"
     assert recipe[recipe.index("--gpu-memory-utilization") + 1] == "0.73"
     assert recipe_env == {}  # no KV cache space: vLLM sizes it from the share

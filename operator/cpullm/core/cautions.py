@@ -29,6 +29,7 @@ class Ranks:
     one_per_numa_node: bool  # several servers per node, each on a NUMA node of its own (throughput placement)
     image: str = ""
     vllm_version: str | None = None
+    checkpoint: str | None = None  # the checkpoint's quantization (None: unquantized weights)
 
 
 def _rank_spans_numa_nodes(spec: CpuLLMServiceSpec, node: NodeProfile, ranks: Ranks) -> str | None:
@@ -51,16 +52,63 @@ def _rank_spans_numa_nodes(spec: CpuLLMServiceSpec, node: NodeProfile, ranks: Ra
     )
 
 
+@dataclass(frozen=True)
+class DecodeSpeed:
+    """One measured fact: one sequence's decode with a checkpoint format of a model, against the same model in bf16,
+    on cores with or without bf16 arithmetic (docs/benchmarks.md shows the table and the runs it came from)."""
+
+    native_bf16: bool  # the cores multiply bf16 natively (avx512_bf16, amx_bf16; arm64's bf16)
+    cores_with: str  # the CPU flag the measured cores have (the fact is claimed only for nodes that have it too)
+    checkpoint: str  # the format, as a user names it
+    vs_bf16: float  # its decode tok/s over bf16's, same model shape, same CPUs
+    measured: str  # where and how
+
+
+# bench/engines_bench.py, 2026-11-28: Qwen2.5-1.5B's shape (random weights) on 2 AMD EPYC cores with avx512_bf16 and
+# VNNI, no AMX, vLLM 0.32.0; one sequence's decode tok/s, the format's over bf16's in the same run. The cores without
+# bf16 arithmetic are emulated there: oneDNN held to AVX512_CORE (ONEDNN_MAX_CPU_ISA), vLLM's own kernels unchanged.
+ENGINES_BENCH = "docs/benchmarks.md, 2026-11-28"
+INT8 = "W8A8 int8 (compressed-tensors)"
+DECODE_BY_CHECKPOINT = (
+    DecodeSpeed(False, "avx512f", INT8, 2.2, f"AVX-512 cores, oneDNN without bf16 (emulated), {ENGINES_BENCH}"),
+    DecodeSpeed(True, "avx512_bf16", INT8, 1.1, f"avx512_bf16 without AMX, {ENGINES_BENCH}"),
+    DecodeSpeed(True, "avx512_bf16", "AWQ int4", 0.56, f"avx512_bf16 without AMX, generic int4 path, {ENGINES_BENCH}"),
+)
+# "Much faster": the plan names another format only when it decoded at least this much faster than bf16.
+FASTER_CHECKPOINT_RATIO = 1.3
+
+
+def faster_checkpoints(
+    native_bf16: bool, isa: frozenset[str], facts: tuple[DecodeSpeed, ...] = DECODE_BY_CHECKPOINT
+) -> list[DecodeSpeed]:
+    """The formats measured to decode much faster than bf16 on cores like these (the same bf16 arithmetic, the flag
+    the measured cores had), fastest first."""
+    found = [
+        d
+        for d in facts
+        if d.native_bf16 == native_bf16 and d.cores_with in isa and d.vs_bf16 >= FASTER_CHECKPOINT_RATIO
+    ]
+    return sorted(found, key=lambda d: -d.vs_bf16)
+
+
 def _bf16_without_native_arithmetic(spec: CpuLLMServiceSpec, node: NodeProfile, ranks: Ranks) -> str | None:
     flags = BF16_FLAGS.get(node.arch)
     if spec.model.dtype != DType.BFLOAT16 or flags is None or not node.isa or node.isa & set(flags):
         return None
-    return (
+    message = (
         f"bfloat16 on {ranks.where}, whose CPUs have no bf16 arithmetic ({' or '.join(flags)}): vLLM widens each "
         "weight to float32 before it multiplies, and decode runs at what that widening allows rather than at memory "
         "speed (measured on AVX2 cores: about 11-12 GB/s of weights per core, docs/benchmarks.md); for speed, run "
         f"on nodes that have it (cpu.requiredISA: [{flags[0]}])"
     )
+    faster = faster_checkpoints(False, node.isa) if ranks.checkpoint is None else []
+    if faster:
+        best = faster[0]
+        message += (
+            f", or serve a {best.checkpoint} checkpoint of the same model (model.name): it decoded one sequence "
+            f"{best.vs_bf16:.1f}x as fast as bf16 on such cores ({best.measured})"
+        )
+    return message
 
 
 def _vllm_version_unknown(spec: CpuLLMServiceSpec, node: NodeProfile, ranks: Ranks) -> str | None:

@@ -468,7 +468,15 @@ def _plan_for_shape(
         cautions=plan_cautions(
             spec,
             node,
-            Ranks(where, tp, layout.cpus_per_rank, layout.pods_per_node > 1, server.image, server.version),
+            Ranks(
+                where,
+                tp,
+                layout.cpus_per_rank,
+                layout.pods_per_node > 1,
+                server.image,
+                server.version,
+                model.quantization.describe() if model.quantization else None,
+            ),
         )
         or None,
         tensor_parallel_size=tp,
