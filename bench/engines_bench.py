@@ -159,9 +159,11 @@ def contenders(python: Path, models: dict[str, Path], llamacpp: Path, no_bf16: b
         plan_dir.mkdir(exist_ok=True)
         return render_service(plan_dir, bf16, 1, **spec)[1]
 
+    def limit_of(container: dict[str, Any], workdir: Path) -> int:
+        return int(server_for_container(container, workdir=workdir, python=python, model=bf16).memory_limit or 0)
+
     def bf16_limit(workdir: Path) -> int:
-        limit = server_for_container(bf16_container(workdir), workdir=workdir, python=python, model=bf16).memory_limit
-        return int(limit or 0)
+        return limit_of(bf16_container(workdir), workdir)
 
     def command(
         make: Callable[[int], tuple[list[str], dict[str, str]]], limit_times: int = 1
@@ -169,9 +171,10 @@ def contenders(python: Path, models: dict[str, Path], llamacpp: Path, no_bf16: b
         def server(workdir: Path) -> tuple[LocalServer, int]:
             port = free_port()
             args, env = make(port)
-            environment = {**image_env(python, bf16_container(workdir)), **env}
+            container = bf16_container(workdir)  # rendered once: its env and its limit
+            environment = {**image_env(python, container), **env}
             cold = [bf16, *runtime_dirs(python)]
-            limit = bf16_limit(workdir) * limit_times
+            limit = limit_of(container, workdir) * limit_times
             made = LocalServer(args, environment, port, workdir / "server.log", limit, cold)
             return made, checkpoint_bytes(bf16)
 
