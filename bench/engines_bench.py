@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gguf_models import QUANTS, gguf_models, setup_llamacpp
 from bench.roofline_bench import bandwidth, decode_rate, exception_line
 from bench.sizes_bench import prompt_ids
+from testbed import machine
 from tests.vllm.harness import (
     LocalServer,
     built_model,
@@ -141,7 +142,7 @@ def recipe_command(python: Path, model: Path, port: int, meminfo: str) -> tuple[
 
 def contenders(python: Path, models: dict[str, Path], llamacpp: Path, no_bf16: bool) -> list[Contender]:
     bf16 = models["bf16"]
-    cpus = len(os.sched_getaffinity(0))
+    cpus = machine.cpu_count()
     spec = {"kvCacheGiB": None, "maxModelLen": MAX_MODEL_LEN, "maxNumSeqs": MAX_NUM_SEQS}
 
     def rendered(model: Path, env: dict[str, str] | None = None) -> Callable[[Path], tuple[LocalServer, int]]:
@@ -245,7 +246,7 @@ def run(contender: Contender, workdir: Path, python: Path, bf16: Path, vocab: in
             return result
         result.start_s = server.measured.startup_seconds
         result.decode = decode_rate(server, vocab, rounds)
-        cpus = len(os.sched_getaffinity(0))
+        cpus = machine.cpu_count()
         result.read_gbps = bandwidth(python, bf16, [cpus])["by_threads"][str(cpus)]["stream_read_gbps"]
         result.throughput = {1: result.decode}
         for streams in STREAMS[1:]:
@@ -333,10 +334,10 @@ def figure(results: list[Result], title: str) -> str:
     return "\n".join([*parts, "</svg>"]) + "\n"
 
 
-def cpu_flags() -> str:
-    flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
-    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8", "amx_tile")
-    return " ".join(f for f in wanted if f in flags.split())
+def isa_shown() -> str:
+    """The machine's flags among those a CpuLLMService may require, for the table's and the figure's titles."""
+    flags = machine.cpu_flags()
+    return " ".join(f for f in machine.ISA_FLAGS if f in flags)
 
 
 def main() -> None:
@@ -372,14 +373,14 @@ def main() -> None:
             for log in workdir.glob("*.log"):  # the servers' logs outlive the run's working directories
                 shutil.copy(log, args.logs / f"{index}-{log.name}")
             print(f"engines_bench: {contender.name}: {results[-1].decode:.2f} tok/s", file=sys.stderr, flush=True)
-    cpus = len(os.sched_getaffinity(0))
-    print(f"\n{MODEL} shape, random weights; {cpus} CPUs ({cpu_flags()}); each server alone on them in turn")
+    cpus = machine.cpu_count()
+    print(f"\n{MODEL} shape, random weights; {cpus} CPUs ({isa_shown()}); each server alone on them in turn")
     print(table(results))
     print("decode: one sequence, tok/s; GB/s: the checkpoint's bytes read per token x decode; /read: over a streaming")
     print(f"read of {cpus} threads measured right after the row's decode; 8 str, 32 str: generated tok/s of that many")
     print(f"concurrent streams ({STREAM_TOKENS} + {STREAM_TOKENS} tokens each); TTFT 1k: a 1,024-token prompt's first")
     print("token; * oneDNN held to AVX512_CORE (ONEDNN_MAX_CPU_ISA), emulating cores without bf16 arithmetic")
-    args.figure.write_text(figure(results, f"{MODEL} shape on {cpus} CPUs ({cpu_flags()})"))
+    args.figure.write_text(figure(results, f"{MODEL} shape on {cpus} CPUs ({isa_shown()})"))
     print(f"figure: {args.figure}; the servers' logs: {args.logs}")
 
 
