@@ -3,7 +3,7 @@ the model's own 16-bit type (bf16 for our bf16 models, else f16), Q8_0 and Q4_K_
 and rebuilt only when missing (each file is written under a temporary name and renamed, so a partial one is never
 taken for done).
 
-    python bench/gguf_models.py [--model-dir DIR] [--llamacpp-dir DIR] [--python PY]
+    .venv/bin/python bench/gguf_models.py [--model NAME | --model-dir DIR] [--llamacpp-dir DIR] [--python PY]
 
 The 16-bit file comes from llama.cpp's own `convert_hf_to_gguf.py` (installed by bench/llamacpp_setup.sh, run with
 the vLLM venv's python, which has the torch, transformers, safetensors and numpy it needs; its `gguf` package comes
@@ -30,11 +30,13 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
-CACHE = Path.home() / ".cache" / "cpullm-operator"
-DEFAULT_MODEL = CACHE / "models" / "qwen2.5-1.5b"
-VLLM_PYTHON = Path(os.environ.get("CPULLM_VLLM_VENV", CACHE / "vllm-0.32.0-venv")) / "bin" / "python"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tests.vllm.harness import built_model, vllm_python
+
 REPO = Path(__file__).resolve().parents[1]
 QUANTS = ("Q8_0", "Q4_K_M")
 PRE_TOKENIZER = "gpt-2"
@@ -122,19 +124,15 @@ def setup_llamacpp() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--model", default="qwen2.5-1.5b", help="a sized model, built with random weights if missing")
+    parser.add_argument("--model-dir", type=Path, help="another checkpoint directory, instead of --model")
     parser.add_argument("--llamacpp-dir", type=Path, help="default: what bench/llamacpp_setup.sh installs")
-    parser.add_argument("--python", type=Path, default=VLLM_PYTHON, help="runs the converter (needs torch)")
+    parser.add_argument("--python", type=Path, help="runs the converter (needs torch); default: the vLLM venv's")
     args = parser.parse_args()
-    if not args.model_dir.exists() and args.model_dir.parent == DEFAULT_MODEL.parent:
-        # The sized models are built locally with random weights (tests/vllm/make_sized_model.py).
-        subprocess.run(
-            [str(args.python), "tests/vllm/make_sized_model.py", args.model_dir.name, str(args.model_dir)],
-            cwd=REPO,
-            check=True,
-        )
+    python = args.python or vllm_python()
+    model_dir = args.model_dir or built_model(python, args.model)
     llamacpp_dir = args.llamacpp_dir or setup_llamacpp()
-    for kind, path in gguf_models(args.model_dir, llamacpp_dir, args.python).items():
+    for kind, path in gguf_models(model_dir, llamacpp_dir, python).items():
         print(f"{kind}\t{path}\t{path.stat().st_size / 2**30:.2f} GiB")
 
 
