@@ -19,7 +19,9 @@ Three trips, all on a one-node cluster planning manifests/examples/llama-8b-amx.
 
     .venv/bin/python bench/value_trip.py [--route] [--tree CHECKOUT]
 
-`--tree` measures another checkout's package (a `git worktree` of an older commit) with this same script.
+`--tree` measures another checkout's package (a `git worktree` of an older commit) with this same script. So the
+package is imported only after `--tree` has put that checkout first on the path, and the API and the node here are
+this script's own, not tests/unit's builders and stubs: those import today's modules.
 """
 
 from __future__ import annotations
