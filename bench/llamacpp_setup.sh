@@ -32,14 +32,8 @@ if complete; then
 fi
 
 # pip only downloads here: nothing is installed into either venv.
-python=${PYTHON:-}
-if [[ -z $python ]]; then
-  for candidate in "${CPULLM_VLLM_VENV:-$cache/vllm-0.32.0-venv}/bin/python" \
-                   "$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python"; do
-    if [[ -x $candidate ]]; then python=$candidate; break; fi
-  done
-fi
-[[ -n $python ]] || die "no python with pip found: set PYTHON (scripts/setup-vllm.sh makes the vLLM venv)"
+python=${PYTHON:-$(cd "$(dirname "$0")/.." && pwd)/.venv/bin/python}
+[[ -x $python ]] || die "no python with pip at $python: run scripts/setup.sh, or set PYTHON"
 command -v cmake >/dev/null || die "cmake is missing (apt-get install cmake g++)"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/llamacpp-setup.XXXXXX")
