@@ -66,8 +66,12 @@ def test_the_router_and_its_service_follow_the_routing(
     patch(kubectl, namespace, "spread", {"routing": {"mode": "service"}})
     for kind, name in (("deployment", "spread-router"), ("configmap", "spread-router"), ("service", "spread-servers")):
         gone(kubectl, kind, name, namespace)
-    selector = kubectl.get("service", "spread", namespace)["spec"]["selector"]
-    assert selector == {"cpullm.io/service": "spread"}
+    # Obsolete children go before the others are written (controller/reconcile.py): the Service may lag the deletions.
+    eventually(
+        lambda: kubectl.get("service", "spread", namespace)["spec"]["selector"] == {"cpullm.io/service": "spread"},
+        timeout=60,
+        what="the Service selecting the servers again",
+    )
     assert kubectl.get("deployment", "spread", namespace) is not None  # the servers stay
 
     # One server: no disruption budget.
