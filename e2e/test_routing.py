@@ -35,13 +35,22 @@ def test_the_router_and_its_service_follow_the_routing(
 ):
     kubectl.apply(tiny_service("spread", namespace, placement="throughput", replicas=2, maxNumSeqs=4))
 
-    def routed() -> dict[str, Any]:
-        router = kubectl.get("deployment", "spread-router", namespace)
-        assert router is not None
-        return router
+    def reported() -> dict[str, Any]:
+        # The status is patched after every child is written: once it shows the router, so does the cluster.
+        status = (kubectl.get("cpullm", "spread", namespace) or {}).get("status", {})
+        assert status.get("plan", {}).get("routing") == "router", status
+        return status
 
-    router = eventually(routed, timeout=60, what="the router's Deployment")
-    assert owned_by_service(router, "spread")
+    status = eventually(reported, timeout=60, what="the plan routed through the router")
+    assert status["optionalChildren"] == [
+        "NetworkPolicy",  # spec.networkPolicy, on by default: the servers', then the router's
+        "NetworkPolicy/spread-router",
+        "PodDisruptionBudget",
+        "Service/spread-servers",
+        "ConfigMap/spread-router",
+        "Deployment/spread-router",
+    ]
+    assert owned_by_service(kubectl.get("deployment", "spread-router", namespace), "spread")
     config = kubectl.get("configmap", "spread-router", namespace)
     assert owned_by_service(config, "spread")
     assert "  balance leastconn" in config["data"]["haproxy.cfg"].splitlines()
@@ -51,16 +60,6 @@ def test_the_router_and_its_service_follow_the_routing(
     assert kubectl.get("service", "spread", namespace)["spec"]["selector"] == {"cpullm.io/router": "spread"}
     budget = kubectl.get("poddisruptionbudget", "spread", namespace)
     assert owned_by_service(budget, "spread") and budget["spec"]["maxUnavailable"] == 1
-    status = kubectl.get("cpullm", "spread", namespace)["status"]
-    assert status["plan"]["routing"] == "router"
-    assert status["optionalChildren"] == [
-        "NetworkPolicy",  # spec.networkPolicy, on by default: the servers', then the router's
-        "NetworkPolicy/spread-router",
-        "PodDisruptionBudget",
-        "Service/spread-servers",
-        "ConfigMap/spread-router",
-        "Deployment/spread-router",
-    ]
 
     # Through the Service instead: the router's children go, the Service selects the servers again.
     patch(kubectl, namespace, "spread", {"routing": {"mode": "service"}})
