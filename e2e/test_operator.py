@@ -201,7 +201,13 @@ def test_losing_every_eligible_node_and_getting_it_back(
     kubectl.run("delete", "node", node["metadata"]["name"])
     refused = not_planned(kubectl, namespace, "lonely", "NoEligibleNode")
     assert "no eligible node" in conditions(refused)["Planned"]["message"]
-    assert any(e["reason"] == "NoEligibleNode" and e["type"] == "Warning" for e in events(kubectl, namespace, "lonely"))
+    eventually(  # events are posted after the status
+        lambda: any(
+            e["reason"] == "NoEligibleNode" and e["type"] == "Warning" for e in events(kubectl, namespace, "lonely")
+        ),
+        timeout=30,
+        what="a NoEligibleNode warning event",
+    )
 
     nodes.add(node)
     ready(kubectl, namespace, "lonely", 1)

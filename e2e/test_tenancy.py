@@ -158,7 +158,13 @@ def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(
         return planned.get("reason") == "ModelConfigUnavailable" and "is not a token" in planned["message"]
 
     eventually(refused_as_no_token, timeout=60, what="a value a header cannot carry refused")
-    events = kubectl.run("get", "events", "-n", namespace, "-o", "yaml").stdout
+
+    def events_with_the_refusal() -> str | None:
+        # Events are posted after the status: the one this refusal sends must be among those searched for the value.
+        listed = kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
+        return listed if any("is not a token" in e.get("message", "") for e in json.loads(listed)["items"]) else None
+
+    events = eventually(events_with_the_refusal, timeout=30, what="the refusal's event")
     metrics = ""
     if isinstance(operator, Operator) and operator.metrics_url:
         with urllib.request.urlopen(operator.metrics_url, timeout=10) as response:
@@ -273,8 +279,9 @@ def test_pods_a_quota_forbids_are_the_services_ready_reason(
 
     ready_condition = eventually(refused, timeout=120, what="Ready=False, reason FailedCreate")
     assert "pods cannot be created" in ready_condition["message"] and "exceeded quota" in ready_condition["message"]
-    events = kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
-    assert any(
-        e["reason"] == "FailedCreate" and e["involvedObject"]["kind"] == "CpuLLMService"
-        for e in json.loads(events)["items"]
-    )
+
+    def refusal_event() -> bool:  # posted after the status
+        listed = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
+        return any(e["reason"] == "FailedCreate" and e["involvedObject"]["kind"] == "CpuLLMService" for e in listed)
+
+    eventually(refusal_event, timeout=30, what="a FailedCreate event about the CpuLLMService")
