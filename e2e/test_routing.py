@@ -65,7 +65,7 @@ def test_the_router_and_its_service_follow_the_routing(
     patch(kubectl, namespace, "spread", {"routing": {"mode": "service"}})
     for kind, name in (("deployment", "spread-router"), ("configmap", "spread-router"), ("service", "spread-servers")):
         gone(kubectl, kind, name, namespace)
-    # Obsolete children go before the others are written (controller/reconcile.py): the Service may lag the deletions.
+    # Awaited too: the deletions observed say nothing of when the Service was written.
     eventually(
         lambda: kubectl.get("service", "spread", namespace)["spec"]["selector"] == {"cpullm.io/service": "spread"},
         timeout=60,

@@ -224,8 +224,7 @@ def test_network_policies_follow_the_routing_and_the_opt_out(
     kubectl.apply(tiny_service("guarded", namespace, routing={"mode": "service"}))
 
     def through_the_service() -> bool:
-        # Obsolete children go before the others are written (controller/reconcile.py): the router's policy may be
-        # gone while the servers' still admits only the router, so both halves are awaited together.
+        # Both halves awaited together: what one observes says nothing of when the reconcile wrote the other.
         now = policies()
         assert list(now) == ["guarded"], now
         assert now["guarded"]["ingress"][0]["from"] == [{"podSelector": {}}], now["guarded"]

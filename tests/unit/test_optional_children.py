@@ -674,10 +674,10 @@ BASE_APPLIES = [
             {"monitoring": MONITORED, "autoscaling": KEDA},
             {},
             [],
-            [
+            [  # the autoscaler before the writes (none here), the others after them
+                ("delete", "keda.sh/v1alpha1", "ScaledObject", "serving", "llama"),
                 ("delete", "policy/v1", PDB, "serving", "llama"),
                 ("delete", "monitoring.coreos.com/v1", "PodMonitor", "serving", "llama"),
-                ("delete", "keda.sh/v1alpha1", "ScaledObject", "serving", "llama"),
             ],
             [NP],
             id="everything-removed",
@@ -701,6 +701,40 @@ def test_reconcile_deletes_obsolete_children_once(first, second, applied, delete
     rec.reconcile(service(second, status=kube.status_patches[-1]), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
     rec.reconcile(service(second, status=first_status), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
     assert writes(kube, "delete") == []
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "first_call", "last_call"),
+    [
+        # KEDA's webhook refuses a ScaledObject beside an HPA of the same target: the HPA goes first.
+        (
+            {"autoscaling": HPA},
+            {"autoscaling": KEDA},
+            ("delete", "autoscaling/v2", "HorizontalPodAutoscaler", "serving", "llama"),
+            ("apply", "keda.sh/v1alpha1", "ScaledObject"),
+        ),
+        # Through the Service again: it selects the servers, and their policy admits the namespace, before the
+        # router and its policy go (no moment with the Service pointing at pods on their way out).
+        (
+            {"routing": {"mode": "router"}},
+            {"routing": {"mode": "service"}},
+            ("apply", "networking.k8s.io/v1", NP),
+            ("delete", "apps/v1", "Deployment", "serving", "llama-router"),
+        ),
+    ],
+    ids=["autoscaler-replaced", "router-removed"],
+)
+def test_an_obsolete_child_goes_before_the_writes_only_when_its_successor_would_be_refused(
+    first, second, first_call, last_call
+):
+    rec, kube = reconciler()
+    rec.reconcile(service(first), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
+    kube.calls.clear()
+    rec.reconcile(service(second, status=kube.status_patches[-1]), ClusterView(nodes=NODES, installed_crds=ALL_CRDS))
+    order = [call for call in kube.calls if call[0] in ("apply", "delete")]
+    assert (order[0], order[-1]) == (first_call, last_call), order
+    kinds = [call[0] for call in order]
+    assert kinds == sorted(kinds, reverse=first_call[0] == "delete"), order  # deletes and writes apart, not mixed
 
 
 def test_a_restarted_operator_deletes_from_the_objects_own_status():

@@ -184,6 +184,10 @@ class Reconciler:
         self.memory.applied(write.key, write.digest, stored, owner, owner_uid)
         return stored
 
+    def _delete(self, children: Sequence[Mapping[str, str]], owner_uid: str) -> None:
+        for gone in children:
+            self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], owner_uid)
+
     def _admitted(self, decision: Decision, observed: Observed, key: ServiceKey, rolling: Set[ServiceKey]) -> Decision:
         """The decision to carry out: as decided, unless it rolls the servers out for a change their user did not
         ask for and no rollout slot is free; then the one that leaves their Deployment as it is."""
@@ -235,15 +239,13 @@ class Reconciler:
             )
             decision = self._admitted(decide(observed, self.clock()), observed, key, view.rolling)
             try:
-                # Obsolete children go first: a new autoscaler may be refused while the old one still
-                # targets the service (KEDA's admission webhook refuses a ScaledObject beside an HPA).
                 writes = self._writes(decision.children, uid)
-                for gone in decision.obsolete:
-                    self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], uid)
+                self._delete(decision.obsolete_deleted(before_writes=True), uid)
                 for write in writes:
                     stored = self._apply(write, uid)
                     if decision.paced_rollout and is_servers_deployment(write.child):
                         self.pacer.started(key, int(stored.get("metadata", {}).get("generation") or 0))
+                self._delete(decision.obsolete_deleted(before_writes=False), uid)
             except (ChildRejected, ChildConflict, PermissionDenied) as err:
                 self.pacer.settled(key)  # a slot taken for a rollout that was not written is free again
                 decision = decide(replace(observed, apply_error=err), self.clock())

@@ -58,6 +58,10 @@ class Decision:
     # The children roll the servers out for a change their user did not ask for: a rollout slot is needed first.
     paced_rollout: bool = False
 
+    def obsolete_deleted(self, before_writes: bool) -> tuple[dict[str, str], ...]:
+        """The obsolete children deleted before the writes, or after them (ChildKind.deleted_before_writes)."""
+        return tuple(c for c in self.obsolete if CHILD_KIND[c["kind"]].deleted_before_writes is before_writes)
+
 
 def regarding(owner: Owner) -> dict[str, Any]:
     """The object reference events about a service carry."""

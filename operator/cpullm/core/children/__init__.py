@@ -76,6 +76,12 @@ class ChildKind(ApiResource):
     # For the kinds a spec asks for as a feature: whether this spec and plan ask for one (what its builder builds
     # on), read without building it (core/affected.py: which services a CRD's arrival concerns).
     wanted: Callable[[CpuLLMServiceSpec, Plan], bool] | None = None
+    # An obsolete one is deleted before the service's children are written, because what replaces it may be
+    # refused while it exists (KEDA's admission webhook refuses a ScaledObject beside an HPA of the same target).
+    # Every other obsolete child goes after the writes, so what takes its place is there first: routed through
+    # the Service again, the Service selects the servers (and their policy admits the namespace) before the
+    # router goes.
+    deleted_before_writes: bool = False
 
     @property
     def verbs(self) -> tuple[str, ...]:
@@ -123,6 +129,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         "horizontalpodautoscalers",
         condition="Autoscaling",
         wanted=wants_hpa,
+        deleted_before_writes=True,
     ),
     ChildKind(
         SCALEDOBJECT_API_VERSION,
@@ -132,6 +139,7 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
         condition="Autoscaling",
         installer="KEDA",
         wanted=wants_scaled_object,
+        deleted_before_writes=True,
     ),
 )
 CHILD_KIND = {k.kind: k for k in CHILD_KINDS}
