@@ -203,10 +203,10 @@ def converged(
             missed = missed_by_kwok_and_reported(kubectl, namespace, services, stale)
             stale = [name for name in stale if name not in missed]
         assert not stale, f"{len(stale)} not settled, e.g. {stale[0]}: {services[stale[0]].get('status')}"
-        for kind in ("deployments", "services"):
-            found = sorted(o["metadata"]["name"] for o in kubectl.get(kind, namespace=namespace))
-            assert found == sorted(names), (kind, found)
         deployments = {d["metadata"]["name"]: d for d in kubectl.get("deployments", namespace=namespace)}
+        assert sorted(deployments) == sorted(names), ("deployments", sorted(deployments))
+        found = sorted(o["metadata"]["name"] for o in kubectl.get("services", namespace=namespace))
+        assert found == sorted(names), ("services", found)
         for name, service in services.items():  # the status agrees with the child it describes
             child = deployments[name]["status"]
             assert child.get("readyReplicas", 0) == service["status"]["readyReplicas"], (child, service["status"])
@@ -220,8 +220,8 @@ def converged(
     try:
         eventually(probe, timeout=timeout, interval=1, what=f"{len(names)} services settled")
     except AssertionError as err:
-        stale = str(err).split(", e.g. ", 1)[-1].split(":", 1)[0]
         if log is not None and ", e.g. " in str(err):  # what the operator did about the first one left behind
+            stale = str(err).split(", e.g. ", 1)[-1].split(":", 1)[0]
             lines = [line for line in log.text().splitlines() if f"/{stale} " in line or f"/{stale}:" in line]
             raise AssertionError(f"{err}\noperator log about {stale}:\n" + "\n".join(lines[-40:])) from err
         raise
