@@ -53,6 +53,15 @@ def not_planned(kubectl: Kubectl, namespace: str, name: str, reason: str) -> dic
     return eventually(probe, timeout=60, what=f"{namespace}/{name} refused with {reason}")
 
 
+def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The events about the CpuLLMService `name` (not its Deployment of the same name, whose controller's events
+    come through the events.k8s.io API without a count)."""
+    about = {"kind": "CpuLLMService", "name": name}
+    return [
+        e for e in kubectl.get("events", namespace=namespace) if {k: e["involvedObject"].get(k) for k in about} == about
+    ]
+
+
 def container(deploy: dict[str, Any]) -> dict[str, Any]:
     result: dict[str, Any] = deploy["spec"]["template"]["spec"]["containers"][0]
     return result

@@ -14,7 +14,7 @@ from testbed.tools import ROOT, Kubectl, eventually
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import E2E_LABEL, fake_node, sample_nodes, tiny_service
-from e2e.support import NodePool, conditions, container, not_planned, ready
+from e2e.support import NodePool, conditions, container, events, not_planned, ready
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 
@@ -29,15 +29,6 @@ def env(deploy: dict[str, Any]) -> dict[str, str | None]:
 
 def cli(*args: str) -> str:
     return subprocess.run([sys.executable, "-m", "cpullm", *args], check=True, capture_output=True, text=True).stdout
-
-
-def events(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
-    """The events about the CpuLLMService `name` (not its Deployment of the same name, whose controller's events
-    come through the events.k8s.io API without a count)."""
-    about = {"kind": "CpuLLMService", "name": name}
-    return [
-        e for e in kubectl.get("events", namespace=namespace) if {k: e["involvedObject"].get(k) for k in about} == about
-    ]
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)

@@ -14,7 +14,7 @@ from testbed.tools import Kubectl, eventually
 
 from e2e.helpers import InClusterOperator, Operator
 from e2e.objects import QWEN_SMALL, tiny_service
-from e2e.support import LogMark, conditions, not_planned, ready
+from e2e.support import LogMark, conditions, events, not_planned, ready
 
 
 def test_a_same_name_service_someone_else_made_is_not_adopted(
@@ -164,12 +164,12 @@ def test_a_secret_that_did_not_opt_in_is_not_read_and_never_shown(
         listed = kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout
         return listed if any("is not a token" in e.get("message", "") for e in json.loads(listed)["items"]) else None
 
-    events = eventually(events_with_the_refusal, timeout=30, what="the refusal's event")
+    posted = eventually(events_with_the_refusal, timeout=30, what="the refusal's event")
     metrics = ""
     if isinstance(operator, Operator) and operator.metrics_url:
         with urllib.request.urlopen(operator.metrics_url, timeout=10) as response:
             metrics = response.read().decode()
-    everything = events + str(kubectl.get("cpullm", "leaky", namespace)) + (mark.text() if mark else "") + metrics
+    everything = posted + str(kubectl.get("cpullm", "leaky", namespace)) + (mark.text() if mark else "") + metrics
     assert "do-not-leak" not in everything and "PRIVATE KEY" not in everything
     if mark:
         mark.assert_quiet()
@@ -279,8 +279,8 @@ def test_pods_a_quota_forbids_are_the_services_ready_reason(
     ready_condition = eventually(refused, timeout=120, what="Ready=False, reason FailedCreate")
     assert "pods cannot be created" in ready_condition["message"] and "exceeded quota" in ready_condition["message"]
 
-    def refusal_event() -> bool:  # posted after the status
-        listed = json.loads(kubectl.run("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
-        return any(e["reason"] == "FailedCreate" and e["involvedObject"]["kind"] == "CpuLLMService" for e in listed)
-
-    eventually(refusal_event, timeout=30, what="a FailedCreate event about the CpuLLMService")
+    eventually(  # events are posted after the status
+        lambda: any(e["reason"] == "FailedCreate" for e in events(kubectl, namespace, "quoted")),
+        timeout=30,
+        what="a FailedCreate event about the CpuLLMService",
+    )
