@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from testbed import machine
 from testbed.tools import Kubectl
 
 from cpullm import launcher, vllm_support
@@ -156,6 +157,10 @@ def assert_fixes_reported_loaded(kubectl: Kubectl, namespace: str, pod: str, pla
     assert plan["fixesCredited"] and {fix: outcomes.get(fix) for fix in plan["fixesCredited"]} == dict.fromkeys(
         plan["fixesCredited"], vllm_support.LOADED
     ), out
+    # The AMX tile permission, by this machine's flags (the node's labels are read from them): asked for where the
+    # CPU has AMX tiles, and said not to be for this CPU elsewhere.
+    amx = vllm_support.LOADED if "amx_tile" in machine.cpu_flags() else vllm_support.NOT_THIS_CPU
+    assert outcomes.get(vllm_support.AMX_TILE_PERMISSION) == amx, out
 
 
 def completion_request(tokens: int, model: str) -> dict[str, Any]:

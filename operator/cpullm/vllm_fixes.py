@@ -1,71 +1,19 @@
-"""Fixes to vLLM 0.32's CPU backend, applied inside its processes. Shipped into the vLLM container as
-`sitecustomize.py` (core/children/launcher.py); the in-pod launcher puts its directory first on the server's
-PYTHONPATH, so every Python process of the server (the API server, the engine core, the workers vLLM spawns)
-runs it at start-up. Each fix patches one vLLM module when vLLM imports it (an import hook), so a process that
-never imports vLLM pays nothing; a vLLM without what a fix patches is left as it is, with one line on stderr.
-A new fix is a function and an entry in FIXES. The env variable CPULLM_VLLM_FIXES_OFF (spec.env) names fixes to
-leave out, comma-separated (e.g. `short_warm_up`), for a vLLM or a model a fix does not suit.
+"""Fixes to vLLM's CPU backend, applied inside its processes. Shipped into the vLLM container as `sitecustomize.py`
+(core/children/launcher.py), first on the server's PYTHONPATH, so every Python process of the server runs it at
+start-up. Each fix patches one vLLM module when vLLM imports it (an import hook): a process that never imports vLLM
+pays nothing, and a vLLM without what a fix patches is left as it is, with one line on stderr.
 
-1. The KV check leaves out reclaimable page cache (`leave_page_cache_out`). Before it allocates the KV cache,
-   the CPU worker requires the container's memory limit less its usage to hold the cache
-   (`cpu_worker.determine_available_memory` through `cpu_resource_utils.get_memory_node_info`, which clamps to the
-   cgroup since vllm PR 45086), and the usage it reads (`memory.current`, v1 `memory.usage_in_bytes`) counts page
-   cache: the image's libraries and the model's files, charged to the container that first reads (or downloads)
-   them. A pod that was the first on its node to read them failed its first start ("Available memory on node 0
-   (0.11/3.56 GiB) on kv cache allocation is less than requested memory for kv (1.0 GiB)", docs/calibration.md)
-   and started after a restart, in a new cgroup. Those pages are the kernel's to reclaim when the cache is
-   allocated; what cannot be reclaimed is the rest: anonymous memory, shmem (/dev/shm) and kernel memory. So
-   `get_cgroup_memory_usage` returns usage less the cgroup's file LRU pages (memory.stat `active_file` +
-   `inactive_file`; v1 `total_active_file` + `total_inactive_file`, hierarchical as its usage is), for every vLLM
-   reader of it (the KV check, the weight loader's prefetch choice).
-2. The warm-up compiles with a short step (`short_warm_up`). At every start the CPU worker's warm-up runs
-   `profile_run`, a forward of max_num_batched_tokens (2,048 by default) dummy tokens, to make torch.compile build
-   the model's graph. The graph is compiled once for the whole range of step sizes (vLLM's compile range
-   [1, max_num_batched_tokens]), so a step of WARM_UP_TOKENS builds the same graph, and the rest of that forward is
-   compute no cache keeps: 2 x parameters x 2,048 operations, ~57 s of a ~0.5B model's second start on two AVX2
-   cores (docs/startup.md). The first long prompt then reaches the activations' peak instead, which the memory
-   limit holds (measured: same peak working set, same long-prompt latency, no compilation at serving time).
-3. One rank runs in the engine core process (`rank_in_engine_core`). vLLM 0.32's CPU platform turns its one-process
-   executor into the multiprocess one, so a server of one rank is three processes started one after the other
-   (the API server, the engine core, one worker), each importing torch and vLLM: ~10 s of every start on two
-   AVX2 cores, and a process's worth of memory. The reason it gives is the OpenMP environment, which a process
-   reads when it loads its OpenMP runtime; the engine core is itself a process vLLM starts (spawned), so the
-   environment vLLM would give the worker (its rule: `OMPProcessManager.configure_omp_envs`) is given to the
-   engine core instead, set in the API server before it starts it. With one rank and one engine, the fix keeps
-   vLLM's one-process executor (VLLM_ENABLE_V1_MULTIPROCESSING=0, unless set in the environment) and sets that
-   environment. More ranks, more engines, or VLLM_ENABLE_V1_MULTIPROCESSING set otherwise: left as vLLM does it.
-   Where the OpenMP runtime is Intel's (x86), the engine core is also forked from the API server rather than
-   spawned (`engine_core_forked`, which CPULLM_VLLM_FIXES_OFF turns off on its own): it shares the API server's
-   imports instead of importing torch and vLLM again.
-4. vLLM's AOT compile cache loads what it saved (`aot_cache_loads`). With VLLM_USE_AOT_COMPILE (the operator sets it
-   where this fix runs and the model cache is kept across pods, Plan.aotCompileCache), the first start saves the
-   compiled model under VLLM_CACHE_ROOT and a later start with the same model and settings loads it instead of
-   tracing the model again with torch.compile (most of a second start's compilation: docs/startup.md). On CPU every
-   such load failed on one call: `_try_load_aot_compiled_fn` finishes the load with `compiled_fn.finalize_loading`,
-   a method of vLLM's own backend's function, and the CPU platform compiles with plain inductor, whose loaded
-   function is complete and has no such method ("'function' object has no attribute 'finalize_loading'"); vLLM then
-   compiled anew and saved again at every start. While vLLM loads, the fix gives a loaded function lacking that
-   method one that does nothing. A function that has it (vLLM's backend, another platform) is left as it is.
-5. The checkpoint's page cache is dropped once the weights are loaded (`checkpoint_pages_dropped`). vLLM's default
-   loader reads each safetensors file whole in every rank (`safetensors_weights_iterator`: `get_tensor` on every
-   tensor, then each rank keeps its slice), so at TP > 1 every page of the checkpoint is read by each rank, and a
-   page read twice is on the kernel's active list: the working set, what the kubelet evicts on, held 1.18 GiB of
-   page cache at TP 2 on Qwen2.5-1.5B, 0.96 of the container's limit (docs/calibration.md). The weights are in
-   the ranks' memory by then, and nothing reads those pages again until the next start. After the default
-   loader's load_weights, each rank asks the kernel to drop the checkpoint's clean pages (vLLM's own
-   `drop_checkpoint_cache`: POSIX_FADV_DONTNEED on the model's *.safetensors, which leaves a page another process
-   still maps). The next start reads them from disk again.
+A new fix is a function returning its outcome (vllm_support's words) and an entry in FIXES; vllm_support.py's table
+says which vLLM versions it is for. CPULLM_VLLM_FIXES_OFF (spec.env) names fixes to leave out, comma-separated.
+Each process writes one line per fix it tried to the container's termination message (core/server_exits.py reads
+it). What each fix works around, how it was measured and what would retire it: docs/vllm-versions.md.
 
-Each process also writes one line per fix it tried to the report vllm_support.REPORT_ENV names (the container's
-termination message: core/server_exits.py reads it from the pod's status).
-
-Which fixes are for which vLLM versions is cpullm/vllm_support.py's table (a fix outside its versions does not
-load), shared with the planner. This file imports the standard library only, like the launcher; the pod's copy
-carries that table inline.
+This file imports the standard library only, like the launcher; the pod's copy carries vllm_support.py inline.
 """
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -81,9 +29,11 @@ from typing import Any
 from cpullm.vllm_support import (
     ENGINE_CORE_FORKED,
     INTEL_OPENMP,
+    KERNEL_REFUSED,
     LOADED,
     MULTIPROCESSING_ENV,
     NOT_FOR_THIS_VLLM,
+    NOT_THIS_CPU,
     NOT_THIS_RUNTIME,
     NOTHING_TO_PATCH,
     OFF_ENV,
@@ -122,6 +72,14 @@ FORKED = "forked from the API server"
 # Where fix 5 finds vLLM's drop_checkpoint_cache, and what it says once it has dropped the checkpoint's pages.
 WEIGHT_UTILS_MODULE = "vllm.model_executor.model_loader.weight_utils"
 CHECKPOINT_DROPPED = "the checkpoint's page cache dropped after loading the weights"
+# Fix 6: the CPU flag of AMX tiles, and Linux's request for a process's permission to use their state
+# (arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA), x86-64 only; docs: Documentation/arch/x86/xstate.rst).
+CPUINFO = Path("/proc/cpuinfo")
+AMX_TILE_FLAG = "amx_tile"
+SYS_ARCH_PRCTL_X86_64 = 158
+ARCH_REQ_XCOMP_PERM = 0x1023
+XFEATURE_XTILEDATA = 18
+AMX_PERMITTED = "AMX tile state permitted (arch_prctl ARCH_REQ_XCOMP_PERM)"
 
 
 def report(message: str) -> None:
@@ -180,22 +138,22 @@ def without_page_cache(read_usage: Callable[[], int | None], root: Path = CGROUP
     return usage_the_kernel_cannot_reclaim
 
 
-def leave_page_cache_out(module: ModuleType) -> bool:
-    """Fix 1, on vllm.utils.cpu_resource_utils."""
+def leave_page_cache_out(module: ModuleType) -> str:
+    """Fix 1, on vllm.utils.cpu_resource_utils: vLLM's KV check reads the cgroup's usage less its page cache."""
     original = getattr(module, "get_cgroup_memory_usage", None)
     if not callable(original):
-        return False
+        return NOTHING_TO_PATCH
     module.get_cgroup_memory_usage = without_page_cache(original)  # type: ignore[attr-defined]
-    return True
+    return LOADED
 
 
-def short_warm_up(module: ModuleType) -> bool:
+def short_warm_up(module: ModuleType) -> str:
     """Fix 2, on vllm.v1.worker.cpu_model_runner: the warm-up's profile_run sees at most WARM_UP_TOKENS as the
     step's size (max_num_tokens, which sizes its dummy forward), restored when it returns."""
     runner = getattr(module, "CPUModelRunner", None)
     warm_up = getattr(runner, "warming_up_model", None)
     if runner is None or not callable(warm_up):
-        return False
+        return NOTHING_TO_PATCH
 
     def warming_up_model(self: Any) -> None:
         full = self.max_num_tokens
@@ -207,16 +165,16 @@ def short_warm_up(module: ModuleType) -> bool:
             self.max_num_tokens = full
 
     runner.warming_up_model = warming_up_model
-    return True
+    return LOADED
 
 
-def rank_in_engine_core(module: ModuleType) -> bool:
+def rank_in_engine_core(module: ModuleType) -> str:
     """Fix 3, on vllm.platforms.cpu: CpuPlatform.check_and_update_config, which runs in the API server before it
     starts the engine core, keeps the one-process executor for one rank and sets the rank's OpenMP environment."""
     platform = getattr(module, "CpuPlatform", None)
     check = getattr(platform, "check_and_update_config", None)
     if platform is None or not callable(check):
-        return False
+        return NOTHING_TO_PATCH
 
     def check_and_update_config(cls: type, vllm_config: Any) -> None:
         parallel = vllm_config.parallel_config
@@ -231,7 +189,7 @@ def rank_in_engine_core(module: ModuleType) -> bool:
             report(f"{RANK_IN_ENGINE_CORE}{how}{' with ' + chosen if chosen else ''}")
 
     platform.check_and_update_config = classmethod(check_and_update_config)
-    return True
+    return LOADED
 
 
 def omp_process_manager() -> Any:
@@ -281,13 +239,13 @@ def engine_core_omp_env(manager: Any) -> str:
     return " ".join(f"{name}={value}" for name, value in sorted(chosen.items()))
 
 
-def aot_cache_loads(module: ModuleType) -> bool:
+def aot_cache_loads(module: ModuleType) -> str:
     """Fix 4, on vllm.compilation.decorators: while _try_load_aot_compiled_fn runs, torch's load_compiled_function
     returns a function whose compiled part has a finalize_loading (adding one that does nothing where it lacks it)."""
     load = getattr(module, "_try_load_aot_compiled_fn", None)
     compiler: Any = getattr(getattr(module, "torch", None), "compiler", None)
     if not callable(load) or not callable(getattr(compiler, "load_compiled_function", None)):
-        return False
+        return NOTHING_TO_PATCH
 
     def try_load_aot_compiled_fn(model: Any, path: str) -> Any:
         original = compiler.load_compiled_function
@@ -311,22 +269,22 @@ def aot_cache_loads(module: ModuleType) -> bool:
         return fn
 
     module._try_load_aot_compiled_fn = try_load_aot_compiled_fn  # type: ignore[attr-defined]
-    return True
+    return LOADED
 
 
-def checkpoint_pages_dropped(module: ModuleType) -> bool:
+def checkpoint_pages_dropped(module: ModuleType) -> str:
     """Fix 5, on vllm.model_executor.model_loader.default_loader: DefaultModelLoader.load_weights, then the
     checkpoint's page cache dropped by weight_utils.drop_checkpoint_cache."""
     loader = getattr(module, "DefaultModelLoader", None)
     load_weights = getattr(loader, "load_weights", None)
     if loader is None or not callable(load_weights):
-        return False
+        return NOTHING_TO_PATCH
     try:
         drop = importlib.import_module(WEIGHT_UTILS_MODULE).drop_checkpoint_cache
     except (ImportError, AttributeError):
-        return False
+        return NOTHING_TO_PATCH
     if not callable(drop):
-        return False
+        return NOTHING_TO_PATCH
 
     def load_weights_then_drop_their_pages(self: Any, model: Any, model_config: Any) -> None:
         load_weights(self, model, model_config)
@@ -338,7 +296,44 @@ def checkpoint_pages_dropped(module: ModuleType) -> bool:
         report(CHECKPOINT_DROPPED)
 
     loader.load_weights = load_weights_then_drop_their_pages
-    return True
+    return LOADED
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's flags as the kernel lists them (x86's `flags` line; none on arches that list `Features`)."""
+    try:
+        text = CPUINFO.read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def request_amx_tile_data() -> int:
+    """Asks Linux for this process's permission to use AMX tile data; 0 when granted, else the errno. Granted once
+    per process, kept across fork, cleared by exec: each Python process of the server asks for its own."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(SYS_ARCH_PRCTL_X86_64, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0:
+        return 0
+    return ctypes.get_errno() or -1
+
+
+def amx_tile_permission(module: ModuleType) -> str:
+    """Fix 6, on the vllm package itself, so before any of its kernels runs: where the CPU has AMX tiles, the
+    process asks for their state. vLLM's CPU attention kernel runs AMX tile instructions without asking, and Linux
+    raises SIGILL for them in a process that has not (oneDNN asks for itself, so only the attention dies)."""
+    del module  # nothing in vLLM is patched: the permission is the process's
+    if AMX_TILE_FLAG not in cpu_flags():
+        return NOT_THIS_CPU
+    error = request_amx_tile_data()
+    if error:
+        report(f"the kernel refused the AMX tile state (errno {error}): vLLM's AMX kernels will fail")
+        return KERNEL_REFUSED
+    report(AMX_PERMITTED)
+    return LOADED
 
 
 def nothing_to_finalize(vllm_config: Any) -> None:
@@ -346,8 +341,9 @@ def nothing_to_finalize(vllm_config: Any) -> None:
     del vllm_config
 
 
-# The vLLM module each fix patches, as vLLM names it, and the fix.
-FIXES: dict[str, Callable[[ModuleType], bool]] = {
+# The vLLM module each fix patches, as vLLM names it, and the fix; each returns its outcome (vllm_support's words).
+FIXES: dict[str, Callable[[ModuleType], str]] = {
+    "vllm": amx_tile_permission,
     "vllm.utils.cpu_resource_utils": leave_page_cache_out,
     "vllm.v1.worker.cpu_model_runner": short_warm_up,
     "vllm.platforms.cpu": rank_in_engine_core,
@@ -390,12 +386,11 @@ def apply(module: ModuleType) -> bool:
         report(f"{module.__name__}: {fix.__name__} is not for vLLM {vllm_version()}; left as vLLM does it")
         record(fix.__name__, NOT_FOR_THIS_VLLM)
         return False
-    if fix(module):
-        record(fix.__name__, LOADED)
-        return True
-    report(f"{module.__name__}: nothing for {fix.__name__} to patch in this vLLM; left as it is")
-    record(fix.__name__, NOTHING_TO_PATCH)
-    return False
+    outcome = fix(module)
+    record(fix.__name__, outcome)
+    if outcome == NOTHING_TO_PATCH:
+        report(f"{module.__name__}: nothing for {fix.__name__} to patch in this vLLM; left as it is")
+    return outcome == LOADED
 
 
 class _FixingLoader(importlib.abc.Loader):

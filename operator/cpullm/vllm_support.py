@@ -24,6 +24,7 @@ RANK_IN_ENGINE_CORE = "rank_in_engine_core"
 ENGINE_CORE_FORKED = "engine_core_forked"  # part of rank_in_engine_core, turned off by its own name
 AOT_CACHE_LOADS = "aot_cache_loads"
 CHECKPOINT_PAGES_DROPPED = "checkpoint_pages_dropped"
+AMX_TILE_PERMISSION = "amx_tile_permission"
 FIX_VERSIONS: dict[str, tuple[str, str | None]] = {
     LEAVE_PAGE_CACHE_OUT: ("0.31.0", None),
     SHORT_WARM_UP: ("0.31.0", None),
@@ -31,6 +32,7 @@ FIX_VERSIONS: dict[str, tuple[str, str | None]] = {
     ENGINE_CORE_FORKED: ("0.31.0", None),
     AOT_CACHE_LOADS: ("0.31.0", None),
     CHECKPOINT_PAGES_DROPPED: ("0.31.0", None),
+    AMX_TILE_PERMISSION: ("0.31.0", None),
 }
 
 # The vLLM CPU versions the operator knows, oldest first: whether it was run here (the real-vLLM tests), how the
@@ -68,6 +70,8 @@ TURNED_OFF = "turned-off"  # by OFF_ENV
 NOT_FOR_THIS_VLLM = "not-for-this-vllm"  # outside its FIX_VERSIONS range
 NOTHING_TO_PATCH = "nothing-to-patch"  # this vLLM lacks what it patches
 NOT_THIS_RUNTIME = "not-this-runtime"  # engine_core_forked where the OpenMP runtime is not Intel's
+NOT_THIS_CPU = "not-this-cpu"  # amx_tile_permission where the CPU has no AMX tiles
+KERNEL_REFUSED = "kernel-refused"  # amx_tile_permission where the kernel refused the request
 
 # The version of vLLM's published image the operator runs when neither the spec nor the admin names an image:
 # the newest run here.

@@ -374,7 +374,10 @@ def test_a_vllm_without_drop_checkpoint_cache_keeps_its_loader(capsys, monkeypat
     assert "nothing for checkpoint_pages_dropped to patch" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", list(vllm_fixes.FIXES))
+PATCHING_FIXES = [name for name, fix in vllm_fixes.FIXES.items() if fix is not vllm_fixes.amx_tile_permission]
+
+
+@pytest.mark.parametrize("name", PATCHING_FIXES)
 def test_a_vllm_without_what_a_fix_patches_is_left_as_it_is(capsys, name):
     module = ModuleType(name)
     assert apply(module) is False
@@ -396,6 +399,13 @@ PROBE = (
     "print(before, u.get_cgroup_memory_usage.__name__, r.CPUModelRunner.warming_up_model.__qualname__, "
     "IMAGE_SITE_RAN)"
 )
+# Where the machine has AMX tiles, the probe also reads its process's permission (ARCH_GET_XCOMP_PERM): bit 18.
+AMX_PERMISSION_PROBE = (
+    "; import ctypes; mask = ctypes.c_ulong(); ctypes.CDLL(None).syscall(158, 0x1022, ctypes.byref(mask)); "
+    "print(bool(mask.value >> 18 & 1))"
+)
+# The choice this test makes by the machine's flags: what fix 6 reports, and whether the probe reads the permission.
+MACHINE_HAS_AMX = vllm_fixes.AMX_TILE_FLAG in vllm_fixes.cpu_flags()
 
 
 def test_the_site_directory_patches_vllm_when_imported_and_runs_the_images_own_sitecustomize(tmp_path):
@@ -415,15 +425,21 @@ def test_the_site_directory_patches_vllm_when_imported_and_runs_the_images_own_s
         "PYTHONPATH": os.pathsep.join(map(str, (site, image_site, packages))),
         vllm_support.REPORT_ENV: str(report),
     }
+    probe = PROBE + (AMX_PERMISSION_PROBE if MACHINE_HAS_AMX else "")
     result = subprocess.run(
-        [sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True, timeout=30
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=True, timeout=30
     )
     # Not imported at start-up (a process that never imports vLLM pays nothing), fixed once imported; the image's
-    # sitecustomize ran too.
+    # sitecustomize ran too; on an AMX machine the process holds the AMX tile permission.
     expected = "False usage_the_kernel_cannot_reclaim short_warm_up.<locals>.warming_up_model True\n"
-    assert result.stdout == expected
-    # And the server's report says so, a line per fix it tried (the fake vLLM has no version: each fix checks).
-    assert report.read_text() == "cpullm-vllm-fix leave_page_cache_out loaded\ncpullm-vllm-fix short_warm_up loaded\n"
+    assert result.stdout == expected + ("True\n" if MACHINE_HAS_AMX else "")
+    # And the server's report says so, a line per fix it tried (the fake vLLM has no version: each fix checks),
+    # the vllm package's own first.
+    amx = "loaded" if MACHINE_HAS_AMX else "not-this-cpu"
+    assert report.read_text() == (
+        f"cpullm-vllm-fix amx_tile_permission {amx}\n"
+        "cpullm-vllm-fix leave_page_cache_out loaded\ncpullm-vllm-fix short_warm_up loaded\n"
+    )
 
 
 @pytest.mark.parametrize(
@@ -474,3 +490,47 @@ def test_every_fix_is_named_where_users_read_how_to_turn_it_off():
     assert vllm_fixes.OFF_ENV in description
     names = [fix.__name__ for fix in (*vllm_fixes.FIXES.values(), vllm_fixes.engine_core_forked)]
     assert all(name in description for name in names)
+
+
+CPUINFO_X86 = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512f {extra}\nbugs\t\t: spectre_v1\n"
+CPUINFO_ARM64 = "processor\t: 0\nFeatures\t: fp asimd bf16 sve\nCPU implementer\t: 0x41\n"
+
+
+@pytest.mark.parametrize(
+    ("cpuinfo", "refused", "asked", "outcome"),
+    [
+        pytest.param(CPUINFO_X86.format(extra="amx_bf16 amx_tile amx_int8"), 0, True, "loaded", id="AMX"),
+        pytest.param(CPUINFO_X86.format(extra="avx512_bf16"), 0, False, "not-this-cpu", id="AVX-512 without AMX"),
+        pytest.param(CPUINFO_X86.format(extra=""), 0, False, "not-this-cpu", id="AVX2 only"),
+        pytest.param(CPUINFO_ARM64, 0, False, "not-this-cpu", id="arm64"),
+        pytest.param(None, 0, False, "not-this-cpu", id="no cpuinfo"),
+        pytest.param(CPUINFO_X86.format(extra="amx_tile"), 22, True, "kernel-refused", id="a kernel that refuses"),
+    ],
+)
+def test_the_amx_tile_permission_is_asked_for_exactly_where_the_cpu_has_amx_tiles(
+    tmp_path, monkeypatch, capsys, cpuinfo, refused, asked, outcome
+):
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    monkeypatch.setattr(vllm_fixes, "CPUINFO", path)
+    requests: list[int] = []
+    monkeypatch.setattr(vllm_fixes, "request_amx_tile_data", lambda: requests.append(1) or refused)
+    report = tmp_path / "report"
+    monkeypatch.setenv(vllm_support.REPORT_ENV, str(report))
+    assert apply(ModuleType("vllm")) is (outcome == "loaded")
+    assert (len(requests), report.read_text()) == (int(asked), f"cpullm-vllm-fix amx_tile_permission {outcome}\n")
+    err = capsys.readouterr().err
+    assert (vllm_fixes.AMX_PERMITTED in err) is (outcome == "loaded")
+    assert ("refused the AMX tile state (errno 22)" in err) is (outcome == "kernel-refused")
+
+
+def test_the_amx_fix_is_not_asked_for_outside_its_vllm_versions_or_when_turned_off(tmp_path, monkeypatch):
+    monkeypatch.setattr(vllm_fixes, "request_amx_tile_data", lambda: pytest.fail("asked"))
+    monkeypatch.setenv(vllm_support.REPORT_ENV, str(tmp_path / "report"))
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.30.0"))
+    assert apply(ModuleType("vllm")) is False
+    monkeypatch.setitem(sys.modules, "vllm", SimpleNamespace(__version__="0.32.0"))
+    monkeypatch.setenv("CPULLM_VLLM_FIXES_OFF", "amx_tile_permission")
+    assert apply(ModuleType("vllm")) is False
+    assert vllm_support.read_report((tmp_path / "report").read_text()) == {"amx_tile_permission": "not-for-this-vllm"}

@@ -11,7 +11,7 @@ import pytest
 from cpullm import vllm_support
 from cpullm.core.planner import plan_service
 
-from .builders import node, qwen_05b, spec
+from .builders import AMX_FLAGS, AVX512_FLAGS, node, qwen_05b, spec
 
 ROOT = Path(__file__).resolve().parents[2]
 ALL_FIXES = sorted(vllm_support.FIX_VERSIONS)
@@ -111,7 +111,7 @@ OFF = "CPULLM_VLLM_FIXES_OFF"
         ),
         pytest.param(
             {"env": [{"name": OFF, "value": "rank_in_engine_core"}]},
-            ["checkpoint_pages_dropped", "leave_page_cache_out", "short_warm_up"],
+            ["amx_tile_permission", "checkpoint_pages_dropped", "leave_page_cache_out", "short_warm_up"],
             id="no rank in the engine core: no fork either",
         ),
         pytest.param({"cpu": {"launcher": False}}, [], id="without the launcher"),
@@ -119,3 +119,13 @@ OFF = "CPULLM_VLLM_FIXES_OFF"
 )
 def test_the_plan_credits_the_fixes_its_figures_count_on(fields, credited):
     assert plan_for(None, **fields).fixes_credited == credited
+
+
+@pytest.mark.parametrize(
+    ("flags", "counted"),
+    [(AMX_FLAGS, True), (AVX512_FLAGS, False), (("AVX2",), False)],
+    ids=["AMX", "AVX-512 without AMX", "AVX2"],
+)
+def test_the_amx_permission_is_counted_on_only_where_the_nodes_have_amx_tiles(flags, counted):
+    plan = plan_service(spec(tensorParallelSize=1), qwen_05b(), [node("n1", flags=flags)])
+    assert (vllm_support.AMX_TILE_PERMISSION in plan.fixes_credited) is counted

@@ -187,23 +187,11 @@ class CpuSettings(_Model):
     )
     launcher: bool = Field(
         default=True,
-        description="Start vLLM through the operator's in-pod launcher. With threadsBind 'auto' it reads the "
-        "cpuset the pod really got (CPUs, their NUMA nodes, SMT siblings, CFS quota) and sets explicit per-rank "
-        "VLLM_CPU_OMP_THREADS_BIND lists and CPU_VISIBLE_MEMORY_NODES. With any bind it applies five fixes to "
-        "vLLM 0.32: its KV check leaves out reclaimable page cache, which it counts as used (a pod that is the "
-        "first on its node to read its image and model would otherwise fail its first start); its warm-up "
-        "compiles with a 16-token step instead of a full max_num_batched_tokens prefill (the same graph, without "
-        "minutes of compute on a large model at every start); one rank runs in the engine core process, with the "
-        "OpenMP binding vLLM gives a worker, instead of a worker process of its own (one import of torch and vLLM "
-        "and a process's memory less), forked from the API server where the OpenMP runtime is Intel's (x86), so it "
-        "shares the API server's imports; its AOT compile cache, which it cannot load on CPU as it is, loads what "
-        "a first start saved in the model cache, so a later start skips torch.compile's trace (the operator turns "
-        "that cache on with the fix, where the model cache is kept across pods); each rank drops the checkpoint's "
-        "page cache once its weights are loaded, so pages every rank read do not stay in the working set. "
-        "CPULLM_VLLM_FIXES_OFF in env names fixes to leave out (leave_page_cache_out, short_warm_up, "
-        "rank_in_engine_core, engine_core_forked, aot_cache_loads, checkpoint_pages_dropped). false runs vLLM's "
-        "command as is: 'auto' maps rank N to the N-th "
-        "allowed memory node whether or not the pod has CPUs there.",
+        description="Start vLLM through the operator's in-pod launcher: it binds each rank's threads to the CPUs "
+        "and NUMA nodes the pod really got, and applies fixes to vLLM inside its processes (docs/vllm-versions.md). "
+        "CPULLM_VLLM_FIXES_OFF in env names fixes to leave out: leave_page_cache_out, short_warm_up, "
+        "rank_in_engine_core, engine_core_forked, aot_cache_loads, checkpoint_pages_dropped, amx_tile_permission. "
+        "false runs vLLM's command as is.",
     )
 
 

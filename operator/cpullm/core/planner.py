@@ -47,6 +47,7 @@ from cpullm.core.placement.base import shapes_of
 from cpullm.core.podsecurity import server_security
 from cpullm.core.routing import drain_seconds, leave_router_room, routing_mode
 from cpullm.core.sizing import KVLayout, ModelSize
+from cpullm.core.sizing.quantization import AMX
 from cpullm.core.timing import expected_start_seconds, startup_seconds, step_timeout_seconds
 from cpullm.core.topology import NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
@@ -376,15 +377,21 @@ def _aot_compile_cache(spec: CpuLLMServiceSpec, fixes: frozenset[str]) -> bool:
 
 
 def _credited_fixes(
-    spec: CpuLLMServiceSpec, fixes: frozenset[str], processes: dict[str, bool], aot_compile_cache: bool
+    spec: CpuLLMServiceSpec,
+    fixes: frozenset[str],
+    processes: dict[str, bool],
+    aot_compile_cache: bool,
+    isa: frozenset[str],
 ) -> list[str]:
-    """The fixes whose effect the plan's figures count on: those for this vLLM that spec.env leaves on, and of the
-    ones a plan may not use, those it does (the rank in the engine core, its fork, the AOT cache). A server whose
-    report says one of them did not load runs outside its plan (core/server_exits.py)."""
+    """The fixes the plan counts on: those for this vLLM that spec.env leaves on, and of the ones a plan may not use,
+    those it does (the rank in the engine core, its fork, the AOT cache; AMX tiles' permission where the nodes have
+    them, without which vLLM's attention dies). A server whose report says one of them did not load runs outside its
+    plan (core/server_exits.py)."""
     used_only_when = {
         vllm_support.RANK_IN_ENGINE_CORE: processes["rank_in_engine_core"],
         vllm_support.ENGINE_CORE_FORKED: processes["engine_core_forked"],
         vllm_support.AOT_CACHE_LOADS: aot_compile_cache,
+        vllm_support.AMX_TILE_PERMISSION: AMX in isa,
     }
     if not spec.cpu.launcher:
         return []
@@ -490,7 +497,7 @@ def _plan_for_shape(
         aot_compile_cache=aot_compile_cache,
         vllm_version=server.version,
         vllm_version_source=server.version_source,
-        fixes_credited=_credited_fixes(spec, server.fixes, processes, aot_compile_cache),
+        fixes_credited=_credited_fixes(spec, server.fixes, processes, aot_compile_cache, node.isa),
         reserved_cpus_per_rank=reserved,
         omp_num_threads=omp,
         cpus_per_rank=layout.cpus_per_rank,
