@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 from collections.abc import Sequence
 from importlib.metadata import version
 
@@ -40,7 +41,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 action="store_true",
                 help="leave out the ConfigMap carrying the in-pod launcher's source (what remains is easier to read)",
             )
-    commands.add_parser("crd", help="print the CustomResourceDefinition")
+    crd = commands.add_parser("crd", help="print a CustomResourceDefinition")
+    crd.add_argument("--kind", choices=("CpuLLMService", "NodePerformance"), default="CpuLLMService")
+    probe = commands.add_parser(
+        "probe",
+        help="measure this machine's memory bandwidth and vLLM's matrix kernels, per NUMA node, as a NodePerformance "
+        "the planner reads (about a minute per NUMA node)",
+    )
+    probe.add_argument(
+        "--python", default=sys.executable, help="a python with torch and vLLM: the vLLM environment's (default: this)"
+    )
+    probe.add_argument("--node-name", default=platform.node(), help="the Node it describes (default: the hostname)")
+    probe.add_argument(
+        "--with-node", action="store_true", help="also print this machine as a Node, to plan for it with --nodes"
+    )
+    probe.add_argument("--seconds-per-point", type=float, default=0.5, help="time spent on each measurement")
+    probe.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
     stale = commands.add_parser(
         "node-cache-stale",
         help="list a node's cache directories (spec.modelCache.nodeLocal) whose namespace or CpuLLMService is gone, "

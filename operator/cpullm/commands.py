@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from cpullm import launcher, metrics
-from cpullm.api.crd import build_crd
+from cpullm.api.crd import build_crd, build_performance_crd
 from cpullm.api.plan import Plan
 from cpullm.api.spec import Placement
 from cpullm.controller.gather import ModelConfigSource, gather
@@ -161,6 +161,7 @@ def plan_table(plan: Plan) -> str:
         f"start   about {plan.expected_start_seconds} s once the weights are on the node (the pace measured; the "
         f"download comes first); the startup probe allows {plan.startup_seconds} s, a scheduler step "
         f"{plan.step_timeout_seconds} s",
+        *_predicted_lines(plan),
         f"image   {plan.image}",
         f"vllm    {plan.vllm_version or 'version unknown'} ({plan.vllm_version_source}); the launcher's fixes counted: "
         + (", ".join(plan.fixes_credited) or "none"),
@@ -173,6 +174,24 @@ def plan_table(plan: Plan) -> str:
         *[f"caution {caution.reason}: {caution.message}" for caution in plan.cautions or []],
     ]
     return "\n".join(lines) + "\n"
+
+
+def _predicted_lines(plan: Plan) -> list[str]:
+    """How fast each server is predicted to serve, and on what basis (core/performance.py)."""
+    p = plan.predicted
+    if p is None:
+        return []
+    basis = "measured by a probe" if p.basis == "probe" else "estimated by ISA class, no probe of these nodes"
+    return [
+        f"speed   per server: {p.decode_tokens_per_second:.1f} tok/s for one sequence, "
+        f"{p.throughput_tokens_per_second:.0f} tok/s for {p.throughput_streams} at once, first token of a "
+        f"{p.prompt_tokens:,}-token prompt in {p.time_to_first_token_seconds:.2f} s ({basis}: {p.source})",
+        *[
+            f"faster  a {f.checkpoint} checkpoint of the same model: {f.decode_speedup:.1f}x the decode, "
+            f"{f.throughput_speedup:.1f}x the throughput (predicted; accuracy is the trade)"
+            for f in p.faster_formats or []
+        ],
+    ]
 
 
 def _node_cache_lines(plan: Plan) -> list[str]:
@@ -201,7 +220,10 @@ def run_command(args: argparse.Namespace) -> int:
     """The parsed command, run: 0, or 1 for a refusal (one line on stderr), 2 for a file or cluster problem."""
     try:
         if args.command == "crd":
-            sys.stdout.write(yaml.safe_dump(build_crd(), sort_keys=False))
+            built = build_crd() if args.kind == "CpuLLMService" else build_performance_crd()
+            sys.stdout.write(yaml.safe_dump(built, sort_keys=False))
+        elif args.command == "probe":
+            return _probe(args)
         elif args.command == "node-cache-stale":
             return _node_cache_stale(args)
         elif args.command == "launch-plan":
@@ -238,6 +260,24 @@ def run_command(args: argparse.Namespace) -> int:
 
 # An entry changed this close to the cluster's listing, or after it, may be an object's made since: left alone.
 STALE_MARGIN_SECONDS = 3600
+
+
+def _probe(args: argparse.Namespace) -> int:
+    """`cpullm probe`: this machine's NodePerformance (and, with --with-node, this machine as a Node)."""
+    from cpullm.io.local_node import ProbeError, probe, this_node
+
+    try:
+        measured = probe(args.python, args.node_name, args.seconds_per_point)
+    except ProbeError as err:
+        print(f"cpullm: {err}", file=sys.stderr)
+        return 1
+    objects = [this_node(args.node_name), measured] if args.with_node else [measured]
+    if args.output == "json":
+        shown = {"apiVersion": "v1", "kind": "List", "items": objects} if args.with_node else measured
+        sys.stdout.write(json.dumps(shown, indent=1) + "\n")
+    else:
+        sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    return 0
 
 
 def _node_cache_stale(args: argparse.Namespace) -> int:

@@ -113,6 +113,12 @@ class NodeTopologyError(CpuLLMError):
     reason = "InvalidNodeResourceTopology"
 
 
+class NodePerformanceError(CpuLLMError):
+    """A NodePerformance cannot be read; its node's speed is estimated from its ISA class instead."""
+
+    reason = "InvalidNodePerformance"
+
+
 def name_list(names: Sequence[str], shown: int = 3) -> str:
     """'a, b, c, ...': the first few names, so messages about big node pools stay readable."""
     return ", ".join(names[:shown]) + (", ..." if len(names) > shown else "")

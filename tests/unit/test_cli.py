@@ -22,7 +22,7 @@ EXPECTED_PLANS = {
     "llama-8b-amx.yaml": (2, 4, 94, 32892780544, ["xeon-amx-0", "xeon-amx-1"]),
     "mistral-7b-context.yaml": (4, 2, 124, 31932284928, ["avx512-4numa-0"]),
     "qwen-small.yaml": (1, 2, 47, 6170869760, ["xeon-amx-0", "xeon-amx-1"]),
-    "qwen-throughput.yaml": (1, 1, 31, 5042601984, ["avx512-4numa-0"]),
+    "qwen-throughput.yaml": (1, 1, 47, 5042601984, ["xeon-amx-0", "xeon-amx-1"]),
 }
 
 
@@ -179,7 +179,7 @@ def test_a_four_line_service_plans_with_its_defaults_shown(tmp_path, capsys):
     config = str(Path(__file__).parent / "fixtures" / "models" / "llama-3.1-8b.json")
     args = ["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES, "--model-config", config]
     assert main(args) == 0
-    assert "KV 2 GiB/rank (default: 8 sequences x 8192 tokens)" in capsys.readouterr().out
+    assert "KV 4 GiB/rank (default: 8 sequences x 8192 tokens)" in capsys.readouterr().out
     assert main([*args, "-o", "json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     chosen = {k: plan[k] for k in ("maxModelLen", "maxModelLenSource", "maxNumSeqs", "maxNumSeqsSource")}
@@ -189,7 +189,7 @@ def test_a_four_line_service_plans_with_its_defaults_shown(tmp_path, capsys):
         "maxNumSeqs": 8,
         "maxNumSeqsSource": "default",
     }
-    assert (plan["kvCacheGiB"], plan["kvCacheSource"], plan["tensorParallelSize"]) == (2, "default", 4)
+    assert (plan["kvCacheGiB"], plan["kvCacheSource"], plan["tensorParallelSize"]) == (4, "default", 2)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpullm.api.crd import build_crd
+from cpullm.api.crd import build_crd, build_performance_crd
 from cpullm.api.spec import IMAGE_REFERENCE_PATTERN, CpuLLMServiceSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -14,6 +14,19 @@ CRD_FILE = ROOT / "crds" / "cpullm.io_cpullmservices.yaml"
 def test_crd_file_is_generated_from_the_spec_model():
     """crds/ is `cpullm crd` output: regenerate with `cpullm crd > crds/cpullm.io_cpullmservices.yaml`."""
     assert CRD_FILE.read_text() == yaml.safe_dump(build_crd(), sort_keys=False)
+
+
+def test_the_node_performance_crd_is_generated_from_its_model_and_the_chart_ships_both():
+    """`cpullm crd --kind NodePerformance > crds/cpullm.io_nodeperformances.yaml`; the chart's crds/ are copies."""
+    generated = yaml.safe_dump(build_performance_crd(), sort_keys=False)
+    assert (ROOT / "crds" / "cpullm.io_nodeperformances.yaml").read_text() == generated
+    for name in ("cpullm.io_cpullmservices.yaml", "cpullm.io_nodeperformances.yaml"):
+        assert (ROOT / "charts" / "cpullm-operator" / "crds" / name).read_text() == (ROOT / "crds" / name).read_text()
+    crd = build_performance_crd()
+    assert crd["spec"]["scope"] == "Cluster" and crd["metadata"]["name"] == "nodeperformances.cpullm.io"
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["pythonSeconds", "numaNodes"]
+    assert "&id" not in generated  # no YAML aliases: a schema used twice is written out twice
 
 
 def _walk(schema, path="spec"):

@@ -92,7 +92,7 @@ OTHER_INDEXES: dict[str, Any] = {
     "unschedulable_pods": {},
     "server_exits": {},
     "daemonset_pods": {},
-    "node_topologies": {},
+    **{source.index: {} for source in NODE_FACT_SOURCES},
 }
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
 

@@ -115,7 +115,7 @@ def test_listing_nodes_reads_every_page_whole():
 
 
 def test_listing_a_node_fact_source_reads_its_cluster_scoped_objects_or_none_where_unserved():
-    [source] = NODE_FACT_SOURCES  # NodeResourceTopology
+    source = NODE_FACT_SOURCES[0]  # NodeResourceTopology
     topology = {"metadata": {"name": "n1"}, "zones": []}
     transport = FakeTransport(pages=[{"metadata": {}, "items": [topology]}])
     assert kube(transport).list_node_facts(source) == [{"kind": "NodeResourceTopology", **topology}]

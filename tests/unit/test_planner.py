@@ -231,7 +231,7 @@ def test_too_small_nodes_refuse_with_model_too_large(nodes, message):
         plan_service(spec(), llama_8b(), nodes)
 
 
-def test_heterogeneous_pool_prefers_a_shape_with_room_for_every_replica_then_more_ranks():
+def test_heterogeneous_pool_prefers_a_shape_with_room_for_every_replica_then_the_objectives_prediction():
     pool = [
         node("amx-0", numa=2, cpu="96", memory="512Gi"),
         node("amx-1", numa=2, cpu="96", memory="512Gi"),
@@ -239,12 +239,18 @@ def test_heterogeneous_pool_prefers_a_shape_with_room_for_every_replica_then_mor
         node("small-0", numa=1, cpu="16", memory="16Gi", flags=("AVX2",)),  # too small for 8B
         node("arm-0", arch="arm64", numa=1, cpu="64", memory="256Gi", flags=()),
     ]
+    # Throughput per CPU: AMX's two ranks on 96 CPUs; one sequence's speed: four NUMA nodes' memory.
     one = plan_service(spec(), llama_8b(), pool)
-    assert (one.tensor_parallel_size, one.eligible_nodes) == (4, ["big-0"])
-    two = plan_service(spec(replicas=2), llama_8b(), pool)
+    assert (one.tensor_parallel_size, one.eligible_nodes) == (2, ["amx-0", "amx-1"])
+    fast = plan_service(spec(objective="latency"), llama_8b(), pool)
+    assert (fast.tensor_parallel_size, fast.eligible_nodes) == (4, ["big-0"])
+    assert fast.predicted and one.predicted
+    assert fast.predicted.decode_tokens_per_second > one.predicted.decode_tokens_per_second
+    # Room for every replica first, whatever the prediction.
+    two = plan_service(spec(replicas=2, objective="latency"), llama_8b(), pool)
     assert (two.tensor_parallel_size, two.eligible_nodes) == (2, ["amx-0", "amx-1"])
-    amx = plan_service(spec(cpu={"requiredISA": ["amx_bf16"]}), llama_8b(), pool)
-    assert amx.eligible_nodes == ["amx-0", "amx-1"]
+    avx512 = plan_service(spec(cpu={"requiredISA": ["avx512_bf16"]}, objective="throughput"), llama_8b(), pool)
+    assert avx512.eligible_nodes == ["amx-0", "amx-1"]
 
 
 def test_nodes_of_one_shape_share_a_plan_sized_for_the_smallest():
@@ -273,14 +279,14 @@ def test_mixed_refusals_across_shapes_become_no_eligible_node():
 def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
     """Nodes of another, equally good shape joining the pool must not move running servers (each move restarts
     them): the current plan's shape wins over more nodes elsewhere, but not over room for every replica."""
-    running_pool = [node(f"a{i}", numa=2, cpu="64", memory="512Gi") for i in range(2)]
-    bigger_pool = [node(f"b{i}", numa=2, cpu="96", memory="512Gi") for i in range(3)]
-    fresh = plan_service(spec(replicas=2), llama_8b(), running_pool + bigger_pool)
-    assert fresh.eligible_nodes == ["b0", "b1", "b2"]  # nothing runs yet: the most room wins
+    running_pool = [node(f"a{i}", numa=2, cpu="96", memory="512Gi") for i in range(2)]
+    leaner_pool = [node(f"b{i}", numa=2, cpu="64", memory="512Gi") for i in range(3)]
+    fresh = plan_service(spec(replicas=2), llama_8b(), running_pool + leaner_pool)
+    assert fresh.eligible_nodes == ["b0", "b1", "b2"]  # nothing runs yet: more throughput per CPU wins
     current = plan_service(spec(replicas=2), llama_8b(), running_pool).model_dump(by_alias=True, mode="json")
-    kept = plan_service(spec(replicas=2), llama_8b(), running_pool + bigger_pool, current)
+    kept = plan_service(spec(replicas=2), llama_8b(), running_pool + leaner_pool, current)
     assert kept.eligible_nodes == ["a0", "a1"]
-    moved = plan_service(spec(replicas=3), llama_8b(), running_pool + bigger_pool, current)
+    moved = plan_service(spec(replicas=3), llama_8b(), running_pool + leaner_pool, current)
     assert moved.eligible_nodes == ["b0", "b1", "b2"]  # only the other shape has room for 3 replicas
 
 
@@ -357,5 +363,8 @@ def test_passed_over_reads_the_same_offline_and_once_the_service_runs():
     assert (
         offline.passed_over
         == running.passed_over
-        == ["amd64/2-NUMA/64-CPU nodes (small): TP 2 there, 4 on the chosen nodes"]
+        == [
+            "tensorParallel TP 4 on amd64/4-NUMA/128-CPU nodes (big): predicted 1.82 tok/s per CPU at 8 sequences "
+            "there, 2.45 tok/s per CPU at 8 sequences for the chosen plan (objective throughput)"
+        ]
     )

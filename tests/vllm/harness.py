@@ -118,12 +118,19 @@ def this_machine(numa_nodes: int, labels: dict[str, str] | None = None) -> dict[
 
 
 def render_service(
-    workdir: Path, model: Path, numa_nodes: int, /, node_labels: dict[str, str] | None = None, **spec: Any
+    workdir: Path,
+    model: Path,
+    numa_nodes: int,
+    /,
+    node_labels: dict[str, str] | None = None,
+    node_facts: Sequence[dict[str, Any]] = (),
+    **spec: Any,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """(plan, vLLM container) from `cpullm plan` and `cpullm render` for a CpuLLMService naming the local
     model directory `model` as /models/<its name> (config inline; a `model` entry in `spec` adds fields such as
-    dtype), on this machine described with `numa_nodes` NUMA nodes (and `node_labels` over its own). The rendered
-    launcher ConfigMap's files are written to workdir/opt-cpullm as the pod's volume places them (see pod_mounts)."""
+    dtype), on this machine described with `numa_nodes` NUMA nodes (and `node_labels` over its own; `node_facts`,
+    such as a NodePerformance of it, beside it in the nodes file). The rendered launcher ConfigMap's files are
+    written to workdir/opt-cpullm as the pod's volume places them (see pod_mounts)."""
     model_fields = spec.pop("model", {})
     service = {
         "apiVersion": "cpullm.io/v1alpha1",
@@ -142,7 +149,7 @@ def render_service(
         },
     }
     (workdir / "svc.yaml").write_text(yaml.safe_dump(service))
-    (workdir / "nodes.yaml").write_text(yaml.safe_dump(this_machine(numa_nodes, node_labels)))
+    (workdir / "nodes.yaml").write_text(yaml.safe_dump_all([this_machine(numa_nodes, node_labels), *node_facts]))
     outputs = []
     for command in ("plan", "render"):
         buffer = io.StringIO()

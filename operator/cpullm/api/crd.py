@@ -6,8 +6,10 @@ titles dropped, free-form maps marked x-kubernetes-preserve-unknown-fields.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
+from cpullm.api import performance
 from cpullm.api.plan import Plan
 from cpullm.api.spec import (
     GROUP,
@@ -27,7 +29,7 @@ _DROP = {"title", "$defs"}
 
 def _openapi(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in schema:
-        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
+        target = copy.deepcopy(defs[schema["$ref"].rsplit("/", 1)[-1]])  # a model used twice: two copies, no YAML alias
         merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
         return _openapi(merged, defs)
     if "anyOf" in schema:
@@ -188,6 +190,56 @@ def build_crd() -> dict[str, Any]:
                             "statusReplicasPath": ".status.replicas",
                             "labelSelectorPath": ".status.selector",
                         },
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": n, "type": t, "jsonPath": p, **({"priority": prio} if prio else {})}
+                        for n, t, p, prio in columns
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def build_performance_crd() -> dict[str, Any]:
+    """NodePerformance: cluster-scoped, one per node and named after it; what `cpullm probe` measured."""
+    spec = model_schema(performance.NodePerformanceSpec)
+    spec["description"] = "What `cpullm probe` measured of the node's cores, per NUMA node (docs/performance.md)."
+    columns = [
+        ("CPU", "string", ".spec.cpu.model", 0),
+        ("vLLM", "string", ".spec.vllm", 0),
+        ("Measured", "string", ".spec.measuredAt", 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{performance.PLURAL}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": performance.KIND,
+                "listKind": f"{performance.KIND}List",
+                "plural": performance.PLURAL,
+                "singular": performance.SINGULAR,
+            },
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "required": ["spec"],
+                            "properties": {
+                                "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
+                                "kind": {"type": "string", "description": performance.KIND},
+                                "metadata": {"type": "object"},
+                                "spec": spec,
+                            },
+                        }
                     },
                     "additionalPrinterColumns": [
                         {"name": n, "type": t, "jsonPath": p, **({"priority": prio} if prio else {})}

@@ -104,6 +104,33 @@ class PlanCaution(_Model):
     message: str = Field(description="What costs speed, and what to change.")
 
 
+class FasterFormat(_Model):
+    checkpoint: str = Field(description="The format, as vLLM CPU runs it (W8A8 int8, AWQ int4).")
+    decode_speedup: float = Field(description="Its predicted decode tok/s over the plan's.")
+    throughput_speedup: float = Field(description="Its predicted throughput over the plan's.")
+
+
+class PredictedSpeed(_Model):
+    """How fast the plan is predicted to serve, per server (core/performance.py; docs/performance.md)."""
+
+    decode_tokens_per_second: float = Field(description="One sequence's generated tokens per second.")
+    throughput_tokens_per_second: float = Field(
+        description="Generated tokens per second with throughputStreams sequences at once."
+    )
+    throughput_streams: int = Field(description="The sequences at once of that figure: the plan's maxNumSeqs.")
+    time_to_first_token_seconds: float = Field(
+        description="An idle server's time to the first token of a promptTokens-token prompt."
+    )
+    prompt_tokens: int = Field(description="That prompt's tokens.")
+    basis: str = Field(description="'probe' (a NodePerformance of the nodes) or 'estimate' (by ISA class).")
+    source: str = Field(description="Which probe, or which row of the estimates.")
+    faster_formats: list[FasterFormat] | None = Field(
+        default=None,
+        description="Checkpoints of the same model predicted at least 1.3x as fast here (unset: none); choosing one "
+        "trades accuracy for speed, the owner's call.",
+    )
+
+
 class Plan(_Model):
     placement: str = Field(default="tensorParallel", description="The placement strategy that made this plan.")
     replicas: int = Field(default=1, description="vLLM pods planned (spec.replicas, capped by throughput placement).")
@@ -271,6 +298,7 @@ class Plan(_Model):
         "administrator's choice, else vLLM's published one)."
     )
     sizing: ModelSizing
+    predicted: PredictedSpeed | None = Field(default=None, description="How fast each server is predicted to serve.")
     node_profile: NodeProfileSummary
     eligible_nodes: list[str] = Field(description="Nodes of the plan's shape that can run a pod of it.")
     passed_over: list[str] | None = Field(

@@ -120,6 +120,11 @@ class Placement(StrEnum):
     AUTO = "auto"
 
 
+class Objective(StrEnum):
+    THROUGHPUT = "throughput"
+    LATENCY = "latency"
+
+
 class ThreadsBindMode(StrEnum):
     AUTO = "auto"
     NOBIND = "nobind"
@@ -838,6 +843,12 @@ class CpuLLMServiceSpec(_Model):
         le=1000,
         description="Number of vLLM pods (scale subresource). With throughput placement, capped to the NUMA "
         "nodes of the chosen nodes (status.plan.replicas says how many were planned).",
+    )
+    objective: Objective = Field(
+        default=Objective.THROUGHPUT,
+        description="What the plan's predicted speed is chosen for, among the node shapes (and, with placement "
+        "auto, between one TP server per node and a server per NUMA node): throughput, the most generated tokens "
+        "per second per CPU at maxNumSeqs; latency, the fastest single sequence (docs/performance.md).",
     )
     placement: Placement = Field(
         default=Placement.TENSOR_PARALLEL,

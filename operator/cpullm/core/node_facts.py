@@ -8,14 +8,18 @@ each source's verbs (tests/unit/test_rbac.py checks it)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from cpullm.api import performance as performance_api
+from cpullm.api.spec import GROUP, VERSION
 from cpullm.core import node_topology
 from cpullm.core.api_resources import ApiResource
+from cpullm.core.performance import NodePerformance, parse_performance
 from cpullm.core.topology import NodeProfile
-from cpullm.errors import CpuLLMError, NodeTopologyError
+from cpullm.errors import CpuLLMError, NodePerformanceError, NodeTopologyError
 
 
 class NodeFact(Protocol):
@@ -38,6 +42,10 @@ class NodeFactSource(ApiResource):
     verbs: tuple[str, ...] = ("list", "watch")  # cluster-wide, as nodes
 
 
+def with_performance(profile: NodeProfile, performance: NodePerformance) -> NodeProfile:
+    return dataclasses.replace(profile, performance=performance)
+
+
 NODE_FACT_SOURCES: tuple[NodeFactSource, ...] = (
     NodeFactSource(
         f"{node_topology.GROUP}/{node_topology.VERSION}",
@@ -48,6 +56,16 @@ NODE_FACT_SOURCES: tuple[NodeFactSource, ...] = (
         node_topology.parse_topology,
         NodeTopologyError,
         node_topology.with_topology,
+    ),
+    NodeFactSource(
+        f"{GROUP}/{VERSION}",
+        performance_api.KIND,
+        performance_api.PLURAL,
+        "node_performances",
+        NodePerformance,
+        parse_performance,
+        NodePerformanceError,
+        with_performance,
     ),
 )
 SOURCE_OF_PLURAL = {source.plural: source for source in NODE_FACT_SOURCES}

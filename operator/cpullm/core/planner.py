@@ -27,12 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from cpullm import vllm_support
-from cpullm.api.plan import ModelSizing, NodeProfileSummary, Plan, binding_shown
+from cpullm.api.plan import FasterFormat, ModelSizing, NodeProfileSummary, Plan, PredictedSpeed, binding_shown
 from cpullm.api.spec import (
     EXPLICIT_BIND_PATTERN,
     CpuLLMServiceSpec,
     EnvVar,
     KVCacheDType,
+    Objective,
+    Placement,
     RoutingMode,
     ThreadsBindMode,
 )
@@ -42,7 +44,8 @@ from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.memory import MemoryBudget, memory_budget, onednn_packs_embeddings, shm_size_bytes
 from cpullm.core.node_selection import shape_node_terms
-from cpullm.core.placement import PlacementStrategy, PodLayout, Shape, strategy_for
+from cpullm.core.performance import Serving, faster_formats, kernel_of, predict
+from cpullm.core.placement import STRATEGIES, PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
 from cpullm.core.podsecurity import server_security
 from cpullm.core.routing import drain_seconds, leave_router_room, routing_mode
@@ -96,22 +99,25 @@ def plan_service(
     plans: list[tuple[Plan, Shape]] = []
     refusals: list[tuple[Shape, PlanRefusal]] = []
     for shape in shapes_of(eligible, daemons):
-        try:
-            plans.append((_plan_for_shape(spec, model, shape, explicit_tp, router_image, vllm_images), shape))
-        except PlanRefusal as refusal:
-            refusals.append((shape, refusal))
-            rejections.update(dict.fromkeys(shape.names, refusal.message))
+        for strategy in _strategies(spec, model, shape, explicit_tp, vllm_images):
+            try:
+                plan = _plan_for_shape(spec, model, shape, strategy, explicit_tp, router_image, vllm_images)
+            except PlanRefusal as refusal:
+                refusals.append((shape, refusal))
+                rejections.update(dict.fromkeys(shape.names, refusal.message))
+                continue
+            plans.append((plan, shape))
     if plans:
         running = _shape_key((current or {}).get("nodeProfile") or {})
-        plan, shape = max(plans, key=lambda candidate: _preference(candidate[0], spec.replicas, running))
+        plan, shape = max(plans, key=lambda candidate: _preference(candidate[0], spec, running))
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
         terms = shape_node_terms(shape.members, spec.cpu.required_isa, _unfit_lookalikes(plan, shape, eligible))
         others = sorted(
-            (p for p, _ in plans if p is not plan), key=lambda p: _preference(p, spec.replicas, running), reverse=True
+            (p for p, _ in plans if p is not plan), key=lambda p: _preference(p, spec, running), reverse=True
         )
         passed_over = [
-            f"{_describe(p)}: {_why_passed_over(plan, p, spec.replicas, running)}" for p in others[:PASSED_OVER_SHOWN]
+            f"{_describe(p)}: {_why_passed_over(plan, p, spec, running)}" for p in others[:PASSED_OVER_SHOWN]
         ]
         if len(others) > PASSED_OVER_SHOWN:
             passed_over.append(f"and {len(others) - PASSED_OVER_SHOWN} more node shapes")
@@ -151,19 +157,22 @@ PASSED_OVER_SHOWN = 3  # node shapes named in plan.passedOver; the rest are coun
 
 def _describe(plan: Plan) -> str:
     profile = plan.node_profile
-    return f"{profile.arch}/{profile.numa_nodes}-NUMA/{profile.cpus}-CPU nodes ({name_list(plan.eligible_nodes)})"
+    where = f"{profile.arch}/{profile.numa_nodes}-NUMA/{profile.cpus}-CPU nodes ({name_list(plan.eligible_nodes)})"
+    return f"{plan.placement} TP {plan.tensor_parallel_size} on {where}"
 
 
-def _why_passed_over(chosen: Plan, other: Plan, replicas: int, running: tuple[object, ...]) -> str:
+def _why_passed_over(chosen: Plan, other: Plan, spec: CpuLLMServiceSpec, running: tuple[object, ...]) -> str:
     """The rule of _preference the chosen plan beat `other` on, in words: the first that tells them apart of those
     about the plans themselves; the shape the service already runs on only where it alone decided (so a plan reads
     the same offline as in the operator)."""
-    won, lost = _preference(chosen, replicas, running), _preference(other, replicas, running)
+    won, lost = _preference(chosen, spec, running), _preference(other, spec, running)
     reasons = (
-        f"they hold {other.capacity} of the {replicas} replicas",
+        f"they hold {other.capacity} of the {spec.replicas} replicas",
         "the service runs on the chosen shape already (moving it would restart its servers)",
-        f"TP {other.tensor_parallel_size} there, {chosen.tensor_parallel_size} on the chosen nodes",
+        f"predicted {_objective_shown(other, spec)} there, {_objective_shown(chosen, spec)} for the chosen plan "
+        f"(objective {spec.objective.value})",
         f"they hold {other.capacity} pod{'s' if other.capacity != 1 else ''}, the chosen nodes {chosen.capacity}",
+        f"TP {other.tensor_parallel_size} there, {chosen.tensor_parallel_size} on the chosen nodes",
         f"{other.node_profile.cpus} CPUs each, against {chosen.node_profile.cpus}",
         "less memory",
         "they fit as well; the chosen nodes come first by name",
@@ -176,16 +185,45 @@ def _why_passed_over(chosen: Plan, other: Plan, replicas: int, running: tuple[ob
     return reasons[running_rule] if won[running_rule] != lost[running_rule] else reasons[-1]
 
 
-def _preference(plan: Plan, replicas: int, running: tuple[object, ...]) -> tuple[object, ...]:
+def _objective_shown(plan: Plan, spec: CpuLLMServiceSpec) -> str:
+    p = plan.predicted
+    if p is None:
+        return "nothing"
+    if spec.objective == Objective.LATENCY:
+        return f"{p.decode_tokens_per_second:.1f} tok/s for one sequence"
+    return f"{p.throughput_tokens_per_second / plan.cpu:.2f} tok/s per CPU at {p.throughput_streams} sequences"
+
+
+def _objective(plan: Plan, spec: CpuLLMServiceSpec) -> tuple[int, ...]:
+    """How well a plan meets spec.objective, by its prediction, in steps of OBJECTIVE_STEP (a closer call is a tie,
+    which the rules after it decide): throughput per CPU; or one sequence's decode, then its first token."""
+    p = plan.predicted
+    if p is None:
+        return (0,)
+    if spec.objective == Objective.LATENCY:
+        return (_steps(p.decode_tokens_per_second), -_steps(p.time_to_first_token_seconds))
+    return (_steps(p.throughput_tokens_per_second / plan.cpu),)
+
+
+# Predictions this close are a tie: the estimates are not finer, and the probes move by as much between runs.
+OBJECTIVE_STEP = 1.1
+
+
+def _steps(value: float) -> int:
+    return math.floor(math.log(max(value, 1e-9)) / math.log(OBJECTIVE_STEP))
+
+
+def _preference(plan: Plan, spec: CpuLLMServiceSpec, running: tuple[object, ...]) -> tuple[object, ...]:
     profile = plan.node_profile
     summary = profile.model_dump(by_alias=True, mode="json")
     return (
-        plan.capacity >= replicas,
+        plan.capacity >= spec.replicas,
         # The shape the service runs on stays while it is good enough: nodes joining the pool must not move
         # running servers to an equally good shape (each move restarts them, minutes on CPU).
         _shape_key(summary) == running,
-        plan.tensor_parallel_size,
+        _objective(plan, spec),
         plan.capacity,
+        plan.tensor_parallel_size,
         profile.cpus,
         profile.memory_bytes,
         sorted(plan.eligible_nodes),
@@ -300,6 +338,38 @@ def _threads(spec: CpuLLMServiceSpec, node: NodeProfile, cpus_per_rank: int) -> 
         mode = ThreadsBindMode.NOBIND.value
     omp = max(1, physical - reserved) if mode == ThreadsBindMode.NOBIND else None
     return mode, reserved, omp
+
+
+def _rank_threads(node: NodeProfile, cpus_per_rank: int, reserved: int, omp: int | None) -> int:
+    """The OpenMP threads each rank runs: one per physical core the launcher binds (less those reserved), or
+    OMP_NUM_THREADS with nobind."""
+    if omp is not None:
+        return omp
+    physical = max(1, cpus_per_rank // 2) if node.smt else cpus_per_rank
+    return max(1, physical - reserved)
+
+
+def _predicted(model: ModelSize, shape: Shape, serving: Serving, kv: _KVCache) -> PredictedSpeed:
+    """How fast one server of the plan serves (core/performance.py), at its maxNumSeqs for throughput."""
+    streams = kv.max_num_seqs or c.DEFAULT_MAX_NUM_SEQS
+    kv_bytes = kv.layout.bytes_per_token(serving.tensor_parallel_size)
+    figures = predict(model, serving, shape.performance, streams, kv_bytes)
+    return PredictedSpeed(
+        decode_tokens_per_second=round(figures.decode_tokens_per_second, 2),
+        throughput_tokens_per_second=round(figures.throughput_tokens_per_second, 1),
+        throughput_streams=figures.throughput_streams,
+        time_to_first_token_seconds=round(figures.time_to_first_token_seconds, 2),
+        prompt_tokens=figures.prompt_tokens,
+        basis=figures.basis,
+        source=figures.source,
+        faster_formats=[
+            FasterFormat(
+                checkpoint=f.checkpoint, decode_speedup=f.decode_speedup, throughput_speedup=f.throughput_speedup
+            )
+            for f in faster_formats(model, serving, shape.performance, streams, shape.node.isa, kv_bytes)
+        ]
+        or None,
+    )
 
 
 @dataclass(frozen=True)
@@ -429,16 +499,28 @@ def _placement_note(strategy: PlacementStrategy, shape: Shape, replicas: int, ca
     return "; ".join(notes) or None
 
 
+def _strategies(
+    spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, explicit_tp: int | None, vllm_images: Mapping[str, str]
+) -> list[PlacementStrategy]:
+    """The placements to plan on a shape: spec.placement's; with auto, where one TP=1 server fits a NUMA node of a
+    node of several, both a server per NUMA node and one TP server per node, chosen between by spec.objective."""
+    fits = _one_server_fits_a_numa_node(spec, model, shape, _server(spec, shape.node.arch, vllm_images).fixes)
+    chosen = strategy_for(spec, fits, explicit_tp)
+    if spec.placement == Placement.AUTO and chosen.name == Placement.THROUGHPUT and shape.node.numa_nodes > 1:
+        return [chosen, STRATEGIES[Placement.TENSOR_PARALLEL]]
+    return [chosen]
+
+
 def _plan_for_shape(
     spec: CpuLLMServiceSpec,
     model: ModelSize,
     shape: Shape,
+    strategy: PlacementStrategy,
     explicit_tp: int | None,
     default_router_image: str,
     vllm_images: Mapping[str, str],
 ) -> Plan:
     server = _server(spec, shape.node.arch, vllm_images)
-    strategy = strategy_for(spec, _one_server_fits_a_numa_node(spec, model, shape, server.fixes), explicit_tp)
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
     if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
         shape, router_cpu = leave_router_room(spec, shape)
@@ -457,6 +539,8 @@ def _plan_for_shape(
     capacity = layout.pods_per_node * len(shape.members)
     replicas = strategy.replicas(spec.replicas, capacity)
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
+    threads = _rank_threads(node, layout.cpus_per_rank, reserved, omp)
+    predicted = _predicted(model, shape, Serving(tp, threads, *kernel_of(model), shares_cores=reserved == 0), kv)
     binding = binding_shown(spec.cpu.launcher, threads_bind)
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     kv_source = kv.source
@@ -524,6 +608,7 @@ def _plan_for_shape(
         expected_start_seconds=expected_start_seconds(model.weights_bytes),
         image=server.image,
         sizing=_sizing(spec, model, kv),
+        predicted=predicted,
         node_profile=NodeProfileSummary(
             arch=node.arch,
             numa_nodes=node.numa_nodes,

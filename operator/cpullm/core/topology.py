@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from cpullm.core.performance import NodePerformance
 from cpullm.errors import NodeLabelError
 
 NFD_PREFIX = "feature.node.kubernetes.io/"
@@ -92,6 +93,9 @@ class NodeProfile:
     # unknown, an even split of the node's is assumed.
     numa_cpus: tuple[int, ...] = ()
     numa_memory_bytes: tuple[int, ...] = ()
+    # What its cores measured (a NodePerformance, core/performance.py), where a probe ran on it; not part of its shape:
+    # a shape is planned with its slowest member's.
+    performance: NodePerformance | None = field(default=None, compare=False, hash=False)
 
     @property
     def allocatable_cpu_millis(self) -> int:

@@ -11,6 +11,7 @@ from typing import Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
 from cpullm.core.daemonsets import NO_ROOM, DaemonPods, Room, rooms_on
+from cpullm.core.performance import NodePerformance, estimated_performance
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import name_list
@@ -36,6 +37,15 @@ class Shape:
     @property
     def memory_bytes(self) -> int:
         return max(0, min(n.memory_bytes for n in self.members) - self.room.memory_bytes)
+
+    @functools.cached_property
+    def performance(self) -> NodePerformance:
+        """What its cores do: the slowest probe among its members', else an estimate by their ISA class."""
+        measured = [n.performance for n in self.members if n.performance is not None]
+        if measured:
+            return min(measured, key=lambda p: p.slowest().every.read)
+        node = self.node
+        return estimated_performance(node.name, node.arch, node.isa, node.numa_nodes, node.cpus_per_numa_node)
 
     @property
     def numa_memory_bytes(self) -> int:

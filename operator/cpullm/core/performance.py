@@ -1,0 +1,577 @@
+"""How fast a plan will serve: one decode step, a prefill and a request, from the bytes and operations each reads and
+what the node measured (a NodePerformance from `cpullm probe`, or an estimate by ISA class). Pure.
+
+A decode step of B sequences on a rank streams the rank's weights once, through the format's matrix kernel at batch
+B (memory-bound at small B, compute-bound at large), reads each sequence's KV cache, runs a dozen small kernels per
+layer, and, at TP > 1, two all-reduces per layer; the engine adds its Python per step. A prefill is the same at a
+batch of the prompt's tokens, plus attention's quadratic arithmetic. docs/performance.md derives each term and keeps
+the benchmark (bench/predict_bench.py) that checks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from cpullm.api.performance import KIND, NodePerformanceObject, ThreadsMeasured
+from cpullm.core.sizing import ModelSize
+from cpullm.core.sizing.anatomy import Split
+from cpullm.core.sizing.quantization import WeightFormat
+from cpullm.errors import NodePerformanceError
+
+BF16, INT8 = "bf16", "int8"  # the matrix kernels a probe measures
+# What the plan's figures assume of a request: a decode step at this much context per sequence, and the time to the
+# first token of a prompt of this many tokens.
+DECODE_CONTEXT_TOKENS = 512
+TTFT_PROMPT_TOKENS = 1024
+# vLLM CPU's prefill chunk (max_num_batched_tokens, its default on CPU: the plan renders none).
+PREFILL_CHUNK_TOKENS = 2048
+# What the probe's attention layer holds per token: 4 KV heads x (K and V) x 128 x 2 bytes (perf_probe.py).
+PROBE_KV_BYTES_PER_TOKEN = 4 * 2 * 128 * 2
+
+# The terms the probe does not measure whole, in units it does (calibrated by bench/predict_bench.py against real
+# vLLM 0.32 servers; docs/performance.md has the fit and the machine it was made on):
+# - per step, the engine's Python (scheduler, sampler, output processing), in multiples of the probe's fixed piece
+#   of Python;
+STEP_PYTHON_MULTIPLE = 0.3
+# - per request, the API server's (HTTP, tokenizing, detokenizing), likewise;
+REQUEST_PYTHON_MULTIPLE = 4.0
+# - per layer and step, the small kernels (norms, rotary, activation, residual adds), in multiples of the probe's
+#   small kernel;
+LAYER_SMALL_KERNELS = 2.0
+# - at TP > 1 without a CPU kept for them, the server's processes that keep a core busy beside the ranks (the engine
+#   core, polling its workers' replies);
+BUSY_SERVER_PROCESSES = 1
+# - per all-reduce (two per layer and step at TP > 1), likewise;
+ALLREDUCE_SMALL_KERNELS = 6.5
+# - a prefill chunk's matrix products reach the probe's 4096 x 4096 matrix's rate at the same batch from layers this
+#   wide, and (width / this) ** PREFILL_WIDTH_EXPONENT of it from narrower ones (their blocks fill the kernel's less).
+PREFILL_FULL_WIDTH = 1536
+PREFILL_WIDTH_EXPONENT = 0.75
+
+
+@dataclass(frozen=True)
+class KernelRates:
+    """A matrix kernel's weight bytes per second, at batch sizes (the activation's rows), measured or estimated."""
+
+    points: tuple[tuple[int, float], ...]  # (batch, bytes/s), batch ascending
+
+    def at(self, batch: int) -> float:
+        """Interpolated in log-log between the points; past the largest, the kernel is compute-bound: the same
+        arithmetic per second, so weight bytes per second fall as 1 / batch."""
+        points, batch = self.points, max(1, batch)
+        if batch <= points[0][0]:
+            return points[0][1]
+        if batch >= points[-1][0]:
+            last, rate = points[-1]
+            return rate * last / batch
+        for (b0, r0), (b1, r1) in itertools.pairwise(points):
+            if b0 <= batch <= b1:
+                share = math.log(batch / b0) / math.log(b1 / b0)
+                return math.exp(math.log(r0) + share * (math.log(r1) - math.log(r0)))
+        return points[-1][1]  # pragma: no cover - the points are ascending
+
+
+@dataclass(frozen=True)
+class Attention:
+    """vLLM's attention kernel as the probe's layer measured it: a prefill's arithmetic per second, and a decode
+    step's sequences per second at each context length (per layer)."""
+
+    prefill_flops: float
+    decode: tuple[tuple[int, float], ...]  # (context, sequences per second), context ascending
+
+    def decode_rate(self, context: int) -> float:
+        """Sequences per second at `context`, linear in context between the points (their time is)."""
+        points = self.decode
+        if len(points) == 1:
+            return points[0][1]
+        (c0, r0), (c1, r1) = (points[0], points[1]) if context <= points[1][0] else points[-2:]
+        seconds = 1 / r0 + (context - c0) * (1 / r1 - 1 / r0) / (c1 - c0)
+        return 1 / max(seconds, 1 / r0 if context >= c0 else 1e-9)
+
+
+@dataclass(frozen=True)
+class ThreadRates:
+    """What `threads` threads of one NUMA node measured: the streaming read, each matrix kernel's rates, one small
+    kernel's time, and the attention kernel (None: not run; estimated from the matrix kernel)."""
+
+    threads: int
+    read: float  # bytes/s
+    kernels: tuple[tuple[str, KernelRates], ...]
+    small_kernel_seconds: float
+    attention: Attention | None = None
+
+    def kernel(self, fmt: str) -> KernelRates | None:
+        return next((rates for name, rates in self.kernels if name == fmt), None)
+
+    def attention_or_estimate(self) -> Attention:
+        """The attention measured, else one from the bf16 kernel: a prefill at a third of its arithmetic at a
+        1,024-token batch, a decode reading the KV cache at the streaming read."""
+        if self.attention is not None:
+            return self.attention
+        bf16 = self.kernel(BF16)
+        flops = (bf16.at(1024) * 1024 / 3) if bf16 else 1e9
+        return Attention(flops, tuple((c, self.read / (c * PROBE_KV_BYTES_PER_TOKEN)) for c in (128, 1024)))
+
+
+@dataclass(frozen=True)
+class NumaPerformance:
+    """One NUMA node: one thread's rates and all its cores'. A rank of c cores gets c threads' worth until the
+    node saturates: min(c x one thread, all cores)."""
+
+    cpus: int
+    one: ThreadRates
+    every: ThreadRates
+
+    def read(self, cores: int) -> float:
+        return min(cores * self.one.read, self.every.read)
+
+    def rate(self, fmt: str, cores: int, batch: int) -> float | None:
+        one, every = self.one.kernel(fmt), self.every.kernel(fmt)
+        if one is None or every is None:
+            return None
+        return min(cores * one.at(batch), every.at(batch))
+
+    def attention_prefill_flops(self, cores: int) -> float:
+        one, every = self.one.attention_or_estimate(), self.every.attention_or_estimate()
+        return min(cores * one.prefill_flops, every.prefill_flops)
+
+    def attention_decode_rate(self, cores: int, context: int) -> float:
+        """Sequences per second per layer of the probe's attention layer."""
+        one, every = self.one.attention_or_estimate(), self.every.attention_or_estimate()
+        return min(cores * one.decode_rate(context), every.decode_rate(context))
+
+    def small_kernel_seconds(self, cores: int) -> float:
+        """One small kernel's cost on `cores` threads: between one thread's and all the node's, by thread count."""
+        if self.cpus <= 1 or cores <= 1:
+            return self.one.small_kernel_seconds
+        share = (cores - 1) / (self.cpus - 1)
+        return self.one.small_kernel_seconds + share * (self.every.small_kernel_seconds - self.one.small_kernel_seconds)
+
+
+@dataclass(frozen=True)
+class NodePerformance:
+    """What a node's cores do (a NodeFact: node-fact source NodePerformance). `basis`: "probe" (measured on it, or
+    on a node of its shape) or "estimate" (a table by ISA class); `source` says which."""
+
+    node: str
+    numa: tuple[NumaPerformance, ...]
+    python_seconds: float
+    basis: str
+    source: str
+
+    def slowest(self) -> NumaPerformance:
+        """The NUMA node a rank would run slowest on (by its all-core read): ranks wait for each other."""
+        return min(self.numa, key=lambda n: n.every.read)
+
+
+@dataclass(frozen=True)
+class Predicted:
+    decode_tokens_per_second: float
+    throughput_tokens_per_second: float
+    throughput_streams: int
+    time_to_first_token_seconds: float
+    prompt_tokens: int
+    basis: str
+    source: str
+
+
+@dataclass(frozen=True)
+class Serving:
+    """How a plan serves, as the model needs it: TP, the cores each rank has, the checkpoint's kernel."""
+
+    tensor_parallel_size: int
+    cores_per_rank: int
+    kernel: str  # BF16, INT8, or what a format estimates from (kernel_of)
+    kernel_factor: float  # the format's rate against the kernel's (1 where measured)
+    # No CPU kept off the ranks' threads (reservedCpusPerRank 0): at TP > 1 the engine core, a process of its own
+    # that polls its workers, runs on the ranks' cores.
+    shares_cores: bool = False
+
+    @property
+    def sharing(self) -> float:
+        """How much longer a step takes for the processes beside the ranks on their cores."""
+        if not self.shares_cores or self.tensor_parallel_size <= 1:
+            return 1.0
+        threads = self.tensor_parallel_size * self.cores_per_rank
+        return (threads + BUSY_SERVER_PROCESSES) / threads
+
+
+def kernel_of(model: ModelSize) -> tuple[str, float]:
+    """The probe's kernel whose rates a checkpoint runs at, and the factor on them: bf16 for unquantized 16-bit
+    weights; int8 for W8A8; 4-bit weights through vLLM's WNA16 kernel at a measured share of bf16's weight bytes per
+    second (FORMAT_FACTORS); float32 weights stream as bf16's bytes."""
+    fmt = model.quantization
+    if fmt is None:
+        return BF16, 1.0
+    if fmt.activations == "int8":
+        return INT8, 1.0
+    return BF16, FORMAT_FACTORS.get(fmt.method if fmt.method in ("fp8", "mxfp4") else f"int{fmt.bits}", 1.0)
+
+
+# Weight bytes per second of a format's kernel against bf16's, where no probe measures it. int4: AWQ int4 streamed
+# 12.2 GB/s where bf16 streamed 58.6 in the same run (vLLM 0.32's cpu_gemm_wna16, 2 Zen 4 cores, avx512_bf16 without
+# AMX; bench/engines_bench.py, docs/benchmarks.md). fp8 and mxfp4 run on AMX only and were not measured: counted as
+# bf16's bytes rate.
+FORMAT_FACTORS: Mapping[str, float] = {"int4": 12.2 / 58.6, "fp8": 1.0, "mxfp4": 1.0}
+
+
+@dataclass(frozen=True)
+class StepBytes:
+    """A rank's weight bytes per step: the dense layers' and the LM head's, which every token reads, and the
+    experts', which a batch reads only for the experts its tokens route to."""
+
+    dense: int
+    experts: int
+    experts_total: int
+    experts_active: int
+    lm_head: int = 0
+
+    def at(self, batch: int) -> float:
+        """A step of `batch` tokens, each through the LM head (a decode step: every token is a sequence's last)."""
+        return self.layers(batch) + self.lm_head
+
+    def layers(self, batch: int) -> float:
+        """The decoder layers' bytes for a batch of `batch` tokens."""
+        if not self.experts or not self.experts_total:
+            return float(self.dense)
+        untouched = (1 - self.experts_active / self.experts_total) ** batch
+        return self.dense + self.experts * (1 - untouched)
+
+
+def step_bytes(model: ModelSize, tp: int) -> StepBytes:
+    """The weights a decode step streams on one rank: every linear layer as the checkpoint stores it, split by TP
+    (replicated layers whole), and the LM head (vocabulary x width, tied or not) in the serving dtype. The input
+    embedding is looked up, not streamed. A model sized only by weightsBytes streams those bytes."""
+    anatomy, fmt = model.anatomy, model.quantization
+    dense = experts = 0
+    for linear in anatomy.linears:
+        stored = fmt.linear_bytes(linear) if fmt is not None and fmt.quantizes(linear) else None
+        one = stored if stored is not None else linear.parameters // linear.count * model.dtype_bytes
+        share = one * linear.count // (1 if linear.split == Split.REPLICATED else tp)
+        if linear.expert:
+            experts += share
+        else:
+            dense += share
+    lm_head = anatomy.embedding_parameters * model.dtype_bytes // tp
+    if not dense and not experts:
+        return StepBytes(model.weights_bytes // tp, 0, 0, 0)
+    return StepBytes(dense, experts, anatomy.experts or 0, anatomy.active_experts or 0, lm_head)
+
+
+def _attention_width(model: ModelSize, tp: int) -> int:
+    """Query heads x head width on one rank (the attention's arithmetic per token pair), from the KV layers."""
+    anatomy = model.anatomy
+    entry = max((g.entry // 2 for g in anatomy.kv_groups if g.entry), default=128)
+    return max(1, anatomy.attention_heads // tp) * entry
+
+
+@dataclass(frozen=True)
+class StepTime:
+    weights: float
+    attention: float
+    small_kernels: float
+    allreduce: float
+    python: float
+
+    @property
+    def seconds(self) -> float:
+        return self.weights + self.attention + self.small_kernels + self.allreduce + self.python
+
+
+def _kv_scale(model: ModelSize, kv_bytes_per_token: int) -> float:
+    """A layer's KV bytes per token on a rank against the probe's attention layer's."""
+    layers = max(1, sum(g.layers for g in model.anatomy.kv_groups))
+    return kv_bytes_per_token / layers / PROBE_KV_BYTES_PER_TOKEN
+
+
+def decode_step(
+    model: ModelSize, serving: Serving, node: NodePerformance, batch: int, context: int, kv_bytes_per_token: int
+) -> StepTime:
+    """One decode step of `batch` sequences at `context` tokens each, on the node's slowest NUMA node. The attention
+    reads each sequence's KV cache at the rate the probe's layer did, scaled by this model's KV bytes per layer."""
+    numa, cores, tp = node.slowest(), serving.cores_per_rank, serving.tensor_parallel_size
+    small = numa.small_kernel_seconds(cores)
+    layers = max(1, model.anatomy.layers)
+    attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
+    per_sequence = _kv_scale(model, kv_bytes_per_token) / numa.attention_decode_rate(cores, context)
+    shared = serving.sharing
+    return StepTime(
+        weights=step_bytes(model, tp).at(batch) / _rate(numa, serving, batch) * shared,
+        attention=batch * attention_layers * per_sequence * shared,
+        small_kernels=layers * LAYER_SMALL_KERNELS * small * shared,
+        allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small * shared) if tp > 1 else 0.0,
+        python=STEP_PYTHON_MULTIPLE * node.python_seconds,
+    )
+
+
+def prefill_efficiency(model: ModelSize) -> float:
+    """The share of the probe's matrix rate a prefill's layers reach, by the model's width (PREFILL_FULL_WIDTH)."""
+    hidden = min((linear.in_features for linear in model.anatomy.linears), default=PREFILL_FULL_WIDTH)
+    return float(min(1.0, hidden / PREFILL_FULL_WIDTH) ** PREFILL_WIDTH_EXPONENT)
+
+
+def prefill_seconds(
+    model: ModelSize, serving: Serving, node: NodePerformance, prompt: int, kv_bytes_per_token: int
+) -> float:
+    """A prompt alone, in chunks of PREFILL_CHUNK_TOKENS: each chunk's matrix products at its batch (at
+    prefill_efficiency of the probe's), its attention's arithmetic (each query against the keys before it) at
+    the probe's attention rate, and a step's other costs."""
+    numa, tp, cores = node.slowest(), serving.tensor_parallel_size, serving.cores_per_rank
+    width = _attention_width(model, tp)
+    attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
+    total, done = 0.0, 0
+    while done < prompt:
+        chunk = min(PREFILL_CHUNK_TOKENS, prompt - done)
+        step = decode_step(model, serving, node, chunk, 0, kv_bytes_per_token)
+        streamed = step_bytes(model, tp)
+        # The decoder layers at the chunk's batch; the LM head only for the sequence's last token.
+        layers = streamed.layers(chunk) / _rate(numa, serving, chunk) / prefill_efficiency(model)
+        matrices = (layers + streamed.lm_head / _rate(numa, serving, 1)) * serving.sharing
+        flops = 4 * chunk * (done + chunk / 2) * width * attention_layers
+        attention = flops / numa.attention_prefill_flops(cores) * serving.sharing
+        total += matrices + attention + step.small_kernels + step.allreduce
+        total += step.python
+        done += chunk
+    return total
+
+
+def predict(
+    model: ModelSize,
+    serving: Serving,
+    node: NodePerformance,
+    streams: int,
+    kv_bytes_per_token: int,
+    prompt: int = TTFT_PROMPT_TOKENS,
+    context: int = DECODE_CONTEXT_TOKENS,
+) -> Predicted:
+    """The plan's figures: one sequence's decode tok/s, `streams` sequences' generated tok/s, and the time to the
+    first token of a `prompt`-token prompt on an idle server."""
+    one = decode_step(model, serving, node, 1, context, kv_bytes_per_token).seconds
+    many = decode_step(model, serving, node, streams, context, kv_bytes_per_token).seconds
+    request = REQUEST_PYTHON_MULTIPLE * node.python_seconds
+    ttft = request + prefill_seconds(model, serving, node, prompt, kv_bytes_per_token)
+    return Predicted(
+        decode_tokens_per_second=1 / one,
+        throughput_tokens_per_second=streams / many,
+        throughput_streams=streams,
+        time_to_first_token_seconds=ttft,
+        prompt_tokens=prompt,
+        basis=node.basis,
+        source=node.source,
+    )
+
+
+# The checkpoints of the same model a plan compares its own with, as vLLM CPU runs them: W8A8 int8 (compressed-tensors,
+# per output channel, activations per token) and AWQ int4 (groups of 128, zero points), the LM head unquantized.
+ALTERNATIVE_FORMATS: tuple[tuple[str, WeightFormat], ...] = (
+    ("W8A8 int8", WeightFormat("compressed-tensors", 8, excluded=("lm_head",), activations="int8")),
+    ("AWQ int4", WeightFormat("awq", 4, group_size=128, zero_points=True, excluded=("lm_head",))),
+)
+# "Much faster": a plan names another format where it is predicted at least this much faster than its own.
+FASTER_FORMAT_RATIO = 1.3
+
+
+@dataclass(frozen=True)
+class FasterFormat:
+    checkpoint: str
+    decode_speedup: float
+    throughput_speedup: float
+
+
+def faster_formats(
+    model: ModelSize, serving: Serving, node: NodePerformance, streams: int, isa: frozenset[str], kv: int
+) -> list[FasterFormat]:
+    """The checkpoints of the same model predicted to decode or generate at least FASTER_FORMAT_RATIO as fast as
+    an unquantized one on these nodes (that vLLM CPU runs on them), fastest first; none for a quantized model."""
+    if model.quantization is not None:
+        return []
+    base = predict(model, serving, node, streams, kv)
+    found = []
+    for name, fmt in ALTERNATIVE_FORMATS:
+        if fmt.kernel_problem(isa, model.anatomy) or fmt.tensor_parallel_problem(
+            serving.tensor_parallel_size, model.anatomy
+        ):
+            continue
+        other = dataclasses.replace(model, quantization=fmt)
+        kernel, factor = kernel_of(other)
+        figures = predict(other, dataclasses.replace(serving, kernel=kernel, kernel_factor=factor), node, streams, kv)
+        decode = figures.decode_tokens_per_second / base.decode_tokens_per_second
+        throughput = figures.throughput_tokens_per_second / base.throughput_tokens_per_second
+        if max(decode, throughput) >= FASTER_FORMAT_RATIO:
+            found.append(FasterFormat(name, round(decode, 2), round(throughput, 2)))
+    return sorted(found, key=lambda f: -max(f.decode_speedup, f.throughput_speedup))
+
+
+def _rate(numa: NumaPerformance, serving: Serving, batch: int) -> float:
+    rate = numa.rate(serving.kernel, serving.cores_per_rank, batch)
+    if rate is None:  # a kernel the probe could not run (int8 without vLLM): bf16's, said in the basis
+        rate = numa.rate(BF16, serving.cores_per_rank, batch)
+    assert rate is not None, "every NodePerformance has bf16 rates"
+    return rate * serving.kernel_factor
+
+
+# ---- estimates, where no probe measured a node ----
+
+GB = 1e9
+# A NUMA node's sustained read with all its cores, where nothing measured it: labels do not say how many memory
+# channels a NUMA node has. Half the peak of a DDR5-4800 socket of 8 channels (307 GB/s), an assumption the plan
+# names as its basis; per core, the rows below bound it first on small nodes.
+NUMA_READ_ESTIMATE = 150 * GB
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """One thread of a class of cores, as measured on one machine of the class (`source`): its streaming read, the
+    bf16 and int8 kernels' weight bytes per second by batch, one small kernel's time, and the probe's Python."""
+
+    flag: str  # the ISA flag (lscpu name) that puts a node in this class; "" for the rest
+    arch: str
+    source: str
+    read: float
+    bf16: tuple[tuple[int, float], ...]
+    int8: tuple[tuple[int, float], ...] | None
+    small_kernel_seconds: float
+    python_seconds: float
+
+
+# By class, the first row whose flag the node has. Where only a whole server was measured, the kernel's rate at a batch
+# is the decode step's weight bytes per second at that many sequences (an under-estimate: it includes the step's
+# other work).
+ESTIMATES: tuple[Estimate, ...] = (
+    Estimate(
+        "amx_tile",
+        "amd64",
+        "cpullm probe on a 2-vCPU Emerald Rapids guest, vLLM 0.32.0, 2026-11-28 (docs/performance.md), per thread",
+        8.3 * GB,
+        ((1, 9.7 * GB), (8, 13.1 * GB), (32, 10.6 * GB), (256, 3.2 * GB), (1024, 0.95 * GB)),
+        ((1, 8.0 * GB), (8, 11.5 * GB), (32, 7.2 * GB), (256, 2.1 * GB), (1024, 0.47 * GB)),
+        3.2e-5,
+        0.0072,
+    ),
+    Estimate(
+        "avx512_bf16",
+        "amd64",
+        "the rendered pod of Qwen2.5-1.5B on 2 Zen 4 vCPUs, vLLM 0.32.0, 2026-11-28 (docs/benchmarks.md, "
+        "bench/engines_bench.py), per thread",
+        32.9 * GB,
+        ((1, 29.3 * GB), (8, 13.7 * GB), (32, 5.6 * GB), (1024, 0.48 * GB)),
+        ((1, 18.7 * GB), (8, 12.2 * GB), (32, 5.1 * GB), (1024, 0.47 * GB)),
+        3.2e-5,
+        0.0072,
+    ),
+    Estimate(
+        "avx512f",
+        "amd64",
+        "the rendered pod of Qwen2.5-1.5B on 2 Zen 4 vCPUs with oneDNN held to AVX512_CORE (no bf16 arithmetic), "
+        "vLLM 0.32.0, 2026-11-28 (docs/benchmarks.md), per thread",
+        32.9 * GB,
+        ((1, 17.4 * GB), (8, 3.1 * GB), (32, 1.2 * GB), (1024, 0.095 * GB)),
+        ((1, 22.7 * GB), (8, 6.8 * GB), (32, 2.6 * GB), (1024, 0.29 * GB)),
+        3.2e-5,
+        0.0072,
+    ),
+    Estimate(
+        "",
+        "",
+        "the rendered pod of Qwen2.5-1.5B on 2 AVX2-only EPYC (Zen 1) vCPUs, vLLM 0.32.0, 2026-11-27 "
+        "(docs/benchmarks.md), per thread; other CPUs (arm64) alike, unmeasured",
+        22.3 * GB,
+        ((1, 11.5 * GB), (8, 1.5 * GB), (32, 0.4 * GB), (1024, 0.013 * GB)),
+        None,
+        4.0e-5,
+        0.0090,
+    ),
+)
+
+
+def estimated_performance(
+    name: str, arch: str, isa: frozenset[str], numa_nodes: int, cpus_per_numa: int
+) -> NodePerformance:
+    """A node nothing measured, from the first ESTIMATES row of its class: each NUMA node's cores scale one thread's
+    figures until NUMA_READ_ESTIMATE bounds their reads."""
+    row = next(r for r in ESTIMATES if (not r.flag or r.flag in isa) and (not r.arch or r.arch == arch))
+    cpus = max(1, cpus_per_numa)
+    one = ThreadRates(1, row.read, _estimate_kernels(row), row.small_kernel_seconds)
+    read_all = min(cpus * row.read, NUMA_READ_ESTIMATE)
+    bound = read_all / (cpus * row.read)  # the share of one thread's rates each core keeps when memory saturates
+    every = ThreadRates(
+        cpus,
+        read_all,
+        tuple(
+            (fmt, KernelRates(tuple((b, r * cpus * min(1.0, bound if b <= 8 else 1.0)) for b, r in rates.points)))
+            for fmt, rates in one.kernels
+        ),
+        row.small_kernel_seconds,
+    )
+    numa = NumaPerformance(cpus, one, every)
+    return NodePerformance(name, (numa,) * max(1, numa_nodes), row.python_seconds, "estimate", row.source)
+
+
+def _estimate_kernels(row: Estimate) -> tuple[tuple[str, KernelRates], ...]:
+    kernels = [(BF16, KernelRates(row.bf16))]
+    if row.int8:
+        kernels.append((INT8, KernelRates(row.int8)))
+    return tuple(kernels)
+
+
+# ---- reading a NodePerformance (the probe's output, cpullm/perf_probe.py) ----
+
+
+def parse_performance(obj: Mapping[str, Any]) -> NodePerformance:
+    """A NodePerformance object as the probe prints it; raises NodePerformanceError naming what is wrong."""
+    name = str((obj.get("metadata") or {}).get("name", "")) if isinstance(obj, Mapping) else ""
+    try:
+        parsed = NodePerformanceObject.model_validate(obj)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise NodePerformanceError(f"{KIND} {name}: {where}: {first['msg']}") from None
+    spec = parsed.spec
+    numa = tuple(
+        NumaPerformance(n.cpus, _thread_rates(n.one_thread), _thread_rates(n.all_cores)) for n in spec.numa_nodes
+    )
+    source = f"probe of {name}" + (f" ({spec.cpu.model})" if spec.cpu.model else "")
+    return NodePerformance(
+        node=name,
+        numa=numa,
+        python_seconds=spec.python_seconds,
+        basis="probe",
+        source=source + (f", {spec.measured_at}" if spec.measured_at else ""),
+    )
+
+
+def _thread_rates(measured: ThreadsMeasured) -> ThreadRates:
+    kernels = [(BF16, _rates(measured.bf16_weight_bytes_per_second))]
+    if measured.int8_weight_bytes_per_second:
+        kernels.append((INT8, _rates(measured.int8_weight_bytes_per_second)))
+    attention = None
+    decode = measured.attention_decode_seconds_per_sequence
+    if measured.attention_prefill_flops_per_second and decode:
+        seconds = _rates(decode).points
+        attention = Attention(measured.attention_prefill_flops_per_second, tuple((c, 1 / t) for c, t in seconds))
+    return ThreadRates(
+        measured.threads, measured.read_bytes_per_second, tuple(kernels), measured.small_kernel_seconds, attention
+    )
+
+
+def _rates(by_batch: Mapping[str, float]) -> KernelRates:
+    try:
+        points = tuple(sorted((int(batch), float(rate)) for batch, rate in by_batch.items()))
+    except ValueError:
+        raise NodePerformanceError(f"batch sizes {sorted(by_batch)} are not whole numbers") from None
+    if any(batch < 1 or not math.isfinite(rate) or rate <= 0 for batch, rate in points):
+        raise NodePerformanceError(f"rates {dict(by_batch)} are not positive, at batch sizes from 1")
+    return KernelRates(points)
+
+
+def serving_rates(node: NodePerformance, fmt: str, cores: int, batches: Sequence[int]) -> list[float]:
+    """A rank's weight bytes per second at each batch (for printing the basis of a plan)."""
+    numa = node.slowest()
+    return [numa.rate(fmt, cores, b) or 0.0 for b in batches]

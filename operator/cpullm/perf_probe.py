@@ -1,0 +1,408 @@
+"""Measures what the performance model (core/performance.py) reads of a node, per NUMA node: the streaming read
+bandwidth of one thread and of all the node's cores, and how fast vLLM's own matrix kernels stream a layer's weights
+at several batch sizes (bf16, and W8A8 int8 where vLLM has it), on the kernels the image really runs (AMX, AVX-512,
+AVX2 or NEON, as oneDNN picks). Prints a NodePerformance object (JSON) that `cpullm plan --nodes` reads beside the
+nodes, and the operator's probe Job publishes.
+
+Runs with the python of the vLLM image or environment: the standard library, torch and (optionally) vLLM. Each
+measurement runs in a process of its own, pinned before torch starts its threads, with its memory first touched
+there (so it sits on the node's memory).
+
+    python3 perf_probe.py [--node-name NAME] [--seconds-per-point S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KIND = "NodePerformance"
+API_VERSION = "cpullm.io/v1alpha1"
+NODE_DIR = Path("/sys/devices/system/node")
+CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
+# Batch sizes (rows of the activation) at which the kernels are timed: decode of 1 to 32 sequences streams the
+# weights; 256 and 1,024 are prefill chunks, where the cores' arithmetic bounds it.
+BATCHES = (1, 8, 32, 256, 1024)
+STREAMED_BATCHES = (1, 8, 32)  # over weights larger than the caches; the rest over one matrix (compute-bound)
+HIDDEN = 4096  # the matrices' width: an 8B model's
+MiB = 1 << 20
+
+
+def node_cpus() -> dict[int, list[int]]:
+    """NUMA node -> the CPUs of it this process may run on (all on node 0 where the kernel has no NUMA sysfs)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    nodes: dict[int, list[int]] = {}
+    for path in sorted(NODE_DIR.glob("node[0-9]*")):
+        cpus = set(parse_cpu_list((path / "cpulist").read_text()))
+        mine = [cpu for cpu in allowed if cpu in cpus]
+        if mine:
+            nodes[int(path.name[4:])] = mine
+    return nodes or {0: allowed}
+
+
+def parse_cpu_list(text: str) -> list[int]:
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def last_level_cache_bytes() -> int:
+    """The largest cache's size (the L3 a streaming read must exceed), 32 MiB when unreadable."""
+    sizes = [32 * MiB]
+    for index in CACHE_DIR.glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = {"K": 1 << 10, "M": MiB, "G": 1 << 30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * scale)
+    return max(sizes)
+
+
+def streamed_bytes(free_bytes: int) -> int:
+    """How much a streaming measurement reads: four times the last-level cache, within 512 MiB to 2 GiB and a
+    quarter of the memory free."""
+    return int(min(max(4 * last_level_cache_bytes(), 512 * MiB), 2048 * MiB, free_bytes // 4))
+
+
+def typical_seconds(run: Any, budget: float) -> float:
+    """The median of repeated runs within `budget` seconds (at least five, after one warm-up): on a node whose other
+    work interrupts a thread now and then, what a server meets most of the time (the fastest run flatters it: two
+    threads' 1,024-row product ran from 0.68 to 1.76 GB/s of weights, median 0.68, on a 2-vCPU guest)."""
+    run()
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < 5 or (time.perf_counter() - started < budget and len(times) < 51):
+        begun = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - begun)
+    return sorted(times)[len(times) // 2]
+
+
+def median_seconds(run: Any, rounds: int) -> float:
+    """The median of `rounds` timed runs, after a few untimed ones."""
+    for _ in range(10):
+        run()
+    times = []
+    for _ in range(rounds):
+        begun = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - begun)
+    return sorted(times)[rounds // 2]
+
+
+def python_seconds() -> float:
+    """A fixed piece of plain Python work (what vLLM's scheduler and sampler spend per step scales with it)."""
+
+    def work() -> int:
+        total = 0
+        for i in range(100_000):
+            total += i % 7
+        return total
+
+    return median_seconds(work, 15)
+
+
+def ask_for_amx() -> None:
+    """The AMX tile permission vLLM's kernels need and do not ask for (cpullm/vllm_fixes.py, fix 6)."""
+    import torch
+
+    if hasattr(torch.cpu, "_is_amx_tile_supported") and torch.cpu._is_amx_tile_supported():
+        torch.cpu._init_amx()
+
+
+def measure(threads: int, size: int, budget: float) -> dict[str, Any]:
+    """In this process (pinned by the caller): the read bandwidth, one small kernel's time, and each kernel's
+    weight bytes per second at each batch size."""
+    import torch
+
+    torch.set_num_threads(threads)
+    ask_for_amx()
+    out: dict[str, Any] = {"threads": threads, "readBytesPerSecond": read_rate(torch, size, budget)}
+    # What one small kernel costs whatever its work (dispatch and the threads' fork and join): a decode step runs
+    # about a dozen per layer (norms, rotary, activations, the matrices of a small model).
+    small, vector = torch.randn(256, 256, dtype=torch.bfloat16), torch.randn(1, 256, dtype=torch.bfloat16)
+    out["smallKernelSeconds"] = median_seconds(lambda: torch.nn.functional.linear(vector, small), 300)
+    for fmt, kernel in kernels(torch).items():
+        out[f"{fmt}WeightBytesPerSecond"] = kernel_rates(torch, kernel, size, budget)
+        out[f"{fmt}Kernel"] = kernel.name
+    out.update(attention(torch, budget))
+    return out
+
+
+# The attention measured: a layer of ATTENTION_HEADS query heads sharing ATTENTION_KV_HEADS KV heads of HEAD_DIM, bf16,
+# in 32-token blocks: one causal prefill of PREFILL_TOKENS, and a decode step of DECODE_SEQUENCES sequences at each
+# of DECODE_CONTEXTS tokens of context.
+ATTENTION_HEADS, ATTENTION_KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 128, 32
+PREFILL_TOKENS, DECODE_SEQUENCES, DECODE_CONTEXTS = 1024, 32, (128, 1024)
+
+
+def attention(torch: Any, budget: float) -> dict[str, Any]:
+    """vLLM's CPU attention kernel (the ISA it chooses here): a prefill's arithmetic per second (its multiply-adds
+    over the causal half, x 4 flops), and a decode step's seconds per sequence at each context. {} without vLLM."""
+    try:
+        from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+        from vllm import _custom_ops as ops
+    except Exception:  # torch alone: the model estimates attention from the matrix kernel
+        return {}
+    isa = _get_attn_isa(torch.bfloat16, BLOCK)
+
+    def step(queries: list[int], contexts: list[int]) -> Any:
+        blocks = [-(-c // BLOCK) for c in contexts]
+        kv_shape = (sum(blocks), ATTENTION_KV_HEADS, BLOCK, HEAD_DIM)
+        key_cache, value_cache = (
+            torch.randn(kv_shape, dtype=torch.bfloat16),
+            torch.randn(kv_shape, dtype=torch.bfloat16),
+        )
+        table = torch.zeros(len(contexts), max(blocks), dtype=torch.int32)
+        first = 0
+        for row, count in enumerate(blocks):
+            table[row, :count] = torch.arange(first, first + count, dtype=torch.int32)
+            first += count
+        starts = torch.tensor([0, *itertools.accumulate(queries)], dtype=torch.int32)
+        lengths = torch.tensor(contexts, dtype=torch.int32)
+        query = torch.randn(sum(queries), ATTENTION_HEADS, HEAD_DIM, dtype=torch.bfloat16)
+        output = torch.empty_like(query)
+        metadata = ops.cpu_attn_get_scheduler_metadata(
+            num_reqs=len(contexts),
+            num_heads=ATTENTION_HEADS,
+            num_kv_heads=ATTENTION_KV_HEADS,
+            head_dim=HEAD_DIM,
+            seq_lens=lengths,
+            dtype=torch.bfloat16,
+            query_start_loc=starts,
+            causal=True,
+            sliding_window_size=-1,
+            isa=isa,
+            enable_kv_split=False,
+        )
+
+        def run() -> None:
+            ops.cpu_attention_with_kv_cache(
+                query=query,
+                key_cache=key_cache,
+                value_cache=value_cache,
+                output=output,
+                query_start_loc=starts,
+                seq_lens=lengths,
+                scale=HEAD_DIM**-0.5,
+                causal=True,
+                alibi_slopes=None,
+                sliding_window=-1,
+                block_table=table,
+                softcap=0.0,
+                scheduler_metadata=metadata,
+                s_aux=None,
+            )
+
+        return run
+
+    try:
+        prefill = typical_seconds(step([PREFILL_TOKENS], [PREFILL_TOKENS]), budget)
+        decode = {
+            str(context): typical_seconds(step([1] * DECODE_SEQUENCES, [context] * DECODE_SEQUENCES), budget)
+            / DECODE_SEQUENCES
+            for context in DECODE_CONTEXTS
+        }
+    except Exception:  # a vLLM whose kernel takes other arguments: the model estimates attention instead
+        return {}
+    flops = 4 * PREFILL_TOKENS * (PREFILL_TOKENS / 2) * ATTENTION_HEADS * HEAD_DIM
+    return {
+        "attentionKernel": f"vllm cpu_attention_with_kv_cache ({isa})",
+        "attentionPrefillFlopsPerSecond": round(flops / prefill),
+        "attentionDecodeSecondsPerSequence": decode,
+    }
+
+
+def read_rate(torch: Any, size: int, budget: float) -> int:
+    data = torch.ones(size // 2, dtype=torch.bfloat16)
+    return round(size / typical_seconds(data.sum, budget))
+
+
+def kernel_rates(torch: Any, kernel: _Kernel, size: int, budget: float) -> dict[str, int]:
+    """Weight bytes per second at each of BATCHES: over a chain of matrices larger than the caches where the batch
+    streams them, over one matrix where the arithmetic bounds it."""
+    matrix_bytes = HIDDEN * HIDDEN * kernel.bytes_per_weight
+    chain = [kernel.weight(torch) for _ in range(max(1, size // matrix_bytes))]
+    rates = {}
+    for batch in BATCHES:
+        weights = chain if batch in STREAMED_BATCHES else chain[:1]
+        x = torch.randn(batch, HIDDEN, dtype=torch.bfloat16)
+
+        def run(weights: list[Any] = weights, x: Any = x) -> None:
+            for w in weights:
+                kernel.multiply(x, w)
+
+        rates[str(batch)] = round(len(weights) * matrix_bytes / typical_seconds(run, budget))
+    return rates
+
+
+class _Kernel:
+    name = ""
+    bytes_per_weight = 2
+
+    def weight(self, torch: Any) -> Any: ...
+
+    def multiply(self, x: Any, w: Any) -> Any: ...
+
+
+class _VllmBF16(_Kernel):
+    """vLLM's oneDNN matmul for unquantized linear layers (layers/utils.py dispatch_cpu_unquantized_gemm)."""
+
+    name = "vllm onednn_mm"
+
+    def __init__(self, ops: Any) -> None:
+        self.ops = ops
+
+    def weight(self, torch: Any) -> Any:
+        return self.ops.create_onednn_mm(torch.randn(HIDDEN, HIDDEN, dtype=torch.bfloat16).t(), 32)
+
+    def multiply(self, x: Any, w: Any) -> Any:
+        return self.ops.onednn_mm(w, x, None)
+
+
+class _TorchBF16(_Kernel):
+    name = "torch linear"
+
+    def weight(self, torch: Any) -> Any:
+        return torch.randn(HIDDEN, HIDDEN, dtype=torch.bfloat16)
+
+    def multiply(self, x: Any, w: Any) -> Any:
+        import torch
+
+        return torch.nn.functional.linear(x, w)
+
+
+class _VllmInt8(_Kernel):
+    """vLLM's W8A8 int8 kernel (CPUInt8ScaledMMLinearKernel): per-token dynamic quantization of the activation,
+    then oneDNN's int8 matmul with per-channel weight scales."""
+
+    name = "vllm onednn_scaled_mm"
+    bytes_per_weight = 1
+
+    def __init__(self, ops: Any) -> None:
+        self.ops = ops
+
+    def weight(self, torch: Any) -> Any:
+        w = torch.randint(-127, 127, (HIDDEN, HIDDEN), dtype=torch.int8).t()
+        scales = torch.rand(HIDDEN, 1, dtype=torch.float32) / 100
+        return self.ops.create_onednn_scaled_mm(w, scales, torch.bfloat16, True, False, 32)
+
+    def multiply(self, x: Any, w: Any) -> Any:
+        import torch
+
+        q, scale, _ = self.ops.onednn_scaled_int8_quant(x, None, None, True)
+        out = torch.empty(x.shape[0], HIDDEN, dtype=torch.bfloat16)
+        return self.ops.onednn_scaled_mm(w, q, out, scale, None, None, None)
+
+
+def kernels(torch: Any) -> dict[str, _Kernel]:
+    """The formats measured, by the kernels this environment has: vLLM's own where it imports, else torch's bf16."""
+    try:
+        from vllm import _custom_ops as ops
+    except Exception:  # a torch without vLLM (a development environment): bf16 through torch alone
+        return {"bf16": _TorchBF16()}
+    found: dict[str, _Kernel] = {}
+    for fmt, kernel in (("bf16", _VllmBF16(ops)), ("int8", _VllmInt8(ops))):
+        try:
+            kernel.multiply(torch.randn(1, HIDDEN, dtype=torch.bfloat16), kernel.weight(torch))
+        except Exception:  # a kernel this vLLM or CPU does not have
+            continue
+        found[fmt] = kernel
+    return found or {"bf16": _TorchBF16()}
+
+
+def cpu_facts() -> dict[str, Any]:
+    model, flags = "", ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and not model:
+                model = value.strip()
+            if key.strip() in ("flags", "Features") and not flags:
+                flags = value.strip()
+    except OSError:
+        pass
+    return {"model": model, "arch": platform.machine(), "flags": sorted(flags.split())}
+
+
+def free_bytes() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 8 << 30
+
+
+def run_pinned(cpus: list[int], size: int, budget: float) -> dict[str, Any]:
+    """measure() in a child process pinned to `cpus` before it imports torch."""
+    command = [sys.executable, __file__, "--measure", ",".join(map(str, cpus)), str(size), str(budget)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the measurement on CPUs {cpus} failed: {done.stderr.strip()[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def probe(node_name: str, budget: float) -> dict[str, Any]:
+    import torch
+
+    size = streamed_bytes(free_bytes())
+    numa = []
+    for node, cpus in node_cpus().items():
+        one = run_pinned(cpus[:1], size, budget)
+        every = run_pinned(cpus, size, budget) if len(cpus) > 1 else one
+        numa.append({"node": node, "cpus": len(cpus), "oneThread": one, "allCores": every})
+    try:
+        import vllm
+
+        vllm_version = str(vllm.__version__)
+    except Exception:
+        vllm_version = None
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": node_name},
+        "spec": {
+            "cpu": cpu_facts(),
+            "torch": str(torch.__version__),
+            "vllm": vllm_version,
+            "streamedBytes": size,
+            "pythonSeconds": python_seconds(),
+            "measuredAt": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "numaNodes": numa,
+        },
+    }
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["--measure"]:
+        cpus, size, budget = parse_cpu_list(argv[1]), int(argv[2]), float(argv[3])
+        os.sched_setaffinity(0, cpus)
+        print(json.dumps(measure(len(cpus), size, budget)))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname())
+    parser.add_argument("--seconds-per-point", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    print(json.dumps(probe(args.node_name, args.seconds_per_point)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

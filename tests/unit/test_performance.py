@@ -1,0 +1,271 @@
+"""The performance model (core/performance.py): its terms one by one, the probe's object read and refused, the
+estimates by ISA class, and the plan's predicted figures."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+
+from cpullm.core import performance as perf
+from cpullm.core.node_facts import refine_profiles
+from cpullm.core.performance import (
+    BF16,
+    INT8,
+    KernelRates,
+    NumaPerformance,
+    Serving,
+    ThreadRates,
+    estimated_performance,
+    parse_performance,
+    predict,
+    step_bytes,
+)
+from cpullm.core.planner import plan_service
+from cpullm.core.sizing import size_model
+from cpullm.errors import NodePerformanceError
+
+from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, qwen_05b, spec
+
+GB = 1e9
+
+
+def probe_object(name: str = "n1", numa: int = 1, cpus: int = 32, scale: float = 1.0) -> dict[str, Any]:
+    """A NodePerformance as `cpullm probe` prints it: `numa` NUMA nodes of `cpus` CPUs; `scale` multiplies every
+    rate (a faster or slower machine)."""
+
+    def threads(count: int) -> dict[str, Any]:
+        per = min(count, 8) * scale  # memory saturates at 8 threads' worth
+        return {
+            "threads": count,
+            "readBytesPerSecond": 10 * GB * per,
+            "smallKernelSeconds": 3e-5,
+            "bf16WeightBytesPerSecond": {
+                "1": 9 * GB * per,
+                "8": 9 * GB * per,
+                "32": 6 * GB * per,
+                "1024": 0.5 * GB * count * scale,
+            },
+            "int8WeightBytesPerSecond": {
+                "1": 8 * GB * per,
+                "8": 8 * GB * per,
+                "32": 5 * GB * per,
+                "1024": 0.4 * GB * count * scale,
+            },
+        }
+
+    return {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "NodePerformance",
+        "metadata": {"name": name},
+        "spec": {
+            "cpu": {"model": "Test CPU", "arch": "x86_64", "flags": ["avx512f"]},
+            "pythonSeconds": 0.007,
+            "measuredAt": "2026-11-28T00:00:00Z",
+            "numaNodes": [
+                {"node": n, "cpus": cpus, "oneThread": threads(1), "allCores": threads(cpus)} for n in range(numa)
+            ],
+        },
+    }
+
+
+@pytest.mark.parametrize(
+    ("batch", "expected"),
+    [
+        (1, 8.0),  # a point
+        (0, 8.0),  # below the first: the first
+        (4, math.exp((math.log(8) + math.log(2)) / 2)),  # halfway in log between 1 and 16
+        (16, 2.0),
+        (64, 0.5),  # past the last: the same arithmetic, so a quarter of the bytes per second at four times the batch
+    ],
+)
+def test_kernel_rates_interpolate_in_log_log_and_fall_as_one_over_the_batch_past_the_last_point(batch, expected):
+    assert KernelRates(((1, 8.0), (16, 2.0))).at(batch) == pytest.approx(expected)
+
+
+def numa(one_read: float, all_read: float, cpus: int = 8) -> NumaPerformance:
+    kernels = lambda r: ((BF16, KernelRates(((1, r),))),)  # noqa: E731
+    return NumaPerformance(
+        cpus, ThreadRates(1, one_read, kernels(one_read), 1e-5), ThreadRates(cpus, all_read, kernels(all_read), 2e-5)
+    )
+
+
+@pytest.mark.parametrize(
+    ("cores", "read"),
+    [(1, 10.0), (4, 40.0), (6, 50.0), (8, 50.0)],
+    ids=["one core", "below saturation", "saturated", "all cores"],
+)
+def test_a_ranks_cores_add_bandwidth_until_the_numa_nodes_memory_saturates(cores, read):
+    measured = numa(10.0, 50.0)
+    assert measured.read(cores) == read
+    assert measured.rate(BF16, cores, 1) == read
+    assert measured.rate(INT8, cores, 1) is None  # not measured
+
+
+def test_a_small_kernels_cost_moves_from_one_threads_to_all_cores_by_thread_count():
+    measured = numa(10.0, 50.0, cpus=9)
+    assert [measured.small_kernel_seconds(c) for c in (1, 5, 9)] == pytest.approx([1e-5, 1.5e-5, 2e-5])
+
+
+def test_a_step_streams_the_ranks_linear_layers_and_the_lm_head_and_tp_splits_them():
+    model = llama_8b()
+    one, two = step_bytes(model, 1), step_bytes(model, 2)
+    # Llama-3.1-8B: 6.98B parameters in its linear layers and a 0.53B LM head (128,256 x 4,096), bf16.
+    assert one.at(1) == pytest.approx(2 * (model.anatomy.parameters - model.anatomy.embedding_parameters), rel=0.001)
+    assert two.at(1) == pytest.approx(one.at(1) / 2, rel=0.001)
+    assert one.at(32) == one.at(1)  # dense: the same bytes whatever the batch
+
+
+MOE = {
+    **LLAMA_8B,
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+}
+
+
+def test_a_moe_step_reads_the_experts_its_tokens_route_to():
+    model = size_model(MOE, "bfloat16")
+    bytes_ = step_bytes(model, 1)
+    assert bytes_.experts_total == 8 and bytes_.experts_active == 2
+    one, eight, many = bytes_.at(1), bytes_.at(8), bytes_.at(256)
+    assert one == pytest.approx(bytes_.dense + bytes_.lm_head + bytes_.experts * 2 / 8)  # one token: its two experts
+    assert one < eight < many <= bytes_.dense + bytes_.lm_head + bytes_.experts
+    assert many == pytest.approx(
+        bytes_.dense + bytes_.lm_head + bytes_.experts, rel=1e-6
+    )  # a large batch touches every expert
+
+
+def test_a_quantized_checkpoint_streams_fewer_bytes_through_its_own_kernel():
+    w8a8 = {
+        **LLAMA_8B,
+        "quantization_config": {
+            "quant_method": "compressed-tensors",
+            "format": "int-quantized",
+            "config_groups": {
+                "group_0": {
+                    "targets": ["Linear"],
+                    "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+                    "input_activations": {"num_bits": 8, "type": "int", "dynamic": True, "strategy": "token"},
+                }
+            },
+            "ignore": ["lm_head"],
+        },
+    }
+    int8, bf16 = size_model(w8a8, "bfloat16"), llama_8b()
+    assert perf.kernel_of(int8) == (INT8, 1.0) and perf.kernel_of(bf16) == (BF16, 1.0)
+    assert step_bytes(int8, 1).at(1) < 0.6 * step_bytes(bf16, 1).at(1)
+
+
+def speeds(model, tp: int = 1, cores: int = 8, kernel: str = BF16, probe: dict[str, Any] | None = None, **kw):
+    node = parse_performance(probe or probe_object(numa=2))
+    kv = model.kv_bytes_per_token_per_rank(tp)
+    return predict(model, Serving(tp, cores, kernel, 1.0), node, kw.pop("streams", 8), kv, **kw)
+
+
+def test_more_sequences_at_once_generate_more_tokens_and_a_longer_prompt_waits_longer():
+    model = qwen_05b()
+    figures = speeds(model)
+    assert figures.throughput_tokens_per_second > 4 * figures.decode_tokens_per_second
+    assert speeds(model, prompt=4096).time_to_first_token_seconds > 3 * figures.time_to_first_token_seconds
+    assert speeds(model, context=8192).decode_tokens_per_second < figures.decode_tokens_per_second  # more KV read
+
+
+def test_a_machine_twice_as_fast_is_predicted_nearly_twice_as_fast():
+    model = llama_8b()
+    slow, fast = speeds(model), speeds(model, probe=probe_object(numa=2, scale=2.0))
+    assert 1.6 < fast.decode_tokens_per_second / slow.decode_tokens_per_second <= 2.0
+
+
+def test_tp_2_decodes_faster_on_a_large_model_and_pays_its_all_reduces_on_a_small_one():
+    large, small = llama_8b(), size_model({**QWEN25_05B, "num_hidden_layers": 2, "intermediate_size": 64}, "bfloat16")
+    assert speeds(large, tp=2).decode_tokens_per_second > 1.6 * speeds(large).decode_tokens_per_second
+    assert speeds(small, tp=2).decode_tokens_per_second < 1.6 * speeds(small).decode_tokens_per_second
+
+
+def test_the_probes_object_is_read_and_says_where_it_came_from():
+    node = parse_performance(probe_object("n7", numa=2))
+    assert (node.node, len(node.numa), node.basis) == ("n7", 2, "probe")
+    assert node.source == "probe of n7 (Test CPU), 2026-11-28T00:00:00Z"
+
+
+def _broken(path: str, value: Any) -> dict[str, Any]:
+    obj = copy.deepcopy(probe_object())
+    *parents, last = path.split(".")
+    target: Any = obj
+    for part in parents:
+        target = target[int(part)] if part.isdigit() else target[part]
+    if value is None:
+        del target[last]
+    else:
+        target[last] = value
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        ("spec.numaNodes", [], "spec.numaNodes: List should have at least 1 item"),
+        ("spec.pythonSeconds", None, "spec.pythonSeconds: Field required"),
+        ("spec.numaNodes.0.oneThread.bf16WeightBytesPerSecond", None, "bf16WeightBytesPerSecond: Field required"),
+        ("spec.numaNodes.0.oneThread.bf16WeightBytesPerSecond", {"one": 5.0}, "are not whole numbers"),
+        ("spec.numaNodes.0.allCores.bf16WeightBytesPerSecond", {"1": 0.0}, "are not positive"),
+        ("spec.numaNodes.0.allCores.readBytesPerSecond", "fast", "readBytesPerSecond: Input should be a valid number"),
+    ],
+)
+def test_a_probe_object_that_cannot_be_read_is_refused_naming_the_field(path, value, message):
+    with pytest.raises(NodePerformanceError, match=message):
+        parse_performance(_broken(path, value))
+
+
+@pytest.mark.parametrize(
+    ("arch", "isa", "row"),
+    [
+        ("amd64", {"avx2", "avx512f", "avx512_bf16", "amx_tile"}, "amx_tile"),
+        ("amd64", {"avx2", "avx512f", "avx512_bf16"}, "avx512_bf16"),
+        ("amd64", {"avx2", "avx512f"}, "avx512f"),
+        ("amd64", {"avx2"}, ""),
+        ("arm64", {"bf16", "sve"}, ""),
+    ],
+    ids=["AMX", "AVX-512 BF16", "AVX-512 without bf16", "AVX2", "arm64"],
+)
+def test_a_node_no_probe_measured_is_estimated_by_its_isa_class(arch, isa, row):
+    estimate = estimated_performance("n", arch, frozenset(isa), 2, 48)
+    expected = next(r for r in perf.ESTIMATES if r.flag == row)
+    assert (estimate.basis, estimate.source, len(estimate.numa)) == ("estimate", expected.source, 2)
+    numa = estimate.numa[0]
+    assert numa.one.read == expected.read
+    assert numa.every.read == min(48 * expected.read, perf.NUMA_READ_ESTIMATE)
+
+
+def test_every_plan_says_how_fast_it_serves_and_on_what_basis():
+    nodes = [node("n1", numa=2)]
+    estimated = plan_service(spec(), llama_8b(), nodes).predicted
+    assert estimated is not None and estimated.basis == "estimate"
+    probed = refine_profiles(nodes, [parse_performance(probe_object("n1", numa=2))])
+    measured = plan_service(spec(), llama_8b(), probed).predicted
+    assert measured is not None and measured.basis == "probe" and measured.source.startswith("probe of n1")
+    assert measured.throughput_streams == 8 and measured.prompt_tokens == 1024
+    slower = refine_profiles(nodes, [parse_performance(probe_object("n1", numa=2, scale=0.5))])
+    assert plan_service(spec(), llama_8b(), slower).predicted.decode_tokens_per_second < (  # type: ignore[union-attr]
+        measured.decode_tokens_per_second
+    )
+
+
+def test_a_shape_is_predicted_by_its_slowest_measured_member():
+    nodes = [node("n1", numa=2), node("n2", numa=2)]
+    probed = refine_profiles(
+        nodes, [parse_performance(probe_object("n1", numa=2)), parse_performance(probe_object("n2", numa=2, scale=0.5))]
+    )
+    plan = plan_service(spec(), llama_8b(), probed)
+    assert plan.predicted is not None and plan.predicted.source.startswith("probe of n2")
+
+
+def test_a_node_without_avx512_is_estimated_slower_than_one_with_amx():
+    amx = plan_service(spec(), llama_8b(), [node("n1", numa=2)]).predicted
+    avx512 = plan_service(spec(), llama_8b(), [node("n1", numa=2, flags=AVX512_FLAGS)]).predicted
+    assert amx is not None and avx512 is not None
+    assert amx.time_to_first_token_seconds < avx512.time_to_first_token_seconds
