@@ -47,6 +47,10 @@ def config(name: str) -> dict:
         ("deepseek-v3", 671_026_419_200),  # 671B without the 14B multi-token-prediction layer vLLM does not load
         ("gpt-oss-20b", 20_914_757_184),  # 20.9B
         ("gpt-oss-120b", 116_829_156_672),  # 116.8B
+        # transformers 5.19's count on the meta device for the same configs (and vLLM 0.32's, tests/vllm/test_oracle.py)
+        ("command-r7b", 8_028_033_024),  # cohere2: one LayerNorm per layer, tied embeddings
+        ("exaone-4.0-32b", 32_003_216_384),  # exaone4: q/k norms, post-attention and post-MLP norms
+        ("ernie-4.5-21b-a3b", 21_825_437_888),  # 64 experts of 1,536 from layer 1, 2 shared, moe_num_experts/moe_k
     ],
 )
 def test_parameter_count_matches_published_models(name, parameters):
@@ -141,6 +145,9 @@ def test_awq_formula_counts_packed_weights_scales_and_zeros():
         # one block more per request than the context's.
         ("phi-3-mini-4k", 0, "32 sliding (window 2047) layers, 32 KV heads x 96"),
         ("phi-3-mini-128k", 0, "32 sliding (window 262144) layers, 32 KV heads x 96"),
+        # sliding_window_pattern without layer_types: every fourth layer global, as transformers derives them.
+        ("command-r7b", 2 * 8 * 8 * 128 * 2, "8 full + 24 sliding (window 4096) layers, 8 KV heads x 128"),
+        ("exaone-4.0-32b", 2 * 16 * 8 * 128 * 2, "16 full + 48 sliding (window 4096) layers, 8 KV heads x 128"),
     ],
 )
 def test_kv_cache_per_layer_kind(name, kv_bytes_per_token, layout):
@@ -387,3 +394,59 @@ def test_a_vision_tower_beside_top_level_text_fields_is_counted_and_an_unknown_o
     assert with_tower.parameters is not None and with_tower.parameters - text_only > 32 * 4 * 1280 * 1280
     kimi = size_model(config("kimi-k2.5"), DType.BFLOAT16)
     assert kimi.anatomy.notes and kimi.anatomy.notes[0].startswith("vision tower not counted")
+
+
+@pytest.mark.parametrize(
+    ("changes", "full"),
+    [
+        pytest.param({}, 8, id="every fourth layer global"),
+        pytest.param({"sliding_window_pattern": "LLLG"}, 8, id="as letters"),
+        pytest.param({"sliding_window_pattern": "LG"}, 16, id="alternating letters"),
+        pytest.param({"sliding_window_pattern": 1}, 32, id="1: no layer slides"),
+        pytest.param({"sliding_window": None}, 32, id="no window: no layer slides"),
+        pytest.param({"layer_types": ["full_attention"] * 32}, 32, id="layer_types win"),
+    ],
+)
+def test_a_sliding_window_pattern_is_read_as_transformers_derives_layer_types(changes, full):
+    cohere = {**config("command-r7b"), **changes}
+    cohere = {key: value for key, value in cohere.items() if value is not None}
+    groups = {g.kind: g.layers for g in size_model(cohere, DType.BFLOAT16).anatomy.kv_groups}
+    assert groups.get(LayerKind.FULL, 0) == full
+
+
+def test_an_unknown_family_with_a_pattern_is_sized_by_it_and_one_with_a_pattern_key_not_read_is_refused():
+    generic = {**config("llama-3.1-8b"), "model_type": "newfamily", "sliding_window": 1024}
+    pattern = size_model({**generic, "sliding_window_pattern": 4}, DType.BFLOAT16).kv().describe()
+    assert pattern.startswith("8 full + 24 sliding (window 1024)")
+    turned_off = size_model({**generic, "use_sliding_window": False}, DType.BFLOAT16).kv().describe()
+    assert turned_off.startswith("32 full + 0 sliding")
+    with pytest.raises(UnsupportedModel, match="global_attn_every_n_layers=3 says which layers slide"):
+        size_model({**generic, "global_attn_every_n_layers": 3}, DType.BFLOAT16)
+    with pytest.raises(UnsupportedModel, match="neither a count nor L/G letters"):
+        size_model({**config("exaone-4.0-32b"), "sliding_window_pattern": "LXG"}, DType.BFLOAT16)
+
+
+def test_expert_fields_are_read_by_every_name_the_families_use():
+    """A family not in the table with ERNIE's field names is sized with its experts, not as a dense model."""
+    ernie = config("ernie-4.5-21b-a3b")
+    generic = {**ernie, "model_type": "ernie_like"}
+    for key in ("moe_layer_start_index",):  # the generic reader routes every layer (no ERNIE range)
+        generic.pop(key)
+    size = size_model(generic, DType.BFLOAT16)
+    assert (size.anatomy.experts, size.anatomy.active_experts) == (64, 6)
+    assert size.weights_bytes > 40 * GB
+
+
+@pytest.mark.parametrize(
+    ("family", "reason"),
+    [
+        ("falcon_mamba", "vLLM's CPU backend cannot run it: its Mamba-1 layers' prefill calls the selective-scan"),
+        ("mamba", "torch.ops._C.selective_scan_fwd"),
+        ("kimi_linear", "KDA linear-attention layers run as Triton kernels only"),
+        ("plamo2", "vLLM removed Plamo2ForCausalLM after 0.26"),
+        ("nemotron_h", "vLLM CPU runs but this operator does not size yet"),
+    ],
+)
+def test_a_family_vllm_cpu_cannot_run_is_refused_with_vllms_reason_and_one_it_runs_with_ours(family, reason):
+    with pytest.raises(UnsupportedModel, match=re.escape(reason)):
+        size_model({**config("llama-3.1-8b"), "model_type": family}, DType.BFLOAT16)

@@ -38,7 +38,7 @@ def vllm_config(request: dict[str, Any]) -> Any:
 def measure(request: dict[str, Any], first: bool) -> dict[str, Any]:
     """vLLM's imports here: the tests import RESULT from this file without vLLM."""
     import torch
-    from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
+    from vllm.config import VllmConfig, get_layers_from_vllm_config, set_current_vllm_config
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
     from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
     from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
@@ -49,10 +49,13 @@ def measure(request: dict[str, Any], first: bool) -> dict[str, Any]:
     from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_kv_cache_configs
 
     config = vllm_config(request)
-    with set_current_vllm_config(config):
-        if first:  # one process-wide group of one rank serves every config
+    if first:  # one process-wide group of one rank serves every config
+        # Made outside any model's config: vLLM then makes the expert-parallel group too (it leaves it out when the
+        # current model is dense), which every MoE config after the first needs, whichever config comes first.
+        with set_current_vllm_config(VllmConfig()):
             init_distributed_environment(1, 0, f"tcp://127.0.0.1:{PORT}", 0, "gloo")
             ensure_model_parallel_initialized(1, 1)
+    with set_current_vllm_config(config):
         with set_default_torch_dtype(config.model_config.dtype), torch.device("meta"):
             model = initialize_model(vllm_config=config)
         current_platform.update_block_size_for_backend(config)

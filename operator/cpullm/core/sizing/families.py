@@ -19,8 +19,9 @@ from typing import Any
 
 from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, KVGroup, LayerKind, Params, Split
 from cpullm.core.sizing.config import ConfigView, first_present, model_type, show, text_config
-from cpullm.core.sizing.hybrids import HYBRIDS, NOT_SIZED
+from cpullm.core.sizing.hybrids import HYBRIDS, NOT_SIZED, VLLM_CPU_CANNOT_RUN
 from cpullm.core.sizing.layers import (
+    EXPERT_ACTIVE_KEYS,
     EXPERT_COUNT_KEYS,
     Family,
     MoE,
@@ -30,6 +31,7 @@ from cpullm.core.sizing.layers import (
     gated_mlp,
     kv_groups,
     layer_kinds,
+    sliding_by_pattern,
 )
 from cpullm.errors import UnsupportedModel
 
@@ -156,6 +158,13 @@ def _all_but_every_nth(config: ConfigView, layer: int) -> bool:
     return (layer + 1) % config.positive("sliding_window_pattern", 6) != 0
 
 
+def _three_slide_then_one_full(config: ConfigView, layer: int) -> bool:
+    """Cohere2 (Command R7B) and EXAONE 4.0: as transformers derives layer_types where a config has none, every
+    sliding_window_pattern-th layer (default 4) attends to the whole context; EXAONE's pattern may be spelt as
+    letters ("LLLG": L slides, G is global); no sliding_window: no layer slides."""
+    return sliding_by_pattern(config, layer, 4)
+
+
 def _qwen_sliding(config: ConfigView, layer: int) -> bool:
     """Qwen2/Qwen3: with use_sliding_window, layers from max_window_layers on slide."""
     return config.flag("use_sliding_window", False) and layer >= config.count("max_window_layers", 28)
@@ -246,6 +255,22 @@ FAMILIES: dict[str, Family] = {
         )
     ),
     "opt": Family(_opt, {"max_position_embeddings": 2048}),
+    # One LayerNorm (weight only) per layer: attention and MLP in parallel on its output.
+    "cohere2": _decoder(norms_per_layer=1, sliding=_three_slide_then_one_full, tied_default=True),
+    # q/k norms, and norms after attention and after the MLP (none before them).
+    "exaone4": _decoder(qk_norm=True, sliding=_three_slide_then_one_full),
+    # ERNIE 4.5 MoE: experts (and shared experts of moe_num_shared_experts x their size) from
+    # moe_layer_start_index to moe_layer_end_index every moe_layer_interval layers; the router's score correction
+    # bias (moe_statics, loaded as the gate's e_score_correction_bias).
+    "ernie4_5_moe": _decoder(
+        moe=MoE(
+            "moe_num_experts",
+            active_key="moe_k",
+            shared_count_key="moe_num_shared_experts",
+            score_bias=True,
+            range_keys=("moe_layer_start_index", "moe_layer_end_index", "moe_layer_interval"),
+        )
+    ),
     **HYBRIDS,
 }
 # Multimodal configs whose language model is a family above, nested in text_config.
@@ -256,17 +281,23 @@ def _generic(family: str, config: ConfigView) -> Anatomy:
     """A family not in the table whose config uses the common field names: a Llama-shaped decoder, with the
     Mixtral/Qwen/DeepSeek expert fields and MLA where the config has them. A state-space family not sized here is
     refused by name: its common fields would size it as a Llama."""
+    if family in VLLM_CPU_CANNOT_RUN:
+        raise UnsupportedModel(
+            f"model_type {show(family)}: vLLM's CPU backend cannot run it: {VLLM_CPU_CANNOT_RUN[family]}; serve "
+            "another model"
+        )
     if family in NOT_SIZED:
         raise UnsupportedModel(
-            f"model_type {show(family)} has state-space or linear-attention layers this operator does not size yet "
-            f"(sized: {', '.join(sorted(HYBRIDS))})"
+            f"model_type {show(family)} has state-space or linear-attention layers vLLM CPU runs but this operator "
+            f"does not size yet (sized: {', '.join(sorted(HYBRIDS))})"
         )
     if config.has("kv_lora_rank"):
         return _mla(family, config, _DEEPSEEK_MOE)
     for experts_key in EXPERT_COUNT_KEYS:
         if config.count(experts_key):
             size_key = "moe_intermediate_size" if config.has("moe_intermediate_size") else "intermediate_size"
-            return Decoder(moe=MoE(experts_key, expert_size_key=size_key)).build(family, config)
+            active_key = first_present(config, EXPERT_ACTIVE_KEYS) or EXPERT_ACTIVE_KEYS[0]
+            return Decoder(moe=MoE(experts_key, expert_size_key=size_key, active_key=active_key)).build(family, config)
     missing = [key for key in COMMON_FIELDS if not config.has(key)]
     if missing:
         raise UnsupportedModel(

@@ -285,8 +285,22 @@ HYBRIDS: dict[str, Family] = {
         },
     ),
 }
-# State-space and linear-attention families vLLM CPU may run that are not sized here: refused by name rather than
-# sized as the Llama-shaped decoder their common fields would suggest.
-NOT_SIZED = frozenset(
-    {"bamba", "jamba", "mamba", "mamba2", "falcon_mamba", "nemotron_h", "plamo2", "lfm2", "minimax", "kimi_linear"}
+# State-space and linear-attention families vLLM CPU runs that are not sized here: refused by name rather than sized as
+# the Llama-shaped decoder their common fields would suggest.
+NOT_SIZED = frozenset({"mamba2", "nemotron_h", "lfm2", "lfm2_moe"})
+# Families vLLM's CPU backend cannot run, with vLLM's reason, as read in its sources (0.31 to 0.33: the same there):
+# the refusal says it is vLLM's limit, not this operator's.
+_SELECTIVE_SCAN = (
+    "its Mamba-1 layers' prefill calls the selective-scan kernel (torch.ops._C.selective_scan_fwd), which vLLM builds "
+    "from CUDA sources only (csrc/mamba/selective_scan_fwd.cu): no CPU kernel library of vLLM has it"
 )
+VLLM_CPU_CANNOT_RUN: dict[str, str] = {
+    "mamba": _SELECTIVE_SCAN,
+    "falcon_mamba": _SELECTIVE_SCAN,
+    "jamba": _SELECTIVE_SCAN,
+    "kimi_linear": "vLLM builds it from vllm.models.kimi_k3, whose KDA linear-attention layers run as Triton kernels "
+    "only",
+    "bamba": "vLLM removed BambaForCausalLM after 0.23 (its registry's removed models)",
+    "minimax": "vLLM removed MiniMaxText01ForCausalLM after 0.23 (its registry's removed models)",
+    "plamo2": "vLLM removed Plamo2ForCausalLM after 0.26 (its registry's removed models)",
+}

@@ -12,7 +12,29 @@ from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, KVGroup, LayerKind, L
 from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, first_present, positive_int, show
 from cpullm.errors import UnsupportedModel
 
-EXPERT_COUNT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+# The names configs give a mixture of experts' fields, and the families that use each (a family of FAMILIES reads its
+# own; a family not in the table is read by these, in this order).
+EXPERT_COUNT_KEYS = (
+    "num_experts",  # Qwen MoE, Granite MoE
+    "num_local_experts",  # Mixtral, gpt-oss, Llama 4; Qwen3-MoE saved by transformers 5
+    "n_routed_experts",  # DeepSeek V2/V3, Kimi K2
+    "moe_num_experts",  # ERNIE 4.5
+)
+EXPERT_ACTIVE_KEYS = (
+    "num_experts_per_tok",  # Mixtral, Qwen MoE, DeepSeek, gpt-oss, Llama 4
+    "moe_k",  # ERNIE 4.5
+    "moe_topk",  # Hunyuan
+)
+# Keys that say which layers slide in ways no family here reads: a config with one (and no layer_types) is refused,
+# never sized as if every layer, or none, slid.
+UNREAD_PATTERN_KEYS = (
+    "global_attn_every_n_layers",
+    "swa_layers",
+    "sliding_window_layers",
+    "full_attention_layers",
+    "global_attention_layers",
+    "attention_layer_pattern",
+)
 
 
 @dataclass(frozen=True)
@@ -89,9 +111,15 @@ class MoE:
     first_dense_key: str | None = None  # DeepSeek: first_k_dense_replace
     step_key: str | None = None  # Qwen MoE: decoder_sparse_step (and mlp_only_layers)
     active_key: str = "num_experts_per_tok"
+    range_keys: tuple[str, str, str] | None = None  # ERNIE 4.5: first and last MoE layer, and the interval
 
     def layers(self, config: ConfigView, layers: int) -> int:
         """How many layers route to experts (the others have a dense MLP of intermediate_size)."""
+        if self.range_keys:
+            start_key, end_key, interval_key = self.range_keys
+            start, end = config.count(start_key), config.count(end_key, layers - 1)
+            interval = config.positive(interval_key, 1)
+            return sum(1 for i in range(layers) if start <= i <= end and (i + 1) % interval == 0)
         if self.first_dense_key:
             first_dense = min(config.count(self.first_dense_key), layers)
             frequency = config.positive("moe_layer_freq", 1)
@@ -203,9 +231,35 @@ def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, 
     if listed is not None:
         return listed
     if sliding is None:
-        window = config.count("sliding_window")  # 0 or absent: no window
+        unread = [key for key in UNREAD_PATTERN_KEYS if config.has(key)]
+        if unread:
+            raise UnsupportedModel(
+                f"model config {unread[0]}={show(config.values[unread[0]])} says which layers slide in a way "
+                f"{sized.split(' is sized')[0]} is not sized by; give layer_types, or spec.model.weightsBytes and an "
+                "explicit kvCacheGiB"
+            )
+        if config.has("sliding_window_pattern"):  # transformers' rule for the families that name one
+            return [LayerKind.SLIDING if sliding_by_pattern(config, i, 1) else LayerKind.FULL for i in range(layers)]
+        # vLLM keeps no window where the config turns it off (Qwen2's use_sliding_window: false).
+        window = config.count("sliding_window") if config.flag("use_sliding_window", True) else 0
         return [LayerKind.SLIDING if window else LayerKind.FULL] * layers
     return [LayerKind.SLIDING if sliding(config, i) else LayerKind.FULL for i in range(layers)]
+
+
+def sliding_by_pattern(config: ConfigView, layer: int, default: int) -> bool:
+    """Whether `layer` slides by sliding_window_pattern, as transformers derives layer_types: a count n (every n-th
+    layer is global, the others slide; 1: none slides) or letters ("LLLG": L slides, G is global), repeated over
+    the layers; no sliding_window: none slides."""
+    if not config.count("sliding_window"):
+        return False
+    pattern = config.values.get("sliding_window_pattern", default)
+    if isinstance(pattern, str):
+        if not pattern or set(pattern.upper()) - {"L", "G"}:
+            raise UnsupportedModel(
+                f"model config sliding_window_pattern={show(pattern)} is neither a count nor L/G letters"
+            )
+        return pattern.upper()[layer % len(pattern)] == "L"
+    return (layer + 1) % config.positive("sliding_window_pattern", default) != 0
 
 
 def kv_groups(config: ConfigView, kinds: list[LayerKind], kv_heads: int, entry: int) -> tuple[KVGroup, ...]:
