@@ -36,6 +36,12 @@ API_ERRORS = Counter(
     "ApiUnavailable) or by HTTP status when left unmapped.",
     ["error"],
 )
+POD_TROUBLES = Counter(
+    "cpullm_pod_troubles_total",
+    "Service pods seen to start failing to start or to keep running, by the Ready reason it gave (ImagePullFailed, "
+    "ContainerConfigError, OOMKilled, WrongArchitecture, CrashLoopBackOff, Unschedulable).",
+    ["reason"],
+)
 NODE_PROFILES = Gauge("cpullm_node_profiles", "Nodes the planner can use (their labels parse into a node profile).")
 
 

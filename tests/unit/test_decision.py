@@ -12,6 +12,7 @@ import cpullm.core.decision as decision_module
 from cpullm.api.plan import Plan
 from cpullm.core.decision import Decision, Event, decide
 from cpullm.core.observation import NamespaceFacts
+from cpullm.core.pod_troubles import PodTrouble
 from cpullm.errors import (
     ChildRejected,
     InvalidSpec,
@@ -290,14 +291,14 @@ FAILED_CREATE = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCr
 
 
 @pytest.mark.parametrize(
-    ("conditions", "unschedulable", "reason", "message"),
+    ("conditions", "trouble", "reason", "message"),
     [
         pytest.param(
             [FAILED_CREATE], None, "FailedCreate", f"0/1 replicas ready; pods cannot be created: {QUOTA}", id="quota"
         ),
         pytest.param(
             [FAILED_CREATE],
-            "0/3 nodes are available",
+            PodTrouble("Unschedulable", "a pod cannot be scheduled: 0/3 nodes are available"),
             "FailedCreate",
             f"0/1 replicas ready; pods cannot be created: {QUOTA}",
             id="before-unschedulable",
@@ -314,10 +315,10 @@ FAILED_CREATE = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCr
         ),
     ],
 )
-def test_pods_the_replica_set_cannot_create_are_the_ready_reason(conditions, unschedulable, reason, message):
+def test_pods_the_replica_set_cannot_create_are_the_ready_reason(conditions, trouble, reason, message):
     """A quota, an admission webhook or policy, an invalid image reference: the ReplicaSet's FailedCreate
     (the Deployment's ReplicaFailure condition) used to leave the service Progressing forever with no cause."""
     deployment = {"status": {"replicas": 0, "conditions": conditions}}
-    decision = decide(observed(spec=spec(replicas=1), deployment=deployment, unschedulable=unschedulable), T0)
+    decision = decide(observed(spec=spec(replicas=1), deployment=deployment, pod_trouble=trouble), T0)
     ready = decision.status["conditions"][1]
     assert (ready["status"], ready["reason"], ready["message"]) == ("False", reason, message)

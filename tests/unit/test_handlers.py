@@ -33,7 +33,7 @@ class RecordingReconciler:
         self.kube = self
         self.events: list[tuple[str, str, str]] = []
         self.seen: list[tuple[str, str, str | None]] = []
-        self.unschedulable: list[str | None] = []
+        self.unschedulable: list[str | None] = []  # each reconcile's pod trouble's message
         self.deployments: list[Any] = []
         self.daemons: list[Any] = []
         self.changed_while_away: set[str] = set()
@@ -57,7 +57,7 @@ class RecordingReconciler:
         self.daemons.append(view.daemons)
         self.topologies.append(view.node_facts)
         self.deployments.append(view.deployment)
-        self.unschedulable.append(view.unschedulable)
+        self.unschedulable.append(view.pod_trouble.message if view.pod_trouble else None)
 
     def emit_event(self, regarding, type_, reason, message):
         self.events.append((regarding["kind"], type_, reason))
@@ -89,7 +89,7 @@ def handler_memo(reconciler: Any, workers: int = 2) -> kopf.Memo:
 OTHER_INDEXES: dict[str, Any] = {
     "owned_deployments": {},
     "installed_crds": {},
-    "unschedulable_pods": {},
+    "pod_troubles": {},
     "server_exits": {},
     "daemonset_pods": {},
     **{source.index: {} for source in NODE_FACT_SOURCES},
@@ -254,10 +254,10 @@ def test_node_index_keeps_label_errors_out_of_planning():
     assert [p.name for p in indexed(index)] == ["n1"]
 
 
-def test_a_pod_scheduled_at_last_leaves_the_unschedulable_index():
+def test_a_pod_scheduled_at_last_leaves_the_pod_troubles_index():
     index = KopfIndex()
     for scheduled in [INSUFFICIENT, {"status": "True"}]:
-        index._replace(("ns", "a-1", "u"), asyncio.run(handlers.unschedulable_pods(**pod("a-1", scheduled))))
+        index._replace(("ns", "a-1", "u"), asyncio.run(handlers.pod_troubles(**pod("a-1", scheduled))))
     assert ("ns", "a") not in index
 
 
@@ -415,7 +415,8 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
 
 def pod(name: str, scheduled: dict[str, str] | None) -> dict[str, Any]:
     conditions = [{"type": "PodScheduled", **scheduled}] if scheduled else []
-    return {"name": name, "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "status": {"conditions": conditions}}
+    status = {"conditions": conditions}
+    return {"name": name, "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "spec": {}, "status": status}
 
 
 def pod_event(memo: kopf.Memo, type_: str | None, event: dict[str, Any], index_name: str, indexer: Any) -> None:
@@ -446,9 +447,9 @@ def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedu
         ("MODIFIED", INSUFFICIENT),
         ("DELETED", INSUFFICIENT),
     ]:
-        pod_event(memo, type_, pod("a-1", scheduled), "unschedulable_pods", handlers.unschedulable_pods)
+        pod_event(memo, type_, pod("a-1", scheduled), "pod_troubles", handlers.pod_troubles)
     rec = memo["state"].reconciler
-    message = INSUFFICIENT["message"]
+    message = f"a pod cannot be scheduled: {INSUFFICIENT['message']}"
     assert rec.unschedulable == [message, None, message, None]
 
 
@@ -456,7 +457,7 @@ def ended(message: str | None) -> dict[str, Any]:
     """A server pod whose vLLM container last ended with `message` as its termination message (None: running)."""
     last = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "message": message}} if message else {}
     status = {"containerStatuses": [{"name": "vllm", "state": {"running": {}}, "lastState": last}]}
-    return {"name": "a-1", "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "status": status}
+    return {"name": "a-1", "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "spec": {}, "status": status}
 
 
 def test_a_pod_whose_server_ended_without_a_fix_reconciles_its_service_with_that_end():
@@ -512,17 +513,18 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
     memo = handler_memo(RecordingReconciler())
     for type_, scheduled in [(None, {"status": "True"}), (None, INSUFFICIENT), (None, INSUFFICIENT)]:
         event = pod("a-1", scheduled)
-        entry = asyncio.run(handlers.unschedulable_pods(**event)) or {}
+        entry = asyncio.run(handlers.pod_troubles(**event)) or {}
         call = handlers.pod_changed(
             **event,
             type=type_,
             memo=memo,
             services=SERVICES,
             node_profiles={},
-            **{**OTHER_INDEXES, "unschedulable_pods": {key: [message] for key, message in entry.items()}},
+            **{**OTHER_INDEXES, "pod_troubles": {key: [trouble] for key, trouble in entry.items()}},
         )
         asyncio.run(call)
-    assert memo["state"].reconciler.unschedulable == [INSUFFICIENT["message"]]  # once: when it changed
+    message = f"a pod cannot be scheduled: {INSUFFICIENT['message']}"
+    assert memo["state"].reconciler.unschedulable == [message]  # once: when it changed
 
 
 def test_a_resync_lists_the_optional_kinds_whose_crds_are_served():

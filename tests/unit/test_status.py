@@ -3,7 +3,8 @@ from datetime import UTC, datetime
 import pytest
 
 from cpullm.core.planner import plan_service
-from cpullm.core.status import changed_conditions, compute_status, scheduling_failure, status_changes
+from cpullm.core.pod_troubles import PodTrouble, pod_trouble
+from cpullm.core.status import changed_conditions, compute_status, status_changes
 from cpullm.errors import ModelTooLarge, NoEligibleNode
 
 from .builders import llama_8b, node, spec
@@ -13,7 +14,7 @@ T1 = datetime(2026, 1, 1, 12, 5, 0, tzinfo=UTC)
 PLAN = plan_service(spec(), llama_8b(), [node(numa=2, memory="512Gi")])
 
 
-def status(outcome, desired=1, deployment=None, previous=None, now=T0, generation=3, unschedulable=None):
+def status(outcome, desired=1, deployment=None, previous=None, now=T0, generation=3, trouble=None):
     return compute_status(
         name="svc",
         generation=generation,
@@ -22,7 +23,7 @@ def status(outcome, desired=1, deployment=None, previous=None, now=T0, generatio
         deployment_status=deployment,
         previous=previous or {},
         now=now,
-        unschedulable=unschedulable,
+        trouble=trouble,
     )
 
 
@@ -79,16 +80,17 @@ def test_conditions(outcome, desired, deployment, expected):
         ([{"type": "PodScheduled", "status": "False", "reason": "SchedulingGated", "message": "gated"}], None),
         (
             [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/2 nodes: cpu"}],
-            "0/2 nodes: cpu",
+            "a pod cannot be scheduled: 0/2 nodes: cpu",
         ),
         (
             [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}],
-            "the scheduler found no node for it",
+            "a pod cannot be scheduled: the scheduler found no node for it",
         ),
     ],
 )
 def test_scheduling_failure_is_the_schedulers_message(conditions, expected):
-    assert scheduling_failure({"conditions": conditions}) == expected
+    found = pod_trouble({"conditions": conditions})
+    assert (found.message if found else None) == expected
 
 
 def test_an_unschedulable_pod_names_the_schedulers_reason_in_ready():
@@ -101,7 +103,7 @@ def test_an_unschedulable_pod_names_the_schedulers_reason_in_ready():
         deployment_status={"replicas": 2, "readyReplicas": 1},
         previous={},
         now=T0,
-        unschedulable=message,
+        trouble=PodTrouble("Unschedulable", f"a pod cannot be scheduled: {message}"),
     )
     ready = result["conditions"][1]
     assert (ready["status"], ready["reason"]) == ("False", "Unschedulable")
@@ -139,7 +141,8 @@ def test_progress_counts_alone_raise_no_event():
 def test_a_new_services_first_ready_is_an_event_unless_it_is_progressing():
     ready = status(PLAN, 1, {"replicas": 1, "readyReplicas": 1})
     assert [c["type"] for c in changed_conditions({}, ready)] == ["Planned", "Ready"]
-    unschedulable = status(PLAN, 1, {"replicas": 1}, unschedulable="0/3 nodes are available: 3 Insufficient cpu.")
+    trouble = PodTrouble("Unschedulable", "a pod cannot be scheduled: 0/3 nodes are available: 3 Insufficient cpu.")
+    unschedulable = status(PLAN, 1, {"replicas": 1}, trouble=trouble)
     assert [(c["type"], c["reason"]) for c in changed_conditions({}, unschedulable)] == [
         ("Planned", "Planned"),
         ("Ready", "Unschedulable"),

@@ -25,11 +25,11 @@ from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
 from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.node_facts import NodeFactSource
+from cpullm.core.pod_troubles import memory_limits, pod_trouble
 from cpullm.core.server_exits import server_exit
-from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeState, parse_node
 from cpullm.errors import NodeLabelError, PermissionDenied, TransientApiError
-from cpullm.metrics import NODE_PROFILES
+from cpullm.metrics import NODE_PROFILES, POD_TROUBLES
 
 log = logging.getLogger(__name__)
 
@@ -234,17 +234,21 @@ async def pod_changed(
     name: str,
     type: str | None,
     labels: Mapping[str, str] | None,
+    spec: Mapping[str, Any],
     status: Mapping[str, Any],
     indexes: KopfIndexes,
 ) -> None:
-    """A server pod that became unschedulable, or schedulable again (or went), reconciles its service, so its
-    Ready condition carries the scheduler's reason; so does one whose vLLM container's last end reports fixes that
+    """A pod of a service that cannot start or keep running (unschedulable, an image that cannot be pulled, a Secret
+    missing, a crash loop: core/pod_troubles.py), or no longer, reconciles its service, so its Ready condition says
+    why; so does one whose vLLM container's last end reports fixes that
     did not load, or no longer does (FixesLoaded); every other pod change (most of them) does nothing. A pod's
     controller is its ReplicaSet: it is matched to its service by label, and changes only what status says."""
     owner = (labels or {}).get(SERVICE_LABEL)
-    unschedulable = state.unschedulable_pods.news((namespace, name), type, scheduling_failure(status))
+    trouble = state.pod_troubles.news((namespace, name), type, pod_trouble(status, memory_limits(spec)))
+    if trouble is not None and trouble.after is not None:
+        POD_TROUBLES.labels(trouble.after.reason).inc()
     ended = state.server_exits.news((namespace, name), type, server_exit(name, status))
-    if (unschedulable is not None or ended is not None) and owner is not None:
+    if (trouble is not None or ended is not None) and owner is not None:
         await reconcile_quietly(state, indexes.service((namespace, owner)), indexes)
 
 

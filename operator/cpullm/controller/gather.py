@@ -103,7 +103,7 @@ def gather(
         nodes=tuple(refine_profiles(view.nodes, view.node_facts)),
         daemons=tuple(view.daemons),
         deployment=view.deployment,
-        unschedulable=view.unschedulable,
+        pod_trouble=view.pod_trouble,
         server_exits=tuple(view.server_exits),
         status=last_status if last_status is not None else service.get("status") or {},
         installed_crds=view.installed_crds,

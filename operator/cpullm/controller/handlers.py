@@ -5,12 +5,12 @@ Triggers: the CpuLLMService itself (new, its spec changed, or first seen); a nod
 profile changed (the services it can affect are re-planned; only changed plans touch anything); a DaemonSet
 whose pods' requests or placement changed (every service is re-planned: whole-node plans leave it room); a change
 to a child Deployment, Service or launcher ConfigMap (drift is reverted, readiness copied into status); a
-server pod the scheduler cannot place, or can again (its message goes into the Ready condition); an
+pod that cannot start or keep running, or can again (why goes into the Ready condition: core/pod_troubles.py); an
 optional API's CRD (PodMonitor, ScaledObject) installed or removed (the services asking for it are
 reconciled).
 
 Kopf's indexes hold what reconciles read (node profiles, the DaemonSets' pods, services, the owned Deployments'
-status, the scheduler's messages for unschedulable pods), so
+status, why pods cannot run), so
 handlers start only once they are loaded and no reconcile lists anything. Handlers are async: Kopf mutates
 its indexes on the event loop, so they are read (copied) there, and only then is the blocking reconcile
 handed to a worker thread.
@@ -33,9 +33,9 @@ from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_facts import NODE_FACT_SOURCES, SOURCE_OF_PLURAL
+from cpullm.core.pod_troubles import PodTrouble, memory_limits, pod_trouble
 from cpullm.core.rollout import server_deployment_facts
 from cpullm.core.server_exits import ServerExit, server_exit
-from cpullm.core.status import scheduling_failure
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import NodeLabelError
 from cpullm.metrics import track_services
@@ -149,12 +149,12 @@ async def owned_deployments(
 
 
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
-async def unschedulable_pods(
-    namespace: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
-) -> dict[tuple[str, str], str]:
-    """The scheduler's message for each server pod it cannot place, keyed by the pod's service."""
-    owner, message = labels.get(SERVICE_LABEL), scheduling_failure(status)
-    return {(namespace, owner): message} if owner and message else {}
+async def pod_troubles(
+    namespace: str, labels: Mapping[str, str], spec: Mapping[str, Any], status: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], PodTrouble]:
+    """Why each of a service's pods cannot start or keep running (core/pod_troubles.py), keyed by its service."""
+    owner, trouble = labels.get(SERVICE_LABEL), pod_trouble(status, memory_limits(spec))
+    return {(namespace, owner): trouble} if owner and trouble else {}
 
 
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
@@ -233,13 +233,14 @@ async def pod_changed(
     name: str,
     type: str | None,
     labels: Mapping[str, str],
+    spec: Mapping[str, Any],
     status: Mapping[str, Any],
     memo: kopf.Memo,
     **indexes: Any,
 ) -> None:
-    """A server pod became unschedulable, or schedulable again (or went), or its vLLM container ended reporting a fix
-    that did not load: its service's conditions say so."""
-    await dispatch.pod_changed(_state(memo), namespace, name, type, labels, status, KopfIndexes.of(indexes))
+    """A service's pod cannot start or keep running, or can again (or went), or its vLLM container ended reporting a
+    fix that did not load: its service's conditions say so."""
+    await dispatch.pod_changed(_state(memo), namespace, name, type, labels, spec, status, KopfIndexes.of(indexes))
 
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_optional_api)

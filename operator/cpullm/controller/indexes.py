@@ -39,7 +39,7 @@ class KopfIndexes:
     installed_crds: Index
     services: Index
     owned_deployments: Index
-    unschedulable_pods: Index
+    pod_troubles: Index
     server_exits: Index
 
     @classmethod
@@ -52,7 +52,7 @@ class KopfIndexes:
             installed_crds=kwargs["installed_crds"],
             services=kwargs["services"],
             owned_deployments=kwargs["owned_deployments"],
-            unschedulable_pods=kwargs["unschedulable_pods"],
+            pod_troubles=kwargs["pod_troubles"],
             server_exits=kwargs["server_exits"],
         )
 
@@ -108,7 +108,7 @@ class Snapshot:
             daemons=self.daemons,
             deployment=first(self._indexes.owned_deployments, key),
             installed_crds=self.crds,
-            unschedulable=first(self._indexes.unschedulable_pods, key),
+            pod_trouble=first(self._indexes.pod_troubles, key),
             server_exits=tuple(self._indexes.server_exits.get(key, ())),
             rolling=self.rolling,
         )

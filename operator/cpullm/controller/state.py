@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.pod_troubles import PodTrouble
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.topology import NodeState, node_state_changed
 
@@ -87,7 +88,7 @@ class ControllerState:
     workers: ReconcileWorkers
     nodes: LastSeen[str, NodeState] = field(default_factory=lambda: LastSeen(node_state_changed))
     daemonsets: LastSeen[tuple[str, str], DaemonPods] = field(default_factory=LastSeen)
-    unschedulable_pods: LastSeen[tuple[str, str], str] = field(default_factory=LastSeen)  # the scheduler's message
+    pod_troubles: LastSeen[tuple[str, str], PodTrouble] = field(default_factory=LastSeen)  # why a pod cannot run
     server_exits: LastSeen[tuple[str, str], ServerExit] = field(default_factory=LastSeen)  # fixes not loaded
     served_optional_apis: LastSeen[str, bool] = field(default_factory=LastSeen)  # True: served
     # Why a node-fact source's object of a node cannot be read, as last logged, by (its kind, the node) (None: it

@@ -204,7 +204,7 @@ def decide(observed: Observed, now: datetime) -> Decision:
         now=now,
         features=features,
         optional_children=optional_kinds,
-        unschedulable=observed.unschedulable,
+        trouble=observed.pod_trouble,
     )
     events = tuple(
         Event("Normal" if cond["status"] == "True" else "Warning", cond["reason"], cond["message"])

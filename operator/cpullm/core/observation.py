@@ -12,6 +12,7 @@ from cpullm.core.children.common import Owner
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_facts import NodeFact
+from cpullm.core.pod_troubles import PodTrouble
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
@@ -59,16 +60,16 @@ class ClusterView:
     refined in gather by what other sources say of them (`node_facts`: core/node_facts.py, NodeResourceTopologies);
     `daemons` the DaemonSets whose pods whole-node plans leave room for; `deployment` the servers' Deployment as last
     seen (its generation, template digest, replicas and status); `installed_crds` the optional APIs' CRDs installed
-    (None: unknown, assume all); `unschedulable` the scheduler's message for one of the service's pods it cannot
-    place; `server_exits` its server pods' last ends that report fixes not loaded; `rolling` the services whose
-    servers' Deployment is replacing pods of an older template (they hold rollout slots: controller/pacing.py)."""
+    (None: unknown, assume all); `pod_trouble` why one of the service's pods cannot start or keep running;
+    `server_exits` its server pods' last ends that report fixes not loaded; `rolling` the services whose servers'
+    Deployment is replacing pods of an older template (they hold rollout slots: controller/pacing.py)."""
 
     nodes: Sequence[NodeProfile] = ()
     node_facts: Sequence[NodeFact] = ()
     daemons: Sequence[DaemonPods] = ()
     deployment: Mapping[str, Any] | None = None
     installed_crds: frozenset[str] | None = None
-    unschedulable: str | None = None
+    pod_trouble: PodTrouble | None = None
     server_exits: Sequence[ServerExit] = ()
     rolling: frozenset[tuple[str, str]] = frozenset()
 
@@ -80,8 +81,8 @@ class Observed:
     `spec` is the parsed spec or why it could not be parsed; `model` the model's size, why it could not be
     had, or None when it was not looked up (bad spec, terminating namespace); `status` is the status as the
     operator last wrote it (the object's own after a restart); `apply_error` is what the API server answered
-    when the children of an earlier decision were applied, if it refused them; `unschedulable` the
-    scheduler's message for one of its pods that it cannot place; `server_exits` its server pods' last ends whose
+    when the children of an earlier decision were applied, if it refused them; `pod_trouble` why one of its
+    pods cannot start or keep running (core/pod_troubles.py); `server_exits` its server pods' last ends whose
     report names fixes that did not load (core/server_exits.py); `deployment` the servers' Deployment as Kopf's
     index holds it (its generation, template digest and replicas, and its status).
     """
@@ -95,7 +96,7 @@ class Observed:
     nodes: Sequence[NodeProfile] = ()
     daemons: Sequence[DaemonPods] = ()  # the DaemonSets whose pods' requests whole-node plans leave room for
     deployment: Mapping[str, Any] | None = None
-    unschedulable: str | None = None
+    pod_trouble: PodTrouble | None = None
     server_exits: Sequence[ServerExit] = ()
     status: Mapping[str, Any] = field(default_factory=dict)
     apply_error: CpuLLMError | None = None

@@ -24,6 +24,7 @@ from typing import Any
 
 from cpullm.api.plan import Plan
 from cpullm.core.children.common import SERVICE_LABEL
+from cpullm.core.pod_troubles import PodTrouble
 from cpullm.errors import CpuLLMError
 
 PLANNED = "Planned"
@@ -68,15 +69,6 @@ class FeatureCondition:
     message: str
 
 
-def scheduling_failure(pod_status: Mapping[str, Any]) -> str | None:
-    """The scheduler's message for a pod it could not place ("0/3 nodes are available: 3 Insufficient cpu."),
-    None for a pod that is scheduled or not yet tried."""
-    for cond in pod_status.get("conditions") or []:
-        if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
-            return str(cond.get("message") or "the scheduler found no node for it")
-    return None
-
-
 def replica_counts(deployment_status: Mapping[str, Any] | None) -> tuple[int, int]:
     """(replicas, readyReplicas) of a Deployment's status."""
     deployment_status = deployment_status or {}
@@ -109,10 +101,10 @@ def compute_status(
     now: datetime,
     features: Sequence[FeatureCondition] = (),
     optional_children: Sequence[str] | None = None,
-    unschedulable: str | None = None,
+    trouble: PodTrouble | None = None,
 ) -> dict[str, Any]:
-    """`optional_children`: the kinds of optional children applied (None: as before, the plan failed);
-    `unschedulable`: the scheduler's message for one of the service's pods it cannot place."""
+    """`optional_children`: the kinds of optional children applied (None: as before, the plan failed); `trouble`:
+    why one of the service's pods cannot start or keep running (core/pod_troubles.py)."""
     conditions = previous.get("conditions") or []
     replicas, ready = replica_counts(deployment_status)
 
@@ -126,9 +118,9 @@ def compute_status(
         elif failure := pod_creation_failure(deployment_status):
             ready_ok, reason = False, "FailedCreate"
             message = f"{ready}/{desired_replicas} replicas ready; pods cannot be created: {failure}"
-        elif unschedulable:
-            ready_ok, reason = False, "Unschedulable"
-            message = f"{ready}/{desired_replicas} replicas ready; a pod cannot be scheduled: {unschedulable}"
+        elif trouble:
+            ready_ok, reason = False, trouble.reason
+            message = f"{ready}/{desired_replicas} replicas ready; {trouble.message}"
         else:
             ready_ok, reason, message = False, PROGRESSING, f"{ready}/{desired_replicas} replicas ready"
     else:
