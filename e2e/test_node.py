@@ -485,3 +485,28 @@ def test_unhappy_paths_on_the_real_node(
     finally:
         kubectl.run("uncordon", real_node.name)
     ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
+
+
+def test_a_pod_that_cannot_start_says_why_in_ready_on_the_real_node(
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
+) -> None:
+    """Made on purpose, one after the other: a Secret the spec names that does not exist, and an image no registry
+    serves. Each is the service's Ready reason, with the kubelet's words, soon after the kubelet says so (no server
+    starts: neither case gets that far)."""
+    kubectl, _, models = serving
+
+    def ready_reason(reason: str) -> str:
+        found = conditions(kubectl.get("cpullm", "tiny", namespace)).get("Ready", {})
+        assert found.get("reason") == reason, found
+        return str(found["message"])
+
+    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, apiKeySecret={"name": "absent", "key": "key"}))
+    message = eventually(lambda: ready_reason("ContainerConfigError"), timeout=120, interval=2, what="a missing Secret")
+    assert 'secret "absent" not found' in message and "spec.apiKeySecret" in message, message
+    kubectl.run("delete", "cpullm", "tiny", "-n", namespace)
+    eventually(lambda: not server_pods(kubectl, namespace), timeout=120, what="the first server pod gone")
+
+    missing = "localhost:1/cpullm-tests/no-such-vllm:v0.32.0"  # nothing listens on port 1: the pull fails at once
+    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, image=missing))
+    message = eventually(lambda: ready_reason("ImagePullFailed"), timeout=120, interval=2, what="an unpullable image")
+    assert f"cannot pull {missing}" in message, message
