@@ -4,7 +4,9 @@ estimates by ISA class, and the plan's predicted figures."""
 from __future__ import annotations
 
 import copy
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ from cpullm.core.performance import (
     step_bytes,
 )
 from cpullm.core.planner import plan_service
-from cpullm.core.sizing import size_model
+from cpullm.core.sizing import ModelSize, size_model
 from cpullm.errors import NodePerformanceError
 
 from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, qwen_05b, spec
@@ -269,3 +271,76 @@ def test_a_node_without_avx512_is_estimated_slower_than_one_with_amx():
     avx512 = plan_service(spec(), llama_8b(), [node("n1", numa=2, flags=AVX512_FLAGS)]).predicted
     assert amx is not None and avx512 is not None
     assert amx.time_to_first_token_seconds < avx512.time_to_first_token_seconds
+
+
+def fixture(name: str) -> ModelSize:
+    return size_model(json.loads((MODELS / f"{name}.json").read_text()), "bfloat16")
+
+
+MODELS = Path(__file__).parent / "fixtures" / "models"
+
+
+@pytest.mark.parametrize(
+    ("nodes", "model", "fields", "tp", "basis"),
+    [
+        pytest.param(
+            [node("spr-0", numa=2, cpu="224", memory="1Ti"), node("genoa-0", numa=8, cpu="384", memory="1536Gi",
+             flags=AVX512_FLAGS)],
+            "llama-3.1-8b", {}, 2, "amx_tile", id="mixed pool: SPR and Genoa NPS4",
+        ),
+        pytest.param([node("nps4", numa=4, cpu="96", memory="768Gi", flags=AVX512_FLAGS)], "llama-3.1-8b", {}, 4,
+                     "avx512_bf16", id="NPS4"),
+        pytest.param([node("snc", numa=4, cpu="112", memory="512Gi")], "llama-3.1-8b", {}, 4, "amx_tile", id="SNC"),
+        pytest.param([node("avx2", numa=1, cpu="32", memory="128Gi", flags=("AVX2", "FMA3"))], "llama-3.1-8b", {}, 1,
+                     "", id="AVX2"),
+        pytest.param([node("arm", arch="arm64", numa=1, cpu="64", memory="256Gi", flags=())], "llama-3.1-8b", {}, 1,
+                     "", id="arm64"),
+        pytest.param([node("spr", numa=2, cpu="224", memory="1Ti")], "qwen3-next-80b-a3b", {}, 2, "amx_tile",
+                     id="a hybrid MoE"),
+        pytest.param([node("spr", numa=2, cpu="224", memory="1Ti")], "granite-4.0-h-small", {"kvCacheGiB": 4}, 2,
+                     "amx_tile", id="Mamba2 hybrid MoE"),
+    ],
+)  # fmt: skip
+def test_every_plan_is_predicted_on_every_kind_of_node(nodes, model, fields, tp, basis):
+    plan = plan_service(spec(**fields), fixture(model), nodes)
+    assert plan.tensor_parallel_size == tp
+    p = plan.predicted
+    assert p is not None and p.basis == "estimate"
+    assert p.source == next(r.source for r in perf.ESTIMATES if r.flag == basis)
+    assert 0 < p.decode_tokens_per_second < p.throughput_tokens_per_second
+    assert 0 < p.time_to_first_token_seconds < 60
+
+
+def test_a_moe_decodes_faster_than_a_dense_model_of_its_size_and_a_hybrids_state_is_read_per_sequence():
+    """Qwen3-Next (80B, 3B active) against an 8B dense model on the same nodes: it reads its active experts."""
+    nodes = [node("spr", numa=2, cpu="224", memory="1Ti")]
+    moe = plan_service(spec(), fixture("qwen3-next-80b-a3b"), nodes).predicted
+    dense = plan_service(spec(), llama_8b(), nodes).predicted
+    assert moe is not None and dense is not None
+    assert moe.decode_tokens_per_second > 0.5 * dense.decode_tokens_per_second  # ~3B active against 8B
+
+
+def test_the_objective_flips_the_choice_in_a_mixed_pool_where_the_model_says_it_should():
+    """Genoa NPS4 (8 NUMA nodes of memory) against two-socket SPR (AMX): one sequence's speed favours the eight
+    NUMA nodes' bandwidth; tokens per CPU favour SPR's fewer, AMX cores. The plan says why it passed the other."""
+    pool = [
+        node("spr-0", numa=2, cpu="224", memory="1Ti"),
+        node("genoa-0", numa=8, cpu="384", memory="1536Gi", flags=AVX512_FLAGS),
+    ]
+    per_cpu = plan_service(spec(), llama_8b(), pool)
+    fastest = plan_service(spec(objective="latency"), llama_8b(), pool)
+    assert (per_cpu.eligible_nodes, fastest.eligible_nodes) == (["spr-0"], ["genoa-0"])
+    assert "objective throughput" in (per_cpu.passed_over or [""])[0]
+    assert "objective latency" in (fastest.passed_over or [""])[0]
+
+
+def test_with_placement_auto_the_objective_chooses_a_server_per_numa_node_or_tp():
+    """An 8B model fits one NUMA node: a server on each serves more tokens per CPU, TP 2 one sequence faster. A
+    0.5B model is faster alone on one NUMA node either way: TP's all-reduces cost more than its weights save."""
+    nodes = [node("spr", numa=2, cpu="224", memory="1Ti")]
+    many = plan_service(spec(placement="auto"), llama_8b(), nodes)
+    one = plan_service(spec(placement="auto", objective="latency"), llama_8b(), nodes)
+    assert (many.placement, many.tensor_parallel_size, many.capacity) == ("throughput", 1, 2)
+    assert (one.placement, one.tensor_parallel_size) == ("tensorParallel", 2)
+    small = plan_service(spec(placement="auto", objective="latency"), qwen_05b(), nodes)
+    assert (small.placement, small.tensor_parallel_size) == ("throughput", 1)
