@@ -5,6 +5,7 @@ from itertools import combinations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from cpullm.api.spec import parse_spec
 from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection
@@ -256,3 +257,27 @@ def test_a_multi_numa_node_is_never_planned_with_a_guessed_numa_count(labels, to
     assert (plan.node_profile.numa_nodes, plan.node_profile.numa_source) == planned
     assert plan.tensor_parallel_size == planned[0]
     assert ("NUMA count unknown: 1 assumed" in (plan.placement_note or "")) is (planned[1] == "default")
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [
+        (["AMXBF16"], ["amx_bf16"]),
+        (["AVX512VNNI", "FMA3", "SSE42"], ["avx512_vnni", "fma", "sse4_2"]),
+        (["AVX2", "avx2"], ["avx2"]),  # one flag, however spelt
+        (["sha_ni", "movdiri"], ["sha_ni", "movdiri"]),  # lscpu names pass as written, a rarer one too
+    ],
+)
+def test_required_isa_takes_nfds_spellings_and_plans_with_lscpus(written, read):
+    assert spec(cpu={"requiredISA": written}).cpu.required_isa == read
+
+
+@pytest.mark.parametrize(("typo", "meant"), [("avx512vnni", "avx512_vnni"), ("amxbf16", "amx_bf16")])
+def test_a_near_miss_of_a_known_flag_is_refused_with_the_flag_meant(typo, meant):
+    with pytest.raises(ValidationError, match=f"did you mean '{meant}'"):
+        spec(cpu={"requiredISA": [typo]})
+
+
+def test_a_node_labelled_by_nfd_is_eligible_for_a_flag_required_in_nfds_spelling():
+    plan = plan_service(spec(cpu={"requiredISA": ["AMXBF16"]}), llama_8b(), [node("amx", numa=2)])
+    assert plan.eligible_nodes == ["amx"]

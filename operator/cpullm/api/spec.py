@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel, to_snake
 
+from cpullm.api.isa import lscpu_name, typo_of
 from cpullm.errors import InvalidSpec
 from cpullm.vllm_support import REPORT_ENV
 
@@ -34,7 +35,7 @@ EXPLICIT_BIND_PATTERN = rf"^{_CPU_LIST}(\|{_CPU_LIST})*$"
 # A Kubernetes resource quantity (as the API server's own OpenAPI schemas write it).
 QUANTITY_PATTERN = r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$"
 # lscpu flag names: lower case letters, digits and '_'.
-ISA_FLAG_PATTERN = r"^[a-z0-9_]+$"
+ISA_FLAG_PATTERN = r"^[A-Za-z0-9_]+$"
 
 
 # Every child takes the service's name (the Deployment, the Service, the `app.kubernetes.io/instance` label), and a
@@ -168,7 +169,7 @@ class CpuSettings(_Model):
         max_length=64,
         alias="requiredISA",
         description="CPU flags every chosen node must have, as lscpu names (avx512f, avx512_bf16, amx_bf16, "
-        "avx2, ...). Read from Node Feature Discovery labels or cpullm.io/isa.<flag> labels.",
+        "avx2, ...) or Node Feature Discovery's (AVX512BF16, AMXBF16): the plan uses lscpu's.",
     )
     reserved_cpus_per_rank: int | None = Field(
         default=None,
@@ -198,6 +199,17 @@ class CpuSettings(_Model):
         "rank_in_engine_core, engine_core_forked, aot_cache_loads, checkpoint_pages_dropped, amx_tile_permission. "
         "false runs vLLM's command as is.",
     )
+
+    @field_validator("required_isa", mode="after")
+    @classmethod
+    def _lscpu_names(cls, flags: list[str]) -> list[str]:
+        """NFD's spellings read as lscpu's (AMXBF16 -> amx_bf16); a near miss of a known flag refused with it."""
+        names = [lscpu_name(flag) for flag in flags]
+        for written, name in zip(flags, names, strict=True):
+            meant = typo_of(name)
+            if meant:
+                raise ValueError(f"{written!r} is no CPU flag nodes report; did you mean {meant!r}?")
+        return list(dict.fromkeys(names))
 
 
 class Toleration(_Model):

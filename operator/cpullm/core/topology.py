@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from cpullm.api.isa import lscpu_name
 from cpullm.core.performance import NodePerformance
 from cpullm.errors import NodeLabelError
 
@@ -43,25 +44,6 @@ TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-n
 NUMA_ALIGNING_POLICIES = frozenset({"restricted", "single-numa-node"})
 ARCH_LABEL = "kubernetes.io/arch"
 MAX_NUMA_NODES = 64
-
-# NFD cpuid names whose lscpu spelling is not simply the lower-cased name.
-_NFD_TO_LSCPU = {
-    "AVX512VNNI": "avx512_vnni",
-    "AVX512BF16": "avx512_bf16",
-    "AVX512FP16": "avx512_fp16",
-    "AVX512BITALG": "avx512_bitalg",
-    "AVX512VBMI2": "avx512_vbmi2",
-    "AVX512VPOPCNTDQ": "avx512_vpopcntdq",
-    "AVX512VP2INTERSECT": "avx512_vp2intersect",
-    "AVXVNNI": "avx_vnni",
-    "AVXVNNIINT8": "avx_vnni_int8",
-    "AVXNECONVERT": "avx_ne_convert",
-    "AMXTILE": "amx_tile",
-    "AMXBF16": "amx_bf16",
-    "AMXINT8": "amx_int8",
-    "AMXFP16": "amx_fp16",
-    "FMA3": "fma",
-}
 
 
 @dataclass(frozen=True)
@@ -259,8 +241,7 @@ def _allocatable(allocatable: Mapping[str, Any], resource: str, fail: Any, scale
 
 def lscpu_flag(nfd_label: str) -> str:
     """The lscpu name of an NFD cpuid label: feature.node.kubernetes.io/cpu-cpuid.AMXBF16 -> amx_bf16."""
-    flag = nfd_label[len(NFD_CPUID_PREFIX) :]
-    return _NFD_TO_LSCPU.get(flag, flag.lower())
+    return lscpu_name(nfd_label[len(NFD_CPUID_PREFIX) :])
 
 
 def _parse_bool(key: str, value: str, fail: Any) -> bool:
