@@ -5,7 +5,8 @@ checkpoint's real bytes. Its HTTP client drops the token on a redirect to anothe
 Whoever may create a service names the model, so everything read is bounded: config.json and the index by size;
 a header by its declared length (max_header_bytes), all of a checkpoint's together (max_headers_bytes), and the
 client-wide header reads (HEADER_READERS at once); each is decoded a tensor at a time (never the whole header as
-Python objects, up to ~25 times its bytes) and summed to a few dozen numbers. Results are cached in an LRU bounded by
+Python objects, up to ~25 times its bytes) and summed by decoder layer (at most MAX_LAYERS of them) into one running
+total; the index is read an entry at a time for its distinct shard names. Results are cached in an LRU bounded by
 entries and bytes, keyed by the model, the revision and a digest of the credential, so one tenant's private answer
 never serves another."""
 
@@ -196,12 +197,22 @@ class _Fetch:
         config = self.json("config.json", required=True, limit=self.client.max_config_bytes)
         if not isinstance(config, dict):
             raise ModelConfigUnavailable(f"config.json of {self.name} is a JSON {type(config).__name__}, not an object")
-        index = self.json(INDEX_FILE, required=False, limit=self.client.max_json_bytes)
-        total, shards = _index_facts(index)
+        index = self.body(INDEX_FILE, required=False, limit=self.client.max_json_bytes)
+        total, shards = index_facts(index) if index is not None else (None, [])
         tensors = self.tensors(shards if index is not None else [SINGLE_FILE])
         return ModelFiles(config=config, checkpoint_total_bytes=total, tensors=tensors)
 
     def json(self, filename: str, *, required: bool, limit: int) -> Any:
+        body = self.body(filename, required=required, limit=limit)
+        if body is None:
+            return None
+        try:
+            return json.loads(body)
+        except (ValueError, RecursionError) as err:
+            raise ModelConfigUnavailable(f"{filename} of {self.name} is not JSON ({type(err).__name__})") from None
+
+    def body(self, filename: str, *, required: bool, limit: int) -> bytes | None:
+        """A file's bytes, at most `limit`; None for a file that is not required and not there."""
         try:
             with self._get(filename) as response:
                 body = b"".join(_capped(response.iter_bytes(), limit, filename))
@@ -213,21 +224,24 @@ class _Fetch:
             raise error(self._http_hint(filename, err)) from None
         except httpx2.HTTPError as err:
             raise _Transient(f"cannot reach {self.client.endpoint} for {self.name}: {type(err).__name__}") from None
-        try:
-            return json.loads(body)
-        except (ValueError, RecursionError) as err:
-            raise ModelConfigUnavailable(f"{filename} of {self.name} is not JSON ({type(err).__name__})") from None
+        return body
 
     def tensors(self, shards: list[str]) -> CheckpointTensors | None:
         """The checkpoint's tensors from its safetensors headers; None (size from the index or the formula) when
         there are none or one cannot be read; ModelConfigUnavailable when they are beyond the client's caps."""
         if not shards or len(shards) > MAX_SHARDS:
             return None
+        total = _Sum()
         try:
             with ThreadPoolExecutor(min(HEADER_READERS, len(shards))) as pool:
-                return _summed(list(pool.map(self._shard_tensors, shards)))
+                # One running total, added to in the shards' order (the first shard's error is the one raised), a
+                # reader's worth of shards at a time: no more summaries are held than there are readers.
+                for start in range(0, len(shards), HEADER_READERS):
+                    for tensors in pool.map(self._shard_tensors, shards[start : start + HEADER_READERS]):
+                        total.add(tensors)
         except CheckpointUnreadable:
             return None
+        return total.tensors()
 
     def _shard_tensors(self, shard: str) -> CheckpointTensors:
         """One shard's tensors (_read_shard), its errors raised afresh out of the except block: their tracebacks'
@@ -340,17 +354,22 @@ def _header_tensors(header: bytearray) -> Iterator[tuple[str, str, list[Any]]]:
         raise CheckpointUnreadable("a safetensors header is not a JSON object of tensors")
 
 
-def _summed(files: Sequence[CheckpointTensors]) -> CheckpointTensors:
+class _Sum:
     """The checkpoint's tensors from its files' (each summed by `summarize`), as `summarize` sums them all."""
-    elements: dict[tuple[str, int], int] = {}
-    for tensors in files:
+
+    def __init__(self) -> None:
+        self.elements: dict[tuple[str, int], int] = {}
+        self.files = self.count = 0
+
+    def add(self, tensors: CheckpointTensors) -> None:
         for dtype, layer, count in tensors.elements:
-            elements[dtype, layer] = elements.get((dtype, layer), 0) + count
-    return CheckpointTensors(
-        tuple((dtype, layer, count) for (dtype, layer), count in sorted(elements.items())),
-        files=len(files),
-        tensors=sum(tensors.tensors for tensors in files),
-    )
+            self.elements[dtype, layer] = self.elements.get((dtype, layer), 0) + count
+        self.files += 1
+        self.count += tensors.tensors
+
+    def tensors(self) -> CheckpointTensors:
+        elements = tuple((dtype, layer, count) for (dtype, layer), count in sorted(self.elements.items()))
+        return CheckpointTensors(elements, files=self.files, tensors=self.count)
 
 
 def _footprint(value: object, limit: int) -> int:
@@ -381,15 +400,35 @@ def _capped(chunks: Iterator[bytes], limit: int, filename: str) -> Iterator[byte
         yield chunk
 
 
-def _index_facts(index: Any) -> tuple[int | None, list[str]]:
-    """(metadata.total_size, the shard files) of a safetensors index, each None/empty when malformed."""
-    if not isinstance(index, dict):
-        return None, []
-    metadata = index.get("metadata")
-    total = metadata.get("total_size") if isinstance(metadata, dict) else None
-    weight_map = index.get("weight_map")
-    shards: list[str] = []
-    if isinstance(weight_map, dict):
-        names = {value for value in weight_map.values() if isinstance(value, str)}
-        shards = sorted(name for name in names if name.endswith(".safetensors") and "/" not in name.strip("/"))
-    return (total if type(total) is int else None), shards
+_TOTAL_SIZE = re.compile(rb'"total_size"' + _SPACE + rb":" + _SPACE + rb"(\d{1,20})" + _SPACE + rb"[,}]")
+_WEIGHT_MAP = re.compile(rb'"weight_map"' + _SPACE + rb":" + _SPACE + rb"\{")
+_ENTRY = re.compile(
+    _SPACE + rb"(" + _STRING + rb")" + _SPACE + rb":" + _SPACE + rb"(" + _STRING + rb")" + _SPACE + rb"(,|\})"
+)
+
+
+def index_facts(index: bytes) -> tuple[int | None, list[str]]:
+    """(metadata.total_size, the shard files) of a safetensors index, each None/empty when it has none: read from
+    its bytes an entry at a time (json.loads of a 16 MiB index of empty lists holds ~400 MiB of objects), keeping
+    the distinct shard names alone, at most MAX_SHARDS of them."""
+    found = _TOTAL_SIZE.search(index)
+    total = int(found[1]) if found else None
+    start = _WEIGHT_MAP.search(index)
+    shards: set[str] = set()
+    position = start.end() if start else len(index)
+    while start:
+        entry = _ENTRY.match(index, position)
+        if entry is None:
+            return total, []  # not an object of names to file names
+        position = entry.end()
+        try:
+            shard = json.loads(entry[2])
+        except ValueError:
+            return total, []
+        if shard.endswith(".safetensors") and "/" not in shard.strip("/"):
+            shards.add(shard)
+            if len(shards) > MAX_SHARDS:
+                return total, []
+        if entry[3] == b"}":
+            break
+    return total, sorted(shards)

@@ -20,6 +20,9 @@ DTYPE_BYTES = {
 FLOATING = frozenset({"F64", "F32", "F16", "BF16"})
 _DECODER_LAYER = re.compile(r"(?:^|\.)(?:model|language_model)\.layers\.(\d+)\.")
 MAX_TENSORS = 2_000_000
+# Decoder layers a checkpoint's tensor names may number (the largest models have ~130, with their MTP layers): the
+# sums are keyed by layer, and a header naming a new layer per tensor would grow them by a key per tensor.
+MAX_LAYERS = 1024
 
 
 class CheckpointUnreadable(ValueError):
@@ -62,7 +65,10 @@ def summarize(tensors: Iterable[tuple[str, str, Iterable[int]]], files: int) -> 
         if name.endswith(".g_idx"):
             continue  # GPTQ's act-order index: vLLM creates none (it refuses act-order with groups)
         match = _DECODER_LAYER.search(name)
-        key = (dtype, int(match.group(1)) if match else -1)
+        layer = int(match.group(1)) if match else -1
+        if layer >= MAX_LAYERS:
+            raise CheckpointUnreadable(f"tensor {name[:80]!r} names layer {layer}: more than {MAX_LAYERS} layers")
+        key = (dtype, layer)
         sums[key] = sums.get(key, 0) + math.prod(dims)
     if not count:
         raise CheckpointUnreadable("no tensors")
