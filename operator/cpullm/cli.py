@@ -16,7 +16,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="cpullm", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--version", action="version", version=f"cpullm {version('cpullm-operator')}")
     commands = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in (("plan", "print the plan for a CpuLLMService"), ("render", "print its Deployment and Service")):
+    commands_of = (
+        ("plan", "print the plan for a CpuLLMService"),
+        ("render", "print the children the operator applies"),
+    )
+    for name, help_ in commands_of:
         sub = commands.add_parser(name, help=help_)
         sub.add_argument("service", help="CpuLLMService YAML file ('-' for stdin)")
         source = sub.add_mutually_exclusive_group(required=True)
@@ -24,7 +28,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         source.add_argument(
             "--from-cluster",
             action="store_true",
-            help="read the nodes from the cluster of the current kubeconfig context (read-only: list nodes)",
+            help="read the nodes from the cluster of the current kubeconfig context (read-only: lists nodes, "
+            "DaemonSets, NodeResourceTopologies and NodePerformances)",
         )
         sub.add_argument(
             "--model-config",

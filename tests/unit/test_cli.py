@@ -217,10 +217,13 @@ def test_impossible_plans_exit_non_zero_with_one_line(tmp_path, capsys, spec_pat
     [
         ("service", "spec: [\n", "svc.yaml: not YAML: line 2, column 1: expected the node content"),
         ("nodes", "kind: Node\n  bad: : x\n", "nodes.yaml: not YAML: line 2, column 6: mapping values are not allowed"),
-        ("service", "- just\n- a list\n", "svc.yaml: expected objects, found list"),
+        ("service", "- just\n- a list\n", "svc.yaml: a YAML list where objects were expected"),
+        ("nodes", "NAME    STATUS   ROLES    AGE   VERSION\nn1      Ready    <none>   1d    v1.30\n",
+         "nodes.yaml: plain text, not YAML objects (kubectl get's table? write it with -o yaml)"),
     ],
-)
+)  # fmt: skip
 def test_a_file_that_is_no_yaml_is_named_with_the_line(tmp_path, capsys, which, text, error):
+    """The file, the line and what to do: never a Python name."""
     service, nodes = tmp_path / "svc.yaml", tmp_path / "nodes.yaml"
     service.write_text((ROOT / "manifests" / "examples" / "qwen-small.yaml").read_text())
     nodes.write_text(Path(NODES).read_text())
@@ -385,3 +388,65 @@ def test_a_plan_that_does_not_fit_names_what_to_change(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("cpullm: ModelTooLarge:")
     assert "try a smaller kvCacheGiB (or maxModelLen, maxNumSeqs), kvCacheDtype fp8, a quantized checkpoint" in err
+
+
+def test_offline_the_hub_is_read_with_hf_token_where_the_spec_names_no_secret(capsys):
+    from cpullm.commands import EnvironmentToken
+
+    seen: list[str | None] = []
+
+    class Source:
+        def fetch(self, name, revision, token):
+            seen.append(token)
+            return "files"
+
+    with_env, without = EnvironmentToken(Source(), "hf_env"), EnvironmentToken(Source(), None)
+    assert with_env.fetch("org/m", None, None) == "files"
+    assert with_env.fetch("org/m", None, "from-secret") == "files"  # the spec's Secret wins
+    without.fetch("org/m", None, None)
+    assert seen == ["hf_env", "from-secret", None]
+    assert capsys.readouterr().err == "cpullm: reading org/m from the Hub with $HF_TOKEN\n"
+
+
+def test_an_http_hub_endpoint_is_one_line_without_a_traceback(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://mirror.internal")
+    (tmp_path / "svc.yaml").write_text(FOUR_LINES)
+    assert main(["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("cpullm: the Hub endpoint 'http://mirror.internal' is not https://") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "service", "code", "error"),
+    [
+        pytest.param(
+            ["--model-config", "nope.json"], {}, 1,
+            "cpullm: ModelConfigUnavailable: --model-config nope.json: cannot read it (No such file or directory)",
+            id="a model config that is not there",
+        ),
+        pytest.param(
+            [], {"hfTokenSecret": "hf-token"}, 1,
+            "cpullm: InvalidSpec: spec.hfTokenSecret: should be an object with name, key, not str",
+            id="a Secret named as a string",
+        ),
+        pytest.param(
+            [], {"apiVersion": "cpullm.io/v1"}, 2,
+            "apiVersion 'cpullm.io/v1' is not served: a CpuLLMService is cpullm.io/v1alpha1",
+            id="an apiVersion not served",
+        ),
+        pytest.param(
+            ["--model-config", str(Path(__file__).parent / "fixtures" / "models" / "llama-3.1-8b.json")],
+            {"tensorParallelSize": 4, "cpu": {"requiredISA": ["amx_bf16"]}}, 1,
+            "leave tensorParallelSize unset (TP 2 there)",
+            id="a TP beyond the NUMA nodes",
+        ),
+    ],
+)  # fmt: skip
+def test_each_error_names_the_file_field_and_fix_in_one_line(tmp_path, capsys, args, service, code, error):
+    raw = yaml.safe_load(FOUR_LINES)
+    raw["apiVersion"] = service.pop("apiVersion", raw["apiVersion"])
+    raw["spec"].update(service)
+    (tmp_path / "svc.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES, *args]) == code
+    err = capsys.readouterr().err
+    assert error in err and err.count("\n") == 1 and "Traceback" not in err, err

@@ -89,11 +89,11 @@ TERMS = f"{REQUIRED}.nodeSelectorTerms"
 @pytest.mark.parametrize(
     ("affinity", "path", "problem"),
     [
-        pytest.param({"nodeAffinity": "zone=z1"}, "spec.affinity.nodeAffinity", "valid dictionary", id="str"),
+        pytest.param({"nodeAffinity": "zone=z1"}, "spec.affinity.nodeAffinity", "should be an object", id="str"),
         pytest.param(
             {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{"nodeSelectorTerms": []}]}},
             REQUIRED,
-            "valid dictionary",
+            "should be an object",
             id="required-list",
         ),
         pytest.param(required({"a": 1}), f"{TERMS}.0.a", "no such field", id="term-extra"),
@@ -103,11 +103,11 @@ TERMS = f"{REQUIRED}.nodeSelectorTerms"
             "valid list",
             id="terms-dict",
         ),
-        pytest.param(required("zone"), f"{TERMS}.0", "valid dictionary", id="term-str"),
+        pytest.param(required("zone"), f"{TERMS}.0", "should be an object", id="term-str"),
         pytest.param(
             required(expression(key="zone", operator="Exists"), {"matchExpressions": ["zone=z1"]}),
             f"{TERMS}.1.matchExpressions.0",
-            "valid dictionary",
+            "should be an object",
             id="expression-str",
         ),
         pytest.param(

@@ -608,7 +608,7 @@ INT64_FRAGMENT = "holds an integer beyond int64"
         pytest.param(
             _with(("affinity", "nodeAffinity"), "amd64"),
             "InvalidSpec",
-            "spec.affinity.nodeAffinity: Input should be a valid dictionary",
+            "spec.affinity.nodeAffinity: should be an object with requiredDuringSchedulingIgnoredDuringExecution",
             id="affinity-string",
         ),
         pytest.param(

@@ -801,14 +801,15 @@ def test_an_unreadable_topology_is_warned_once_and_its_node_planned_from_its_lab
     assert rec.calls == []  # the labels said 2 NUMA nodes before, and still do
 
 
-def test_kopf_warns_of_an_unserved_topology_api_only_when_another_resource_is_unserved_too(caplog):
+def test_kopf_warns_of_unserved_node_fact_apis_only_when_another_resource_is_unserved_too(caplog):
     logger = __import__("logging").getLogger("kopf._core.reactor.observation")
     logger.addFilter(kopf_settings._optional_node_facts_unresolved)
     # As Kopf prints the selectors its decorators made (names given positionally are `any_name=`).
     nrt = str(Selector(node_topology.GROUP, node_topology.VERSION, node_topology.PLURAL))
+    performance = str(Selector("cpullm.io", "v1alpha1", "nodeperformances"))
     other = str(Selector("example.com", "v1", "widgets"))
     try:
-        for selectors in (nrt, f"{nrt}, {other}"):
+        for selectors in (nrt, f"{nrt}, {performance}", f"{nrt}, {other}"):
             logger.warning(f"Unresolved resources cannot be served (try creating their CRDs): {selectors}")
     finally:
         logger.removeFilter(kopf_settings._optional_node_facts_unresolved)

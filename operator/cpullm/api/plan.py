@@ -152,9 +152,7 @@ class Plan(_Model):
     launcher: bool = Field(
         default=False,
         description="vLLM starts through the in-pod launcher, which turns 'auto' into explicit per-rank CPU lists "
-        "from the pod's cpuset and applies the operator's fixes to vLLM (its KV check leaves out reclaimable page "
-        "cache; its warm-up compiles with a short step; one rank runs in the engine core process; vLLM's AOT "
-        "compile cache loads what it saved).",
+        "from the pod's cpuset and applies the operator's fixes to vLLM (docs/vllm-versions.md).",
     )
     rank_in_engine_core: bool = Field(
         default=False,

@@ -421,12 +421,10 @@ class ModelCache(_Model):
     )
     node_local: bool = Field(
         default=False,
-        description="A directory on each node, kept across pods: a server started again on the same node (a "
-        "restart, a rollout, a scale-up) finds the weights and the compiled kernels there. Under the operator's "
-        "node cache directory (its setting nodeCacheDir; unset: refused with NodeCacheDisabled): the weights "
-        "in one directory per namespace UID and model, what a start compiles in one per service UID, so a "
-        "namespace or service made again never loads another's. hostPath volumes with no size limit that "
-        "nothing removes (`cpullm node-cache-stale` lists the stale ones); Pod Security baseline refuses them.",
+        description="A directory on each node, kept across pods, under the operator's nodeCacheDir (unset: "
+        "NodeCacheDisabled): a server started again there finds the weights (per namespace UID and model) and what "
+        "it compiled (per service UID). hostPath volumes with no size limit that nothing removes (`cpullm "
+        "node-cache-stale` lists the stale ones); docs/tenancy.md.",
     )
 
     @property
@@ -609,12 +607,10 @@ class Routing(_Model):
 
     mode: RoutingMode = Field(
         default=RoutingMode.AUTO,
-        description="service: the Service selects the servers (kube-proxy picks one per connection at random). "
-        "router: the Service selects an HAProxy router that sends each request to the server with the fewest "
-        "requests in flight (leastconn), its servers found through a headless Service. inferencePool: an "
-        "InferencePool (Gateway API Inference Extension) selects the servers for a Gateway's endpoint picker, "
-        "and the Service still selects them. auto: router for throughput placement that can run more than one "
-        "server (replicas or autoscaling.maxReplicas above 1), else service.",
+        description="service: the Service selects the servers. router: an HAProxy router sends each request to "
+        "the server with the fewest in flight. inferencePool: an InferencePool selects them for a Gateway's "
+        "endpoint picker. auto: router for throughput placement of more than one server, else service "
+        "(docs/routing.md).",
     )
     router: RouterSettings = Field(default_factory=RouterSettings, description="The router (mode router).")
     inference_pool: InferencePoolRouting | None = Field(
@@ -1058,6 +1054,11 @@ def _problem(error: Any) -> str:
     if error["type"] == "extra_forbidden" and error["loc"]:
         guess = difflib.get_close_matches(str(error["loc"][-1]), _field_names(), n=1, cutoff=0.7)
         return f"{where}: no such field" + (f" (did you mean {guess[0]}?)" if guess else "")
+    if error["type"] == "model_type":  # pydantic names its class ("a valid dictionary or instance of SecretKeyRef")
+        model = globals().get((error.get("ctx") or {}).get("class_name", ""))
+        fields = [f.alias or name for name, f in model.model_fields.items()] if isinstance(model, type) else []
+        with_fields = f" with {', '.join(fields)}" if fields and len(fields) <= 6 else ""
+        return f"{where}: should be an object{with_fields}, not {type(error.get('input')).__name__}"
     return f"{where}: {error['msg']}"
 
 

@@ -74,9 +74,10 @@ def controller_state(config: Settings) -> ControllerState:
 
 
 def _optional_node_facts_unresolved(record: logging.LogRecord) -> bool:
-    """Kopf warns of every watched resource the cluster does not serve; NodeResourceTopology is optional (nodes
-    are then planned from their labels alone), so that warning is not logged when it names only it."""
+    """Kopf warns of every watched resource the cluster does not serve; the node-fact sources are optional (nodes
+    are then planned from their labels alone), so that warning is not logged when it names only them."""
     message = record.getMessage()
     if not message.startswith("Unresolved resources cannot be served"):
         return True
-    return not (message.count("Selector(") == 1 and any(f"='{plural}'" in message for plural in SOURCE_OF_PLURAL))
+    named = sum(f"='{plural}'" in message for plural in SOURCE_OF_PLURAL)
+    return not (0 < message.count("Selector(") <= named)

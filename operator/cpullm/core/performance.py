@@ -1,11 +1,11 @@
 """How fast a plan will serve: one decode step, a prefill and a request, from the bytes and operations each reads and
 what the node measured (a NodePerformance from `cpullm probe`, or an estimate by ISA class). Pure.
 
-A decode step of B sequences on a rank streams the rank's weights once, through the format's matrix kernel at batch
-B (memory-bound at small B, compute-bound at large), reads each sequence's KV cache, runs a dozen small kernels per
-layer, and, at TP > 1, two all-reduces per layer; the engine adds its Python per step. A prefill is the same at a
-batch of the prompt's tokens, plus attention's quadratic arithmetic. docs/performance.md derives each term and keeps
-the benchmark (bench/predict_bench.py) that checks them.
+A decode step of B sequences on a rank streams the rank's weights once through the format's matrix kernel at batch
+B (memory-bound at small B, compute-bound at large), runs each sequence's attention over its KV cache, a few small
+kernels per layer and, at TP > 1, two all-reduces per layer; the engine adds its Python per step. A prefill is the
+same at a batch of the prompt's tokens, with attention's quadratic arithmetic. docs/performance.md derives each term
+and keeps the benchmark (bench/predict_bench.py) that checks them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,11 +45,11 @@ REQUEST_PYTHON_MULTIPLE = 4.0
 # - per layer and step, the small kernels (norms, rotary, activation, residual adds), in multiples of the probe's
 #   small kernel;
 LAYER_SMALL_KERNELS = 2.0
+# - per all-reduce (two per layer and step at TP > 1), likewise;
+ALLREDUCE_SMALL_KERNELS = 6.5
 # - at TP > 1 without a CPU kept for them, the server's processes that keep a core busy beside the ranks (the engine
 #   core, polling its workers' replies);
 BUSY_SERVER_PROCESSES = 1
-# - per all-reduce (two per layer and step at TP > 1), likewise;
-ALLREDUCE_SMALL_KERNELS = 6.5
 # - a prefill chunk's matrix products reach the probe's 4096 x 4096 matrix's rate at the same batch from layers this
 #   wide, and (width / this) ** PREFILL_WIDTH_EXPONENT of it from narrower ones (their blocks fill the kernel's less).
 PREFILL_FULL_WIDTH = 1536
@@ -569,9 +569,3 @@ def _rates(by_batch: Mapping[str, float]) -> KernelRates:
     if any(batch < 1 or not math.isfinite(rate) or rate <= 0 for batch, rate in points):
         raise NodePerformanceError(f"rates {dict(by_batch)} are not positive, at batch sizes from 1")
     return KernelRates(points)
-
-
-def serving_rates(node: NodePerformance, fmt: str, cores: int, batches: Sequence[int]) -> list[float]:
-    """A rank's weight bytes per second at each batch (for printing the basis of a plan)."""
-    numa = node.slowest()
-    return [numa.rate(fmt, cores, b) or 0.0 for b in batches]

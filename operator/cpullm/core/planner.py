@@ -1,21 +1,12 @@
 """The planner: (spec, model size, node profiles) -> Plan, or a typed PlanRefusal. Pure.
 
-1. Eligible nodes: the named chain of checks in core/eligibility.py.
-2. Eligible nodes are grouped by shape (arch, NUMA count, CPUs, ISA, SMT, CPU and topology manager policies);
-   each shape is planned on its own, with the least memory among its nodes.
-3. The placement strategy (core/placement/) lays one pod out on the shape: TP, CPUs per rank, the memory the
-   pod may use. tensorParallel: TP explicit, or one rank per NUMA node stepped down to the largest size vLLM
-   supports (divides the attention heads, divides or is a multiple of the KV heads, never 6). throughput:
-   TP=1 per NUMA node.
-4. Memory, the most fundamental check first: the weights with the runtime must fit (else ModelTooLarge,
-   whatever the KV cache); then the KV cache per rank, explicit or ceil(maxModelLen x maxNumSeqs x KV bytes
-   per token per rank / GiB), must hold one sequence of the context length (else KVCacheTooSmall), unless
-   the context length was left open with an explicit KV cache: then it is capped to what the KV cache holds;
-   then the whole MemoryBudget must fit each NUMA node's share and the pod's memory.
-5. Among the shapes that fit, prefer one with room for every replica, then the shape the service already runs
-   on (status.plan: an equally good shape must not move running servers), then more ranks, then more room;
-   ties broken by shape for determinism. When no shape fits and every shape was refused for the same reason, that
-   reason is reported (a model too large for every node is ModelTooLarge, not NoEligibleNode).
+Eligible nodes (core/eligibility.py's chain of checks) are grouped by shape; each shape is planned with the least
+memory among its nodes, by the placement strategy (core/placement/) that lays one pod out on it, and, with
+`placement: auto`, by both where a server fits one NUMA node. Memory is checked weights first (ModelTooLarge), then
+the KV cache against one sequence (KVCacheTooSmall), then the whole budget (core/memory.py); every plan says how fast
+it serves (core/performance.py). Among the plans that fit, the one with room for every replica wins, then the shape
+the service runs on, then the best prediction for spec.objective. When every shape was refused for one reason, that
+reason is reported. docs/planning.md has the rules and their reasons.
 """
 
 from __future__ import annotations

@@ -15,13 +15,14 @@ from typing import Any, TypeVar
 import yaml
 from huggingface_hub import get_local_safetensors_metadata
 
+from cpullm.api.spec import API_VERSION
 from cpullm.core.children.model_cache import NAMESPACE_DIR, SERVICES_DIR, UNKNOWN_NAMESPACE_UID
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact
 from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
-from cpullm.errors import InvalidSpec, NodeLabelError
+from cpullm.errors import InvalidSpec, ModelConfigUnavailable, NodeLabelError
 from cpullm.io.hub import summarize_headers
 
 Parsed = TypeVar("Parsed")
@@ -65,7 +66,9 @@ def read_objects(path: str, what: str = "file") -> Iterator[dict[str, Any]]:
         if not doc:
             continue
         if not isinstance(doc, dict):
-            raise InvalidSpec(f"{shown}: expected objects, found {type(doc).__name__}")
+            if isinstance(doc, str):
+                raise InvalidSpec(f"{shown}: plain text, not YAML objects (kubectl get's table? write it with -o yaml)")
+            raise InvalidSpec(f"{shown}: a YAML {type(doc).__name__} where objects were expected")
         if doc.get("kind", "").endswith("List") and "items" in doc:
             yield from doc["items"]
         else:
@@ -144,6 +147,10 @@ def load_service(path: str) -> dict[str, Any]:
     if len(services) > 1:
         raise InputFileError(f"{path}: {len(services)} CpuLLMServices; give one per file")
     service = dict(services[0])
+    if service.get("apiVersion", API_VERSION) != API_VERSION:  # absent: a sketch of one, read as the served version
+        raise InputFileError(
+            f"{path}: apiVersion {service.get('apiVersion')!r} is not served: a CpuLLMService is {API_VERSION}"
+        )
     service["metadata"] = {"name": "unnamed", "namespace": "default", **(service.get("metadata") or {})}
     return service
 
@@ -175,6 +182,8 @@ class ConfigFile:
         config_path = path / "config.json" if path.is_dir() else path
         try:
             config = json.loads(_read_text(config_path, "--model-config"))
+        except InputFileError as err:  # a reconcile's error, named with the file and said in one line
+            raise ModelConfigUnavailable(str(err)) from None
         except ValueError as err:
             raise InvalidSpec(f"{config_path}: not JSON ({err})") from None
         if not isinstance(config, dict):

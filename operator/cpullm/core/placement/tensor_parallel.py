@@ -20,9 +20,11 @@ class TensorParallel:
         node = shape.node
         tp = explicit_tp if explicit_tp is not None else largest_valid_tensor_parallel_size(node.numa_nodes, model)
         if tp > node.numa_nodes and spec.cpu.threads_bind == ThreadsBindMode.AUTO and node.cpu_manager_policy != "none":
+            fits = largest_valid_tensor_parallel_size(node.numa_nodes, model)
             raise InvalidTensorParallelSize(
                 f"tensor parallel size {tp} exceeds the {node.numa_nodes} NUMA nodes of {shape.describe()}; vLLM's "
-                "'auto' binding needs one NUMA node per rank (set cpu.threadsBind to nobind or an explicit list)"
+                f"'auto' binding needs one NUMA node per rank: leave tensorParallelSize unset (TP {fits} there), or "
+                "bind ranks yourself (cpu.threadsBind: an explicit list, or nobind, which pins nothing)"
             )
         # One rank per NUMA node takes what the smallest NUMA node has; more ranks than NUMA nodes share the node.
         cpus_per_rank = spec.cpu.cpus_per_rank or (
