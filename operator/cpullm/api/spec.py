@@ -1056,8 +1056,9 @@ def _problem(error: Any) -> str:
         return f"{where}: no such field" + (f" (did you mean {guess[0]}?)" if guess else "")
     if error["type"] == "model_type":  # pydantic names its class ("a valid dictionary or instance of SecretKeyRef")
         model = globals().get((error.get("ctx") or {}).get("class_name", ""))
-        is_model = isinstance(model, type) and issubclass(model, BaseModel)
-        fields = [f.alias or name for name, f in model.model_fields.items()] if is_model else []
+        fields: list[str] = []
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            fields = [f.alias or name for name, f in model.model_fields.items()]
         with_fields = f" with {', '.join(fields)}" if fields and len(fields) <= 6 else ""
         return f"{where}: should be an object{with_fields}, not {type(error.get('input')).__name__}"
     return f"{where}: {error['msg']}"
