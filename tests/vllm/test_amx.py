@@ -63,6 +63,8 @@ def test_the_attention_kernel_runs_in_a_process_with_the_pods_fixes_and_dies_wit
             f"vLLM {version}'s AMX attention ran without the permission (exit {plain.returncode}): if vLLM now asks "
             "for it itself, give amx_tile_permission an `until` version in vllm_support.FIX_VERSIONS"
         )
-        assert "Illegal instruction" in plain.stderr
+        # faulthandler names the signal in a second write that an OpenMP thread's death can cut off; the exit
+        # status above is the evidence, this says the interpreter saw the fault rather than being killed from outside.
+        assert "Fatal Python error" in plain.stderr
     else:
         assert plain.returncode == 0 and "attention ok" in plain.stdout, plain.stderr[-3000:]
