@@ -102,7 +102,7 @@ def test_reserved_cpus_on_one_numa_node_shrink_each_throughput_server_only_with_
     by_labels = plan_service(spec(**THROUGHPUT), qwen_05b(), nodes)
     by_topology = plan_service(spec(**THROUGHPUT), qwen_05b(), refine_profiles(nodes, topologies))
     assert (by_labels.cpus_per_rank, by_topology.cpus_per_rank) == (31, 30)
-    assert (by_labels.node_profile.numa_cpus, by_topology.node_profile.numa_cpus) == ([], [30, 32])
+    assert (by_labels.node_profile.numa_cpus, by_topology.node_profile.numa_cpus) == ((), (30, 32))
     assert by_topology.node_profile.numa_source == NUMA_SOURCE
     differing = {k for k, v in by_labels.model_dump().items() if by_topology.model_dump()[k] != v}
     assert differing == {"cpus_per_rank", "cpu", "node_profile", "summary"}

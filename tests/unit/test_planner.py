@@ -3,7 +3,7 @@ import pytest
 from cpullm.core.children.deployment import vllm_env
 from cpullm.core.constants import DTYPE_BYTES, GiB, MiB
 from cpullm.core.memory import memory_budget
-from cpullm.core.planner import plan_service
+from cpullm.core.planner import plan_service, running_shape
 from cpullm.core.sizing import size_model
 from cpullm.errors import (
     InvalidTensorParallelSize,
@@ -288,6 +288,29 @@ def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
     assert kept.eligible_nodes == ["a0", "a1"]
     moved = plan_service(spec(replicas=3), llama_8b(), running_pool + leaner_pool, current)
     assert moved.eligible_nodes == ["b0", "b1", "b2"]  # only the other shape has room for 3 replicas
+
+
+@pytest.mark.parametrize(
+    ("stored", "same"),
+    [
+        pytest.param(lambda profile: profile, True, id="as-written"),
+        pytest.param(lambda profile: {k: v for k, v in profile.items() if k != "numaCpus"}, True, id="before-numaCpus"),
+        pytest.param(lambda profile: {**profile, "memoryBytes": 1}, True, id="memory-is-not-shape"),
+        pytest.param(lambda profile: {**profile, "isa": profile["isa"][::-1]}, True, id="isa-in-any-order"),
+        pytest.param(lambda profile: {**profile, "isa": [*profile["isa"], "amx_tile"]}, False, id="isa"),
+        pytest.param(lambda profile: {**profile, "cpus": profile["cpus"] + 1}, False, id="cpus"),
+        pytest.param(lambda profile: {"arch": "amd64"}, False, id="unreadable"),
+    ],
+)
+def test_one_node_shape_from_the_node_to_the_stored_plan_and_back(stored, same):
+    """A node's shape is one value: the planner groups nodes by it, status.plan stores it whole, and the plan a
+    service runs is read back into the same value (memory aside, older plans included)."""
+    nodes = [node("a", numa=2, cpu="96", memory="512Gi")]
+    plan = plan_service(spec(), llama_8b(), nodes)
+    assert plan.node_profile.shape == nodes[0].shape
+    profile = plan.model_dump(by_alias=True, mode="json")["nodeProfile"]
+    current = {"nodeProfile": stored(profile)}
+    assert (running_shape(current) == nodes[0].shape) is same
 
 
 CLAIM = {"persistentVolumeClaim": {"claimName": "models"}}

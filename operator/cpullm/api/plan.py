@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
 from cpullm.api.spec import ThreadsBindMode
@@ -15,28 +15,46 @@ class _Model(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
-class NodeProfileSummary(_Model):
-    """The shape shared by the nodes the plan runs on."""
+class NodeShape(_Model):
+    """What makes nodes get the same plan, compared whole: the planner groups eligible nodes by it, keeps the shape a
+    service runs on by it and predicts speed per shape. Memory is not part of it (a shape is planned with the least
+    of its members')."""
 
     arch: str = Field(description="CPU architecture (kubernetes.io/arch).")
     numa_nodes: int = Field(description="NUMA nodes of each node.")
-    numa_source: str = Field(
-        description="Where the NUMA count came from: a label, NodeResourceTopology, or 'default' (1)."
-    )
     cpus: int = Field(description="Allocatable whole CPUs of each node.")
-    memory_bytes: int = Field(description="Smallest allocatable memory among the profile's nodes.")
     smt: bool | None = Field(default=None, description="Whether SMT is on (unset: not labelled).")
     cpu_manager_policy: str | None = Field(default=None, description="The kubelets' CPU manager policy, as labelled.")
     topology_manager_policy: str | None = Field(
         default=None,
         description="The kubelets' topology manager policy, as labelled or as their NodeResourceTopology reports it.",
     )
-    isa: list[str] = Field(default_factory=list, description="CPU flags all the nodes have (lscpu names).")
-    numa_cpus: list[int] = Field(
-        default_factory=list,
+    isa: tuple[str, ...] = Field(
+        default_factory=tuple, description="CPU flags all the nodes have (lscpu names), sorted."
+    )
+    numa_cpus: tuple[int, ...] = Field(
+        default_factory=tuple,
         description="Allocatable CPUs of each NUMA node, smallest first, as the nodes' NodeResourceTopology reports "
         "them (empty: not reported, an even split assumed).",
     )
+
+    @field_validator("isa", "numa_cpus")
+    @classmethod
+    def _sorted(cls, values: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(sorted(values))  # one shape, whatever order a source listed it in
+
+
+class NodeProfileSummary(NodeShape):
+    """The shape shared by the nodes the plan runs on, with where its NUMA count came from and its memory."""
+
+    numa_source: str = Field(
+        description="Where the NUMA count came from: a label, NodeResourceTopology, or 'default' (1)."
+    )
+    memory_bytes: int = Field(description="Smallest allocatable memory among the profile's nodes.")
+
+    @property
+    def shape(self) -> NodeShape:
+        return NodeShape.model_validate(self.model_dump(include=set(NodeShape.model_fields)))
 
 
 class ModelSizing(_Model):

@@ -17,8 +17,18 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from cpullm import vllm_support
-from cpullm.api.plan import FasterFormat, ModelSizing, NodeProfileSummary, Plan, PredictedSpeed, binding_shown
+from cpullm.api.plan import (
+    FasterFormat,
+    ModelSizing,
+    NodeProfileSummary,
+    NodeShape,
+    Plan,
+    PredictedSpeed,
+    binding_shown,
+)
 from cpullm.api.spec import (
     EXPLICIT_BIND_PATTERN,
     CpuLLMServiceSpec,
@@ -99,7 +109,7 @@ def plan_service(
                 continue
             plans.append((plan, shape))
     if plans:
-        running = _shape_key((current or {}).get("nodeProfile") or {})
+        running = running_shape(current)
         plan, shape = max(plans, key=lambda candidate: _preference(candidate[0], spec, running))
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
@@ -136,11 +146,13 @@ def _unfit_lookalikes(plan: Plan, shape: Shape, eligible: Sequence[NodeProfile])
     return [node for node in eligible if node.name not in chosen and not fits(node)]
 
 
-def _shape_key(profile: Mapping[str, Any]) -> tuple[object, ...]:
-    """What makes two node profile summaries the same shape for the running pods (memory aside)."""
-    keys = ("arch", "numaNodes", "cpus", "isa", "smt", "cpuManagerPolicy", "topologyManagerPolicy", "numaCpus")
-    # numaCpus is absent from the plans of operators before it: the same as none reported.
-    return tuple(str(profile.get(key, [] if key == "numaCpus" else None)) for key in keys)
+def running_shape(current: Mapping[str, Any] | None) -> NodeShape | None:
+    """The node shape of the plan the service runs (status.plan.nodeProfile), None where there is none to read. A
+    plan from an operator before numaCpus reads as none reported, which is what it meant."""
+    try:
+        return NodeProfileSummary.model_validate((current or {}).get("nodeProfile")).shape
+    except ValidationError:
+        return None
 
 
 PASSED_OVER_SHOWN = 3  # node shapes named in plan.passedOver; the rest are counted
@@ -152,7 +164,7 @@ def _describe(plan: Plan) -> str:
     return f"{plan.placement} TP {plan.tensor_parallel_size} on {where}"
 
 
-def _why_passed_over(chosen: Plan, other: Plan, spec: CpuLLMServiceSpec, running: tuple[object, ...]) -> str:
+def _why_passed_over(chosen: Plan, other: Plan, spec: CpuLLMServiceSpec, running: NodeShape | None) -> str:
     """The rule of _preference the chosen plan beat `other` on, in words: the first that tells them apart of those
     about the plans themselves; the shape the service already runs on only where it alone decided (so a plan reads
     the same offline as in the operator)."""
@@ -204,14 +216,13 @@ def _steps(value: float) -> int:
     return math.floor(math.log(max(value, 1e-9)) / math.log(OBJECTIVE_STEP))
 
 
-def _preference(plan: Plan, spec: CpuLLMServiceSpec, running: tuple[object, ...]) -> tuple[object, ...]:
+def _preference(plan: Plan, spec: CpuLLMServiceSpec, running: NodeShape | None) -> tuple[object, ...]:
     profile = plan.node_profile
-    summary = profile.model_dump(by_alias=True, mode="json")
     return (
         plan.capacity >= spec.replicas,
         # The shape the service runs on stays while it is good enough: nodes joining the pool must not move
         # running servers to an equally good shape (each move restarts them, minutes on CPU).
-        _shape_key(summary) == running,
+        profile.shape == running,
         _objective(plan, spec),
         plan.capacity,
         plan.tensor_parallel_size,
@@ -600,18 +611,7 @@ def _plan_for_shape(
         image=server.image,
         sizing=_sizing(spec, model, kv),
         predicted=predicted,
-        node_profile=NodeProfileSummary(
-            arch=node.arch,
-            numa_nodes=node.numa_nodes,
-            numa_source=node.numa_source,
-            cpus=node.cpus,
-            memory_bytes=shape.memory_bytes,
-            smt=node.smt,
-            cpu_manager_policy=node.cpu_manager_policy,
-            topology_manager_policy=node.topology_manager_policy,
-            isa=sorted(node.isa),
-            numa_cpus=sorted(node.numa_cpus),
-        ),
+        node_profile=node.summary(shape.memory_bytes),
         eligible_nodes=shape.names,
         summary=summary,
     )

@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any
 
 from cpullm.api.isa import lscpu_name
+from cpullm.api.plan import NodeProfileSummary, NodeShape
 from cpullm.core.performance import NodePerformance
 from cpullm.errors import NodeLabelError
 
@@ -84,18 +85,22 @@ class NodeProfile:
         return self.cpus * 1000 if self.cpu_millis is None else self.cpu_millis
 
     @functools.cached_property  # a profile lives in the node index, and every reconcile groups nodes by it
-    def shape(self) -> tuple[object, ...]:
+    def shape(self) -> NodeShape:
         """Nodes with the same shape get the same plan; memory may differ (the profile takes the least)."""
-        return (
-            self.arch,
-            self.numa_nodes,
-            self.cpus,
-            tuple(sorted(self.isa)),
-            self.smt,
-            self.cpu_manager_policy,
-            self.topology_manager_policy,
-            tuple(sorted(self.numa_cpus)),
+        return NodeShape(
+            arch=self.arch,
+            numa_nodes=self.numa_nodes,
+            cpus=self.cpus,
+            smt=self.smt,
+            cpu_manager_policy=self.cpu_manager_policy,
+            topology_manager_policy=self.topology_manager_policy,
+            isa=tuple(self.isa),
+            numa_cpus=self.numa_cpus,
         )
+
+    def summary(self, memory_bytes: int) -> NodeProfileSummary:
+        """Its shape as status.plan stores it, with `memory_bytes` (a shape's least)."""
+        return NodeProfileSummary(**dict(self.shape), numa_source=self.numa_source, memory_bytes=memory_bytes)
 
     @property
     def cpus_per_numa_node(self) -> int:

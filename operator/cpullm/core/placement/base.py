@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from cpullm.api.plan import NodeShape
 from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
 from cpullm.core.daemonsets import NO_ROOM, DaemonPods, Room, rooms_on
 from cpullm.core.performance import NodePerformance, estimated_performance
@@ -112,11 +113,11 @@ def shapes_of(nodes: Sequence[NodeProfile], daemons: Sequence[DaemonPods] = ()) 
     64.5 and 64 allocatable CPUs are one shape, but not less 100m). Building a NodeProfile per node was 2/3 of a
     5,000-node plan beside four DaemonSets; a shape's node is made once."""
     if not daemons:
-        plain: dict[tuple[object, ...], list[NodeProfile]] = {}
+        plain: dict[NodeShape, list[NodeProfile]] = {}
         for node in nodes:
             plain.setdefault(node.shape, []).append(node)
         return [Shape(tuple(members)) for members in plain.values()]
-    groups: dict[tuple[tuple[object, ...], Room, int], list[NodeProfile]] = {}
+    groups: dict[tuple[NodeShape, Room, int], list[NodeProfile]] = {}
     for node, room in zip(nodes, rooms_on(nodes, daemons), strict=True):
         groups.setdefault((node.shape, room, room.cpus_left(node)), []).append(node)
     return [Shape(tuple(members), room) for (_, room, _), members in groups.items()]
