@@ -209,6 +209,11 @@ def _predicted_lines(plan: Plan) -> list[str]:
         f"speed   per server: {p.decode_tokens_per_second:.1f} tok/s for one sequence, "
         f"{p.throughput_tokens_per_second:.0f} tok/s for {p.throughput_streams} at once, first token of a "
         f"{p.prompt_tokens:,}-token prompt in {p.time_to_first_token_seconds:.2f} s ({basis}: {p.source})",
+        *(
+            [f"cost    {p.cost_per_million_tokens:.4g} per million tokens at that throughput (the nodes' price label)"]
+            if p.cost_per_million_tokens is not None
+            else []
+        ),
         *[
             f"faster  a {f.checkpoint} checkpoint of the same model: {f.decode_speedup:.1f}x the decode, "
             f"{f.throughput_speedup:.1f}x the throughput (predicted; accuracy is the trade)"

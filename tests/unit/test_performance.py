@@ -27,7 +27,7 @@ from cpullm.core.performance import (
 )
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
-from cpullm.errors import NodePerformanceError
+from cpullm.errors import NodeLabelError, NodePerformanceError
 
 from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, qwen_05b, spec
 
@@ -344,3 +344,39 @@ def test_with_placement_auto_the_objective_chooses_a_server_per_numa_node_or_tp(
     assert (one.placement, one.tensor_parallel_size) == ("tensorParallel", 2)
     small = plan_service(spec(placement="auto", objective="latency"), qwen_05b(), nodes)
     assert (small.placement, small.tensor_parallel_size) == ("throughput", 1)
+
+
+PRICE = "cpullm.io/price-per-hour"
+
+
+@pytest.mark.parametrize(
+    ("prices", "cost"),
+    [
+        pytest.param([None, None], None, id="no-price-no-cost"),
+        pytest.param(["3.6", "3.6"], 1.0, id="one-price"),
+        pytest.param(["3.6", None], 1.0, id="unlabelled-member"),
+        pytest.param(["3.6", "7.2"], 2.0, id="the-dearest-member"),
+    ],
+)
+def test_a_price_per_node_hour_gives_a_cost_per_million_tokens(prices, cost):
+    """cost = the node's price x the server's share of it / tokens per hour: a server taking a whole node at price
+    P per hour and generating T tok/s costs P / (3600 T) per token; here in units of that figure."""
+    nodes = [
+        node(f"n{i}", numa=1, cpu="16", memory="64Gi", labels={PRICE: price} if price else {})
+        for i, price in enumerate(prices)
+    ]
+    plan = plan_service(spec(model={"name": "Qwen/Qwen2.5-0.5B-Instruct"}, kvCacheGiB=1), qwen_05b(), nodes)
+    p = plan.predicted
+    assert p is not None
+    if cost is None:
+        assert p.cost_per_million_tokens is None
+        return
+    share = max(plan.cpu / plan.node_profile.cpus, plan.memory_limit_bytes / plan.node_profile.memory_bytes)
+    whole_node = 3.6 / (p.throughput_tokens_per_second * 3600) * 1e6
+    assert p.cost_per_million_tokens == pytest.approx(cost * share * whole_node, rel=1e-3)
+
+
+@pytest.mark.parametrize("value", ["cheap", "-1", "NaN", "Infinity", "1e7", ""])
+def test_a_price_label_that_is_no_price_is_refused_naming_the_label(value):
+    with pytest.raises(NodeLabelError, match=f"label {PRICE}=.* is not a price per hour of the node"):
+        node(labels={PRICE: value})

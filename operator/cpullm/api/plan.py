@@ -142,6 +142,12 @@ class PredictedSpeed(_Model):
     prompt_tokens: int = Field(description="That prompt's tokens.")
     basis: str = Field(description="'probe' (a NodePerformance of the nodes) or 'estimate' (by ISA class).")
     source: str = Field(description="Which probe, or which row of the estimates.")
+    cost_per_million_tokens: float | None = Field(
+        default=None,
+        description="What a million generated tokens cost at the throughput figure, in the currency of the nodes' "
+        "cpullm.io/price-per-hour label: the node's price times the larger of the server's share of its CPUs and of "
+        "its memory (unset: the nodes carry no price).",
+    )
     faster_formats: list[FasterFormat] | None = Field(
         default=None,
         description="Checkpoints of the same model predicted at least 1.3x as fast here (unset: none); choosing one "

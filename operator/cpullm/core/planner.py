@@ -351,11 +351,19 @@ def _rank_threads(node: NodeProfile, cpus_per_rank: int, reserved: int, omp: int
     return max(1, physical - reserved)
 
 
-def _predicted(model: ModelSize, shape: Shape, serving: Serving, kv: _KVCache) -> PredictedSpeed:
-    """How fast one server of the plan serves (core/performance.py), at its maxNumSeqs for throughput."""
+def _predicted(
+    model: ModelSize, shape: Shape, serving: Serving, kv: _KVCache, cpu: int, memory_bytes: int
+) -> PredictedSpeed:
+    """How fast one server of the plan serves (core/performance.py), at its maxNumSeqs for throughput, and what a
+    million tokens cost where the nodes carry a price: `cpu` and `memory_bytes` are one server's."""
     streams = kv.max_num_seqs or c.DEFAULT_MAX_NUM_SEQS
     kv_bytes = kv.layout.bytes_per_token(serving.tensor_parallel_size)
     figures = predict(model, serving, shape.performance, streams, kv_bytes)
+    cost = None
+    if shape.price_per_hour is not None and figures.throughput_tokens_per_second > 0:
+        share = max(cpu / max(shape.node.cpus, 1), memory_bytes / max(shape.memory_bytes, 1))
+        tokens_per_hour = figures.throughput_tokens_per_second * 3600
+        cost = round(shape.price_per_hour * min(share, 1.0) / tokens_per_hour * 1e6, 4)
     return PredictedSpeed(
         decode_tokens_per_second=round(figures.decode_tokens_per_second, 2),
         throughput_tokens_per_second=round(figures.throughput_tokens_per_second, 1),
@@ -364,6 +372,7 @@ def _predicted(model: ModelSize, shape: Shape, serving: Serving, kv: _KVCache) -
         prompt_tokens=figures.prompt_tokens,
         basis=figures.basis,
         source=figures.source,
+        cost_per_million_tokens=cost,
         faster_formats=[
             FasterFormat(
                 checkpoint=f.checkpoint, decode_speedup=f.decode_speedup, throughput_speedup=f.throughput_speedup
@@ -542,7 +551,8 @@ def _plan_for_shape(
     replicas = strategy.replicas(spec.replicas, capacity)
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
     threads = _rank_threads(node, layout.cpus_per_rank, reserved, omp)
-    predicted = _predicted(model, shape, Serving(tp, threads, *kernel_of(model), shares_cores=reserved == 0), kv)
+    serving = Serving(tp, threads, *kernel_of(model), shares_cores=reserved == 0)
+    predicted = _predicted(model, shape, serving, kv, layout.cpus_per_rank * tp, budget.limit_bytes)
     binding = binding_shown(spec.cpu.launcher, threads_bind)
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     kv_source = kv.source

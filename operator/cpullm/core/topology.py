@@ -45,6 +45,10 @@ TOPOLOGY_MANAGER_POLICIES = ("none", "best-effort", "restricted", "single-numa-n
 NUMA_ALIGNING_POLICIES = frozenset({"restricted", "single-numa-node"})
 ARCH_LABEL = "kubernetes.io/arch"
 MAX_NUMA_NODES = 64
+# What an hour of the whole node costs, in the admin's currency (a decimal): the plan's predicted cost per million
+# generated tokens is worked out from it. Node labels are the admin's, never a tenant's.
+PRICE_LABEL = "cpullm.io/price-per-hour"
+MAX_PRICE_PER_HOUR = Decimal(10) ** 6
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,8 @@ class NodeProfile:
     # What its cores measured (a NodePerformance, core/performance.py), where a probe ran on it; not part of its shape:
     # a shape is planned with its slowest member's.
     performance: NodePerformance | None = field(default=None, compare=False, hash=False)
+    # PRICE_LABEL's figure, where the admin labelled one; not part of its shape.
+    price_per_hour: float | None = field(default=None, compare=False, hash=False)
 
     @property
     def allocatable_cpu_millis(self) -> int:
@@ -211,6 +217,7 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
         raise fail(f"label {TOPOLOGY_MANAGER_POLICY_LABEL}={topology_policy!r} is not one of {allowed}")
 
     arch = labels.get(ARCH_LABEL) or (status.get("nodeInfo") or {}).get("architecture") or "unknown"
+    price = _price(labels[PRICE_LABEL], fail) if PRICE_LABEL in labels else None
     taints = tuple(
         Taint(key=t.get("key", ""), value=t.get("value"), effect=t.get("effect", "")) for t in spec.get("taints") or []
     )
@@ -229,7 +236,21 @@ def parse_node(node: Mapping[str, Any]) -> NodeProfile:
         labels=dict(labels),
         taints=taints,
         cpu_millis=cpu_millis,
+        price_per_hour=price,
     )
+
+
+def _price(value: str, fail: Any) -> float:
+    try:
+        price = Decimal(value)
+    except ArithmeticError:
+        price = Decimal("NaN")
+    if not price.is_finite() or not 0 <= price <= MAX_PRICE_PER_HOUR:
+        raise fail(
+            f"label {PRICE_LABEL}={value!r} is not a price per hour of the node (a decimal number from 0 to "
+            f"{MAX_PRICE_PER_HOUR:,}, e.g. '3.25')"
+        )
+    return float(price)
 
 
 def _allocatable(allocatable: Mapping[str, Any], resource: str, fail: Any, scale: int = 1) -> int:

@@ -49,6 +49,12 @@ class Shape:
         return estimated_performance(node.name, node.arch, node.isa, node.numa_nodes, node.cpus_per_numa_node)
 
     @property
+    def price_per_hour(self) -> float | None:
+        """What an hour of one of its nodes costs: the dearest labelled member's (None: none is labelled)."""
+        prices = [n.price_per_hour for n in self.members if n.price_per_hour is not None]
+        return max(prices) if prices else None
+
+    @property
     def numa_memory_bytes(self) -> int:
         """One NUMA node's memory: an even share of the shape's, or less where a member reports less for its
         smallest NUMA node (core/node_topology.py)."""
