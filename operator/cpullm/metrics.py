@@ -42,6 +42,12 @@ POD_TROUBLES = Counter(
     "ContainerConfigError, OOMKilled, WrongArchitecture, CrashLoopBackOff, Unschedulable).",
     ["reason"],
 )
+SPEED_SHARE = Gauge(
+    "cpullm_server_speed_share",
+    "Each service's servers' decode speed over the plan's prediction at the same sequences at once, as the last "
+    "performance check read it (1: as predicted; PerformanceAsPredicted is False below 0.5).",
+    ["namespace", "service"],
+)
 NODE_PROFILES = Gauge("cpullm_node_profiles", "Nodes the planner can use (their labels parse into a node profile).")
 
 

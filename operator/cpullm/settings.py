@@ -12,7 +12,7 @@ from typing import Annotated
 from pydantic import AliasChoices, Field, StringConstraints, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from cpullm.api.spec import IMAGE_REFERENCE_PATTERN
+from cpullm.api.spec import IMAGE_REFERENCE_PATTERN, NetworkPolicyPeer
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE, IMAGE_ARCH_SUFFIX
 from cpullm.core.observation import OperatorPolicy
 
@@ -40,6 +40,12 @@ class Settings(BaseSettings):
         description="Read whichever Secret a spec's hfTokenSecret names. By default the operator reads only "
         "Secrets labelled cpullm.io/hf-token=true, so whoever may create a CpuLLMService cannot have the "
         "operator read a Secret of their namespace they could not read themselves.",
+    )
+    performance_check_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="How often the ready servers' /metrics are read to judge their speed against their plan's "
+        "(the PerformanceAsPredicted condition); 0: never.",
     )
     hub_allow_http: bool = Field(
         default=False,
@@ -130,6 +136,14 @@ class Settings(BaseSettings):
         "slot is free; a change to a service's own spec rolls out at once. 0: no limit.",
     )
 
+    operator_peer: NetworkPolicyPeer | None = Field(
+        default=None,
+        description="The operator's own pods as a NetworkPolicy peer (chart: this release's pods in its namespace): "
+        "the servers' NetworkPolicies admit it on their API port, where the performance check reads /metrics. "
+        "Unset: not admitted (an operator outside the cluster reaches pods from their node, which NetworkPolicy "
+        "admits).",
+    )
+
     def policy(self) -> OperatorPolicy:
         """The administrator's choices every reconcile reads (core/observation.py)."""
         return OperatorPolicy(
@@ -138,6 +152,7 @@ class Settings(BaseSettings):
             vllm_images=self.vllm_images,
             numa_seccomp_profile=self.numa_seccomp_profile,
             max_concurrent_rollouts=self.max_concurrent_rollouts or None,
+            operator_peer=self.operator_peer if self.performance_check_seconds > 0 else None,
         )
 
     @field_validator("vllm_images")

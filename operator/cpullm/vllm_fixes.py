@@ -27,6 +27,11 @@ from typing import Any
 
 # <vllm_support> The pod's copy holds cpullm/vllm_support.py here instead (core/children/launcher.py inlines it).
 from cpullm.vllm_support import (
+    CONTAINER_CPUS,
+    CPU_PERIODS,
+    CPU_THROTTLED_PERIODS,
+    CPU_THROTTLED_SECONDS,
+    CPU_USAGE_SECONDS,
     ENGINE_CORE_FORKED,
     INTEL_OPENMP,
     KERNEL_REFUSED,
@@ -336,6 +341,107 @@ def amx_tile_permission(module: ModuleType) -> str:
     return LOADED
 
 
+def _keyed(path: Path) -> dict[str, int]:
+    """A cgroup file of `key value` lines (cpu.stat), as integers; {} when it cannot be read."""
+    try:
+        pairs = (line.split() for line in path.read_text().splitlines())
+        return {pair[0]: int(pair[1]) for pair in pairs if len(pair) == 2 and pair[1].lstrip("-").isdigit()}
+    except OSError:
+        return {}
+
+
+def _first_line(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def cpu_list_size(cpus: str) -> int:
+    """How many CPUs a cpuset list names ('0-3,8' is 5)."""
+    size = 0
+    for part in filter(None, cpus.split(",")):
+        first, _, last = part.partition("-")
+        size += int(last or first) - int(first) + 1
+    return size
+
+
+def container_cpu(root: Path = CGROUP_ROOT) -> dict[str, float]:
+    """What the container's cgroup (v2, or v1's cpu, cpuacct and cpuset hierarchies) says of its CPU, by
+    vllm_support's series names; what cannot be read is left out. The CPUs it may use are its cpuset's, capped by its
+    CFS quota (quota / period)."""
+    found: dict[str, float] = {}
+    if (root / "cpu.max").exists():  # v2, with the cpu controller
+        stat = _keyed(root / "cpu.stat")
+        usage, throttled = stat.get("usage_usec"), stat.get("throttled_usec")
+        scale = 1e-6
+        quota, _, period = (_first_line(root / "cpu.max") or "max").partition(" ")
+        cpuset = _first_line(root / "cpuset.cpus.effective")
+    else:
+        stat = _keyed(root / "cpu" / "cpu.stat")
+        usage, throttled = _keyed_value(root / "cpuacct" / "cpuacct.usage"), stat.get("throttled_time")
+        scale = 1e-9
+        quota = _first_line(root / "cpu" / "cpu.cfs_quota_us") or "-1"
+        period = _first_line(root / "cpu" / "cpu.cfs_period_us") or ""
+        cpuset = _first_line(root / "cpuset" / "cpuset.effective_cpus") or _first_line(root / "cpuset" / "cpuset.cpus")
+    if usage is not None:
+        found[CPU_USAGE_SECONDS] = usage * scale
+    if throttled is not None:
+        found[CPU_THROTTLED_SECONDS] = throttled * scale
+    for key, series in (("nr_periods", CPU_PERIODS), ("nr_throttled", CPU_THROTTLED_PERIODS)):
+        if key in stat:
+            found[series] = float(stat[key])
+    cpus = float(cpu_list_size(cpuset)) if cpuset else float(len(os.sched_getaffinity(0)))
+    if quota.isdigit() and period.isdigit() and int(period) > 0:  # "max" (v2) and -1 (v1): no quota
+        cpus = min(cpus, int(quota) / int(period))
+    found[CONTAINER_CPUS] = cpus
+    return found
+
+
+def _keyed_value(path: Path) -> int | None:
+    line = _first_line(path)
+    return int(line) if line and line.isdigit() else None
+
+
+class ContainerCpuCollector:
+    """A prometheus_client collector (its documented extension point for custom metrics) of container_cpu's
+    figures, read at each scrape. `families` is prometheus_client.metrics_core, as the process loaded it for vLLM
+    (this file imports the standard library only)."""
+
+    def __init__(self, families: ModuleType, root: Path = CGROUP_ROOT) -> None:
+        self.families, self.root = families, root
+
+    def collect(self) -> Any:
+        for name, value in container_cpu(self.root).items():
+            if name == CONTAINER_CPUS:
+                help_text = "CPUs the container may use: its cpuset, capped by its CFS quota"
+                yield self.families.GaugeMetricFamily(name, help_text, value=value)
+            else:
+                help_text = "From the container's cgroup (cpu.stat, cpuacct)"
+                yield self.families.CounterMetricFamily(name.removesuffix("_total"), help_text, value=value)
+
+
+def container_cpu_metrics(module: ModuleType) -> str:
+    """Fix 7, not a fix but an addition, on vllm.v1.metrics.prometheus: the registry vLLM serves /metrics from also
+    collects the container's cgroup CPU figures (ContainerCpuCollector), so the operator can tell a server held to
+    fewer CPUs or throttled from one that is merely slow (core/performance_check.py)."""
+    original = getattr(module, "get_prometheus_registry", None)
+    families = sys.modules.get("prometheus_client.metrics_core")  # imported with prometheus_client, which vLLM's is
+    if original is None or families is None:
+        return NOTHING_TO_PATCH
+    collecting: list[Any] = []  # the registries given a collector (a multiprocess one is made per call)
+
+    def get_prometheus_registry(*args: Any, **kwargs: Any) -> Any:
+        registry = original(*args, **kwargs)
+        if not any(registry is seen for seen in collecting):
+            registry.register(ContainerCpuCollector(families))
+            collecting.append(registry)
+        return registry
+
+    module.get_prometheus_registry = get_prometheus_registry  # type: ignore[attr-defined]
+    return LOADED
+
+
 def nothing_to_finalize(vllm_config: Any) -> None:
     """What finalize_loading does for inductor's loaded function: nothing; it is complete when torch loads it."""
     del vllm_config
@@ -349,6 +455,7 @@ FIXES: dict[str, Callable[[ModuleType], str]] = {
     "vllm.platforms.cpu": rank_in_engine_core,
     "vllm.compilation.decorators": aot_cache_loads,
     "vllm.model_executor.model_loader.default_loader": checkpoint_pages_dropped,
+    "vllm.v1.metrics.prometheus": container_cpu_metrics,
 }
 
 

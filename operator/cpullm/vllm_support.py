@@ -25,6 +25,7 @@ ENGINE_CORE_FORKED = "engine_core_forked"  # part of rank_in_engine_core, turned
 AOT_CACHE_LOADS = "aot_cache_loads"
 CHECKPOINT_PAGES_DROPPED = "checkpoint_pages_dropped"
 AMX_TILE_PERMISSION = "amx_tile_permission"
+CONTAINER_CPU_METRICS = "container_cpu_metrics"
 FIX_VERSIONS: dict[str, tuple[str, str | None]] = {
     LEAVE_PAGE_CACHE_OUT: ("0.31.0", None),
     SHORT_WARM_UP: ("0.31.0", None),
@@ -33,7 +34,17 @@ FIX_VERSIONS: dict[str, tuple[str, str | None]] = {
     AOT_CACHE_LOADS: ("0.31.0", None),
     CHECKPOINT_PAGES_DROPPED: ("0.31.0", None),
     AMX_TILE_PERMISSION: ("0.31.0", None),
+    CONTAINER_CPU_METRICS: ("0.31.0", None),
 }
+
+# What container_cpu_metrics adds to vLLM's /metrics, from the container's cgroup (core/performance_check.py reads
+# them): the CPUs the container may use (its cpuset, capped by its CFS quota), and counters of the CPU time it used,
+# of CFS periods, of those in which it was throttled and of the time it was throttled.
+CONTAINER_CPUS = "cpullm_container_cpus"
+CPU_USAGE_SECONDS = "cpullm_container_cpu_usage_seconds_total"
+CPU_PERIODS = "cpullm_container_cpu_periods_total"
+CPU_THROTTLED_PERIODS = "cpullm_container_cpu_throttled_periods_total"
+CPU_THROTTLED_SECONDS = "cpullm_container_cpu_throttled_seconds_total"
 
 # The vLLM CPU versions the operator knows, oldest first: whether it was run here (the real-vLLM tests), how the
 # KV cache's size reaches vLLM, and what else differs.

@@ -91,6 +91,7 @@ OTHER_INDEXES: dict[str, Any] = {
     "installed_crds": {},
     "pod_troubles": {},
     "server_exits": {},
+    "server_addresses": {},
     "daemonset_pods": {},
     **{source.index: {} for source in NODE_FACT_SOURCES},
 }

@@ -534,3 +534,72 @@ def test_the_amx_fix_is_not_asked_for_outside_its_vllm_versions_or_when_turned_o
     monkeypatch.setenv("CPULLM_VLLM_FIXES_OFF", "amx_tile_permission")
     assert apply(ModuleType("vllm")) is False
     assert vllm_support.read_report((tmp_path / "report").read_text()) == {"amx_tile_permission": "not-for-this-vllm"}
+
+
+def cgroup_files(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+V2_CPU = {
+    "cpu.max": "150000 100000\n",
+    "cpu.stat": "usage_usec 2500000\nuser_usec 2000000\nnr_periods 40\nnr_throttled 10\nthrottled_usec 500000\n",
+    "cpuset.cpus.effective": "2-5\n",
+}
+V1_CPU = {
+    "cpu/cpu.cfs_quota_us": "-1\n",
+    "cpu/cpu.cfs_period_us": "100000\n",
+    "cpu/cpu.stat": "nr_periods 0\nnr_throttled 0\nthrottled_time 0\n",
+    "cpuacct/cpuacct.usage": "7000000000\n",
+    "cpuset/cpuset.effective_cpus": "1,3\n",
+}
+
+
+@pytest.mark.parametrize(
+    ("files", "expected"),
+    [
+        pytest.param(
+            V2_CPU,
+            {
+                vllm_support.CONTAINER_CPUS: 1.5,  # 4 CPUs in its cpuset, a quota of 1.5
+                vllm_support.CPU_USAGE_SECONDS: 2.5,
+                vllm_support.CPU_PERIODS: 40,
+                vllm_support.CPU_THROTTLED_PERIODS: 10,
+                vllm_support.CPU_THROTTLED_SECONDS: 0.5,
+            },
+            id="v2-with-a-quota",
+        ),
+        pytest.param(
+            V1_CPU,
+            {
+                vllm_support.CONTAINER_CPUS: 2,  # no quota: its cpuset
+                vllm_support.CPU_USAGE_SECONDS: 7.0,
+                vllm_support.CPU_PERIODS: 0,
+                vllm_support.CPU_THROTTLED_PERIODS: 0,
+                vllm_support.CPU_THROTTLED_SECONDS: 0.0,
+            },
+            id="v1-without-a-quota",
+        ),
+    ],
+)
+def test_the_containers_cpu_figures_are_read_from_its_cgroup(tmp_path, files, expected):
+    assert vllm_fixes.container_cpu(cgroup_files(tmp_path, files)) == pytest.approx(expected)
+
+
+def test_the_registry_vllm_serves_metrics_from_also_collects_the_containers_cpu(tmp_path, monkeypatch):
+    """Fix 7 on a stand-in for vllm.v1.metrics.prometheus: each registry its function returns gets one collector."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registries = [CollectorRegistry(), CollectorRegistry()]
+    module = ModuleType("vllm.v1.metrics.prometheus")
+    module.get_prometheus_registry = lambda: registries[0]  # type: ignore[attr-defined]
+    root = cgroup_files(tmp_path, V2_CPU)
+    monkeypatch.setattr(vllm_fixes, "CGROUP_ROOT", root)
+    monkeypatch.setattr(vllm_fixes.ContainerCpuCollector.__init__, "__defaults__", (root,))
+    assert vllm_fixes.container_cpu_metrics(module) == vllm_support.LOADED
+    assert module.get_prometheus_registry() is module.get_prometheus_registry()  # registered once
+    text = generate_latest(registries[0]).decode()
+    assert "cpullm_container_cpus 1.5" in text and "cpullm_container_cpu_throttled_periods_total 10.0" in text
+    assert vllm_fixes.container_cpu_metrics(ModuleType("vllm.v1.metrics.prometheus")) == vllm_support.NOTHING_TO_PATCH

@@ -196,7 +196,8 @@ class CpuSettings(_Model):
         description="Start vLLM through the operator's in-pod launcher: it binds each rank's threads to the CPUs "
         "and NUMA nodes the pod really got, and applies fixes to vLLM inside its processes (docs/vllm-versions.md). "
         "CPULLM_VLLM_FIXES_OFF in env names fixes to leave out: leave_page_cache_out, short_warm_up, "
-        "rank_in_engine_core, engine_core_forked, aot_cache_loads, checkpoint_pages_dropped, amx_tile_permission. "
+        "rank_in_engine_core, engine_core_forked, aot_cache_loads, checkpoint_pages_dropped, amx_tile_permission, "
+        "container_cpu_metrics. "
         "false runs vLLM's command as is.",
     )
 

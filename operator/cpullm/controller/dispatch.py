@@ -14,7 +14,7 @@ import asyncio
 import logging
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cpullm.api.spec import copy_json
@@ -52,7 +52,8 @@ class ChildEvent:
 
 async def _reconcile(state: ControllerState, indexes: KopfIndexes, service: Mapping[str, Any]) -> Any:
     """One reconcile on a worker thread, with the ClusterView read from the indexes on the event loop."""
-    view = indexes.snapshot().view((service["metadata"]["namespace"], service["metadata"]["name"]))
+    key = (service["metadata"]["namespace"], service["metadata"]["name"])
+    view = replace(indexes.snapshot().view(key), performance=state.performance.verdicts.get(key))
     ticket = state.reconciler.begin(service, view.deployment)
     return await state.workers.run(state.reconciler.reconcile, service, view, ticket)
 

@@ -105,6 +105,7 @@ def gather(
         deployment=view.deployment,
         pod_trouble=view.pod_trouble,
         server_exits=tuple(view.server_exits),
+        performance=view.performance,
         status=last_status if last_status is not None else service.get("status") or {},
         installed_crds=view.installed_crds,
         policy=policy,

@@ -26,13 +26,14 @@ from typing import Any
 import kopf
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION, copy_json
-from cpullm.controller import dispatch, kopf_settings
+from cpullm.controller import dispatch, kopf_settings, performance
 from cpullm.controller.indexes import KopfIndexes
 from cpullm.controller.state import ControllerState
 from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_facts import NODE_FACT_SOURCES, SOURCE_OF_PLURAL
+from cpullm.core.performance_check import ServerAddress, ready_server_address
 from cpullm.core.pod_troubles import PodTrouble, memory_limits, pod_trouble
 from cpullm.core.rollout import server_deployment_facts
 from cpullm.core.server_exits import ServerExit, server_exit
@@ -75,12 +76,24 @@ async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
         )
 
 
+@kopf.on.startup()
+async def start_performance_check(memo: kopf.Memo, **indexes: Any) -> None:
+    """Every `performance_check_seconds`, read the ready servers' /metrics and judge their speed against their plan's
+    (controller/performance.py)."""
+    config: Settings = memo.get("settings") or Settings()
+    if config.performance_check_seconds > 0:
+        _state(memo).performance_check = asyncio.get_running_loop().create_task(
+            performance.check_forever(_state(memo), KopfIndexes.of(indexes), config.performance_check_seconds)
+        )
+
+
 @kopf.on.cleanup()
 async def shut_down(memo: kopf.Memo, **_: Any) -> None:
-    """Stop the resync and the reconcile threads (a reconcile not yet started is dropped)."""
+    """Stop the resync, the performance check and the reconcile threads (a reconcile not yet started is dropped)."""
     state = _state(memo)
-    if state.resync is not None:
-        state.resync.cancel()
+    for task in (state.resync, state.performance_check):
+        if task is not None:
+            task.cancel()
     state.workers.shutdown()
 
 
@@ -164,6 +177,15 @@ async def server_exits(
     """Each server pod whose vLLM container last ended reporting fixes that did not load, keyed by its service."""
     owner, ended = labels.get(SERVICE_LABEL), server_exit(name, status)
     return {(namespace, owner): ended} if owner and ended else {}
+
+
+@kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
+async def server_addresses(
+    namespace: str, name: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], ServerAddress]:
+    """Each ready server pod's address, keyed by its service: where the PerformanceAsPredicted check reads /metrics."""
+    owner, address = labels.get(SERVICE_LABEL), ready_server_address(name, labels, status)
+    return {(namespace, owner): address} if owner and address else {}
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -41,6 +41,7 @@ class KopfIndexes:
     owned_deployments: Index
     pod_troubles: Index
     server_exits: Index
+    server_addresses: Index
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> KopfIndexes:
@@ -54,6 +55,7 @@ class KopfIndexes:
             owned_deployments=kwargs["owned_deployments"],
             pod_troubles=kwargs["pod_troubles"],
             server_exits=kwargs["server_exits"],
+            server_addresses=kwargs["server_addresses"],
         )
 
     def without_deployments(self, keys: set[tuple[str, str]]) -> KopfIndexes:

@@ -19,6 +19,7 @@ from typing import Generic, TypeVar
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.performance_check import PerformanceVerdict, ServerSample
 from cpullm.core.pod_troubles import PodTrouble
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.topology import NodeState, node_state_changed
@@ -83,6 +84,18 @@ class RetryScheduler:
 
 
 @dataclass
+class PerformanceWatch:
+    """What the performance check keeps between its rounds (controller/performance.py): each server pod's last
+    reading, by (namespace, pod), and each service's last verdict, by (namespace, name), which its reconciles report
+    (core/performance_check.py)."""
+
+    samples: dict[tuple[str, str], ServerSample] = field(default_factory=dict)
+    verdicts: dict[tuple[str, str], PerformanceVerdict] = field(default_factory=dict)
+    # Why a pod's /metrics could not be read, as last logged, by (namespace, pod).
+    unreadable: dict[tuple[str, str], str] = field(default_factory=dict)
+
+
+@dataclass
 class ControllerState:
     reconciler: Reconciler
     workers: ReconcileWorkers
@@ -96,3 +109,5 @@ class ControllerState:
     node_fact_problems: dict[tuple[str, str], str | None] = field(default_factory=dict)
     retries: RetryScheduler = field(default_factory=RetryScheduler)
     resync: asyncio.Task[None] | None = None
+    performance: PerformanceWatch = field(default_factory=lambda: PerformanceWatch())
+    performance_check: asyncio.Task[None] | None = None

@@ -21,6 +21,7 @@ from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
 from cpullm.core.children import CHILD_KIND, OPTIONAL_APIS, build_children, child_of_ref, child_ref, kept_refs
 from cpullm.core.children.common import Owner
 from cpullm.core.children.model_cache import node_cache_paths
+from cpullm.core.children.network_policy import admit_operator
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import enforced_level, server_security
@@ -175,12 +176,15 @@ def decide(observed: Observed, now: datetime) -> Decision:
     optional_kinds: list[str] | None = None
     obsolete: tuple[dict[str, str], ...] = ()
     if isinstance(outcome, Plan) and isinstance(observed.spec, CpuLLMServiceSpec):
-        built, paced = _paced(observed, build_children(observed.owner, observed.spec, outcome))
+        built = build_children(observed.owner, observed.spec, outcome)
+        admit_operator(built, observed.owner, observed.spec.service.port, observed.policy.operator_peer)
+        built, paced = _paced(observed, built)
         wanted, features, optional_kinds = _optional_parts(observed, built)
         features += [paced] if paced else []
         features += [FeatureCondition(c.condition, False, c.reason, c.message) for c in outcome.cautions or []]
         fixes = fixes_loaded_condition(observed.server_exits, outcome.fixes_credited)
         features += [fixes] if fixes else []
+        features += [observed.performance.condition()] if observed.performance else []
         children = tuple(wanted)
         before = observed.status.get(OPTIONAL_CHILDREN) or []
         kept = kept_refs(observed.owner)

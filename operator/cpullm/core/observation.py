@@ -7,11 +7,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.api.spec import CpuLLMServiceSpec, NetworkPolicyPeer
 from cpullm.core.children.common import Owner
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_facts import NodeFact
+from cpullm.core.performance_check import PerformanceVerdict
 from cpullm.core.pod_troubles import PodTrouble
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.sizing import ModelSize
@@ -40,13 +41,15 @@ class OperatorPolicy:
     lets vLLM's NUMA calls through without SYS_NICE, for namespaces whose Pod Security refuses SYS_NICE (None:
     there is none, and such namespaces run servers without NUMA calls or not at all: core/podsecurity.py);
     `max_concurrent_rollouts`: how many services may roll their servers out at once for a template change their
-    user did not ask for (core/rollout.py; None: no limit)."""
+    user did not ask for (core/rollout.py; None: no limit); `operator_peer`: the operator's pods, which the servers'
+    NetworkPolicies admit on their API port for the performance check (None: not admitted)."""
 
     node_cache_dir: str | None = None
     router_image: str = DEFAULT_ROUTER_IMAGE
     vllm_images: Mapping[str, str] = field(default_factory=dict)
     numa_seccomp_profile: str | None = None
     max_concurrent_rollouts: int | None = None
+    operator_peer: NetworkPolicyPeer | None = None
 
 
 # Every choice left at its default (settings.py's defaults build the same).
@@ -61,7 +64,8 @@ class ClusterView:
     `daemons` the DaemonSets whose pods whole-node plans leave room for; `deployment` the servers' Deployment as last
     seen (its generation, template digest, replicas and status); `installed_crds` the optional APIs' CRDs installed
     (None: unknown, assume all); `pod_trouble` why one of the service's pods cannot start or keep running;
-    `server_exits` its server pods' last ends that report fixes not loaded; `rolling` the services whose servers'
+    `server_exits` its server pods' last ends that report fixes not loaded; `performance` the last verdict on its
+    servers' speed (core/performance_check.py); `rolling` the services whose servers'
     Deployment is replacing pods of an older template (they hold rollout slots: controller/pacing.py)."""
 
     nodes: Sequence[NodeProfile] = ()
@@ -72,6 +76,7 @@ class ClusterView:
     pod_trouble: PodTrouble | None = None
     server_exits: Sequence[ServerExit] = ()
     rolling: frozenset[tuple[str, str]] = frozenset()
+    performance: PerformanceVerdict | None = None  # the servers' speed against the plan's, last judged
 
 
 @dataclass(frozen=True)
@@ -98,6 +103,7 @@ class Observed:
     deployment: Mapping[str, Any] | None = None
     pod_trouble: PodTrouble | None = None
     server_exits: Sequence[ServerExit] = ()
+    performance: PerformanceVerdict | None = None  # core/performance_check.py's last verdict on its servers
     status: Mapping[str, Any] = field(default_factory=dict)
     apply_error: CpuLLMError | None = None
     # The optional APIs' CRDs installed in the cluster (children/OPTIONAL_APIS); None: unknown, assume all

@@ -466,13 +466,14 @@ def _credited_fixes(
 ) -> list[str]:
     """The fixes the plan counts on: those for this vLLM that spec.env leaves on, and of the ones a plan may not use,
     those it does (the rank in the engine core, its fork, the AOT cache; AMX tiles' permission where the nodes have
-    them, without which vLLM's attention dies). A server whose report says one of them did not load runs outside its
-    plan (core/server_exits.py)."""
+    them, without which vLLM's attention dies); never the container's CPU metrics, which no figure counts on. A
+    server whose report says one of them did not load runs outside its plan (core/server_exits.py)."""
     used_only_when = {
         vllm_support.RANK_IN_ENGINE_CORE: processes["rank_in_engine_core"],
         vllm_support.ENGINE_CORE_FORKED: processes["engine_core_forked"],
         vllm_support.AOT_CACHE_LOADS: aot_compile_cache,
         vllm_support.AMX_TILE_PERMISSION: AMX in isa,
+        vllm_support.CONTAINER_CPU_METRICS: False,  # the performance check's figures, not the plan's
     }
     if not spec.cpu.launcher:
         return []

@@ -53,3 +53,13 @@ def build_router_network_policy(owner: Owner, spec: CpuLLMServiceSpec, plan: Pla
         return None
     rules = [(_allowed(spec), spec.service.port), (_peers(spec.network_policy.metrics_from), HEALTH_PORT)]
     return _policy(router_name(owner), owner, router_selector(owner), rules)
+
+
+def admit_operator(children: list[dict[str, Any]], owner: Owner, port: int, peer: NetworkPolicyPeer | None) -> None:
+    """The servers' NetworkPolicy among `children` also admits the operator's pods (`peer`, the admin's setting) on
+    their API port, where the performance check reads /metrics (controller/performance.py); None: nothing added."""
+    if peer is None:
+        return
+    for child in children:
+        if child["kind"] == "NetworkPolicy" and child["metadata"]["name"] == owner.name:
+            child["spec"]["ingress"].append({"from": _peers([peer]), "ports": [{"protocol": "TCP", "port": port}]})
