@@ -8,6 +8,7 @@ the two starts instead of the tiny one (opt-in: minutes more per start)."""
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -15,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 import uuid
@@ -56,6 +58,7 @@ pytestmark = [
 NODE_CLUSTER_NAME = "cpullm-node"
 STARTED_MODEL = os.environ.get("CPULLM_NODE_MODEL", TINY)
 SHM = 64 * 1024 * 1024
+PERFORMANCE_CHECK_SECONDS = 15
 MEMORY = 300 * 1024 * 1024
 
 
@@ -176,6 +179,8 @@ def serving(real_node: RealNode) -> Iterator[tuple[Kubectl, InClusterOperator, P
         *("--set-string", f"nodeSelector.kubernetes\\.io/hostname={real_node.name}"),
         # The NUMA seccomp profile's DaemonSet, writing under this kubelet's own root directory.
         *("--set", "numaSeccomp.enabled=true", "--set-string", f"numaSeccomp.kubeletRootDir={real_node.kubelet_dir}"),
+        # The performance check reads the servers' /metrics this often (60 s by default): two readings a window.
+        *("--set", f"performanceCheck.intervalSeconds={PERFORMANCE_CHECK_SECONDS}"),
         *("--wait", "--timeout", "180s"),
     )
     operator = InClusterOperator(kubectl, OPERATOR_NAMESPACE, f"{OPERATOR_RELEASE}-cpullm-operator")
@@ -510,3 +515,78 @@ def test_a_pod_that_cannot_start_says_why_in_ready_on_the_real_node(
     kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, image=missing))
     message = eventually(lambda: ready_reason("ImagePullFailed"), timeout=120, interval=2, what="an unpullable image")
     assert f"cannot pull {missing}" in message, message
+
+
+def keep_busy(address: str, model: str, stop: threading.Event) -> None:
+    """Completions to one server, one after the other, until `stop`: decode tokens for every performance check."""
+    while not stop.is_set():
+        with contextlib.suppress(OSError):  # a slow server's timeout or a refused connection: ask again
+            complete(address, 32, model)
+
+
+def container_cpu_cgroup(pod: dict[str, Any], container: str) -> Path:
+    """The container's cgroup directory of the cpu controller (v1 cgroupfs, as the real node's kubelet makes them;
+    or v2's unified tree)."""
+    status = next(c for c in pod["status"]["containerStatuses"] if c["name"] == container)
+    container_id = status["containerID"].split("://", 1)[1]
+    v1 = Path("/sys/fs/cgroup/cpu/kubepods")
+    found = list((v1 if v1.is_dir() else Path("/sys/fs/cgroup/kubepods")).rglob(container_id))
+    assert len(found) == 1, (container_id, found)
+    return found[0]
+
+
+def hold_to(cgroup: Path, cpus: float) -> None:
+    """Cut the container's CFS quota to `cpus` CPUs, behind the kubelet's back (as a node agent or a resize might)."""
+    if (cgroup / "cpu.max").exists():
+        (cgroup / "cpu.max").write_text(f"{int(cpus * 100_000)} 100000")
+    else:
+        (cgroup / "cpu.cfs_period_us").write_text("100000")
+        (cgroup / "cpu.cfs_quota_us").write_text(str(int(cpus * 100_000)))
+
+
+def test_a_server_held_to_fewer_cpus_than_planned_runs_below_its_prediction_and_says_why(
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
+) -> None:
+    """PerformanceAsPredicted on the real node: the operator reads the server's /metrics (vLLM's latencies and the
+    launcher's cgroup figures, container_cpu_metrics) while completions keep it busy. Its container's CFS quota cut to
+    a tenth of a CPU, it decodes far below its prediction, and the condition names the cause: fewer CPUs than
+    planned."""
+    kubectl, _, models = serving
+    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR))
+    service = ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
+    planned = service["status"]["plan"]["cpu"]
+    (pod,) = server_pods(kubectl, namespace)
+    address = pod["status"]["podIP"]
+    with urllib.request.urlopen(f"http://{address}:8000/metrics", timeout=30) as response:
+        page = response.read().decode()
+    assert re.search(rf"^cpullm_container_cpus {float(planned)}$", page, re.MULTILINE), page[-2000:]
+
+    def verdict(*reasons: str) -> dict[str, Any]:
+        found = conditions(kubectl.get("cpullm", "tiny", namespace)).get("PerformanceAsPredicted", {})
+        assert found.get("reason") in reasons, found
+        return found
+
+    stop = threading.Event()
+    # Four sequences at once: a tenth of a CPU still decodes the tokens a window needs to say anything.
+    loads = [threading.Thread(target=keep_busy, args=(address, TINY, stop), daemon=True) for _ in range(4)]
+    for load in loads:
+        load.start()
+    try:
+        first = eventually(
+            lambda: verdict("AsPredicted", "SlowerThanPredicted", "CPUThrottled"),
+            timeout=120,
+            interval=2,
+            what="a first verdict on the server's speed",
+        )
+        hold_to(container_cpu_cgroup(pod, "vllm"), 0.1)
+        held = eventually(
+            lambda: verdict("FewerCPUsThanPlanned"), timeout=180, interval=2, what="PerformanceAsPredicted False"
+        )
+    finally:
+        stop.set()
+        for load in loads:
+            load.join(timeout=300)
+    assert held["status"] == "False" and f"may use 0.1 CPUs of the {planned} planned" in held["message"], held
+    events = kubectl.get("events", namespace=namespace)
+    assert any(e.get("reason") == "FewerCPUsThanPlanned" and e.get("type") == "Warning" for e in events), events
+    print(f"\nreal node, performance check: before {first['message']}\nheld to 0.1 CPU: {held['message']}")

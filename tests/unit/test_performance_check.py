@@ -265,16 +265,25 @@ def test_a_round_reads_each_ready_server_and_reconciles_only_when_the_verdict_fl
     assert [(v.ok, v.reason) for v in reconciler.verdicts] == [(True, "AsPredicted"), (False, "SlowerThanPredicted")]
 
 
-def test_a_server_whose_metrics_cannot_be_read_is_skipped():
+def test_a_server_whose_metrics_cannot_be_read_is_skipped_for_more_rounds_each_time():
     service = planned_service()
     address = ready_server_address(
         "svc-0", {}, {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
     )
     state = ControllerState(Reconciles(), ReconcileWorkers(1))  # type: ignore[arg-type]
+    reads = []
 
     def read(ip: str, port: int) -> dict[str, float]:
+        reads.append(ip)
         raise MetricsUnreadable("http://10.1.1.1:8000/metrics: connection refused")
 
-    asyncio.run(performance.check_round(state, indexes(service, {("ns", "svc"): [address]}), read, lambda: 0.0))
+    async def rounds(count: int) -> None:
+        for _ in range(count):
+            await performance.check_round(state, indexes(service, {("ns", "svc"): [address]}), read, lambda: 0.0)
+
+    asyncio.run(rounds(1 + 2 + 1 + 4 + 1))  # read, 2 skipped, read, 4 skipped, read
+    assert len(reads) == 3
     assert state.performance.unreadable == {("ns", "svc-0"): "http://10.1.1.1:8000/metrics: connection refused"}
     assert not state.performance.samples and not state.performance.verdicts
+    asyncio.run(performance.check_round(state, indexes(service, {}), read, lambda: 0.0))  # no longer ready
+    assert not state.performance.unreadable and not state.performance.backoff

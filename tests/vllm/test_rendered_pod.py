@@ -18,6 +18,9 @@ import pytest
 from testbed.machine import cached_bytes
 
 from cpullm import launcher, vllm_fixes, vllm_support
+from cpullm.api.plan import Plan
+from cpullm.core.performance_check import ServerSample, judge, window
+from cpullm.io.server_metrics import read_metrics
 from tests.vllm.harness import (
     BINDINGS,
     MEMORY,
@@ -87,6 +90,7 @@ def check_the_metrics_autoscaling_reads(server: LocalServer, plan: dict[str, obj
     scraped during the burst and its peak reported: a scrape takes over a second on a loaded 2-CPU machine, so a
     burst can pass between scrapes (one CI run saw 0 in all 3 of a 3.6 s burst; the summary prints both)."""
     before = server.metrics()
+    checked_before = ServerSample.of(read_metrics("127.0.0.1", server.port), time.monotonic())
     missing = [name for name in METRICS_RELIED_ON if not series_named(before, name)]
     assert not missing, f"vLLM does not serve {missing}"
     queued = [f"Request {i} of a burst" for i in range(12)]
@@ -101,6 +105,16 @@ def check_the_metrics_autoscaling_reads(server: LocalServer, plan: dict[str, obj
         assert all(r.result()["usage"]["completion_tokens"] == BURST_TOKENS for r in requests)
     WAITING_PEAKS["tp1"] = (peak, scrapes, time.monotonic() - started)
     after = server.metrics()
+    # What the operator's performance check reads of the same server (io/server_metrics.py): a window with the
+    # burst's decode tokens and the launcher's cgroup figures, judged against the plan (the share is printed, not
+    # asserted: the tiny model's step is mostly the engine's Python, which the estimates only scale).
+    checked_after = ServerSample.of(read_metrics("127.0.0.1", server.port), time.monotonic())
+    assert checked_before is not None and checked_after is not None and checked_after.cpus is not None
+    burst = window(checked_before, checked_after)
+    assert burst is not None and burst.decode_tokens >= len(queued) * (BURST_TOKENS - 1)
+    verdict = judge(Plan.model_validate(plan), [burst])
+    assert verdict is not None
+    print(f"\nperformance check of the burst: {verdict.reason}: {verdict.message}")
 
     def grew(name: str) -> float:
         return sum(series_named(after, name)) - sum(series_named(before, name))

@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import Any
 
 from pydantic import ValidationError
@@ -25,7 +26,11 @@ from cpullm.io.server_metrics import MetricsUnreadable, read_metrics
 from cpullm.metrics import SPEED_SHARE
 
 log = logging.getLogger(__name__)
-READS_AT_ONCE = 16
+READS_AT_ONCE = 16  # on threads of the check's own, so slow pods never hold the threads reconciles wait on
+READ_TIMEOUT_SECONDS = 3.0
+# A pod whose /metrics could not be read is skipped for 2, 4, ... rounds after each failure, at most this many: an
+# address that drops packets costs a read's timeout, and a cluster of thousands of them must not fill every round.
+MAX_SKIPPED_ROUNDS = 16
 Reader = Callable[[str, int], dict[str, float]]
 
 
@@ -39,29 +44,42 @@ def _plan_and_port(service: Mapping[str, Any]) -> tuple[Plan, int] | None:
     return plan, spec.service.port
 
 
+def _read_quickly(address: str, port: int) -> dict[str, float]:
+    return read_metrics(address, port, timeout=READ_TIMEOUT_SECONDS)
+
+
 async def check_round(
     state: ControllerState,
     indexes: KopfIndexes,
-    read: Reader = read_metrics,
+    read: Reader = _read_quickly,
     clock: Callable[[], float] = time.monotonic,
+    threads: Executor | None = None,
 ) -> None:
-    """One round over every service with ready servers."""
+    """One round over every service with ready servers (`threads`: where the reads run; None: asyncio's default)."""
     watch = state.performance
+    loop = asyncio.get_running_loop()
     targets: list[tuple[tuple[str, str], ServerAddress, int]] = []
     plans: dict[tuple[str, str], Plan] = {}
+    gate = asyncio.Semaphore(READS_AT_ONCE)
     for key, store in list(indexes.server_addresses.items()):
         service = next(iter(indexes.service(key)), None)
         found = _plan_and_port(service) if service is not None else None
         if found is None:
             continue
         plans[key], port = found
-        targets += [(key, address, port) for address in list(store)]
-    gate = asyncio.Semaphore(READS_AT_ONCE)
+        for address in list(store):
+            pod = (key[0], address.pod)
+            failures, skipped = watch.backoff.get(pod, (0, 0))
+            if skipped < min(2**failures, MAX_SKIPPED_ROUNDS) and failures:
+                watch.backoff[pod] = (failures, skipped + 1)
+                watch.samples.pop(pod, None)  # the next window starts at the next reading
+                continue
+            targets.append((key, address, port))
 
     async def reading(address: ServerAddress, port: int) -> dict[str, float] | str:
         async with gate:
             try:
-                return await asyncio.to_thread(read, address.ip, port)
+                return await loop.run_in_executor(threads, read, address.ip, port)
             except MetricsUnreadable as error:
                 return str(error)
 
@@ -77,15 +95,22 @@ async def check_round(
             if watch.unreadable.get(pod) != why:
                 log.info("performance check: pod %s/%s: %s", *pod, why)
                 watch.unreadable[pod] = why
+            watch.backoff[pod] = (watch.backoff.get(pod, (0, 0))[0] + 1, 0)
+            watch.samples.pop(pod, None)
             continue
         watch.unreadable.pop(pod, None)
+        watch.backoff.pop(pod, None)
         before = watch.samples.get(pod)
         watch.samples[pod] = sample
         between = window(before, sample) if before is not None else None
         if between is not None:
             windows.setdefault(key, []).append(between)
-    for pod in [p for p in watch.samples if p not in seen]:  # gone, or no longer ready
+    addresses = {(key[0], a.pod) for key, store in indexes.server_addresses.items() for a in store}
+    for pod in [p for p in watch.samples if p not in seen]:  # not read this round
         del watch.samples[pod]
+    for table in (watch.backoff, watch.unreadable):
+        for pod in [p for p in table if p not in addresses]:  # gone, or no longer ready
+            del table[pod]
     woken = []
     for key, found_windows in windows.items():
         verdict = judge(plans[key], found_windows)
@@ -105,9 +130,10 @@ async def check_round(
 
 async def check_forever(state: ControllerState, indexes: KopfIndexes, every: float) -> None:
     """A round that fails in a way no one foresaw is logged with its traceback; the rounds go on."""
-    while True:
-        await asyncio.sleep(every)
-        try:
-            await check_round(state, indexes)
-        except Exception:
-            log.exception("performance check round failed; the next one is due in %.0f s", every)
+    with ThreadPoolExecutor(READS_AT_ONCE, thread_name_prefix="performance-check") as threads:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await check_round(state, indexes, threads=threads)
+            except Exception:
+                log.exception("performance check round failed; the next one is due in %.0f s", every)

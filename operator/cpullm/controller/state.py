@@ -91,8 +91,10 @@ class PerformanceWatch:
 
     samples: dict[tuple[str, str], ServerSample] = field(default_factory=dict)
     verdicts: dict[tuple[str, str], PerformanceVerdict] = field(default_factory=dict)
-    # Why a pod's /metrics could not be read, as last logged, by (namespace, pod).
+    # Why a pod's /metrics could not be read, as last logged, by (namespace, pod); and its failures in a row and the
+    # rounds skipped since the last (controller/performance.py's backoff).
     unreadable: dict[tuple[str, str], str] = field(default_factory=dict)
+    backoff: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
 
 
 @dataclass
