@@ -264,6 +264,10 @@ def test_a_round_reads_each_ready_server_and_reconciles_only_when_the_verdict_fl
     # runs at a quarter of the speed (a reconcile).
     assert [(v.ok, v.reason) for v in reconciler.verdicts] == [(True, "AsPredicted"), (False, "SlowerThanPredicted")]
 
+    # The server replaced (its pod gone, the new one not ready yet): the verdict on it goes, and so does the condition.
+    asyncio.run(performance.check_round(state, indexes(service, {}), read, lambda: 240.0))
+    assert not state.performance.verdicts and reconciler.verdicts[-1] is None
+
 
 def test_a_server_whose_metrics_cannot_be_read_is_skipped_for_more_rounds_each_time():
     service = planned_service()

@@ -85,6 +85,7 @@ async def check_round(
 
     readings = await asyncio.gather(*(reading(address, port) for _, address, port in targets))
     windows: dict[tuple[str, str], list[Window]] = {}
+    judged: dict[tuple[str, str], set[tuple[str, str]]] = {}  # the pods each service's windows are of
     seen: set[tuple[str, str]] = set()
     for (key, address, _), answer in zip(targets, readings, strict=True):
         pod = (key[0], address.pod)
@@ -105,6 +106,7 @@ async def check_round(
         between = window(before, sample) if before is not None else None
         if between is not None:
             windows.setdefault(key, []).append(between)
+            judged.setdefault(key, set()).add(pod)
     addresses = {(key[0], a.pod) for key, store in indexes.server_addresses.items() for a in store}
     for pod in [p for p in watch.samples if p not in seen]:  # not read this round
         del watch.samples[pod]
@@ -118,12 +120,17 @@ async def check_round(
             continue
         SPEED_SHARE.labels(namespace=key[0], service=key[1]).set(verdict.speed_share)
         last = watch.verdicts.get(key)
-        watch.verdicts[key] = verdict
+        watch.verdicts[key], watch.judged[key] = verdict, frozenset(judged[key])
         if last is None or (last.ok, last.reason) != (verdict.ok, verdict.reason):
             woken += indexes.service(key)
-    for key in [k for k in watch.verdicts if k not in indexes.services]:  # the service is gone
-        del watch.verdicts[key]
-        SPEED_SHARE.remove(*key)
+    for key in list(watch.verdicts):
+        # A verdict stands while a server it judged is ready: one on servers that are all gone (replaced, scaled to
+        # zero) says nothing of those that run now, so its condition goes.
+        gone = key not in indexes.services
+        if gone or not watch.judged[key] & addresses:
+            del watch.verdicts[key], watch.judged[key]
+            SPEED_SHARE.remove(*key)
+            woken += [] if gone else indexes.service(key)
     if woken:
         await reconcile_quietly(state, woken, indexes)
 

@@ -86,11 +86,12 @@ class RetryScheduler:
 @dataclass
 class PerformanceWatch:
     """What the performance check keeps between its rounds (controller/performance.py): each server pod's last
-    reading, by (namespace, pod), and each service's last verdict, by (namespace, name), which its reconciles report
-    (core/performance_check.py)."""
+    reading, by (namespace, pod), and each service's last verdict and the pods it judged, by (namespace, name), which
+    its reconciles report (core/performance_check.py)."""
 
     samples: dict[tuple[str, str], ServerSample] = field(default_factory=dict)
     verdicts: dict[tuple[str, str], PerformanceVerdict] = field(default_factory=dict)
+    judged: dict[tuple[str, str], frozenset[tuple[str, str]]] = field(default_factory=dict)  # the verdicts' pods
     # Why a pod's /metrics could not be read, as last logged, by (namespace, pod); and its failures in a row and the
     # rounds skipped since the last (controller/performance.py's backoff).
     unreadable: dict[tuple[str, str], str] = field(default_factory=dict)
