@@ -63,7 +63,13 @@ async def check_round(
     gate = asyncio.Semaphore(READS_AT_ONCE)
     for key, store in list(indexes.server_addresses.items()):
         service = next(iter(indexes.service(key)), None)
-        found = _plan_and_port(service) if service is not None else None
+        if service is None:
+            continue
+        version = (service.get("metadata") or {}).get("resourceVersion")
+        cached = watch.parsed.get(key)
+        if cached is None or cached[0] != version or version is None:  # parsed once per version of the object
+            cached = watch.parsed[key] = (version, _plan_and_port(service))
+        found = cached[1]
         if found is None:
             continue
         plans[key], port = found
@@ -131,6 +137,8 @@ async def check_round(
             del watch.verdicts[key], watch.judged[key]
             SPEED_SHARE.remove(*key)
             woken += [] if gone else indexes.service(key)
+    for key in [k for k in watch.parsed if k not in indexes.server_addresses]:  # no ready server, or gone
+        del watch.parsed[key]
     if woken:
         await reconcile_quietly(state, woken, indexes)
 

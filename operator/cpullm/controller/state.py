@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from cpullm.api.plan import Plan
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.daemonsets import DaemonPods
@@ -92,6 +93,8 @@ class PerformanceWatch:
     samples: dict[tuple[str, str], ServerSample] = field(default_factory=dict)
     verdicts: dict[tuple[str, str], PerformanceVerdict] = field(default_factory=dict)
     judged: dict[tuple[str, str], frozenset[tuple[str, str]]] = field(default_factory=dict)  # the verdicts' pods
+    # Each service's plan and API port as last parsed, with the resourceVersion they were parsed from.
+    parsed: dict[tuple[str, str], tuple[str | None, tuple[Plan, int] | None]] = field(default_factory=dict)
     # Why a pod's /metrics could not be read, as last logged, by (namespace, pod); and its failures in a row and the
     # rounds skipped since the last (controller/performance.py's backoff).
     unreadable: dict[tuple[str, str], str] = field(default_factory=dict)
