@@ -27,8 +27,8 @@ FIRST_TOKEN = "vllm:time_to_first_token_seconds"
 RUNNING = "vllm:num_requests_running"
 # Fewer decode tokens than this between two readings of all servers say nothing about their speed.
 MIN_DECODE_TOKENS = 64
-# Below this share of the predicted speed the servers run far below the prediction: the predictions were within
-# 20-30% on the machines benchmarked (docs/benchmarks.md), so half is no noise.
+# Below this share of the predicted speed the servers run far below the prediction: the worst prediction benchmarked
+# was 1.54x the measurement, a share of 0.65 (docs/benchmarks.md), so half is no noise.
 SLOW_SHARE = 0.5
 # CFS throttled this share of its periods: the container asks for more CPU time than its quota gives.
 THROTTLED_SHARE = 0.1
