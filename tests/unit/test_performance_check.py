@@ -291,3 +291,23 @@ def test_a_server_whose_metrics_cannot_be_read_is_skipped_for_more_rounds_each_t
     assert not state.performance.samples and not state.performance.verdicts
     asyncio.run(performance.check_round(state, indexes(service, {}), read, lambda: 0.0))  # no longer ready
     assert not state.performance.unreadable and not state.performance.backoff
+
+
+def test_a_server_that_answers_no_http_is_unreadable_not_a_failed_round():
+    """The image is a tenant's: a /metrics that is not HTTP (here a bare line) must not escape as another error."""
+    import socket
+    import threading
+
+    from cpullm.io.server_metrics import read_metrics
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(4096)
+            connection.sendall(b"not http at all\r\n\r\n")
+
+    threading.Thread(target=answer, daemon=True).start()
+    with listener, pytest.raises(MetricsUnreadable, match=r"127\.0\.0\.1"):
+        read_metrics("127.0.0.1", listener.getsockname()[1], timeout=5)

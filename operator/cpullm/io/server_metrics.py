@@ -6,9 +6,9 @@ series the check reads are kept (summed over their labels)."""
 
 from __future__ import annotations
 
+import http.client
 import math
 import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterable
 
@@ -42,7 +42,7 @@ def read_metrics(address: str, port: int, timeout: float = 5.0) -> dict[str, flo
                     raise MetricsUnreadable(f"{url} answered more than {MAX_BYTES >> 20} MiB")
                 if time.monotonic() > deadline:
                     raise MetricsUnreadable(f"{url} took more than {timeout:.0f} s to answer")
-    except (urllib.error.URLError, OSError, ValueError) as error:
+    except (OSError, ValueError, http.client.HTTPException) as error:  # URLError is an OSError; a bad status line not
         raise MetricsUnreadable(f"{url}: {getattr(error, 'reason', error)}") from None
     return wanted_series(body.decode("utf-8", errors="replace"))
 
