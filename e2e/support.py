@@ -284,3 +284,32 @@ class Helm:
 
     def template(self, *values: str) -> str:
         return self.run("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, *values).stdout
+
+
+def probe_values(node: str, image: str, seconds_per_point: float) -> tuple[str, ...]:
+    """Helm arguments for the chart's probe Job on `node`, in the vLLM image `image`, quickly (the figures of a
+    short measurement are rougher; the tests check where they go, not what they are)."""
+    return (
+        *("--set-string", f"probe.nodes[0].name={node},probe.nodes[0].image={image}"),
+        *("--set", f"probe.secondsPerPoint={seconds_per_point}"),
+    )
+
+
+def probe_measured(kubectl: Kubectl, namespace: str, node: str, timeout: float) -> dict[str, Any]:
+    """Waits for the chart's probe Job of `node` to finish; its NodePerformance as published. A failed Job fails
+    the test with its containers' logs."""
+
+    def finished() -> dict[str, Any] | None:
+        jobs = kubectl.get("jobs", namespace=namespace, **{"app.kubernetes.io/component": "probe"})
+        (job,) = [j for j in jobs if j["metadata"].get("annotations", {}).get("cpullm.io/probed-node") == node]
+        states = {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
+        if states.get("Failed") == "True":
+            logs = kubectl.run(
+                "logs", f"job/{job['metadata']['name']}", "-n", namespace, "--all-containers", check=False
+            )
+            raise RuntimeError(f"the probe Job of {node} failed:\n{logs.stdout[-3000:]}{logs.stderr[-1000:]}")
+        return job if states.get("Complete") == "True" else None
+
+    eventually(finished, timeout=timeout, interval=2, what=f"the probe Job of {node} complete")
+    published: dict[str, Any] = kubectl.get("nodeperformance", node)
+    return published

@@ -21,6 +21,7 @@ from e2e.objects import tiny_service
 from e2e.support import CHART, RELEASE, RELEASE_NAMESPACE, Helm, conditions, ready
 
 DIGEST = "sha256:" + "ab" * 32
+PROBES = "probe.nodes[0].name=n1,probe.nodes[1].name=g1,probe.nodes[1].arch=arm64"
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,7 @@ def test_helm_lint(helm: Helm):
         ["--set", "writePolicy.enabled=false"],
         ["--set", "writePolicy.protectedNamespaces={ops},writePolicy.protectReleaseNamespace=false"],
         ["--set", f"image.digest={DIGEST},vllm.images.amd64=registry.corp/vllm@{DIGEST}"],
+        ["--set", PROBES],
     ):
         helm.run("lint", "--strict", str(CHART), *values)
 
@@ -62,6 +64,8 @@ def test_values_are_validated(helm: Helm):
     assert "at '/image/digest': 'sha256:abc' does not match pattern" in refusal("image.digest=sha256:abc")
     assert "at '/image/digest'" in refusal(f"image.digest={DIGEST.upper()}")
     assert "additional properties 's390x' not allowed" in refusal("vllm.images.s390x=registry.corp/vllm:1")
+    assert "at '/probe/nodes/0/name': 'Node_A' does not match pattern" in refusal("probe.nodes[0].name=Node_A")
+    assert "at '/probe/nodes/0/arch'" in refusal("probe.nodes[0].name=n1,probe.nodes[0].arch=s390x")
     assert "at '/vllm/images/amd64': 'registry.corp/vllm 1' does not match" in refusal(
         "vllm.images.amd64=registry.corp/vllm 1"
     )
@@ -73,13 +77,48 @@ def test_values_are_validated(helm: Helm):
 
 
 @pytest.mark.parametrize(
-    "values", [[], ["--set", "watchNamespaces={team-a,team-b}"]], ids=["clusterwide", "namespaced"]
+    "values",
+    [[], ["--set", "watchNamespaces={team-a,team-b}"], ["--set", PROBES]],
+    ids=["clusterwide", "namespaced", "probes"],
 )
 def test_rendered_chart_validates_on_the_api_server(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl, values):
     for namespace in (RELEASE_NAMESPACE, "team-a", "team-b"):
         kubectl.run("create", "namespace", namespace, check=False)
     result = kubectl.run("apply", "--dry-run=server", "-f", "-", input=helm.template(*values))
     assert "deployment.apps/cpullm-cpullm-operator created (server dry run)" in result.stdout
+
+
+def test_the_probe_jobs_run_each_nodes_vllm_image_and_only_their_publisher_holds_a_token(helm: Helm):
+    """One Job per probe.nodes entry, pinned to its node by name, the vLLM image of its arch (its own, the chart's
+    vllm.images, or the published one); the ServiceAccount token goes to the container that publishes alone, the
+    pods are no pods the operator's selector picks, and a Job's name changes with what it runs (a Job's template
+    cannot change)."""
+    arm = f"registry.corp/vllm@{DIGEST}"
+    rendered = objects(helm.template("--set", f"{PROBES},vllm.images.arm64={arm}"))
+    jobs = {o["metadata"]["annotations"]["cpullm.io/probed-node"]: o for o in rendered if o["kind"] == "Job"}
+    assert set(jobs) == {"n1", "g1"}
+    images = {node: job["spec"]["template"]["spec"]["initContainers"][1]["image"] for node, job in jobs.items()}
+    assert images == {"n1": "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64", "g1": arm}
+    pod = jobs["n1"]["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert term == {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n1"]}]}
+    assert pod["automountServiceAccountToken"] is False
+    mounting = [
+        c["name"] for c in pod["initContainers"] + pod["containers"] for m in c["volumeMounts"] if m["name"] == "token"
+    ]
+    assert mounting == ["publish"]
+    assert "resources" not in pod["containers"][0] and "cpu" not in pod["initContainers"][1]["resources"]["limits"]
+    deployment = next(o for o in rendered if o["kind"] == "Deployment")
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    labels = jobs["n1"]["spec"]["template"]["metadata"]["labels"]
+    assert not all(labels.get(k) == v for k, v in selector.items())
+    (role,) = [o for o in rendered if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-probe")]
+    assert role["rules"] == [
+        {"apiGroups": ["cpullm.io"], "resources": ["nodeperformances"], "verbs": ["create", "patch"]}
+    ]
+    slower = objects(helm.template("--set", f"{PROBES},probe.secondsPerPoint=2"))
+    renamed = {o["metadata"]["name"] for o in slower if o["kind"] == "Job"}
+    assert renamed.isdisjoint(job["metadata"]["name"] for job in jobs.values())
 
 
 def test_peering_renders_its_object_and_flag(helm: Helm):

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 from testbed.cluster import LocalCluster, tool_dirs
-from testbed.images import CACHE, build_debian, build_operator
+from testbed.images import CACHE, build_debian, build_operator, vllm_image_ref
 from testbed.machine import arch, drop_from_page_cache
 from testbed.realnode import REAL_NODE_SELECTOR, RealNode
 from testbed.tools import ROOT, Kubectl, eventually
@@ -48,7 +48,7 @@ from e2e.serving import (
     server_pods,
     tiny_served,
 )
-from e2e.support import CHART, Helm, conditions, ready
+from e2e.support import CHART, Helm, conditions, probe_measured, probe_values, ready
 
 pytestmark = [
     pytest.mark.node,
@@ -590,3 +590,36 @@ def test_a_server_held_to_fewer_cpus_than_planned_runs_below_its_prediction_and_
     events = kubectl.get("events", namespace=namespace)
     assert any(e.get("reason") == "FewerCPUsThanPlanned" and e.get("type") == "Warning" for e in events), events
     print(f"\nreal node, performance check: before {first['message']}\nheld to 0.1 CPU: {held['message']}")
+
+
+def test_the_charts_probe_job_measures_the_real_node_and_its_plans_read_it(
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
+) -> None:
+    """The chart's probe Job on the real node (values probe.*): the vLLM image runs the probe's script the operator's
+    image saved, the operator's image publishes the figures as the node's NodePerformance under the probe's own
+    ServiceAccount, and a service planned for the node predicts its speed from them instead of an estimate. The
+    release and the NodePerformance are as before afterwards."""
+    kubectl, _, models = serving
+    helm = Helm(tool_dirs(["helm"])["helm"] / "helm", kubectl.kubeconfig)
+    upgrade = ("upgrade", OPERATOR_RELEASE, str(CHART), "--namespace", OPERATOR_NAMESPACE, "--reuse-values")
+    helm.run(*upgrade, *probe_values(real_node.name, vllm_image_ref(), 0.2))
+    try:
+        measured = probe_measured(kubectl, OPERATOR_NAMESPACE, real_node.name, timeout=600)
+        spec = measured["spec"]
+        assert measured["metadata"]["managedFields"][0]["manager"] == "cpullm-probe"
+        assert spec["cpu"]["arch"] == os.uname().machine and spec["vllm"], spec["cpu"]
+        cpus = len(os.sched_getaffinity(0))
+        assert sum(n["cpus"] for n in spec["numaNodes"]) == cpus, spec["numaNodes"]
+        assert all(n["allCores"]["readBytesPerSecond"] > 0 for n in spec["numaNodes"])
+        kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR))
+
+        def predicted() -> dict[str, Any] | None:
+            plan = (kubectl.get("cpullm", "tiny", namespace).get("status") or {}).get("plan") or {}
+            return plan.get("predicted")
+
+        found = eventually(predicted, timeout=120, what="the plan's prediction")
+        assert found["basis"] == "probe" and real_node.name in found["source"], found
+        print(f"\nreal node, the chart's probe Job: {found}")
+    finally:
+        helm.run(*upgrade, "--set", "probe.nodes=null")
+        kubectl.run("delete", "nodeperformance", real_node.name, "--ignore-not-found", check=False)

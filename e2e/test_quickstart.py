@@ -14,8 +14,10 @@ import json
 import math
 import os
 import subprocess
+from typing import Any
 
 import pytest
+from testbed.cluster import tool_dirs
 from testbed.images import log
 from testbed.tools import Kubectl, eventually, free_port
 
@@ -33,7 +35,7 @@ from e2e.spread import (
     served,
     servers_generation,
 )
-from e2e.support import ready
+from e2e.support import Helm, probe_measured, probe_values, ready
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 PHASES = ("pulling the image", "loading the model", "ready", "completion:")
@@ -201,3 +203,32 @@ def test_network_policies_admit_the_router_and_the_namespace_and_refuse_everyone
         patch_spec(kubectl, {"networkPolicy": None})
         kubectl.run("delete", "pod", inside, "-n", "default", "--wait=false", check=False)
         kubectl.run("delete", "namespace", OUTSIDER, "--wait=false", check=False)
+
+
+def test_the_released_charts_probe_job_measures_a_worker_and_the_quick_starts_plan_reads_it(
+    quick_start: QuickStart,
+) -> None:
+    """The chart's probe Job on kind (values probe.*), the released chart upgraded with it: on the quick start's
+    worker, in the vLLM image from the registry; the NodePerformance it publishes turns the quick start's prediction
+    from an estimate into the probe's. The release and the NodePerformance are as before afterwards."""
+    kubectl, release = quick_start.kubectl, quick_start.release
+    (pod,) = kubectl.get("pods", namespace="default", **{"cpullm.io/service": "quickstart"})
+    worker = pod["spec"]["nodeName"]
+    helm = Helm(tool_dirs(["helm"])["helm"] / "helm", kubectl.kubeconfig)
+    upgrade = ("upgrade", "cpullm-operator", release.chart, "--version", release.version, "--plain-http")
+    upgrade += ("--namespace", "cpullm-operator", "--reuse-values")
+    helm.run(*upgrade, *probe_values(worker, quick_start.vllm, 0.2))
+    try:
+        measured = probe_measured(kubectl, "cpullm-operator", worker, timeout=600)
+        assert measured["spec"]["numaNodes"] and measured["spec"]["vllm"], measured["spec"]
+
+        def predicted() -> dict[str, Any] | None:
+            found: dict[str, Any] = kubectl.get("cpullmservice", "quickstart", "default")["status"]["plan"]["predicted"]
+            return found if found["basis"] == "probe" else None
+
+        found = eventually(predicted, timeout=120, interval=2, what="the quick start's plan from the probe")
+        assert worker in found["source"], found
+        log(f"kind, the released chart's probe Job: {found}")
+    finally:
+        helm.run(*upgrade, "--set", "probe.nodes=null")
+        kubectl.run("delete", "nodeperformance", worker, "--ignore-not-found", check=False)

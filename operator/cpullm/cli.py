@@ -62,6 +62,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     probe.add_argument("--seconds-per-point", type=float, default=0.5, help="time spent on each measurement")
     probe.add_argument("-o", "--output", choices=("json", "yaml"), default="yaml")
+    job = probe.add_mutually_exclusive_group()  # what the chart's probe Job runs, in the operator's image
+    job.add_argument(
+        "--save-script", metavar="PATH", help="only write the probe's script to PATH, for a vLLM image's python"
+    )
+    job.add_argument(
+        "--publish",
+        metavar="FILE",
+        help="only apply the NodePerformance the script printed to FILE ('-': stdin) to the cluster",
+    )
     stale = commands.add_parser(
         "node-cache-stale",
         help="list a node's cache directories (spec.modelCache.nodeLocal) whose namespace or CpuLLMService is gone, "

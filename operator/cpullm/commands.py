@@ -15,8 +15,11 @@ import yaml
 
 from cpullm import launcher, metrics
 from cpullm.api.crd import build_crd, build_performance_crd
+from cpullm.api.performance import KIND as PERFORMANCE_KIND
+from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
+from cpullm.api.performance import NodePerformanceObject
 from cpullm.api.plan import Plan
-from cpullm.api.spec import Placement
+from cpullm.api.spec import GROUP, VERSION, Placement
 from cpullm.controller.gather import ModelConfigSource, gather
 from cpullm.core.children.model_cache import stale_node_cache
 from cpullm.core.constants import LAUNCHER_FILE, GiB
@@ -25,6 +28,7 @@ from cpullm.core.decision import Decision, decide
 from cpullm.core.memory import MARGIN_FRACTION
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact
 from cpullm.core.observation import ClusterView
+from cpullm.core.performance import parse_performance
 from cpullm.core.sizing import ModelFiles
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
@@ -38,6 +42,7 @@ from cpullm.io.files import (
     profile_node_facts,
     profile_nodes,
     read_node_file,
+    read_objects,
     scan_node_cache,
 )
 from cpullm.io.hub import HubClient
@@ -50,7 +55,7 @@ def _warn(message: str) -> None:
 
 
 class NoCluster(Exception):
-    """--from-cluster without a kubeconfig or in-cluster credentials."""
+    """--from-cluster or --publish without a kubeconfig or in-cluster credentials."""
 
 
 def _nodes(nodes_path: str | None) -> tuple[list[NodeProfile], list[DaemonPods], list[NodeFact]]:
@@ -291,9 +296,16 @@ STALE_MARGIN_SECONDS = 3600
 
 
 def _probe(args: argparse.Namespace) -> int:
-    """`cpullm probe`: this machine's NodePerformance (and, with --with-node, this machine as a Node)."""
-    from cpullm.io.local_node import ProbeError, probe, this_node
+    """`cpullm probe`: this machine's NodePerformance (and, with --with-node, this machine as a Node); or, for the
+    chart's probe Job, the probe's script saved for the vLLM image's python (--save-script), or what it printed
+    applied to the cluster (--publish)."""
+    from cpullm.io.local_node import ProbeError, probe, probe_script, this_node
 
+    if args.save_script:
+        Path(args.save_script).write_text(probe_script())
+        return 0
+    if args.publish:
+        return _publish_probe(args.publish)
     try:
         measured = probe(args.python, args.node_name, args.seconds_per_point)
     except ProbeError as err:
@@ -305,6 +317,31 @@ def _probe(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(shown, indent=1) + "\n")
     else:
         sys.stdout.write(yaml.safe_dump_all(objects, sort_keys=False))
+    return 0
+
+
+def _publish_probe(path: str) -> int:
+    """Applies the NodePerformance in `path` (what the probe printed) to the cluster, once the planner can read it
+    (core/performance.py's parse_performance: a measurement it could not use is refused here, not published)."""
+    from kubernetes.config import ConfigException  # the Kubernetes client: only for a cluster's command (slow import)
+
+    from cpullm.io.kube import Kube
+
+    found = [o for o in read_objects(path, "--publish") if o.get("kind") == PERFORMANCE_KIND]
+    if len(found) != 1:
+        raise InputFileError(f"--publish {path}: {len(found)} {PERFORMANCE_KIND} objects in it, not one")
+    parse_performance(found[0])
+    name = str(found[0]["metadata"].get("name") or "")
+    if not name:
+        raise InputFileError(f"--publish {path}: the {PERFORMANCE_KIND} has no name (its node's)")
+    spec = NodePerformanceObject.model_validate(found[0]).spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": PERFORMANCE_KIND, "metadata": {"name": name}, "spec": spec}
+    try:
+        kube = Kube.from_environment()
+    except ConfigException as err:
+        raise NoCluster(f"--publish: no cluster to write to ({err})") from None
+    kube.publish_node_performance(manifest)
+    print(f"{PERFORMANCE_PLURAL}.{GROUP}/{name} published", file=sys.stderr)
     return 0
 
 

@@ -8,7 +8,7 @@ Runs with the python of the vLLM image or environment: the standard library, tor
 measurement runs in a process of its own, pinned before torch starts its threads, with its memory first touched
 there (so it sits on the node's memory).
 
-    python3 perf_probe.py [--node-name NAME] [--seconds-per-point S]
+    python3 perf_probe.py [--node-name NAME] [--seconds-per-point S] [--output FILE]
 """
 
 from __future__ import annotations
@@ -399,8 +399,14 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--node-name", default=os.environ.get("NODE_NAME") or socket.gethostname())
     parser.add_argument("--seconds-per-point", type=float, default=1.0)
+    # A file of its own for the result: what vLLM logs on import goes to stdout too.
+    parser.add_argument("--output", help="write the NodePerformance here instead of printing it")
     args = parser.parse_args(argv)
-    print(json.dumps(probe(args.node_name, args.seconds_per_point)))
+    measured = json.dumps(probe(args.node_name, args.seconds_per_point))
+    if args.output:
+        Path(args.output).write_text(measured + "\n")
+    else:
+        print(measured)
     return 0
 
 

@@ -338,3 +338,20 @@ def test_listing_daemonsets_reads_every_namespace_and_names_their_kind():
     assert kube(transport).list_daemonsets() == [{"kind": "DaemonSet", **d} for d in daemonsets]
     (request,) = transport.requests
     assert urlsplit(request["url"]).path == "/apis/apps/v1/daemonsets"
+
+
+def test_a_probe_publishes_its_node_performance_by_a_forced_apply_of_its_own():
+    """The probe's Job owns its node's NodePerformance: a forced server-side apply under its own field manager (a
+    newer measurement replaces the older), cluster-scoped; a refusal is typed like any other write's."""
+    manifest = {"apiVersion": "cpullm.io/v1alpha1", "kind": "NodePerformance", "metadata": {"name": "n1"}, "spec": {}}
+    transport = FakeTransport(200, manifest)
+    kube(transport).publish_node_performance(manifest)
+    (request,) = transport.requests
+    assert request["method"] == "PATCH"
+    assert urlsplit(request["url"]).path == "/apis/cpullm.io/v1alpha1/nodeperformances/n1"
+    query = parse_qs(urlsplit(request["url"]).query)
+    assert (query["fieldManager"], query["force"]) == (["cpullm-probe"], ["true"])
+    assert request["headers"]["Content-Type"] == "application/apply-patch+yaml"
+    assert json.loads(request["body"]) == manifest
+    with pytest.raises(PermissionDenied, match="apply NodePerformance n1"):
+        kube(FakeTransport(403, {"kind": "Status", "code": 403})).publish_node_performance(manifest)

@@ -29,48 +29,7 @@ from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.errors import NodeLabelError, NodePerformanceError
 
-from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, qwen_05b, spec
-
-GB = 1e9
-
-
-def probe_object(name: str = "n1", numa: int = 1, cpus: int = 32, scale: float = 1.0) -> dict[str, Any]:
-    """A NodePerformance as `cpullm probe` prints it: `numa` NUMA nodes of `cpus` CPUs; `scale` multiplies every
-    rate (a faster or slower machine)."""
-
-    def threads(count: int) -> dict[str, Any]:
-        per = min(count, 8) * scale  # memory saturates at 8 threads' worth
-        return {
-            "threads": count,
-            "readBytesPerSecond": 10 * GB * per,
-            "smallKernelSeconds": 3e-5,
-            "bf16WeightBytesPerSecond": {
-                "1": 9 * GB * per,
-                "8": 9 * GB * per,
-                "32": 6 * GB * per,
-                "1024": 0.5 * GB * count * scale,
-            },
-            "int8WeightBytesPerSecond": {
-                "1": 8 * GB * per,
-                "8": 8 * GB * per,
-                "32": 5 * GB * per,
-                "1024": 0.4 * GB * count * scale,
-            },
-        }
-
-    return {
-        "apiVersion": "cpullm.io/v1alpha1",
-        "kind": "NodePerformance",
-        "metadata": {"name": name},
-        "spec": {
-            "cpu": {"model": "Test CPU", "arch": "x86_64", "flags": ["avx512f"]},
-            "pythonSeconds": 0.007,
-            "measuredAt": "2026-11-28T00:00:00Z",
-            "numaNodes": [
-                {"node": n, "cpus": cpus, "oneThread": threads(1), "allCores": threads(cpus)} for n in range(numa)
-            ],
-        },
-    }
+from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, probe_object, qwen_05b, spec
 
 
 @pytest.mark.parametrize(

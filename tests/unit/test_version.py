@@ -12,6 +12,7 @@ import yaml
 
 import cpullm
 from cpullm.cli import main
+from cpullm.core.constants import VLLM_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -29,3 +30,10 @@ def test_the_package_the_cli_the_chart_and_the_changelog_name_one_version(capsys
     assert values["image"]["tag"] == ""  # the chart's appVersion
     newest = re.search(r"^## \[?([0-9A-Za-z.-]+)", (ROOT / "CHANGELOG.md").read_text(), re.MULTILINE)
     assert newest is not None and newest.group(1) in (version, "Unreleased")
+
+
+def test_the_chart_names_the_vllm_version_the_operator_renders():
+    """The probe Job's default image (the chart's) is the servers' default image (the operator's)."""
+    helpers = (ROOT / "charts" / "cpullm-operator" / "templates" / "_helpers.tpl").read_text()
+    found = re.search(r'define "cpullm\.vllmVersion" -\}\}([^{]+)\{\{', helpers)
+    assert found is not None and found.group(1) == VLLM_VERSION

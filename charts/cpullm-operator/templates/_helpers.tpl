@@ -96,3 +96,22 @@ and what the operator names in its servers' Localhost profile (CPULLM_NUMA_SECCO
 {{- define "cpullm.numaSeccompProfile" -}}
 cpullm/numa.json
 {{- end -}}
+
+{{/* The vLLM version whose published image the operator renders where none is named (core/constants.py,
+VLLM_VERSION; tests/unit/test_version.py keeps the two equal). */}}
+{{- define "cpullm.vllmVersion" -}}v0.32.0{{- end -}}
+
+{{/* The vLLM image of a probe's node (root: the chart's context, node: a probe.nodes entry): its own image, else the
+chart's vllm.images for its arch, else vLLM's published image of the operator's vLLM version, as the servers run. */}}
+{{- define "cpullm.probeImage" -}}
+{{- $arch := .node.arch | default "amd64" -}}
+{{- $published := printf "docker.io/vllm/vllm-openai-cpu:%s-%s" (include "cpullm.vllmVersion" .root) (get (dict "amd64" "x86_64" "arm64" "arm64") $arch) -}}
+{{- .node.image | default (get .root.Values.vllm.images $arch) | default $published -}}
+{{- end -}}
+
+{{/* A container securityContext that Pod Security's restricted level admits. */}}
+{{- define "cpullm.restrictedContainer" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities: {drop: [ALL]}
+{{- end -}}

@@ -26,6 +26,8 @@ import urllib3
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from cpullm.api.performance import KIND as PERFORMANCE_KIND
+from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
 from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
 from cpullm.core.children import CHILD_KIND, marker
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, controller_reference
@@ -35,6 +37,8 @@ from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, Pe
 from cpullm.metrics import API_ERRORS
 
 FIELD_MANAGER = "cpullm-operator"
+# The probe's writes of its NodePerformance (the chart's probe Job): a manager of their own, apart from the operator's.
+PROBE_FIELD_MANAGER = "cpullm-probe"
 # Reads of owned children ask for their metadata only: whether they exist is all the resync needs.
 METADATA_ONLY = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 METADATA_ONLY_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
@@ -204,6 +208,23 @@ class Kube:
                 return []
             raise
         return [{"kind": source.kind, **item} for item in items]
+
+    def publish_node_performance(self, manifest: Mapping[str, Any]) -> None:
+        """Server-side apply a NodePerformance (cluster-scoped, named after its node) under the probe's own field
+        manager, taking over its fields: a newer measurement of the node replaces the older (`cpullm probe
+        --publish`, the chart's probe Job)."""
+        name = manifest["metadata"]["name"]
+        with _api_errors(f"apply {PERFORMANCE_KIND} {name}"):
+            self.custom.patch_cluster_custom_object(
+                GROUP,
+                VERSION,
+                PERFORMANCE_PLURAL,
+                name,
+                dict(manifest),
+                field_manager=PROBE_FIELD_MANAGER,
+                force=True,
+                _content_type=APPLY,
+            )
 
     def child_exists(self, kind: str, namespace: str, name: str) -> bool:
         """Whether one child of an owned kind exists (a read of its metadata only): a listing's word

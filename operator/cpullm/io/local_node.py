@@ -16,6 +16,7 @@ from typing import Any
 from cpullm.api.performance import KIND
 from cpullm.core.topology import ARCH_LABEL, ISA_LABEL_PREFIX, NFD_SMT, NUMA_NODES_LABEL
 
+PROBE_SCRIPT = "perf_probe.py"
 ARCHES = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 # The flags worth a label: those a plan or a caution reads (core/), and those users require most.
 LABELLED_FLAGS = (
@@ -87,9 +88,15 @@ def this_node(name: str) -> dict[str, Any]:
     }
 
 
+def probe_script() -> str:
+    """The probe's source: a script of the standard library and what the vLLM image has (torch, vLLM), nothing of
+    cpullm's, so any python with those runs it (the chart's probe Job saves it for the vLLM image's python)."""
+    return resources.files("cpullm").joinpath(PROBE_SCRIPT).read_text()
+
+
 def probe(python: str, name: str, seconds_per_point: float) -> dict[str, Any]:
     """The NodePerformance of this machine, measured with `python` (one with torch: the vLLM environment's)."""
-    script = resources.files("cpullm").joinpath("perf_probe.py")
+    script = resources.files("cpullm").joinpath(PROBE_SCRIPT)
     has_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, check=False)
     if has_torch.returncode != 0:
         raise ProbeError(
