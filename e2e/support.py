@@ -291,7 +291,7 @@ def probe_values(node: str, image: str, seconds_per_point: float) -> tuple[str, 
     short measurement are rougher; the tests check where they go, not what they are)."""
     return (
         *("--set-string", f"probe.nodes[0].name={node},probe.nodes[0].image={image}"),
-        *("--set", f"probe.secondsPerPoint={seconds_per_point}"),
+        *("--set-json", f"probe.secondsPerPoint={seconds_per_point}"),  # --set reads 0.2 as a string
     )
 
 
