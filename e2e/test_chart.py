@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -345,12 +345,14 @@ def child_config_map(name: str, namespace: str, owner: dict[str, Any] | None, **
 
 @pytest.fixture(scope="module")
 def policed(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl) -> Iterator[dict[str, Any]]:
-    """The chart installed with its defaults (the write policy on, enforced), and a tenant namespace holding a
-    ConfigMap and a Deployment the operator did not make, a ConfigMap labelled as its own but controlled by
-    nothing, and a child of a CpuLLMService there (`owner`, as stored)."""
+    """The chart installed with its policies on, enforced (and a node cache directory and an image allowlist for
+    its pods policy to check: ALLOWED, as the allowlist's own tests install it, so both agree), and a tenant
+    namespace holding a ConfigMap and a Deployment the operator did not make, a ConfigMap labelled as its own but
+    controlled by nothing, and a child of a CpuLLMService there (`owner`, as stored)."""
     tenant = f"e2e-policed-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", tenant)
-    helm.run("install", GUARDED, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace")
+    values = f"nodeCacheDir={CACHE_DIR},imageAllowlist.enabled=true,imageAllowlist.prefixes={{{','.join(ALLOWED)}}}"
+    helm.run("install", GUARDED, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace", "--set", values)
     try:
         policy = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-writes")
         assert policy["spec"]["failurePolicy"] == "Fail"
@@ -375,8 +377,9 @@ def policed(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl) -> Iterator[di
             child_config_map("child", tenant, owner),
         )
         write_policy_enforced(kubectl, GUARDED)
-        children_policy = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-children")["status"]
-        assert not children_policy.get("typeChecking", {}).get("expressionWarnings"), children_policy
+        for name in ("children", "pods"):
+            checked = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-{name}")["status"]
+            assert not checked.get("typeChecking", {}).get("expressionWarnings"), checked
         # Type-checked against the matched kinds' schemas without a warning (a misspelt field would be one).
         checked = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-writes")["status"]
         assert not checked.get("typeChecking", {}).get("expressionWarnings"), checked
@@ -646,8 +649,9 @@ def allowlist_namespace(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl) ->
     """The chart's optional ValidatingAdmissionPolicy with ALLOWED, enforced: a namespace to try images in."""
     prefixes = ",".join(ALLOWED)
     rendered = objects(helm.template("--set", f"imageAllowlist.enabled=true,imageAllowlist.prefixes={{{prefixes}}}"))
-    policy = [o for o in rendered if o["kind"].startswith("ValidatingAdmissionPolicy")]
-    assert {o["kind"] for o in policy} == {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    # The allowlist's policy alone: the chart's others, left installed, would fence the other releases' writes.
+    policy = [o for o in rendered if o["metadata"]["name"].endswith("-image-allowlist")]
+    assert sorted(o["kind"] for o in policy) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
     namespace = f"e2e-allow-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", namespace)
     kubectl.apply(*policy)
@@ -758,3 +762,98 @@ def test_namespace_editors_manage_cpullmservices_and_viewers_read_them(
         for role in roles:
             kubectl.run("delete", "clusterrole", role["metadata"]["name"], "--ignore-not-found")
         kubectl.run("delete", "namespace", namespace, "--wait=false")
+
+
+CACHE_DIR = "/var/lib/cpullm"  # the guarded release's nodeCacheDir
+PUBLISHED = "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64"
+
+
+def child_deployment(namespace: str, owner: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    """A Deployment shaped like the operator's server: a child of `owner`, running `pod`."""
+    meta = child_config_map("server", namespace, owner)["metadata"]
+    template = {"metadata": {"labels": {"app": "server"}}, "spec": pod}
+    spec = {"replicas": 0, "selector": {"matchLabels": {"app": "server"}}, "template": template}
+    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": spec}
+
+
+def server_pod() -> dict[str, Any]:
+    """What the operator renders for a server, in the parts the policy reads."""
+    caps = {"drop": ["ALL"], "add": ["SYS_NICE"]}
+    security = {"allowPrivilegeEscalation": False, "capabilities": caps, "seccompProfile": {"type": "RuntimeDefault"}}
+    container = {"name": "vllm", "image": PUBLISHED, "securityContext": security, "ports": [{"containerPort": 8000}]}
+    volumes = [
+        {"name": "dshm", "emptyDir": {"medium": "Memory"}},
+        {"name": "launcher", "configMap": {"name": "server-launcher"}},
+        {"name": "weights", "hostPath": {"path": f"{CACHE_DIR}/ns.1/m", "type": "DirectoryOrCreate"}},
+        {"name": "claim", "persistentVolumeClaim": {"claimName": "models"}},
+    ]
+    return {"automountServiceAccountToken": False, "containers": [container], "volumes": volumes}
+
+
+def changed(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    """Sets `value` at `path` (dots; a number indexes a list) of a pod spec."""
+
+    def change(pod: dict[str, Any]) -> None:
+        *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+        here: Any = pod
+        for part in parents:
+            here = here[part]
+        here[last] = value
+
+    return change
+
+
+UNPRIVILEGED = "containers are unprivileged, never escalate, add no capability but SYS_NICE and keep a seccomp profile"
+VOLUMES = f"pods mount emptyDir, configMap and persistentVolumeClaim volumes, and hostPaths under {CACHE_DIR}/"
+
+
+@pytest.mark.parametrize(
+    ("change", "refused"),
+    [
+        pytest.param(changed("automountServiceAccountToken", False), None, id="a-server-as-rendered"),
+        pytest.param(changed("containers.0.image", "registry.corp/vllm:1"), None, id="an-allowlisted-image"),
+        pytest.param(changed("containers.0.image", "docker.io/library/haproxy:3.2"), None, id="the-default-router"),
+        pytest.param(changed("serviceAccountName", "admin"), "pods run as the default ServiceAccount", id="sa"),
+        pytest.param(changed("automountServiceAccountToken", True), "pods mount no ServiceAccount token", id="token"),
+        pytest.param(changed("hostNetwork", True), "pods use no host network, PID or IPC namespace", id="host-network"),
+        pytest.param(changed("hostPID", True), "pods use no host network, PID or IPC namespace", id="host-pid"),
+        pytest.param(changed("containers.0.securityContext", {"privileged": True}), UNPRIVILEGED, id="privileged"),
+        pytest.param(
+            changed("containers.0.securityContext.allowPrivilegeEscalation", True), UNPRIVILEGED, id="escalation"
+        ),
+        pytest.param(changed("containers.0.securityContext.capabilities.add", ["SYS_ADMIN"]), UNPRIVILEGED, id="cap"),
+        pytest.param(
+            changed("containers.0.securityContext.seccompProfile", {"type": "Unconfined"}), UNPRIVILEGED, id="seccomp"
+        ),
+        pytest.param(
+            changed("initContainers", [{"name": "i", "image": PUBLISHED, "securityContext": {"privileged": True}}]),
+            UNPRIVILEGED,
+            id="a-privileged-init-container",
+        ),
+        pytest.param(changed("containers.0.ports.0.hostPort", 8000), "pods take no host port", id="host-port"),
+        pytest.param(changed("volumes.2.hostPath.path", "/etc"), VOLUMES, id="a-host-path-elsewhere"),
+        pytest.param(changed("volumes.2.hostPath.path", f"{CACHE_DIR}-x/m"), VOLUMES, id="a-host-path-beside"),
+        pytest.param(changed("volumes.3", {"name": "s", "secret": {"secretName": "any"}}), VOLUMES, id="a-secret"),
+        pytest.param(
+            changed("containers.0.image", "evil.example/miner:1"),
+            f"images are those of its chart (docker.io/library/haproxy:3.2, {PUBLISHED}",
+            id="an-image-of-no-one",
+        ),
+    ],
+)
+def test_the_pods_policy_refuses_a_child_deployment_that_runs_more_than_a_server_needs(
+    kubectl: Kubectl, policed: dict[str, Any], change: Callable[[dict[str, Any]], None], refused: str | None
+):
+    """Server-side dry runs of child Deployments as the operator's ServiceAccount: what a server or a router needs
+    passes; anything more is refused with what the operator's pods may hold, whatever wrote it."""
+    pod = server_pod()
+    change(pod)
+    deployment = child_deployment(policed["tenant"], policed["owner"], pod)
+    args = ("apply", "--server-side", "--field-manager=cpullm-operator", "-f", "-", "--dry-run=server")
+    result = kubectl.run(*args, f"--as={operator_account(GUARDED)}", input=yaml.safe_dump(deployment), check=False)
+    if refused is None:
+        assert result.returncode == 0, result.stderr
+        return
+    assert result.returncode != 0, result.stdout
+    assert f"ValidatingAdmissionPolicy '{GUARDED}-cpullm-operator-pods'" in result.stderr, result.stderr
+    assert f"deployments {policed['tenant']}/server: the cpullm-operator {refused}" in result.stderr, result.stderr

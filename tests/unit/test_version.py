@@ -12,7 +12,7 @@ import yaml
 
 import cpullm
 from cpullm.cli import main
-from cpullm.core.constants import VLLM_VERSION
+from cpullm.core.constants import DEFAULT_ROUTER_IMAGE, VLLM_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,8 +32,10 @@ def test_the_package_the_cli_the_chart_and_the_changelog_name_one_version(capsys
     assert newest is not None and newest.group(1) in (version, "Unreleased")
 
 
-def test_the_chart_names_the_vllm_version_the_operator_renders():
-    """The probe Job's default image (the chart's) is the servers' default image (the operator's)."""
+def test_the_chart_names_the_default_images_the_operator_renders():
+    """The chart's defaults (the probe Job's vLLM image, the pods policy's images) are the operator's."""
     helpers = (ROOT / "charts" / "cpullm-operator" / "templates" / "_helpers.tpl").read_text()
     found = re.search(r'define "cpullm\.vllmVersion" -\}\}([^{]+)\{\{', helpers)
     assert found is not None and found.group(1) == VLLM_VERSION
+    router = re.search(r'define "cpullm\.routerImage" -\}\}\n[^\n]*default "([^"]+)"', helpers)
+    assert router is not None and router.group(1) == DEFAULT_ROUTER_IMAGE

@@ -115,3 +115,9 @@ allowPrivilegeEscalation: false
 readOnlyRootFilesystem: true
 capabilities: {drop: [ALL]}
 {{- end -}}
+
+{{/* The router's image where a spec names none: the chart's router.image, else the operator's default
+(core/constants.py, DEFAULT_ROUTER_IMAGE; tests/unit/test_version.py keeps the two equal). */}}
+{{- define "cpullm.routerImage" -}}
+{{- .Values.router.image | default "docker.io/library/haproxy:3.2" -}}
+{{- end -}}
