@@ -155,3 +155,20 @@ BAD_LABEL = NodeLabelError("node n1: label cpullm.io/numa-nodes='two' is not a N
 def test_node_state_changed_across_appearance_and_label_errors(before, after, changed):
     """A label error is a state of its own: it changes when its message does (the report would differ)."""
     assert node_state_changed(before, after) is changed
+
+
+def test_node_state_changed_when_a_probe_measures_the_node_or_measures_it_again():
+    """A NodePerformance is not part of the node's shape, but the plan's prediction (and the shape a service
+    chooses by it) reads it: its arrival, a new measurement and its removal re-plan the node's services."""
+    from cpullm.core.node_facts import with_performance
+    from cpullm.core.performance import parse_performance
+
+    from .builders import probe_object
+
+    plain = parse_node(node_object("n1"))
+    probed = with_performance(plain, parse_performance(probe_object("n1")))
+    again = with_performance(plain, parse_performance(probe_object("n1", scale=1.5)))
+    assert node_state_changed(plain, probed) is True
+    assert node_state_changed(probed, with_performance(plain, parse_performance(probe_object("n1")))) is False
+    assert node_state_changed(probed, again) is True
+    assert node_state_changed(again, plain) is True

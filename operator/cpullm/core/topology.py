@@ -282,10 +282,11 @@ NodeState = NodeProfile | NodeLabelError | None
 
 def node_state_changed(before: NodeState, after: NodeState) -> bool:
     """Whether a node event can change a plan: a new, removed or reshaped node, other labels (selectors and
-    affinity read them), taints or cordoning, or a different label error. Heartbeats and status noise
-    (conditions, images, addresses) leave the profile as it was and do not count."""
+    affinity read them), taints or cordoning, other measured figures (a NodePerformance: the plan's prediction, and
+    the shape it chooses, read them), or a different label error. Heartbeats and status noise (conditions, images,
+    addresses) leave the profile as it was and do not count."""
     if isinstance(before, NodeLabelError) and isinstance(after, NodeLabelError):
         return before.message != after.message
     if isinstance(before, NodeProfile) and isinstance(after, NodeProfile):
-        return before != after or before.labels != after.labels
+        return before != after or before.labels != after.labels or before.performance != after.performance
     return before is not after
