@@ -103,7 +103,9 @@ def test_env_and_args_the_operator_owns_are_refused_naming_the_field_to_use():
 @pytest.mark.parametrize(
     "arg",
     ["--port", "--port=1", "--portx", "--max_model_len=9", "--max-model-len", "--max-model-lens", "-tp", "-tp=2",
-     "--api_key", "--config", "--configure", "--seed=1", "--enable-prefix-caching", "model", "--model_impl=x"],
+     "--api_key", "--config", "--configure", "--seed=1", "--enable-prefix-caching", "model", "--model_impl=x",
+     "--api-key.x=1", "--api_key.x", "-tp.x=2", "--hf-token", "--hf_token=hf_x", "--compilation-config.level=3",
+     "--config.x", "--seed=1.5"],
 )  # fmt: skip
 def test_the_cel_rule_on_extra_args_refuses_what_the_model_refuses(arg):
     """The API server's rule (a pattern, for its cost budget) and the operator's check agree on every spelling
@@ -152,6 +154,8 @@ def _keda(address: str) -> dict:
         ({"extraArgs": ["--max-model", "9"]}, "extraArgs --max-model-len as --max-model (set spec.maxModelLen)"),
         ({"extraArgs": ["--api-k", "sk-1"]}, "extraArgs --api-key as --api-k (set spec.apiKeySecret)"),
         ({"env": [{"name": "HUGGING_FACE_HUB_TOKEN", "value": "hf_x"}]}, "env HUGGING_FACE_HUB_TOKEN (a token in"),
+        ({"extraArgs": ["--api-key.x=1"]}, "extraArgs --api-key (set spec.apiKeySecret)"),
+        ({"extraArgs": ["--hf-token", "hf_x"]}, "extraArgs --hf-token (a token in the Deployment's text: set spec.hf"),
         ({"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}, "adds development routes the API key does not"),
         ({"env": [{"name": "X", "valueFrom": _nested(600)}]}, "spec: nested more than 64 levels deep"),
         ({"env": [{"name": "X", "valueFrom": {"a": {}}}]}, "spec.env.0.valueFrom.a: no such field"),
@@ -172,6 +176,8 @@ def _keda(address: str) -> dict:
         "abbreviated-flag",
         "abbreviated-api-key",
         "hub-token-literal",
+        "dotted-api-key",
+        "hub-token-flag",
         "dev-mode",
         "deep-value-from",
         "untyped-value-from",
@@ -252,3 +258,47 @@ def test_image_references_are_checked_as_the_runtime_parses_them(image, valid):
     assert spec_schema["image"]["pattern"] == IMAGE_REFERENCE_PATTERN
     router = spec_schema["routing"]["properties"]["router"]["properties"]["image"]
     assert router["pattern"] == IMAGE_REFERENCE_PATTERN
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"cpu": {"threadsBind": "63-0"}}, "spec.cpu.threadsBind: Value error, range 63-0 of rank 0 runs backwards"),
+        ({"cpu": {"threadsBind": "0-7|4-11"}}, "CPU 4 is in ranks 0 and 1: give each rank its own CPUs"),
+        ({"cpu": {"threadsBind": "0-10,2|5-6"}}, "CPU 5 is in ranks 0 and 1"),
+        ({"cpu": {"threadsBind": "0-9000"}}, "CPU 9000 of rank 0: Linux numbers CPUs up to 8191"),
+        ({"cpu": {"reservedCpusPerRank": 1000}}, "spec.cpu.reservedCpusPerRank: Input should be less than or equal"),
+        ({"cpu": {"reservedCpusPerRank": 4, "cpusPerRank": 4}}, "reservedCpusPerRank 4 leaves none of cpusPerRank 4"),
+        ({"tolerations": [{"key": "k", "tolerationSeconds": 60}]}, "tolerationSeconds applies only with effect NoExe"),
+        ({"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}, "operator Exists takes no value"),
+    ],
+    ids=[
+        "backwards",
+        "shared-cpus",
+        "shared-inside",
+        "no-such-cpu",
+        "reserved-cap",
+        "reserved-all",
+        "seconds",
+        "exists",
+    ],
+)
+def test_ranges_and_tolerations_the_pod_could_not_run_are_refused_in_the_spec(spec, message):
+    """What the API server or the launcher would refuse later (a Deployment rejected, a rank with no CPU of its own)
+    is the spec's InvalidSpec, naming the field."""
+    from cpullm.api.spec import parse_spec
+    from cpullm.errors import InvalidSpec
+
+    with pytest.raises(InvalidSpec) as refused:
+        parse_spec({"model": {"name": "org/model"}, "kvCacheGiB": 1, **spec})
+    assert message in refused.value.message
+
+
+@pytest.mark.parametrize(
+    "toleration",
+    [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 60}, {"operator": "Exists"}, {"key": "k", "value": "v"}],
+)
+def test_tolerations_kubernetes_takes_are_taken(toleration):
+    from cpullm.api.spec import parse_spec
+
+    assert parse_spec({"model": {"name": "org/model"}, "kvCacheGiB": 1, "tolerations": [toleration]}).tolerations

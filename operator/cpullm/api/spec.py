@@ -163,6 +163,37 @@ class ModelSource(_Model):
     )
 
 
+# The highest CPU id Linux numbers (NR_CPUS is at most 8192).
+MAX_CPU_ID = 8191
+# Cores per rank kept for the HTTP front end: a few at most on any node (one by default).
+MAX_RESERVED_CPUS_PER_RANK = 256
+
+
+def bind_overlap(bind: str) -> str | None:
+    """What is wrong with an explicit thread binding's ranges, or None: a range that runs backwards, a CPU id Linux
+    never numbers, or a CPU in two ranks (their OpenMP threads would share it). Checked by sorting the ranges, not
+    by listing their CPUs: a hostile 4 KiB of ranges costs the same as a short one."""
+    ranges: list[tuple[int, int, int]] = []
+    for rank, cpus in enumerate(bind.split("|")):
+        for part in cpus.split(","):
+            first, _, last = part.partition("-")
+            low, high = int(first), int(last or first)
+            if low > high:
+                return f"range {part} of rank {rank} runs backwards: write {high}-{low}"
+            if high > MAX_CPU_ID:
+                return f"CPU {high} of rank {rank}: Linux numbers CPUs up to {MAX_CPU_ID}"
+            ranges.append((low, high, rank))
+    ranges.sort()
+    reach, reaching = -1, -1  # the highest CPU the ranges so far cover, and whose range it ends
+    for low, high, rank in ranges:
+        if low <= reach and rank != reaching:
+            first, second = sorted((rank, reaching))
+            return f"CPU {low} is in ranks {first} and {second}: give each rank its own CPUs"
+        if high > reach:
+            reach, reaching = high, rank
+    return None
+
+
 class CpuSettings(_Model):
     required_isa: list[Annotated[str, Field(pattern=ISA_FLAG_PATTERN, max_length=64)]] = Field(
         default_factory=list,
@@ -174,6 +205,7 @@ class CpuSettings(_Model):
     reserved_cpus_per_rank: int | None = Field(
         default=None,
         ge=0,
+        le=MAX_RESERVED_CPUS_PER_RANK,
         description="Cores per rank kept off OpenMP for the HTTP front end (VLLM_CPU_NUM_OF_RESERVED_CPU). "
         "Default: 1 when a rank has more than 2 physical cores, else 0.",
     )
@@ -201,6 +233,25 @@ class CpuSettings(_Model):
         "false runs vLLM's command as is.",
     )
 
+    @field_validator("threads_bind", mode="after")
+    @classmethod
+    def _ranks_apart(cls, bind: str) -> str:
+        if bind in (ThreadsBindMode.AUTO, ThreadsBindMode.NOBIND):
+            return bind
+        wrong = bind_overlap(bind)
+        if wrong:
+            raise ValueError(wrong)
+        return bind
+
+    @model_validator(mode="after")
+    def _a_cpu_left_for_openmp(self) -> CpuSettings:
+        reserved, cpus = self.reserved_cpus_per_rank, self.cpus_per_rank
+        if reserved is not None and cpus is not None and reserved >= cpus:
+            raise ValueError(
+                f"reservedCpusPerRank {reserved} leaves none of cpusPerRank {cpus} for the model's OpenMP threads"
+            )
+        return self
+
     @field_validator("required_isa", mode="after")
     @classmethod
     def _lscpu_names(cls, flags: list[str]) -> list[str]:
@@ -213,7 +264,16 @@ class CpuSettings(_Model):
         return list(dict.fromkeys(names))
 
 
+_CEL_TOLERATION: dict[str, JsonValue] = {
+    "rule": "(!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute'))"
+    " && (!has(self.operator) || self.operator != 'Exists' || !has(self.value) || self.value == '')",
+    "message": "tolerationSeconds needs effect NoExecute, and operator Exists no value (the pod would be refused)",
+}
+
+
 class Toleration(_Model):
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_TOLERATION]})
+
     key: str | None = Field(default=None, max_length=317, description="Taint key to tolerate (empty: any).")
     operator: str | None = Field(
         default=None, json_schema_extra={"enum": ["Exists", "Equal"]}, description="Exists or Equal (default)."
@@ -227,6 +287,15 @@ class Toleration(_Model):
     toleration_seconds: int | None = Field(
         default=None, description="With NoExecute: how long the pod stays bound after the taint appears."
     )
+
+    @model_validator(mode="after")
+    def _as_kubernetes_takes_it(self) -> Toleration:
+        """What the API server would refuse in the Deployment (a ChildRejected after the plan), refused in the spec."""
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies only with effect NoExecute")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("operator Exists takes no value")
+        return self
 
 
 class NodeSelectorOperator(StrEnum):
@@ -762,6 +831,7 @@ REFUSED_ENV = {
 }
 REFUSED_FLAGS = {
     "--config": "a file of flags the operator cannot check: give each flag in extraArgs",
+    "--hf-token": "a token in the Deployment's text: set spec.hfTokenSecret",
 }
 
 
@@ -771,8 +841,9 @@ CHECKED_FLAGS = tuple(sorted(OWNED_FLAGS.keys() | REFUSED_FLAGS.keys()))
 
 def flag_name(arg: str) -> str:
     """An argument's flag as vLLM's parser reads it: '--max_model_len=8' is --max-model-len (vLLM turns '_' in a
-    flag into '-')."""
-    return arg.split("=", 1)[0].replace("_", "-")
+    flag into '-'), and '--api-key.x=1' is --api-key (vLLM 0.32's FlexibleArgumentParser makes a dotted flag a
+    JSON value of the flag before the first '.')."""
+    return arg.split("=", 1)[0].split(".", 1)[0].replace("_", "-")
 
 
 def flag_meant(arg: str) -> str | None:
@@ -821,12 +892,12 @@ def _flags_pattern(flags: Sequence[str]) -> str:
     cost budget, where a replace and a comparison per flag and argument did not. Abbreviations (flag_meant) are
     left to the operator's check, a condition on the service: all their spellings would not fit the budget."""
     spelled = [flag[:2] + flag[2:].replace("-", "[-_]") if flag.startswith("--") else flag for flag in flags]
-    return "^(" + "|".join(spelled) + ")(=|$)"
+    return "^(" + "|".join(spelled) + ")([=.]|$)"
 
 
 _CEL_OWNED_FLAGS: dict[str, JsonValue] = {
     "rule": "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('" + _flags_pattern(CHECKED_FLAGS) + "'))",
-    "message": "extraArgs sets a flag the operator owns or refuses ('_' counts as '-'): "
+    "message": "extraArgs sets a flag the operator owns or refuses ('_' counts as '-', '--flag.key' sets --flag): "
     + ", ".join(f"{flag} (use spec.{field})" for flag, field in sorted(OWNED_FLAGS.items()))
     + ", "
     + ", ".join(f"{flag} ({why})" for flag, why in sorted(REFUSED_FLAGS.items())),
