@@ -187,8 +187,8 @@ def bind_overlap(bind: str) -> str | None:
     reach, reaching = -1, -1  # the highest CPU the ranges so far cover, and whose range it ends
     for low, high, rank in ranges:
         if low <= reach and rank != reaching:
-            first, second = sorted((rank, reaching))
-            return f"CPU {low} is in ranks {first} and {second}: give each rank its own CPUs"
+            one, other = sorted((rank, reaching))
+            return f"CPU {low} is in ranks {one} and {other}: give each rank its own CPUs"
         if high > reach:
             reach, reaching = high, rank
     return None
