@@ -43,7 +43,6 @@ class RecordingReconciler:
         self.vanished: dict[str, Any] = {}
         self.listed: list[str] = []  # the kinds the resync listed, in order
         self.topologies: list[Any] = []  # the NodeResourceTopologies each reconcile was handed
-        self.rolling: list[Any] = []  # the services mid-rollout each reconcile was handed
         self.pacer = RolloutPacer(None)
         self.exits: list[Any] = []  # the server exits each reconcile was handed
 
@@ -53,7 +52,6 @@ class RecordingReconciler:
     def reconcile(self, service: dict[str, Any], view: ClusterView, ticket: int | None = None) -> None:
         self.exits.append(view.server_exits)
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in view.nodes)))
-        self.rolling.append(view.rolling)
         self.daemons.append(view.daemons)
         self.topologies.append(view.node_facts)
         self.deployments.append(view.deployment)

@@ -17,7 +17,6 @@ from cpullm.core.observation import ClusterView, OperatorPolicy
 from cpullm.core.rollout import (
     TEMPLATE_DIGEST,
     RolloutCause,
-    replacing_pods,
     rollout_cause,
     rollout_finished,
     template_digest,
@@ -98,39 +97,66 @@ def test_rollout_finished(deployment, finished):
 def test_the_pacer_admits_at_most_its_limit_and_wakes_the_line_in_order_as_rollouts_finish():
     pacer = RolloutPacer(2)
     a, b, c, d = (("ns", n) for n in "abcd")
-    assert pacer.admit(a, frozenset()) and pacer.admit(b, frozenset())
+    assert pacer.admit(a) and pacer.admit(b)
     assert not pacer.anyone_waiting()
-    assert not pacer.admit(c, frozenset()) and not pacer.admit(d, frozenset())
+    assert not pacer.admit(c) and not pacer.admit(d)
     assert pacer.anyone_waiting() and pacer.waiting(c) and not pacer.waiting(a)
-    assert pacer.admit(a, frozenset())  # a second change of a service already rolling: its slot
-    assert pacer.to_wake(frozenset()) == []
+    assert pacer.admit(a)  # a second change of a service already rolling: its slot
+    assert pacer.to_wake() == []
     pacer.started(a, 5)
     pacer.started(b, 7)
     pacer.observe(a, live(generation=5, observedGeneration=4, updatedReplicas=1, availableReplicas=1, replicas=1))
-    assert pacer.to_wake(frozenset()) == []  # still on the old template
+    assert pacer.to_wake() == []  # still on the old template
     pacer.observe(a, live(generation=5, observedGeneration=5, updatedReplicas=1, availableReplicas=1, replicas=1))
-    assert pacer.to_wake(frozenset()) == [c]
-    assert pacer.to_wake(frozenset()) == []  # handed back once until its reconcile answers
-    assert pacer.admit(c, frozenset())
+    assert pacer.to_wake() == [c]
+    assert pacer.to_wake() == []  # handed back once until its reconcile answers
+    assert pacer.admit(c)
     pacer.observe(b, None)  # deleted
-    assert pacer.to_wake(frozenset()) == [d]
+    assert pacer.to_wake() == [d]
 
 
-def test_deployments_rolling_elsewhere_take_slots_and_a_reconcile_that_needs_none_leaves_the_line():
+def test_a_reconcile_that_needs_no_slot_leaves_the_line_and_frees_one_never_written():
     pacer = RolloutPacer(1)
     a, b = ("ns", "a"), ("ns", "b")
-    assert not pacer.admit(a, frozenset({b}))  # b rolls: a user's change, or one from before a restart
-    assert pacer.admit(a, frozenset({a}))  # its own rollout is no other's
+    assert pacer.admit(a) and not pacer.admit(b)
     pacer.settled(a)  # admitted, never written: free again
-    assert not pacer.admit(b, frozenset({("ns", "x")}))
-    pacer.settled(b)
-    assert pacer.to_wake(frozenset()) == []
+    pacer.settled(b)  # its reconcile needed no slot after all: out of line
+    assert not pacer.anyone_waiting() and pacer.admit(b)
+
+
+def test_a_namespace_holds_at_most_its_share_while_others_wait_and_all_of_them_alone():
+    """Slots shared by namespace: a namespace alone takes every slot; once another waits, the freed slots go to the
+    namespace below its share, whatever the order of the line."""
+    pacer = RolloutPacer(4)
+    busy = [("a", str(i)) for i in range(4)]
+    assert all(pacer.admit(key) for key in busy)  # namespace a alone: all four
+    for key in busy:
+        pacer.started(key, 1)
+    later_a, first_b, second_b = ("a", "x"), ("b", "1"), ("b", "2")
+    assert not pacer.admit(later_a) and not pacer.admit(first_b) and not pacer.admit(second_b)
+    for key in busy[:2]:
+        pacer.observe(key, None)
+    assert pacer.to_wake() == [first_b, second_b]  # b below its share of 2; a, at 2, is not
+    assert pacer.admit(first_b) and pacer.admit(second_b)
+    pacer.observe(busy[2], None)
+    assert pacer.to_wake() == [later_a]  # a holds 1, below its share again
+    assert pacer.admit(later_a)
+
+
+def test_one_namespace_cannot_take_a_freed_slot_past_its_share_by_asking_first():
+    pacer = RolloutPacer(2)
+    assert pacer.admit(("a", "1")) and pacer.admit(("a", "2"))
+    pacer.started(("a", "1"), 1)
+    assert not pacer.admit(("b", "1"))  # full: b waits
+    pacer.observe(("a", "1"), None)
+    assert not pacer.admit(("a", "3"))  # a holds its share (2 slots, 2 namespaces): the slot is b's
+    assert pacer.to_wake() == [("b", "1")] and pacer.admit(("b", "1"))
 
 
 def test_no_limit_admits_everything():
     pacer = RolloutPacer(None)
-    assert all(pacer.admit(("ns", str(i)), frozenset({("ns", "x")})) for i in range(100))
-    assert pacer.to_wake(frozenset()) == []
+    assert all(pacer.admit(("ns", str(i))) for i in range(100))
+    assert pacer.to_wake() == []
 
 
 def test_admission_is_atomic_across_threads():
@@ -139,7 +165,7 @@ def test_admission_is_atomic_across_threads():
 
     def ask(i: int) -> None:
         start.wait()
-        if pacer.admit(("ns", str(i)), frozenset()):
+        if pacer.admit(("ns", str(i))):
             admitted.append(i)
 
     threads = [threading.Thread(target=ask, args=(i,)) for i in range(16)]
@@ -207,49 +233,22 @@ def test_the_reconcile_writes_a_background_rollout_only_with_a_slot_and_frees_it
     running = live("an older template", generation=1)
     other = ("serving", "other")
 
-    reconciler.reconcile(svc, ClusterView(nodes=[node_8b()], deployment=running, rolling=frozenset({other})))
+    assert reconciler.pacer.admit(other)  # the one slot is another service's
+    reconciler.pacer.started(other, 1)
+    reconciler.reconcile(svc, ClusterView(nodes=[node_8b()], deployment=running))
     assert [c["kind"] for c in kube.applied if c["metadata"]["name"] == "llama" and c["kind"] == "Deployment"] == []
     assert ("Normal", ROLLOUT_PACED) in kube.events
-    assert reconciler.pacer.to_wake(frozenset()) == [("serving", "llama")]
+    reconciler.pacer.observe(other, None)  # its rollout is over
+    assert reconciler.pacer.to_wake() == [("serving", "llama")]
 
     kube.applied.clear()
-    reconciler.reconcile(svc, ClusterView(nodes=[node_8b()], deployment=running, rolling=frozenset()))
+    reconciler.reconcile(svc, ClusterView(nodes=[node_8b()], deployment=running))
     written = [c for c in kube.applied if c["kind"] == "Deployment" and c["metadata"]["name"] == "llama"]
     assert len(written) == 1
-    assert not reconciler.pacer.admit(other, frozenset())  # the slot is taken until the rollout is seen finished
+    assert not reconciler.pacer.admit(other)  # the slot is taken until the rollout is seen finished
     reconciler.pacer.observe(("serving", "llama"), None)
-    assert reconciler.pacer.admit(other, frozenset())
+    assert reconciler.pacer.admit(other)
 
 
 def node_8b() -> Any:
     return node("n1", numa=2, memory="512Gi")
-
-
-@pytest.mark.parametrize(
-    ("deployment", "replacing"),
-    [
-        pytest.param(live(generation=3, observedGeneration=2, updatedReplicas=1, replicas=1), True, id="not observed"),
-        pytest.param(
-            live(generation=2, want=2, observedGeneration=2, updatedReplicas=1, replicas=2), True, id="old pod"
-        ),
-        pytest.param(
-            live(generation=2, observedGeneration=2, updatedReplicas=1, availableReplicas=0, replicas=1),
-            False,
-            id="its pods run the template but are not available: no rollout",
-        ),
-        pytest.param(
-            live(generation=2, observedGeneration=2, updatedReplicas=1, availableReplicas=1, replicas=1),
-            False,
-            id="done",
-        ),
-        pytest.param(
-            live(generation=3, observedGeneration=2)
-            | {"status": {"conditions": [{"type": "Progressing", "reason": "ProgressDeadlineExceeded"}]}},
-            False,
-            id="given up",
-        ),
-    ],
-)
-def test_what_counts_as_replacing_pods_elsewhere(deployment, replacing):
-    """The index's Deployments that hold slots: an unhealthy Deployment that rolls nothing must not block pacing."""
-    assert replacing_pods(deployment) is replacing

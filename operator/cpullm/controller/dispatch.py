@@ -99,7 +99,7 @@ async def wake_paced(state: ControllerState, indexes: KopfIndexes) -> None:
     every reconcile's end and Deployment event: the index is walked only while someone waits."""
     if not state.reconciler.pacer.anyone_waiting():
         return
-    woken = state.reconciler.pacer.to_wake(indexes.rolling())
+    woken = state.reconciler.pacer.to_wake()
     services = [s for key in woken for s in indexes.service(key)]
     if services:
         await reconcile_quietly(state, services, indexes)

@@ -14,7 +14,6 @@ from typing import Any
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact, refine_profiles
 from cpullm.core.observation import ClusterView
-from cpullm.core.rollout import replacing_pods
 from cpullm.core.topology import NodeProfile
 
 Index = Mapping[Any, Any]  # a Kopf index: key -> store of values
@@ -82,11 +81,6 @@ class KopfIndexes:
         profile = first(self.node_profiles, name)
         return None if profile is None else refine_profiles([profile], self.usable_node_facts(name))[0]
 
-    def rolling(self) -> frozenset[tuple[str, str]]:
-        """The services whose servers' Deployment shows pods of an older template being replaced: they hold
-        rollout slots (controller/pacing.py)."""
-        return frozenset(k for k, found in self.owned_deployments.items() if any(map(replacing_pods, found)))
-
     def snapshot(self) -> Snapshot:
         return Snapshot(self)
 
@@ -100,7 +94,6 @@ class Snapshot:
         self.node_facts = indexes.usable_node_facts()
         self.daemons: list[DaemonPods] = indexed(indexes.daemonset_pods)
         self.crds = frozenset(indexes.installed_crds.keys())
-        self.rolling = indexes.rolling()
         self._indexes = indexes
 
     def view(self, key: tuple[str, str]) -> ClusterView:
@@ -112,5 +105,4 @@ class Snapshot:
             installed_crds=self.crds,
             pod_trouble=first(self._indexes.pod_troubles, key),
             server_exits=tuple(self._indexes.server_exits.get(key, ())),
-            rolling=self.rolling,
         )

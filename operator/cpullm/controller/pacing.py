@@ -4,16 +4,19 @@ would roll its servers out asks `admit` before it writes; refused, it leaves the
 service waits in line until a rollout ends (`observe` sees its Deployment finished) and `to_wake` hands it back
 to the dispatcher.
 
-What counts as rolling: the rollouts admitted here and not yet seen finished (their new pods available), and every
-owned Deployment Kopf's index shows replacing pods of an older template (a user's own change, or one admitted
-before the operator restarted).
+What holds a slot: the rollouts admitted here and not yet seen finished (their new pods available), and nothing
+else. A user's own rollout takes none: one tenant editing its services every minute does not hold back another's
+paced rollouts. (So after an operator restart the rollouts the last process admitted are not counted: for one
+rollout's time, up to twice the limit may roll.) Slots are shared by namespace: while services of several
+namespaces want them, a namespace holds at most its share (the limit over the namespaces rolling or waiting,
+rounded up), and the services in line are woken oldest first among the namespaces below their share.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
 from typing import Any
 
 from cpullm.core.rollout import rollout_finished
@@ -31,17 +34,18 @@ class RolloutPacer:
         self._admitted: dict[ServiceKey, int | None] = {}  # the Deployment generation its rollout must reach
         self._waiting: dict[ServiceKey, bool] = {}  # in line, oldest first; True: handed back, not yet reconciled
 
-    def admit(self, key: ServiceKey, rolling: Set[ServiceKey]) -> bool:
+    def admit(self, key: ServiceKey) -> bool:
         """Whether `key` may roll out now (it then holds a slot until `observe` sees it finished); if not, it
         waits in line."""
         with self._lock:
-            if self.limit is None or key in self._admitted or len(self._busy(rolling - {key})) < self.limit:
+            busy = set(self._admitted) - {key}
+            if self.limit is None or key in self._admitted or (len(busy) < self.limit and self._below_share(key, busy)):
                 self._admitted.setdefault(key, None)
                 self._waiting.pop(key, None)
                 return True
             self._waiting[key] = False
-            busy = sorted(self._busy(rolling - {key}))
-            log.info("%s/%s waits for a rollout slot; rolling: %s", *key, ", ".join("/".join(k) for k in busy[:10]))
+            shown = ", ".join("/".join(k) for k in sorted(busy)[:10])
+            log.info("%s/%s waits for a rollout slot; rolling: %s", *key, shown)
             return False
 
     def started(self, key: ServiceKey, generation: int) -> None:
@@ -85,17 +89,27 @@ class RolloutPacer:
             self._admitted.pop(key, None)
             self._waiting.pop(key, None)
 
-    def to_wake(self, rolling: Set[ServiceKey]) -> list[ServiceKey]:
+    def to_wake(self) -> list[ServiceKey]:
         """The services in line to reconcile again, as many as there are free slots (each handed back once until
         its reconcile answers)."""
         with self._lock:
             if self.limit is None:
                 return []
-            free = self.limit - len(self._busy(rolling)) - sum(self._waiting.values())
-            woken = [key for key, handed in self._waiting.items() if not handed][: max(free, 0)]
-            for key in woken:
-                self._waiting[key] = True
+            busy = set(self._admitted) | {key for key, handed in self._waiting.items() if handed}
+            woken: list[ServiceKey] = []
+            for key, handed in list(self._waiting.items()):
+                if len(busy) >= self.limit:
+                    break
+                if not handed and self._below_share(key, busy):
+                    woken.append(key)
+                    busy.add(key)
+                    self._waiting[key] = True
             return woken
 
-    def _busy(self, rolling: Set[ServiceKey]) -> set[ServiceKey]:
-        return set(self._admitted) | set(rolling)
+    def _below_share(self, key: ServiceKey, busy: set[ServiceKey]) -> bool:
+        """Whether `key`'s namespace holds fewer slots than its share: the limit over the namespaces that hold or
+        wait for one (key's among them), rounded up. A namespace alone may take every slot."""
+        assert self.limit is not None
+        namespaces = {k[0] for k in busy} | {k[0] for k in self._waiting} | {key[0]}
+        share = -(-self.limit // len(namespaces))
+        return sum(1 for k in busy if k[0] == key[0]) < share

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -188,13 +188,13 @@ class Reconciler:
         for gone in children:
             self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], owner_uid)
 
-    def _admitted(self, decision: Decision, observed: Observed, key: ServiceKey, rolling: Set[ServiceKey]) -> Decision:
+    def _admitted(self, decision: Decision, observed: Observed, key: ServiceKey) -> Decision:
         """The decision to carry out: as decided, unless it rolls the servers out for a change their user did not
         ask for and no rollout slot is free; then the one that leaves their Deployment as it is."""
         if not decision.paced_rollout:
             self.pacer.settled(key)
             return decision
-        if self.pacer.admit(key, rolling):
+        if self.pacer.admit(key):
             return decision
         return decide(replace(observed, rollout_held=True), self.clock())
 
@@ -237,7 +237,7 @@ class Reconciler:
                 models=self.hub,
                 policy=self.policy,
             )
-            decision = self._admitted(decide(observed, self.clock()), observed, key, view.rolling)
+            decision = self._admitted(decide(observed, self.clock()), observed, key)
             try:
                 writes = self._writes(decision.children, uid)
                 self._delete(decision.obsolete_deleted(before_writes=True), uid)

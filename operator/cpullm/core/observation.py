@@ -65,8 +65,7 @@ class ClusterView:
     seen (its generation, template digest, replicas and status); `installed_crds` the optional APIs' CRDs installed
     (None: unknown, assume all); `pod_trouble` why one of the service's pods cannot start or keep running;
     `server_exits` its server pods' last ends that report fixes not loaded; `performance` the last verdict on its
-    servers' speed (core/performance_check.py); `rolling` the services whose servers'
-    Deployment is replacing pods of an older template (they hold rollout slots: controller/pacing.py)."""
+    servers' speed (core/performance_check.py)."""
 
     nodes: Sequence[NodeProfile] = ()
     node_facts: Sequence[NodeFact] = ()
@@ -75,7 +74,6 @@ class ClusterView:
     installed_crds: frozenset[str] | None = None
     pod_trouble: PodTrouble | None = None
     server_exits: Sequence[ServerExit] = ()
-    rolling: frozenset[tuple[str, str]] = frozenset()
     performance: PerformanceVerdict | None = None  # the servers' speed against the plan's, last judged
 
 

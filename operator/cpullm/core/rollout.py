@@ -88,14 +88,3 @@ def rollout_finished(deployment: Mapping[str, Any]) -> bool:
         return True
     want, updated, available, present, observed = _counts(deployment)
     return observed and updated >= want and available >= want and present == updated
-
-
-def replacing_pods(deployment: Mapping[str, Any]) -> bool:
-    """Whether a Deployment is replacing pods of an older template (one the operator did not start, e.g. a user's
-    own change, or one from before a restart): a change its controller has not observed yet, or pods of an older
-    template left. Not a Deployment short of pods that all run its template (Pending, crashing, scaling up, being
-    deleted with its namespace): that is no rollout, and counting it held pacing back for as long as it stayed so."""
-    if _given_up(deployment.get("status") or {}):
-        return False
-    _, updated, _, present, observed = _counts(deployment)
-    return not observed or present > updated
