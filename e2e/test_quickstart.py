@@ -23,6 +23,7 @@ from testbed.tools import Kubectl, eventually, free_port
 
 from cpullm.core.topology import parse_quantity
 from e2e.load import Load, Request, stream_completion
+from e2e.objects import tiny_service
 from e2e.serving import TINY, assert_as_planned, in_container
 from e2e.spread import (
     NAME,
@@ -205,30 +206,37 @@ def test_network_policies_admit_the_router_and_the_namespace_and_refuse_everyone
         kubectl.run("delete", "namespace", OUTSIDER, "--wait=false", check=False)
 
 
-def test_the_released_charts_probe_job_measures_a_worker_and_the_quick_starts_plan_reads_it(
-    quick_start: QuickStart,
-) -> None:
-    """The chart's probe Job on kind (values probe.*), the released chart upgraded with it: on the quick start's
-    worker, in the vLLM image from the registry; the NodePerformance it publishes turns the quick start's prediction
-    from an estimate into the probe's. The release and the NodePerformance are as before afterwards."""
+def test_the_released_charts_probe_job_measures_a_worker_and_a_plan_on_it_reads_it(quick_start: QuickStart) -> None:
+    """The chart's probe Job on kind (values probe.*), the released chart upgraded with it: on a worker, in the vLLM
+    image from the registry; the NodePerformance it publishes turns the prediction of a service planned on the
+    workers (no replicas: the router's test above holds their CPUs) from an estimate into the probe's. The release
+    and the NodePerformance are as before afterwards."""
     kubectl, release = quick_start.kubectl, quick_start.release
-    (pod,) = kubectl.get("pods", namespace="default", **{"cpullm.io/service": "quickstart"})
-    worker = pod["spec"]["nodeName"]
+    workers = [
+        n["metadata"]["name"]
+        for n in kubectl.get("nodes")
+        if "node-role.kubernetes.io/control-plane" not in n["metadata"].get("labels", {})
+    ]
+    worker = sorted(workers)[0]
+    kubectl.apply(tiny_service("probed", "default", replicas=0, nodeSelector=None, cpu=None))
+
+    def predicted(basis: str) -> dict[str, Any] | None:
+        plan = (kubectl.get("cpullmservice", "probed", "default").get("status") or {}).get("plan") or {}
+        found: dict[str, Any] | None = plan.get("predicted")
+        return found if found and found["basis"] == basis else None
+
     helm = Helm(tool_dirs(["helm"])["helm"] / "helm", kubectl.kubeconfig)
     upgrade = ("upgrade", "cpullm-operator", release.chart, "--version", release.version, "--plain-http")
     upgrade += ("--namespace", "cpullm-operator", "--reuse-values")
-    helm.run(*upgrade, *probe_values(worker, quick_start.vllm, 0.2))
     try:
+        eventually(lambda: predicted("estimate"), timeout=120, interval=2, what="the plan's estimate")
+        helm.run(*upgrade, *probe_values(worker, quick_start.vllm, 0.2))
         measured = probe_measured(kubectl, "cpullm-operator", worker, timeout=600)
         assert measured["spec"]["numaNodes"] and measured["spec"]["vllm"], measured["spec"]
-
-        def predicted() -> dict[str, Any] | None:
-            found: dict[str, Any] = kubectl.get("cpullmservice", "quickstart", "default")["status"]["plan"]["predicted"]
-            return found if found["basis"] == "probe" else None
-
-        found = eventually(predicted, timeout=120, interval=2, what="the quick start's plan from the probe")
+        found = eventually(lambda: predicted("probe"), timeout=120, interval=2, what="the plan from the probe")
         assert worker in found["source"], found
         log(f"kind, the released chart's probe Job: {found}")
     finally:
         helm.run(*upgrade, "--set", "probe.nodes=null")
         kubectl.run("delete", "nodeperformance", worker, "--ignore-not-found", check=False)
+        kubectl.run("delete", "cpullmservice", "probed", "-n", "default", "--ignore-not-found", check=False)
