@@ -9,11 +9,11 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cpullm import launcher, metrics
+from cpullm import launcher
 from cpullm.api.crd import build_crd, build_performance_crd
 from cpullm.api.performance import KIND as PERFORMANCE_KIND
 from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
@@ -45,9 +45,11 @@ from cpullm.io.files import (
     read_objects,
     scan_node_cache,
 )
-from cpullm.io.hub import HubClient
 from cpullm.planview import plan_svg
 from cpullm.settings import Settings
+
+if TYPE_CHECKING:
+    from cpullm.io.hub import HubClient
 
 
 def _warn(message: str) -> None:
@@ -83,6 +85,8 @@ class SettingsError(Exception):
 
 
 def _hub(settings: Settings) -> HubClient:
+    from cpullm.io.hub import HubClient  # the Hub's client (huggingface_hub): a third of a plan's start, when needed
+
     try:
         return HubClient(
             settings.hf_endpoint,
@@ -107,16 +111,29 @@ class EnvironmentToken:
         return self.hub.fetch(name, revision, token)
 
 
+class InlineConfig:
+    """The model source of a spec that carries its model's config: gather reads none, so no Hub client is made
+    (huggingface_hub's import is a third of a plan's start)."""
+
+    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+        raise AssertionError(f"{name}: a spec with an inline config reads no model source")
+
+
 def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
     """The operator's gather and decision, fed from files (the nodes from a file, or None: from the cluster):
     what it would plan and apply for this service."""
     settings = Settings()
-    models: ModelConfigSource = (
-        ConfigFile(model_config) if model_config else EnvironmentToken(_hub(settings), settings.hf_token)
-    )
+    service = load_service(service_path)
+    models: ModelConfigSource
+    if model_config:
+        models = ConfigFile(model_config)
+    elif ((service.get("spec") or {}).get("model") or {}).get("config"):
+        models = InlineConfig()
+    else:
+        models = EnvironmentToken(_hub(settings), settings.hf_token)
     nodes, daemons, facts = _nodes(nodes_path)
     observed = gather(
-        load_service(service_path),
+        service,
         ClusterView(nodes=nodes, node_facts=facts, daemons=daemons),
         last_status={},
         cluster=OfflineCluster(settings.hf_token),
@@ -377,6 +394,7 @@ def _run(args: argparse.Namespace) -> int:
     import kopf
 
     import cpullm.controller.handlers  # noqa: F401  (registers the handlers)
+    from cpullm import metrics  # prometheus_client: the operator's, not a plan's
 
     flags = {
         "namespaces": args.namespace,

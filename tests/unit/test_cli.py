@@ -450,3 +450,22 @@ def test_each_error_names_the_file_field_and_fix_in_one_line(tmp_path, capsys, a
     assert main(["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES, *args]) == code
     err = capsys.readouterr().err
     assert error in err and err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_a_plan_of_a_spec_with_its_config_imports_no_hub_client_and_no_metrics():
+    """What a plan's start is made of (issue 63: `cpullm plan` under half a second): huggingface_hub's client and
+    prometheus_client are a third of it, and a spec that carries its model's config needs neither. Checked by what a
+    fresh interpreter imported, not by a clock."""
+    import subprocess
+    import sys
+
+    example = str(ROOT / "manifests" / "examples" / "qwen-small.yaml")
+    script = (
+        "import sys, contextlib, io\n"
+        "from cpullm.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main(['plan', {example!r}, '--nodes', {NODES!r}]) == 0\n"
+        "print(sorted(m for m in ('huggingface_hub.hf_api', 'prometheus_client', 'kopf') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

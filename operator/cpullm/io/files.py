@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from huggingface_hub import get_local_safetensors_metadata
 
 from cpullm.api.spec import API_VERSION
 from cpullm.core.children.model_cache import NAMESPACE_DIR, SERVICES_DIR, UNKNOWN_NAMESPACE_UID
@@ -23,7 +22,6 @@ from cpullm.core.observation import NamespaceFacts
 from cpullm.core.sizing import CheckpointTensors, CheckpointUnreadable, ModelFiles
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import InvalidSpec, ModelConfigUnavailable, NodeLabelError
-from cpullm.io.hub import summarize_headers
 
 Parsed = TypeVar("Parsed")
 
@@ -195,6 +193,11 @@ def _local_tensors(directory: Path) -> CheckpointTensors | None:
     """The directory's safetensors headers, or None when it has none (or one cannot be read)."""
     if not any(directory.glob("*.safetensors")):
         return None
+    # Imported here: huggingface_hub's client is a third of a plan's start, and most plans read no directory.
+    from huggingface_hub import get_local_safetensors_metadata
+
+    from cpullm.io.hub import summarize_headers
+
     try:
         metadata = get_local_safetensors_metadata(directory)
     except (OSError, ValueError):
