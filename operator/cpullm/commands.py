@@ -17,7 +17,6 @@ from cpullm import launcher
 from cpullm.api.crd import build_crd, build_performance_crd
 from cpullm.api.performance import KIND as PERFORMANCE_KIND
 from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
-from cpullm.api.performance import NodePerformanceObject
 from cpullm.api.plan import Plan
 from cpullm.api.spec import GROUP, VERSION, Placement
 from cpullm.controller.gather import ModelConfigSource, gather
@@ -28,7 +27,7 @@ from cpullm.core.decision import Decision, decide
 from cpullm.core.memory import MARGIN_FRACTION
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact
 from cpullm.core.observation import ClusterView
-from cpullm.core.performance import parse_performance
+from cpullm.core.performance import performance_of, validated_performance
 from cpullm.core.sizing import ModelFiles
 from cpullm.core.topology import NodeProfile
 from cpullm.errors import CpuLLMError
@@ -347,11 +346,12 @@ def _publish_probe(path: str) -> int:
     found = [o for o in read_objects(path, "--publish") if o.get("kind") == PERFORMANCE_KIND]
     if len(found) != 1:
         raise InputFileError(f"--publish {path}: {len(found)} {PERFORMANCE_KIND} objects in it, not one")
-    parse_performance(found[0])
-    name = str(found[0]["metadata"].get("name") or "")
+    parsed = validated_performance(found[0])
+    performance_of(parsed)  # its rates as the planner reads them
+    name = str(parsed.metadata.get("name") or "")
     if not name:
         raise InputFileError(f"--publish {path}: the {PERFORMANCE_KIND} has no name (its node's)")
-    spec = NodePerformanceObject.model_validate(found[0]).spec.model_dump(by_alias=True, mode="json", exclude_none=True)
+    spec = parsed.spec.model_dump(by_alias=True, mode="json", exclude_none=True)
     manifest = {"apiVersion": f"{GROUP}/{VERSION}", "kind": PERFORMANCE_KIND, "metadata": {"name": name}, "spec": spec}
     try:
         kube = Kube.from_environment()

@@ -311,3 +311,23 @@ def test_a_server_that_answers_no_http_is_unreadable_not_a_failed_round():
     threading.Thread(target=answer, daemon=True).start()
     with listener, pytest.raises(MetricsUnreadable, match=r"127\.0\.0\.1"):
         read_metrics("127.0.0.1", listener.getsockname()[1], timeout=5)
+
+
+def test_a_service_whose_spec_is_nested_too_deep_is_not_read_and_the_round_goes_on():
+    """The check reads a spec as the reconciles do (parse_spec: its depth bounded first), so a spec its reconcile
+    refuses (InvalidSpec) has no servers judged either; the round goes on."""
+    service = planned_service()
+    deep: dict[str, Any] = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    service["spec"]["model"]["config"] = deep
+    address = ready_server_address(
+        "svc-0", {}, {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
+    )
+    state = ControllerState(Reconciles(), ReconcileWorkers(1))  # type: ignore[arg-type]
+
+    def read(ip: str, port: int) -> dict[str, float]:
+        raise AssertionError("a service whose spec cannot be read has no server to read")
+
+    asyncio.run(performance.check_round(state, indexes(service, {("ns", "svc"): [address]}), read, lambda: 0.0))
+    assert state.performance.parsed[("ns", "svc")][1] is None and not state.performance.verdicts

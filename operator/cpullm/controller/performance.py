@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.api.spec import parse_spec
 from cpullm.controller.dispatch import reconcile_quietly
 from cpullm.controller.indexes import KopfIndexes
 from cpullm.controller.state import ControllerState
@@ -38,8 +38,8 @@ def _plan_and_port(service: Mapping[str, Any]) -> tuple[Plan, int] | None:
     """The plan the service's servers run and their API port; None when it has no plan or its spec does not parse."""
     try:
         plan = Plan.model_validate((service.get("status") or {}).get("plan"))
-        spec = CpuLLMServiceSpec.model_validate(service.get("spec") or {})
-    except (ValidationError, CpuLLMError, ValueError):
+        spec = parse_spec(service.get("spec"))  # the one way a spec is read: its depth bounded before pydantic
+    except (ValidationError, CpuLLMError):
         return None
     return plan, spec.service.port
 

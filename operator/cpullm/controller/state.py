@@ -115,5 +115,5 @@ class ControllerState:
     node_fact_problems: dict[tuple[str, str], str | None] = field(default_factory=dict)
     retries: RetryScheduler = field(default_factory=RetryScheduler)
     resync: asyncio.Task[None] | None = None
-    performance: PerformanceWatch = field(default_factory=lambda: PerformanceWatch())
+    performance: PerformanceWatch = field(default_factory=PerformanceWatch)
     performance_check: asyncio.Task[None] | None = None

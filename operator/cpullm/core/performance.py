@@ -526,13 +526,23 @@ def _estimate_kernels(row: Estimate) -> tuple[tuple[str, KernelRates], ...]:
 
 def parse_performance(obj: Mapping[str, Any]) -> NodePerformance:
     """A NodePerformance object as the probe prints it; raises NodePerformanceError naming what is wrong."""
+    return performance_of(validated_performance(obj))
+
+
+def validated_performance(obj: Mapping[str, Any]) -> NodePerformanceObject:
+    """The object through its schema (api/performance.py); NodePerformanceError naming the first field wrong."""
     name = str((obj.get("metadata") or {}).get("name", "")) if isinstance(obj, Mapping) else ""
     try:
-        parsed = NodePerformanceObject.model_validate(obj)
+        return NodePerformanceObject.model_validate(obj)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise NodePerformanceError(f"{KIND} {name}: {where}: {first['msg']}") from None
+
+
+def performance_of(parsed: NodePerformanceObject) -> NodePerformance:
+    """What the planner reads of a validated object; NodePerformanceError where its rates cannot be used."""
+    name = str(parsed.metadata.get("name", ""))
     spec = parsed.spec
     numa = tuple(
         NumaPerformance(n.cpus, _thread_rates(n.one_thread), _thread_rates(n.all_cores)) for n in spec.numa_nodes
