@@ -52,6 +52,24 @@ def config(name: str, **changes: Any) -> dict[str, Any]:
         ("falcon-h1-7b", 8_514_961_408, "32 full + 32 mamba2 state layers, 8 KV heads x 128, 384-token", 384, 27_852),
         # Chunked local attention with a NoPE global layer every fourth, 16 experts and a shared expert: 109B.
         ("llama-4-scout-text", 107_769_861_120, "36 chunked (chunk 8192) + 12 full layers", 128, 21_824),
+        # Mamba2, attention and MLP layers (hybrid_override_pattern); the SSM state in float32, as the config asks.
+        (
+            "nemotron-h-8b-base-8k",
+            8_100_852_736,
+            "4 full + 24 mamba2 state layers, 8 KV heads x 128, 1152-token blocks",
+            1152,
+            71_522,
+        ),
+        (
+            "nvidia-nemotron-nano-9b-v2",
+            8_888_227_328,
+            "4 full + 27 mamba2 state layers, 8 KV heads x 128, 1 padding layer, 1408-token blocks",
+            1408,
+            56_433,
+        ),
+        # Short convolutions (a 2 x 2048 state) with attention in six layers; dense, and with 32 experts.
+        ("lfm2-1.2b", 1_170_340_608, "6 full + 10 short_conv state layers, 8 KV heads x 64, 2 padding", 128, 328_884),
+        ("lfm2-8b-a1b", 8_339_930_560, "6 full + 18 short_conv state layers, 8 KV heads x 64, 128-token", 128, 319_488),
     ],
 )  # fmt: skip
 def test_hybrids_are_sized_as_vllm_builds_them(name, parameters, layout, block, tokens):
@@ -132,8 +150,79 @@ def test_llama4_nope_layers_attend_to_the_whole_context_and_the_others_within_th
 
 
 def test_a_state_space_family_not_sized_here_is_refused_by_name():
-    with pytest.raises(UnsupportedModel, match="model_type 'nemotron_h' has state-space or linear-attention layers"):
-        size_model({**config("llama-3.1-8b"), "model_type": "nemotron_h"}, DType.BFLOAT16)
+    with pytest.raises(UnsupportedModel, match="model_type 'mamba2' has state-space or linear-attention layers"):
+        size_model({**config("llama-3.1-8b"), "model_type": "mamba2"}, DType.BFLOAT16)
+
+
+@pytest.mark.parametrize(
+    ("ssm_dtype", "isa", "temporal"),
+    [
+        ("float32", BF16_NODE, 4),  # NemotronHConfig's default
+        ("float32", AVX2_NODE, 4),
+        ("bfloat16", BF16_NODE, 2),  # kept: the accelerated GDN backend takes a 16-bit state
+        ("bfloat16", AVX2_NODE, 2),
+        ("auto", BF16_NODE, 4),  # vLLM CPU resets it to float32 where the CPU has bf16 arithmetic
+        ("auto", AVX2_NODE, 2),  # the serving dtype
+    ],
+)
+def test_nemotron_h_keeps_its_ssm_state_in_the_dtype_its_config_asks_as_vllm_cpu_settles_it(ssm_dtype, isa, temporal):
+    """Nemotron-H 8B's state: a conv state of 3 x (8192 + 2 x 8 x 128) in bf16 and a temporal state of 128 x 64 x 128
+    in the SSM cache dtype; tests/vllm/test_oracle.py checks the float32 and bfloat16 cases against vLLM."""
+    kv = size_model(config("nemotron-h-8b-base-8k", mamba_ssm_cache_dtype=ssm_dtype), DType.BFLOAT16).kv(None, isa)
+    state = 3 * (8192 + 2 * 8 * 128) * 2 + 128 * 64 * 128 * temporal
+    token = 2 * 8 * 128 * 2
+    assert kv.block_tokens(1) == 128 * -(-state // (128 * token))
+
+
+@pytest.mark.parametrize(
+    ("changes", "refusal"),
+    [
+        # Nemotron 3 Nano and Super: vLLM's own reason, not ours.
+        ({"hybrid_override_pattern": "MEM*EM"}, "vLLM's CPU backend cannot run its MoE (E) layers"),
+        ({"hybrid_override_pattern": "M-M*Q-"}, "hybrid_override_pattern has 'Q': vLLM's Nemotron-H builds M"),
+        ({"hybrid_override_pattern": None}, "has neither hybrid_override_pattern nor layers_block_type"),
+        ({"layers_block_type": ["mamba", "mlp", "sliding_attention"]}, "layers_block_type has 'sliding_attention'"),
+        ({"intermediate_size": [21504, 10752]}, "intermediate_size"),  # transformers 5 takes one size
+        ({"mamba_ssm_cache_dtype": "float8"}, "mamba_ssm_cache_dtype='float8' is not one of auto, float32"),
+        ({"num_key_value_heads": 5}, "num_attention_heads=32 is not a multiple of num_key_value_heads=5"),
+    ],
+)
+def test_a_nemotron_h_vllm_cpu_cannot_build_is_refused_with_the_reason(changes, refusal):
+    with pytest.raises(UnsupportedModel, match=re.escape(refusal)):
+        size_model(config("nemotron-h-8b-base-8k", **changes), DType.BFLOAT16)
+
+
+def test_nemotron_h_reads_its_blocks_by_name_and_slides_every_attention_layer_where_the_config_says():
+    listed = config(
+        "nemotron-h-8b-base-8k", hybrid_override_pattern=None, sliding_window=4096,
+        layers_block_type=["mamba", "mlp", "full_attention", "mlp"] * 3,
+    )  # fmt: skip
+    size = size_model(listed, DType.BFLOAT16)
+    assert size.anatomy.layers == 12
+    assert size.kv(None, BF16_NODE).describe().startswith("3 sliding (window 4096) + 3 mamba2 state layers")
+
+
+@pytest.mark.parametrize(
+    ("name", "changes", "refusal"),
+    [
+        ("lfm2-8b-a1b", {"layer_types": None}, "(model_type lfm2_moe) lacks layer_types"),
+        ("lfm2-1.2b", {"conv_dim": None}, "lacks conv_dim"),
+        ("lfm2-1.2b", {"layer_types": ["conv", "mamba"] * 8}, "layer_types has 'mamba': LFM2 layers are conv and"),
+    ],
+)
+def test_an_lfm2_config_vllm_cannot_build_is_refused(name, changes, refusal):
+    with pytest.raises(UnsupportedModel, match=re.escape(refusal)):
+        size_model(config(name, **changes), DType.BFLOAT16)
+
+
+def test_lfm2_adjusts_its_mlp_width_and_attends_where_full_attn_idxs_says():
+    """block_ff_dim 12288 adjusted: 2/3 of it, times 1.0, up to a multiple of 256 = 8192; unadjusted: 12288."""
+    lfm2 = config("lfm2-1.2b", layer_types=None, full_attn_idxs=[0, 15])
+    adjusted, unadjusted = (
+        size_model({**lfm2, "block_auto_adjust_ff_dim": flag}, DType.BFLOAT16) for flag in (True, False)
+    )
+    assert unadjusted.parameters - adjusted.parameters == 16 * 3 * 2048 * (12288 - 8192)
+    assert adjusted.kv().describe().startswith("2 full + 14 short_conv state layers")
 
 
 def test_linear_attention_in_a_family_without_a_state_mixer_is_refused():

@@ -444,7 +444,7 @@ def test_expert_fields_are_read_by_every_name_the_families_use():
         ("mamba", "torch.ops._C.selective_scan_fwd"),
         ("kimi_linear", "KDA linear-attention layers run as Triton kernels only"),
         ("plamo2", "vLLM removed Plamo2ForCausalLM after 0.26"),
-        ("nemotron_h", "vLLM CPU runs but this operator does not size yet"),
+        ("mamba2", "vLLM CPU runs but this operator does not size yet"),
     ],
 )
 def test_a_family_vllm_cpu_cannot_run_is_refused_with_vllms_reason_and_one_it_runs_with_ours(family, reason):

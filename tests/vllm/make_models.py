@@ -1,8 +1,9 @@
 """Builds tiny random-weight checkpoints of the model kinds sizing distinguishes, for the vLLM comparison tests:
 dense GQA (Llama), MoE (Qwen3-MoE), hybrid sliding-window attention (Gemma 3), MLA with vLLM CPU's 576-wide
 latent (DeepSeek-V2), a GPTQ int4 Llama with random packed weights, and the hybrids: Mamba2 layers with an
-attention layer (Granite 4.0-H), gated DeltaNet with gated attention (Qwen3-Next), and chunked local attention
-with a NoPE layer and experts (Llama 4). transformers (in the vLLM environment)
+attention layer (Granite 4.0-H), gated DeltaNet with gated attention (Qwen3-Next), chunked local attention
+with a NoPE layer and experts (Llama 4), Mamba2, MLP and attention layers (Nemotron-H), and short convolutions with
+an attention layer (LFM2). transformers (in the vLLM environment)
 lays out the floating point ones under their real tensor names; nothing is downloaded. Runs in the vLLM environment:
 python make_models.py KIND OUT_DIR
 """
@@ -147,6 +148,35 @@ CONFIGS |= {
         "attention_chunk_size": 256,
         "no_rope_layers": [1, 1, 1, 0],
         "interleave_moe_layer_step": 1,
+        "max_position_embeddings": 4096,
+    },
+    "nemotron_h": {
+        **COMMON,
+        "model_type": "nemotron_h",
+        "architectures": ["NemotronHForCausalLM"],
+        "hybrid_override_pattern": "M-M-M*-",
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "mamba_num_heads": 8,
+        "mamba_head_dim": 64,
+        "n_groups": 1,
+        "ssm_state_size": 64,
+        "conv_kernel": 4,
+        "max_position_embeddings": 4096,
+    },
+    "short_conv": {
+        **COMMON,
+        "model_type": "lfm2",
+        "architectures": ["Lfm2ForCausalLM"],
+        "num_hidden_layers": 4,
+        "layer_types": ["conv"] * 3 + ["full_attention"],
+        "num_key_value_heads": 2,
+        "block_dim": 256,
+        "conv_dim": 256,
+        "block_ff_dim": 512,
+        "block_multiple_of": 64,
+        "conv_L_cache": 3,
+        "tie_word_embeddings": True,  # as LFM2's are: vLLM ties its LM head to the embedding
         "max_position_embeddings": 4096,
     },
 }

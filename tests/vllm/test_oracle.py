@@ -47,7 +47,9 @@ def _variant(base: str, **changes: Any) -> dict[str, Any]:
 
 # The fields that decide a hybrid's layout, varied: groups and state of Mamba2, where the attention layers are, the
 # full-attention interval of Qwen3-Next without layer_types, Llama 4's chunk (shorter than the context, so it
-# chunks) and MoE interleave, and a sliding window shorter than the context.
+# chunks) and MoE interleave, a sliding window shorter than the context; Nemotron-H's SSM cache dtype, its
+# blocks listed by name, biases, MLP sizes listed (transformers 5 refuses them) and MoE layers (vLLM CPU
+# refuses them); LFM2's attention by index, an unadjusted MLP, conv biases, and an LFM2-MoE without an expert bias.
 VARIANTS: dict[str, dict[str, Any]] = {
     "granite-h-micro-groups2-state64": _variant(
         "granite-4.0-h-micro", mamba_n_groups=2, mamba_d_state=64,
@@ -64,6 +66,23 @@ VARIANTS: dict[str, dict[str, Any]] = {
         "llama-4-scout-text", attention_chunk_size=2048, interleave_moe_layer_step=2, moe_layers=None
     ),
     "gemma-2-2b": _variant("gemma-2-2b"),
+    "nemotron-h-ssm-bf16": _variant("nemotron-h-8b-base-8k", mamba_ssm_cache_dtype="bfloat16"),
+    "nemotron-h-listed-sliding": _variant(
+        "nvidia-nemotron-nano-9b-v2", hybrid_override_pattern=None, sliding_window=2048, head_dim=None,
+        layers_block_type=["mamba", "mlp", "attention", "mlp", "mamba", "mlp"] * 4,
+    ),
+    "nemotron-h-biases": _variant("nemotron-h-8b-base-8k", use_bias=True, mlp_bias=True, mamba_conv_bias=False),
+    "nemotron-h-mlp-sizes-listed": _variant("nvidia-nemotron-nano-9b-v2", intermediate_size=[15680, 12544]),
+    "nemotron-3-nano-moe": _variant(  # Nemotron 3 Nano 30B-A3B's MoE (E) layers: vLLM CPU cannot run them
+        "nemotron-h-8b-base-8k", hybrid_override_pattern="MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+        hidden_size=2688, num_key_value_heads=2, mamba_num_heads=64, n_routed_experts=128, n_shared_experts=1,
+        moe_intermediate_size=1856, moe_shared_expert_intermediate_size=3712, num_experts_per_tok=6,
+    ),
+    "lfm2-attention-idxs-unadjusted": _variant(
+        "lfm2-1.2b", layer_types=None, full_attn_idxs=[1, 3, 5, 7], block_auto_adjust_ff_dim=False,
+        block_ff_dim=8192, conv_bias=True,
+    ),
+    "lfm2-moe-no-expert-bias": _variant("lfm2-8b-a1b", use_expert_bias=False, num_dense_layers=5),
 }  # fmt: skip
 
 

@@ -1,6 +1,7 @@
 """Sizing against vLLM itself. For a tiny random-weight model of each kind sizing tells apart (dense GQA, MoE,
 hybrid sliding-window attention, MLA with the 576-wide latent, GPTQ int4, and the hybrids: Mamba2 with attention,
-gated DeltaNet with attention, chunked local attention with experts), the rendered command is started and the
+gated DeltaNet with attention, chunked local attention with experts, Nemotron-H's Mamba2, MLP and attention
+layers, LFM2's short convolutions with attention), the rendered command is started and the
 plan's figures are compared with what vLLM reports for the same model: weights within 5%, KV capacity exactly.
 It starts with vLLM's compilation off (`--optimization-level 0`, in spec.extraArgs): neither figure depends on
 it, and each start is shorter by the graph's compile (30-36 s against 55-69 s; tests/vllm/test_rendered_pod.py
@@ -34,7 +35,7 @@ PROBE = ROOT / "tests" / "vllm" / "probe"
 TOLERANCE = 0.05
 HAS_AVX512 = "avx512f" in machine.cpu_flags()
 NO_COMPILE = ["--optimization-level", "0"]
-KINDS = ("dense", "moe", "hybrid", "mla", "gptq", "mamba2", "gated_deltanet", "chunked")
+KINDS = ("dense", "moe", "hybrid", "mla", "gptq", "mamba2", "gated_deltanet", "chunked", "nemotron_h", "short_conv")
 
 
 @pytest.fixture(scope="session")
@@ -101,6 +102,8 @@ def within(planned: int, served: int) -> bool:
         ("mamba2", 4096, "1 full + 3 mamba2 state layers, 2 KV heads x 64"),
         ("gated_deltanet", 4096, "1 full + 3 gated_deltanet state layers, 2 KV heads x 64"),
         ("chunked", 4096, "3 chunked (chunk 256) + 1 full layers, 2 KV heads x 64"),
+        ("nemotron_h", 4096, "1 full + 3 mamba2 state layers, 2 KV heads x 64"),
+        ("short_conv", 4096, "1 full + 3 short_conv state layers, 2 KV heads x 64"),
     ],
 )
 def test_plan_matches_what_vllm_serves(kind, max_model_len, layout, models, vllm_python: Path, tmp_path: Path):

@@ -52,7 +52,7 @@ class LayerKind(StrEnum):
     SLIDING = "sliding"
     MLA = "mla"
     CHUNKED = "chunked"  # chunked local attention (Llama 4): a token sees the tokens of its chunk only
-    STATE = "state"  # a state-space or linear-attention mixer (Mamba2, gated DeltaNet): a state per sequence
+    STATE = "state"  # a state-space, linear-attention or short-convolution mixer: a state per sequence
 
 
 @dataclass(frozen=True)
@@ -61,9 +61,11 @@ class StateShape:
     per rank: a convolution state of `conv_rows` x channels (`conv_channels`, plus 2 x `state_size` per group of
     `groups`: Mamba2's B and C, with the groups extended to a multiple of TP), split by TP; and a temporal state of
     `heads` x `head_a` x `head_b`, its heads split by TP. vLLM keeps `pages_per_request` pages of it per sequence
-    (prefix caching's align mode: the running state, the previous block's, and Mamba2's prefill checkpoint)."""
+    (prefix caching's align mode: the running state, the previous block's, and Mamba2's prefill checkpoint).
+    `ssm_dtype` is the temporal state's dtype the family asks vLLM for ("auto": vLLM's choice; Nemotron-H: its
+    config's mamba_ssm_cache_dtype); model.temporal_bytes turns it into bytes on a node."""
 
-    mixer: str  # "mamba2" or "gated_deltanet": what vLLM CPU runs for it
+    mixer: str  # "mamba2", "gated_deltanet" or "short_conv": what vLLM CPU runs for it
     conv_rows: int
     conv_channels: int
     groups: int
@@ -72,6 +74,7 @@ class StateShape:
     head_a: int
     head_b: int
     pages_per_request: int
+    ssm_dtype: str = "auto"
 
     def tensor_parallel_problem(self, tp: int) -> str | None:
         """vLLM splits the mixer's heads and channels between ranks (and Mamba2's groups, unless there is one)."""

@@ -1,12 +1,9 @@
 """Hybrid families: decoders whose layers mix attention with a state-space or linear-attention mixer, or with
 chunked local attention, as vLLM's model classes build them (granitemoehybrid.py, falcon_h1.py, qwen3_next.py,
-llama4.py). One builder per family (HYBRIDS); tests/vllm/test_oracle.py checks each against vLLM's own model and KV
-cache layout from the same config.
+llama4.py here; nemotron_h.py and lfm2.py in modules of their own). One builder per family (HYBRIDS);
+tests/vllm/test_oracle.py checks each against vLLM's own model and KV cache layout from the same config. The mixers'
+shapes: mixers.py.
 
-Shapes, with h = hidden_size:
-  Mamba2 mixer    in_proj: h x (2 I + 2 G N + H)   out_proj: I x h   conv1d: (I + 2 G N) x kernel (+ bias)
-                  A, D, dt_bias: H   norm: I (where gated)            with I = the mixer's width, G groups, N state,
-                  H heads of P = I / H; state per sequence: conv (kernel - 1) x (I + 2 G N), temporal H x P x N
   gated DeltaNet  in_proj_qkvz: h x (2 K + 2 V)   in_proj_ba: h x 2 Hv   conv1d: (2 K + V) x kernel   A_log, dt_bias: Hv
                   norm: dv   out_proj: V x h       with K = Hk x dk, V = Hv x dv; state: conv (kernel - 1) x (2 K + V),
                   temporal Hv x dv x dk
@@ -14,68 +11,21 @@ Shapes, with h = hidden_size:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split, StateShape
+from cpullm.core.sizing.anatomy import Anatomy, LayerKind, Split, StateShape
 from cpullm.core.sizing.config import ConfigView
-from cpullm.core.sizing.layers import (
-    Family,
-    MoE,
-    Parts,
-    add_embeddings,
-    attention_heads,
-    gated_mlp,
-    listed_layer_kinds,
+from cpullm.core.sizing.layers import Family, MoE, Parts, add_embeddings, gated_mlp
+from cpullm.core.sizing.lfm2 import LFM2_FAMILIES
+from cpullm.core.sizing.mixers import (
+    GATED_DELTANET_PAGES,
+    Mamba2,
+    attention_projections,
+    hybrid_layer_kinds,
+    layer_groups,
 )
+from cpullm.core.sizing.nemotron_h import NEMOTRON_H
 from cpullm.errors import UnsupportedModel
-
-# Names a config's layer_types gives each layer, by what they are (transformers remaps the old names, "mamba" and
-# "attention", to the new ones, "linear_attention" and "full_attention", as it loads: vLLM reads them so).
-LAYER_NAMES = {
-    "linear_attention": LayerKind.STATE,
-    "mamba": LayerKind.STATE,
-    "full_attention": LayerKind.FULL,
-    "attention": LayerKind.FULL,
-    "chunked_attention": LayerKind.CHUNKED,
-}
-# Pages of its state a sequence takes, per mixer, under prefix caching's align mode (vLLM's default): the running
-# state and the last block's, and Mamba2's prefill checkpoint (MambaMixer2.get_kv_cache_spec).
-MAMBA2_PAGES = 3
-GATED_DELTANET_PAGES = 2
-
-
-def hybrid_layer_kinds(config: ConfigView, layers: int, default: Callable[[int], LayerKind]) -> list[LayerKind]:
-    """Each layer's kind from `layer_types`, else the family's pattern."""
-    sized = f"{config.family} layers are {', '.join(sorted(LAYER_NAMES))}"
-    listed = listed_layer_kinds(config, layers, LAYER_NAMES, sized)
-    return listed if listed is not None else [default(i) for i in range(layers)]
-
-
-@dataclass(frozen=True)
-class Mamba2:
-    """A Mamba2 mixer's sizes, from the family's config keys."""
-
-    width: int
-    heads: int
-    head_dim: int
-    groups: int
-    state: int
-    kernel: int
-    conv_bias: bool
-    gated_norm: bool
-
-    def add(self, parts: Parts, name: str, h: int, layers: int) -> StateShape:
-        conv = self.width + 2 * self.groups * self.state
-        parts.linear(f"{name}.in_proj", h, self.width + conv + self.heads, layers, Split.COLUMN)
-        parts.linear(f"{name}.out_proj", self.width, h, layers, Split.ROW)
-        parts.param(f"{name}.conv1d", layers * conv * (self.kernel + self.conv_bias))
-        parts.param(f"{name} A, D, dt_bias", layers * 3 * self.heads)
-        parts.param(f"{name}.norm", layers * self.width * self.gated_norm)
-        return StateShape(
-            "mamba2", self.kernel - 1, self.width, self.groups, self.state, self.heads, self.head_dim, self.state,
-            MAMBA2_PAGES,
-        )  # fmt: skip
 
 
 def _mamba2(config: ConfigView, prefix: str, width: int, gated_norm: bool) -> Mamba2:
@@ -99,34 +49,6 @@ def _mamba2(config: ConfigView, prefix: str, width: int, gated_norm: bool) -> Ma
     )
 
 
-def _attention(parts: Parts, config: ConfigView, h: int, layers: int, q_gate: bool = False) -> tuple[int, int, int]:
-    """q, k, v, o of `layers` attention layers (q twice as wide where its output is gated: Qwen3-Next)."""
-    heads, kv_heads, d = attention_heads(config)
-    bias = config.flag("attention_bias", False)
-    parts.linear("self_attn.q_proj", h, heads * d * (2 if q_gate else 1), layers, Split.HEADS)
-    parts.linear("self_attn.k_proj", h, kv_heads * d, layers, Split.HEADS)
-    parts.linear("self_attn.v_proj", h, kv_heads * d, layers, Split.HEADS)
-    parts.linear("self_attn.o_proj", heads * d, h, layers, Split.ROW)
-    parts.param("attention biases", layers * ((heads * (2 if q_gate else 1) + 2 * kv_heads) * d + h) * bias)
-    return heads, kv_heads, d
-
-
-def _groups(
-    kinds: Sequence[LayerKind], kv_heads: int, entry: int, state: StateShape | None, chunk: int | None = None
-) -> tuple[KVGroup, ...]:
-    """One KV group per kind present, in the order vLLM's layers come (attention kinds, then states)."""
-    groups = []
-    for kind in (LayerKind.CHUNKED, LayerKind.FULL, LayerKind.STATE):
-        count = kinds.count(kind)
-        if not count:
-            continue
-        if kind == LayerKind.STATE:
-            groups.append(KVGroup(kind, count, 0, 0, state=state))
-        else:
-            groups.append(KVGroup(kind, count, kv_heads, entry, window=chunk if kind == LayerKind.CHUNKED else None))
-    return tuple(groups)
-
-
 def _granite_hybrid(family: str, config: ConfigView) -> Anatomy:
     """Granite 4.0-H (granitemoehybrid): Mamba2 layers and a few attention layers, each with an MoE of
     num_local_experts (none: dense) and a shared MLP of shared_intermediate_size."""
@@ -134,7 +56,7 @@ def _granite_hybrid(family: str, config: ConfigView) -> Anatomy:
     h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
     kinds = hybrid_layer_kinds(config, layers, lambda i: LayerKind.STATE)
     parts = Parts()
-    heads, kv_heads, d = _attention(parts, config, h, kinds.count(LayerKind.FULL))
+    heads, kv_heads, d = attention_projections(parts, config, h, kinds.count(LayerKind.FULL))
     mixer = _mamba2(config, "mamba_", config.positive("mamba_expand") * h, gated_norm=True)
     state = mixer.add(parts, "mamba", h, kinds.count(LayerKind.STATE))
     experts = active = None
@@ -146,7 +68,7 @@ def _granite_hybrid(family: str, config: ConfigView) -> Anatomy:
     parts.linear("shared_mlp.output_linear", shared, h, layers if shared else 0, Split.ROW)
     parts.param("layer norms", layers * 2 * h + h)
     add_embeddings(parts, config, h, tied_default=True)
-    groups = _groups(kinds, kv_heads, 2 * d, state)
+    groups = layer_groups(kinds, kv_heads, 2 * d, state)
     return parts.anatomy(family, config, groups, heads, kv_heads, (experts, active))
 
 
@@ -155,7 +77,7 @@ def _falcon_h1(family: str, config: ConfigView) -> Anatomy:
     config.require("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
     h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
     parts = Parts()
-    heads, kv_heads, d = _attention(parts, config, h, layers)
+    heads, kv_heads, d = attention_projections(parts, config, h, layers)
     width = config.optional("mamba_d_ssm") or config.positive("mamba_expand") * h
     mixer = _mamba2(config, "mamba_", width, gated_norm=config.flag("mamba_rms_norm", False))
     state = mixer.add(parts, "mamba", h, layers)
@@ -163,7 +85,7 @@ def _falcon_h1(family: str, config: ConfigView) -> Anatomy:
         parts.linear(f"feed_forward.{name}", fan_in, fan_out, layers, split)
     parts.param("layer norms", layers * 2 * h + h)
     add_embeddings(parts, config, h, tied_default=False)
-    groups = _groups([LayerKind.FULL] * layers + [LayerKind.STATE] * layers, kv_heads, 2 * d, state)
+    groups = layer_groups([LayerKind.FULL] * layers + [LayerKind.STATE] * layers, kv_heads, 2 * d, state)
     return replace(parts.anatomy(family, config, groups, heads, kv_heads), decoder_layers=layers)
 
 
@@ -179,7 +101,7 @@ def _qwen3_next(family: str, config: ConfigView) -> Anatomy:
     kinds = hybrid_layer_kinds(config, layers, lambda i: LayerKind.FULL if (i + 1) % interval == 0 else LayerKind.STATE)
     parts = Parts()
     full = kinds.count(LayerKind.FULL)
-    heads, kv_heads, d = _attention(parts, config, h, full, q_gate=True)
+    heads, kv_heads, d = attention_projections(parts, config, h, full, q_gate=True)
     parts.param("q/k norms", full * 2 * d)
     linear = kinds.count(LayerKind.STATE)
     k_heads, v_heads = config.positive("linear_num_key_heads"), config.positive("linear_num_value_heads")
@@ -199,7 +121,7 @@ def _qwen3_next(family: str, config: ConfigView) -> Anatomy:
             parts.linear(f"mlp.{name}", fan_in, fan_out, layers - moe_layers, split)
     parts.param("layer norms", layers * 2 * h + h)
     add_embeddings(parts, config, h, tied_default=False)
-    groups = _groups(kinds, kv_heads, 2 * d, state)
+    groups = layer_groups(kinds, kv_heads, 2 * d, state)
     return parts.anatomy(family, config, groups, heads, kv_heads, (experts, active))
 
 
@@ -233,7 +155,7 @@ def _llama4(family: str, config: ConfigView) -> Anatomy:
     h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
     kinds = _llama4_kinds(config, layers)
     parts = Parts()
-    heads, kv_heads, d = _attention(parts, config, h, layers)
+    heads, kv_heads, d = attention_projections(parts, config, h, layers)
     step = config.positive("interleave_moe_layer_step")
     moe_layers = sum(1 for i in range(layers) if (i + 1) % step == 0)
     experts, size = config.positive("num_local_experts"), config.positive("intermediate_size")
@@ -247,7 +169,7 @@ def _llama4(family: str, config: ConfigView) -> Anatomy:
             parts.linear(f"feed_forward.{name}", fan_in, fan_out, layers - moe_layers, split)
     parts.param("layer norms", layers * 2 * h + h)
     add_embeddings(parts, config, h, tied_default=False)
-    groups = _groups(kinds, kv_heads, 2 * d, None, _chunk(config))
+    groups = layer_groups(kinds, kv_heads, 2 * d, None, _chunk(config))
     return parts.anatomy(family, config, groups, heads, kv_heads, (experts, config.positive("num_experts_per_tok", 1)))
 
 
@@ -284,10 +206,12 @@ HYBRIDS: dict[str, Family] = {
             "num_local_experts": 16,
         },
     ),
+    "nemotron_h": NEMOTRON_H,
+    **LFM2_FAMILIES,
 }
 # State-space and linear-attention families vLLM CPU runs that are not sized here: refused by name rather than sized as
 # the Llama-shaped decoder their common fields would suggest.
-NOT_SIZED = frozenset({"mamba2", "nemotron_h", "lfm2", "lfm2_moe"})
+NOT_SIZED = frozenset({"mamba2"})
 # Families vLLM's CPU backend cannot run, with vLLM's reason, as read in its sources (0.31 to 0.33: the same there):
 # the refusal says it is vLLM's limit, not this operator's.
 _SELECTIVE_SCAN = (

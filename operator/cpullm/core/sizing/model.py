@@ -35,6 +35,19 @@ class ModelFiles:
     tensors: CheckpointTensors | None = None
 
 
+SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def temporal_bytes(ssm_dtype: str, dtype_bytes: int, isa: frozenset[str]) -> int:
+    """A state's temporal part's element size, as vLLM CPU settles its SSM cache dtype (platforms/cpu.py,
+    check_and_update_config): where the CPU has bf16 arithmetic, a 16-bit dtype the model asks for is kept (the
+    accelerated GDN backend takes it) and anything else becomes float32; elsewhere "auto" is the serving dtype."""
+    asked = SSM_DTYPE_BYTES.get(ssm_dtype)
+    if BF16_ARITHMETIC in isa:
+        return asked if asked == 2 else 4
+    return asked or dtype_bytes
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """The KV cache of one model in one element size (the serving dtype, or fp8), as vLLM's hybrid KV cache manager
@@ -50,8 +63,8 @@ class KVLayout:
       layer its pages (StateShape.pages_per_request);
     - the pool holds kv_bytes // (page x group size) blocks, and vLLM's token capacity ("KV cache size: N tokens") is
       the requests of `context` tokens it holds, times `context`.
-    A state's convolution part is in the serving dtype (`state_bytes`), its temporal part in `temporal_bytes`:
-    float32 where the CPU has bf16 arithmetic (vLLM CPU resets the SSM cache dtype there), else the serving dtype.
+    A state's convolution part is in the serving dtype (`state_bytes`), its temporal part in `temporal_bytes`
+    (temporal_bytes() below).
     MLA's block is 16 tokens where vLLM CPU runs its reference MLA kernel (no AMX), else 128."""
 
     groups: tuple[KVGroup, ...]
@@ -233,7 +246,8 @@ class ModelSize:
         """The KV cache as vLLM CPU lays it out on a node with these CPU flags (which decide MLA's block and the
         element size of a state's temporal part)."""
         mla = self.uses_mla and AMX not in isa
-        temporal = 4 if BF16_ARITHMETIC in isa else self.dtype_bytes
+        states = [g.state for g in self.anatomy.kv_groups if g.state is not None]
+        temporal = temporal_bytes(states[0].ssm_dtype if states else "auto", self.dtype_bytes, isa)
         return KVLayout(
             self.anatomy.kv_groups,
             element_bytes or self.dtype_bytes,
