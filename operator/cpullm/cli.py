@@ -36,6 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             help="Hugging Face config.json, or a model directory (config.json and its safetensors files, whose headers "
             "size the weights), to size the model from when the spec has no inline config",
         )
+        sub.add_argument(
+            "--vllm-python",
+            metavar="PYTHON",
+            help="size a model the formulas do not know with vLLM itself: this python (one with vLLM, e.g. the vLLM "
+            "environment's) builds it from config.json on the meta device, no weights read (a minute or so)",
+        )
         if name == "plan":
             sub.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")
             sub.add_argument("--svg", metavar="FILE", help="also draw the plan: NUMA nodes, ranks, CPUs, memory")

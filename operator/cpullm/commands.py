@@ -44,6 +44,7 @@ from cpullm.io.files import (
     read_objects,
     scan_node_cache,
 )
+from cpullm.io.meta_size import local_vllm_sizer
 from cpullm.planview import plan_svg
 from cpullm.settings import Settings
 
@@ -118,9 +119,12 @@ class InlineConfig:
         raise AssertionError(f"{name}: a spec with an inline config reads no model source")
 
 
-def decide_from_files(service_path: str, nodes_path: str | None, model_config: str | None) -> tuple[Plan, Decision]:
+def decide_from_files(
+    service_path: str, nodes_path: str | None, model_config: str | None, vllm_python: str | None = None
+) -> tuple[Plan, Decision]:
     """The operator's gather and decision, fed from files (the nodes from a file, or None: from the cluster):
-    what it would plan and apply for this service."""
+    what it would plan and apply for this service; a model the formulas do not know is sized by vLLM where
+    `vllm_python` names a python that has it."""
     settings = Settings()
     service = load_service(service_path)
     models: ModelConfigSource
@@ -138,6 +142,7 @@ def decide_from_files(service_path: str, nodes_path: str | None, model_config: s
         cluster=OfflineCluster(settings.hf_token),
         models=models,
         policy=settings.policy(),
+        vllm=local_vllm_sizer(vllm_python) if vllm_python else None,
     )
     decision = decide(observed, datetime.now(UTC))
     if not isinstance(decision.outcome, Plan):
@@ -280,7 +285,7 @@ def run_command(args: argparse.Namespace) -> int:
         elif args.command == "run":
             return _run(args)
         else:
-            plan, decision = decide_from_files(args.service, args.nodes, args.model_config)
+            plan, decision = decide_from_files(args.service, args.nodes, args.model_config, args.vllm_python)
             if args.command == "plan" and args.svg:
                 Path(args.svg).write_text(plan_svg(plan))
             if args.command == "plan" and args.output == "table":

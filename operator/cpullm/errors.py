@@ -60,7 +60,15 @@ class ContextTooLong(PlanRefusal):
 
 
 class UnsupportedModel(PlanRefusal):
+    """A model the operator cannot plan: one sizing's formulas do not know (vLLM itself may size it: see
+    core/sizing/vllm_report.py), or one vLLM cannot serve (VllmCannotServe)."""
+
     reason = "UnsupportedModel"
+
+
+class VllmCannotServe(UnsupportedModel):
+    """vLLM's CPU backend cannot serve this model, for vLLM's own reason (a kernel it lacks, a GPU-only layer): asking
+    vLLM to size it would not change that."""
 
 
 class PodSecurityForbidden(PlanRefusal):

@@ -18,6 +18,7 @@ from testbed import machine
 from cpullm.api.spec import DType
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.errors import UnsupportedModel
+from cpullm.io.meta_size import local_vllm_sizer
 from tests.vllm.oracle import RESULT
 
 pytestmark = pytest.mark.vllm
@@ -86,10 +87,36 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
+# Configs no formula here knows, which vLLM CPU serves: sized through vLLM's meta-device build (core/sizing/
+# vllm_report.py, cpullm/meta_size.py), with the context vLLM derives for them. GPT-2 writes its fields under its own
+# names (n_embd, n_layer), which sizing's common-field formula does not read; Mamba2 (pure state-space) has no
+# builder here.
+VLLM_SIZED: dict[str, tuple[dict[str, Any], int]] = {
+    "gpt2": (
+        {
+            "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+            "n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257, "activation_function": "gelu_new",
+            "layer_norm_epsilon": 1e-05, "bos_token_id": 50256, "eos_token_id": 50256,
+        },
+        1024,
+    ),
+    "mamba2-2.7b": (
+        {
+            "architectures": ["Mamba2ForCausalLM"], "model_type": "mamba2", "hidden_size": 2560,
+            "num_hidden_layers": 64, "num_heads": 80, "head_dim": 64, "expand": 2, "n_groups": 1, "state_size": 128,
+            "conv_kernel": 4, "vocab_size": 50288, "use_bias": False, "use_conv_bias": True,
+            "tie_word_embeddings": True, "layer_norm_epsilon": 1e-05, "residual_in_fp32": True, "rms_norm": True,
+            "chunk_size": 256, "time_step_rank": 160, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0,
+        },
+        2048,
+    ),
+}  # fmt: skip
+
+
 def cases(workdir: Path) -> dict[str, tuple[dict[str, Any], Path]]:
-    """Every fixture and variant, each written as a model directory of its config.json."""
+    """Every fixture, variant and config vLLM sizes, each written as a model directory of its config.json."""
     configs = {path.stem: json.loads(path.read_text()) for path in sorted(FIXTURES.glob("*.json"))}
-    configs |= VARIANTS
+    configs |= VARIANTS | {name: config for name, (config, _) in VLLM_SIZED.items()}
     out = {}
     for name, config in configs.items():
         directory = workdir / name
@@ -118,8 +145,13 @@ def oracle(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[
     workdir = tmp_path_factory.mktemp("oracle")
     found = cases(workdir)
     requests = [
-        {"config": str(directory), "dtype": "bfloat16", "max_model_len": context_of(ours(config)), "kv_bytes": KV_BYTES}
-        for config, directory in found.values()
+        {
+            "config": str(directory),
+            "dtype": "bfloat16",
+            "max_model_len": VLLM_SIZED[name][1] if name in VLLM_SIZED else context_of(ours(config)),
+            "kv_bytes": KV_BYTES,
+        }
+        for name, (config, directory) in found.items()
     ]
     (workdir / "requests.json").write_text(json.dumps(requests))
     run = subprocess.run(
@@ -155,6 +187,28 @@ def test_sizing_agrees_with_vllm_built_from_the_config(name: str, oracle: dict[s
     )
     kv = size.kv(None, frozenset(machine.cpu_flags()))
     context = context_of(size)
+    planned = (kv.block_tokens(1), kv.page_bytes(1), kv.tokens(KV_BYTES, 1, context))
+    assert planned == (result["block_size"], result["page_bytes"], result["kv_tokens"]), (
+        f"sizing: block {planned[0]} tokens, page {planned[1]} B, {planned[2]:,} tokens ({kv.describe()}); "
+        f"{layout_seen(result)}, {result['kv_tokens']:,} tokens of {context}"
+    )
+
+
+@pytest.mark.parametrize("name", list(VLLM_SIZED))
+def test_a_config_no_formula_knows_is_sized_by_vllm_as_vllm_builds_it(
+    name: str, oracle: dict[str, dict[str, Any]], vllm_python: Path
+) -> None:
+    """The formulas refuse it; asked through the seam the CLI's --vllm-python uses (io/meta_size.py runs
+    cpullm/meta_size.py), vLLM sizes it, and the plan's weights and KV layout agree with vLLM's own count."""
+    config, context = VLLM_SIZED[name]
+    with pytest.raises(UnsupportedModel):
+        size_model(config, DType.BFLOAT16)
+    size = size_model(config, DType.BFLOAT16, vllm=local_vllm_sizer(str(vllm_python)))
+    result = oracle[name]
+    assert size.weights_source.startswith("vLLM ") and size.weights_source.endswith("(meta device)")
+    assert abs(size.weights_bytes - result["weights_bytes"]) <= WEIGHTS_TOLERANCE * result["weights_bytes"]
+    assert size.max_position_embeddings == context
+    kv = size.kv(None, frozenset(machine.cpu_flags()))
     planned = (kv.block_tokens(1), kv.page_bytes(1), kv.tokens(KV_BYTES, 1, context))
     assert planned == (result["block_size"], result["page_bytes"], result["kv_tokens"]), (
         f"sizing: block {planned[0]} tokens, page {planned[1]} B, {planned[2]:,} tokens ({kv.describe()}); "

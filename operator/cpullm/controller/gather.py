@@ -18,6 +18,7 @@ from cpullm.core.children.common import Owner
 from cpullm.core.node_facts import refine_profiles
 from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
+from cpullm.core.sizing.vllm_report import VllmSizer
 from cpullm.errors import CpuLLMError, InvalidSpec, ModelConfigUnavailable, UnexpectedError
 
 log = logging.getLogger(__name__)
@@ -37,11 +38,15 @@ class ModelConfigSource(Protocol):
 
 
 def resolve_model(
-    spec: CpuLLMServiceSpec, namespace: str, cluster: ClusterFacts, models: ModelConfigSource
+    spec: CpuLLMServiceSpec,
+    namespace: str,
+    cluster: ClusterFacts,
+    models: ModelConfigSource,
+    vllm: VllmSizer | None = None,
 ) -> ModelSize:
     model = spec.model
     if model.config is not None:
-        return size_model(model.config, model.dtype, weights_bytes=model.weights_bytes)
+        return size_model(model.config, model.dtype, weights_bytes=model.weights_bytes, vllm=vllm)
     token = None
     if spec.hf_token_secret is not None:
         ref = spec.hf_token_secret
@@ -55,6 +60,7 @@ def resolve_model(
         weights_bytes=model.weights_bytes,
         checkpoint_total_bytes=files.checkpoint_total_bytes,
         tensors=files.tensors,
+        vllm=vllm,
     )
 
 
@@ -66,11 +72,12 @@ def gather(
     cluster: ClusterFacts,
     models: ModelConfigSource,
     policy: OperatorPolicy = DEFAULT_POLICY,
+    vllm: VllmSizer | None = None,
 ) -> Observed:
     """The observation of one service in the cluster as `view` shows it. `last_status` is what the operator last
     wrote (None: use the object's own); errors that are about this service (bad spec, model unavailable) are
-    observations, not raised. Each node's profile from its labels is refined by what the view's other sources say
-    of it (core/node_facts.py)."""
+    observations, not raised. `vllm` sizes a model the formulas do not know (the CLI's --vllm-python). Each
+    node's profile from its labels is refined by what the view's other sources say of it (core/node_facts.py)."""
     meta = service["metadata"]
     raw_spec = service.get("spec") or {}
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
@@ -86,7 +93,7 @@ def gather(
     model: ModelSize | CpuLLMError | None = None
     if isinstance(spec, CpuLLMServiceSpec) and not namespace.terminating:
         try:
-            model = resolve_model(spec, owner.namespace, cluster, models)
+            model = resolve_model(spec, owner.namespace, cluster, models, vllm)
         except CpuLLMError as err:
             model = err
         except Exception as err:  # a bug on some input: this service reports it, the others go on

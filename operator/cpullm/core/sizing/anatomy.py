@@ -130,6 +130,7 @@ class Anatomy:
     decoder_layers: int | None = None  # where layers carry both attention and a state mixer (Falcon-H1): their count
     routing: str | None = None  # how tokens are routed to the experts, as vLLM's RoutingMethodType names it
     activation: str = "silu"  # the MLP's and experts' activation (hidden_act)
+    tensor_parallel_refusals: tuple[tuple[int, str], ...] = ()  # (size, vLLM's words) where vLLM sized the model
 
     @property
     def parameters(self) -> int:

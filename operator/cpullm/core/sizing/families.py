@@ -33,7 +33,7 @@ from cpullm.core.sizing.layers import (
     layer_kinds,
     sliding_by_pattern,
 )
-from cpullm.errors import UnsupportedModel
+from cpullm.errors import UnsupportedModel, VllmCannotServe
 
 COMMON_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
@@ -277,19 +277,43 @@ FAMILIES: dict[str, Family] = {
 MULTIMODAL = {"gemma3": "gemma3_text", "llama4": "llama4_text"}
 
 
+# Keys by which a config says some of its layers are not attention (a state-space, convolution or linear-attention
+# mixer, or a pattern of layer kinds): a family not in the table with one is refused, not sized as a Llama.
+STATE_KEYS = (
+    "hybrid_override_pattern",
+    "layers_block_type",
+    "ssm_state_size",
+    "state_size",
+    "mamba_d_state",
+    "mamba_num_heads",
+    "conv_L_cache",
+    "linear_num_key_heads",
+    "linear_conv_kernel_dim",
+    "attn_layer_period",
+    "full_attn_idxs",
+)
+
+
 def _generic(family: str, config: ConfigView) -> Anatomy:
     """A family not in the table whose config uses the common field names: a Llama-shaped decoder, with the
     Mixtral/Qwen/DeepSeek expert fields and MLA where the config has them. A state-space family not sized here is
     refused by name: its common fields would size it as a Llama."""
     if family in VLLM_CPU_CANNOT_RUN:
-        raise UnsupportedModel(
+        raise VllmCannotServe(
             f"model_type {show(family)}: vLLM's CPU backend cannot run it: {VLLM_CPU_CANNOT_RUN[family]}; serve "
             "another model"
         )
     if family in NOT_SIZED:
         raise UnsupportedModel(
             f"model_type {show(family)} has state-space or linear-attention layers vLLM CPU runs but this operator "
-            f"does not size yet (sized: {', '.join(sorted(HYBRIDS))})"
+            f"does not size yet (sized: {', '.join(sorted(HYBRIDS))}); cpullm plan --vllm-python sizes it with vLLM"
+        )
+    state = [key for key in STATE_KEYS if config.has(key)]
+    if state:
+        raise UnsupportedModel(
+            f"model_type {show(family)} is not a known family and its config has {state[0]}: layers that are not "
+            "attention, which the common-field formula (a Llama) would size wrongly; plan it with cpullm plan "
+            "--vllm-python (vLLM sizes it), or set spec.model.weightsBytes and an explicit kvCacheGiB"
         )
     if config.has("kv_lora_rank"):
         return _mla(family, config, _DEEPSEEK_MOE)
@@ -302,7 +326,8 @@ def _generic(family: str, config: ConfigView) -> Anatomy:
     if missing:
         raise UnsupportedModel(
             f"model_type {show(family)} is not a known family and its config lacks {', '.join(missing)}; "
-            "set spec.model.weightsBytes to size the weights"
+            "set spec.model.weightsBytes to size the weights, or plan it with cpullm plan --vllm-python (vLLM sizes "
+            "it)"
         )
     return Decoder().build(family, config)
 

@@ -17,7 +17,8 @@ from cpullm.core.sizing.checkpoint import CheckpointTensors
 from cpullm.core.sizing.config import show
 from cpullm.core.sizing.families import anatomy_of
 from cpullm.core.sizing.quantization import AMX, BF16_ARITHMETIC, WeightFormat, weight_format
-from cpullm.errors import UnsupportedModel
+from cpullm.core.sizing.vllm_report import VllmSizer, anatomy_from_report
+from cpullm.errors import UnsupportedModel, VllmCannotServe
 
 # A safetensors index's total_size beyond this (4 EiB) is no checkpoint.
 MAX_CHECKPOINT_BYTES = 2**62
@@ -274,6 +275,9 @@ class ModelSize:
         if tp in UNSUPPORTED_TENSOR_PARALLEL_SIZES:
             return f"tensor parallel size {tp} is not supported by vLLM's CPU backend"
         anatomy = self.anatomy
+        refused = dict(anatomy.tensor_parallel_refusals).get(tp)
+        if refused:
+            return f"vLLM refuses tensor parallel size {tp}: {refused}"
         if anatomy.attention_heads % tp:
             return f"tensor parallel size {tp} does not divide the {anatomy.attention_heads} attention heads"
         kv = anatomy.kv_heads
@@ -306,14 +310,26 @@ def size_model(
     weights_bytes: int | None = None,
     checkpoint_total_bytes: int | None = None,
     tensors: CheckpointTensors | None = None,
+    vllm: VllmSizer | None = None,
 ) -> ModelSize:
     """Size a model. Weight bytes come from, in order: the explicit override, the checkpoint's safetensors
-    headers, the safetensors index's total size, the family formula."""
+    headers, the safetensors index's total size, the family formula. A config the formulas do not know is sized by
+    `vllm` where one is given (vLLM builds it on the meta device: vllm_report.py), unless vLLM cannot serve it."""
     if not isinstance(config, Mapping):
         raise UnsupportedModel(f"model config is {type(config).__name__}, not an object")
     dtype_bytes = DTYPE_BYTES[dtype]
     quantization = weight_format(config)
-    anatomy = anatomy_of(config, placeholders=_WEIGHTS_ONLY if weights_bytes is not None else None)
+    try:
+        anatomy = anatomy_of(config, placeholders=_WEIGHTS_ONLY if weights_bytes is not None else None)
+    except VllmCannotServe:
+        raise
+    except UnsupportedModel as unknown:
+        if vllm is None or weights_bytes is not None:
+            raise
+        report = vllm(config, dtype.value)
+        anatomy = anatomy_from_report(str(config.get("model_type") or unknown.message), report)
+        source = f"vLLM {report.get('vllm')} (meta device)"
+        return ModelSize(anatomy, anatomy.parameters, _vllm_bytes(report), source, quantization, dtype_bytes)
     problem = quantization.model_problem(anatomy) if quantization else None
     if problem:
         raise UnsupportedModel(problem)
@@ -330,6 +346,13 @@ def size_model(
         )
     formula = formula_bytes(anatomy, quantization, dtype_bytes)
     return ModelSize(anatomy, parameters, formula, f"config.json ({anatomy.family} formula)", quantization, dtype_bytes)
+
+
+def _vllm_bytes(report: Mapping[str, Any]) -> int:
+    value = report.get("weights_bytes")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise UnsupportedModel(f"vLLM's sizing report has weights_bytes={value!r}, not a size")
+    return value
 
 
 def formula_bytes(anatomy: Anatomy, quantization: WeightFormat | None, dtype_bytes: int) -> int:

@@ -19,7 +19,7 @@ from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, LayerKind, Split
 from cpullm.core.sizing.config import ConfigView, first_present, show
 from cpullm.core.sizing.layers import Family, Parts
 from cpullm.core.sizing.mixers import Mamba2, layer_groups
-from cpullm.errors import UnsupportedModel
+from cpullm.errors import UnsupportedModel, VllmCannotServe
 
 # A block's letter, by each name a config may give it (layers_block_type's, and the legacy names transformers remaps).
 BLOCKS = {
@@ -106,7 +106,7 @@ def _nemotron_h(family: str, config: ConfigView) -> Anatomy:
     h = config.positive("hidden_size")
     pattern = _pattern(config)
     if "E" in pattern:
-        raise UnsupportedModel(
+        raise VllmCannotServe(
             f"model_type nemotron_h: {UNGATED_EXPERTS.format(act=config.raw('mlp_hidden_act'))}; serve a Nemotron-H "
             "without E layers, or another model"
         )
