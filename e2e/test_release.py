@@ -64,16 +64,28 @@ def test_the_release_holds_every_platform_an_sbom_and_an_install_yaml_pinned_by_
     digests = platform_digests(quick_start)
     assert sorted(digests) == sorted(PLATFORMS)
     repository = release.image.split("@")[0]
-    # Each platform's image runs and names the release's version: arm64's under qemu-user-static.
+    # Each platform's image runs on its own architecture's Python (arm64's under qemu-user-static), loads its native
+    # dependencies (a CRD is pydantic's schema: pydantic_core's extension) and names the release's version. The
+    # Dockerfile's build stage installs them natively for the target: a wrong wheel or base shows here.
+    machines = {"amd64": "x86_64", "arm64": "aarch64"}
     for arch in PLATFORMS:
-        run = subprocess.run(
-            ["docker", "run", "--rm", "--platform", f"linux/{arch}", f"{repository}@{digests[arch]}", "--version"],
-            env=docker_env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert run.stdout.split() == ["cpullm", release.version], (arch, run.stdout, run.stderr[-1000:])
+        image = f"{repository}@{digests[arch]}"
+
+        def run(*args: str, image: str = image, arch: str = arch) -> str:
+            done = subprocess.run(
+                ["docker", "run", "--rm", "--platform", f"linux/{arch}", *args],
+                env=docker_env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert done.returncode == 0, (arch, args, done.stderr[-1000:])
+            return done.stdout
+
+        assert run(image, "--version").split() == ["cpullm", release.version], arch
+        assert run(image, "crd", "--kind", "NodePerformance").startswith("apiVersion: apiextensions.k8s.io/v1"), arch
+        machine = run("--entrypoint", "python3", image, "-c", "import platform; print(platform.machine())")
+        assert machine.strip() == machines[arch]
         # Its SBOM, attached and signed, lists the operator's own dependencies.
         sbom = json.loads((release.assets / f"sbom-{arch}.spdx.json").read_text())
         names = {package["name"] for package in sbom["packages"]}

@@ -8,8 +8,9 @@
 #
 # 1. checks that VERSION is the version of pyproject.toml, of the chart (version and appVersion) and the newest
 #    heading of CHANGELOG.md (--allow-unreleased: an "Unreleased" heading will do, for a rehearsal);
-# 2. builds the operator's image from the Dockerfile for each platform with buildah (a foreign one under Debian's
-#    qemu-user-static: scripts/binfmt.sh), on BASE (the Dockerfile's default unless --base: a multi-platform image),
+# 2. builds the operator's image from the Dockerfile for each platform with buildah (its build stage runs natively and
+#    installs the target's wheels: nothing is emulated), on BASE (the Dockerfile's default unless --base: a
+#    multi-platform image),
 #    and pushes the index as REGISTRY/cpullm-operator:VERSION; the index's digest is what everything names;
 # 3. writes an SPDX SBOM of each platform's image (syft) and attaches it to that image as a signed attestation;
 # 4. packages the chart with the image's repository and digest in its values and pushes it as the OCI artifact
@@ -65,9 +66,6 @@ fi
 
 eval "$(scripts/build-tools.sh helm cosign syft | grep _BIN_DIR=)"
 helm=$HELM_BIN_DIR/helm cosign=$COSIGN_BIN_DIR/cosign syft=$SYFT_BIN_DIR/syft
-arches=$(tr ',' '\n' <<<"$platforms" | sed 's|^linux/||')
-# shellcheck disable=SC2086
-scripts/binfmt.sh $arches
 tls=() helm_http=() cosign_http=()
 if ((plain_http)); then
   tls=(--tls-verify=false) helm_http=(--plain-http) cosign_http=(--allow-http-registry --allow-insecure-registry)
@@ -83,8 +81,14 @@ bah() { buildah --root "$work/store" --runroot "$work/run" --storage-driver vfs 
 # 2. The image, every platform, one index.
 image=$registry/cpullm-operator
 say "building $image:$version for $platforms${base:+ on $base}"
-bah build --quiet --isolation chroot --network host --layers=false --format oci --platform "$platforms" \
-  --manifest "cpullm-operator:$version" ${base:+--build-arg "BASE=$base"} "${tls[@]}" --file Dockerfile . >/dev/null
+# One build a platform, each added to the manifest list; the Dockerfile's build stage runs on this machine's platform
+# for every target (buildah 1.28 is told both platforms: the Dockerfile's header says why).
+build_platform=linux/$(case $(uname -m) in x86_64) echo amd64 ;; aarch64) echo arm64 ;; *) uname -m ;; esac)
+for platform in ${platforms//,/ }; do
+  bah build --quiet --isolation chroot --network host --layers=false --format oci --platform "$platform" \
+    --build-arg "BUILDPLATFORM=$build_platform" --build-arg "TARGETPLATFORM=$platform" \
+    --manifest "cpullm-operator:$version" ${base:+--build-arg "BASE=$base"} "${tls[@]}" --file Dockerfile . >/dev/null
+done
 bah manifest push --quiet --all --format oci "${tls[@]}" --digestfile "$work/image.digest" \
   "cpullm-operator:$version" "docker://$image:$version"
 digest=$(cat "$work/image.digest")
