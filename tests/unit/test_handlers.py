@@ -90,10 +90,29 @@ OTHER_INDEXES: dict[str, Any] = {
     "pod_troubles": {},
     "server_exits": {},
     "server_addresses": {},
+    "server_replicasets": {},
     "daemonset_pods": {},
     **{source.index: {} for source in NODE_FACT_SOURCES},
 }
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
+INSUFFICIENT = {"status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu."}
+
+
+# A server pod's controller, its ReplicaSet, and the service's Deployment that controls that (as the indexes hold
+# them): a pod's facts reach its service's reconcile only through them.
+RS_REF = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "a-5d8f", "uid": "rs-a", "controller": True}
+POD_OWNERS = {
+    "owned_deployments": {("ns", "a"): [{"metadata": {"uid": "deploy-a"}, "spec": {}, "status": {}}]},
+    "server_replicasets": {("ns", "rs-a"): ["deploy-a"]},
+}
+
+
+def pod(name: str, scheduled: dict[str, str] | None, owner: dict[str, Any] = RS_REF) -> dict[str, Any]:
+    conditions = [{"type": "PodScheduled", **scheduled}] if scheduled else []
+    status = {"conditions": conditions}
+    meta = {"ownerReferences": [owner]}
+    labels = {"cpullm.io/service": "a"}
+    return {"name": name, "namespace": "ns", "labels": labels, "meta": meta, "spec": {}, "status": status}
 
 
 def kopf_indexes(given: dict[str, Any]) -> KopfIndexes:
@@ -253,6 +272,48 @@ def test_node_index_keeps_label_errors_out_of_planning():
     assert [p.name for p in indexed(index)] == ["n1"]
 
 
+@pytest.mark.parametrize(
+    ("owner", "indexes", "seen"),
+    [
+        (RS_REF, POD_OWNERS, True),  # the service's Deployment's ReplicaSet
+        # the service's label on a pod of another ReplicaSet, of a Deployment not the service's
+        (
+            {**RS_REF, "uid": "rs-mine"},
+            {**POD_OWNERS, "server_replicasets": {("ns", "rs-mine"): ["deploy-mine"]}},
+            False,
+        ),
+        # a ReplicaSet the index does not hold (not the operator's: its labels are not the children's)
+        ({**RS_REF, "uid": "rs-unknown"}, POD_OWNERS, False),
+        # no Deployment of the service yet
+        (RS_REF, {**POD_OWNERS, "owned_deployments": {}}, False),
+        # a pod made directly, labelled as a server
+        ({"kind": "Job", "uid": "job-1", "controller": True}, POD_OWNERS, False),
+    ],
+)
+def test_a_pods_facts_reach_its_service_only_through_the_services_own_replicasets(owner, indexes, seen):
+    """Anyone who may create pods in the namespace can copy a server's labels: the trouble of a pod whose
+    ReplicaSet the service's Deployment does not control never becomes the service's Ready reason."""
+    memo = handler_memo(RecordingReconciler())
+    event = pod("a-1", INSUFFICIENT, owner)
+    entry = asyncio.run(handlers.pod_troubles(**event)) or {}
+    index = {key: [value] for key, value in entry.items()}
+    call = handlers.pod_changed(
+        **event, type="MODIFIED", memo=memo, services=SERVICES, node_profiles={},
+        **{**OTHER_INDEXES, **indexes, "pod_troubles": index},
+    )  # fmt: skip
+    asyncio.run(call)
+    found = memo["state"].reconciler.unschedulable  # what each reconcile the event caused saw (a forged pod's
+    # event may still wake one: it changes nothing)
+    assert found == [f"a pod cannot be scheduled: {INSUFFICIENT['message']}" if seen else None]
+
+
+def test_a_replicaset_is_indexed_by_the_deployment_that_controls_it():
+    controlled = {"uid": "rs-a", "ownerReferences": [{"kind": "Deployment", "uid": "deploy-a", "controller": True}]}
+    assert asyncio.run(handlers.server_replicasets(namespace="ns", meta=controlled)) == {("ns", "rs-a"): "deploy-a"}
+    for meta in ({"uid": "rs-b"}, {"uid": "rs-c", "ownerReferences": [{"kind": "Deployment", "uid": "d"}]}):
+        assert asyncio.run(handlers.server_replicasets(namespace="ns", meta=meta)) == {}
+
+
 def test_a_pod_scheduled_at_last_leaves_the_pod_troubles_index():
     index = KopfIndex()
     for scheduled in [INSUFFICIENT, {"status": "True"}]:
@@ -347,6 +408,7 @@ def test_children_are_watched_with_a_server_side_label_selector(kopf_scanning: A
         ("", "v1", "services"): owned,
         ("", "v1", "configmaps"): owned,
         ("", "v1", "pods"): owned,
+        ("apps", "v1", "replicasets"): owned,
     }
 
 
@@ -412,24 +474,20 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
     assert sorted(name for name, _ in memo["state"].reconciler.calls) == ["bad-affinity", "planned-on-n1", "pool-a"]
 
 
-def pod(name: str, scheduled: dict[str, str] | None) -> dict[str, Any]:
-    conditions = [{"type": "PodScheduled", **scheduled}] if scheduled else []
-    status = {"conditions": conditions}
-    return {"name": name, "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "spec": {}, "status": status}
-
-
 def pod_event(memo: kopf.Memo, type_: str | None, event: dict[str, Any], index_name: str, indexer: Any) -> None:
     """As Kopf does for a server pod's event: the index `index_name` is updated from the event by its `indexer`
     first (the pod's entry; none once deleted), then pod_changed runs."""
     entry = asyncio.run(indexer(**event)) if type_ != "DELETED" else None
     index = {key: [value] for key, value in (entry or {}).items()}  # as Kopf keeps it
     call = handlers.pod_changed(
-        **event, type=type_, memo=memo, services=SERVICES, node_profiles={}, **{**OTHER_INDEXES, index_name: index}
+        **event,
+        type=type_,
+        memo=memo,
+        services=SERVICES,
+        node_profiles={},
+        **{**OTHER_INDEXES, **POD_OWNERS, index_name: index},
     )
     asyncio.run(call)
-
-
-INSUFFICIENT = {"status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu."}
 
 
 def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedulers_message():
@@ -456,7 +514,15 @@ def ended(message: str | None) -> dict[str, Any]:
     """A server pod whose vLLM container last ended with `message` as its termination message (None: running)."""
     last = {"terminated": {"reason": "OOMKilled", "exitCode": 137, "message": message}} if message else {}
     status = {"containerStatuses": [{"name": "vllm", "state": {"running": {}}, "lastState": last}]}
-    return {"name": "a-1", "namespace": "ns", "labels": {"cpullm.io/service": "a"}, "spec": {}, "status": status}
+    meta = {"ownerReferences": [RS_REF]}
+    return {
+        "name": "a-1",
+        "namespace": "ns",
+        "labels": {"cpullm.io/service": "a"},
+        "meta": meta,
+        "spec": {},
+        "status": status,
+    }
 
 
 def test_a_pod_whose_server_ended_without_a_fix_reconciles_its_service_with_that_end():
@@ -519,7 +585,7 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
             memo=memo,
             services=SERVICES,
             node_profiles={},
-            **{**OTHER_INDEXES, "pod_troubles": {key: [trouble] for key, trouble in entry.items()}},
+            **{**OTHER_INDEXES, **POD_OWNERS, "pod_troubles": {key: [trouble] for key, trouble in entry.items()}},
         )
         asyncio.run(call)
     message = f"a pod cannot be scheduled: {INSUFFICIENT['message']}"
@@ -833,14 +899,20 @@ def test_the_deployment_index_keys_a_deployment_by_the_service_controlling_it(na
 
 
 def test_the_deployment_index_keeps_what_tells_a_rollout_and_no_more():
-    meta = {**child("a", ("a", "uid-a"))["meta"], "generation": 4, "annotations": {TEMPLATE_DIGEST: "d1", "x": "y"}}
+    meta = {
+        **child("a", ("a", "uid-a"))["meta"],
+        "uid": "deploy-a",
+        "generation": 4,
+        "annotations": {TEMPLATE_DIGEST: "d1", "x": "y"},
+    }
     spec = {"replicas": 2, "template": {"spec": {"containers": []}}}
     found = asyncio.run(
         handlers.owned_deployments(namespace="ns", name="a", meta=meta, spec=spec, status={"replicas": 2})
     )
     assert found == {
         ("ns", "a"): {
-            "metadata": {"generation": 4, "annotations": {TEMPLATE_DIGEST: "d1"}},
+            # the UID: whose ReplicaSets' pods are the service's (KopfIndexes.owned_pods)
+            "metadata": {"generation": 4, "annotations": {TEMPLATE_DIGEST: "d1"}, "uid": "deploy-a"},
             "spec": {"replicas": 2},
             "status": {"replicas": 2},
         }

@@ -220,7 +220,6 @@ def indexes(service: dict[str, Any], addresses: dict[Any, Any]) -> KopfIndexes:
             "node_profiles",
             "daemonset_pods",
             "installed_crds",
-            "owned_deployments",
             "pod_troubles",
             "server_exits",
         )
@@ -230,7 +229,10 @@ def indexes(service: dict[str, Any], addresses: dict[Any, Any]) -> KopfIndexes:
             **empty,
             **{s.index: {} for s in NODE_FACT_SOURCES},
             "services": {("ns", "svc"): [service]},
-            "server_addresses": addresses,
+            # each address a pod of the service's Deployment's ReplicaSet (KopfIndexes.owned_pods)
+            "server_addresses": {key: [("rs-svc", a) for a in store] for key, store in addresses.items()},
+            "owned_deployments": {("ns", "svc"): [{"metadata": {"uid": "deploy-svc"}}]},
+            "server_replicasets": {("ns", "rs-svc"): ["deploy-svc"]},
         }
     )
 

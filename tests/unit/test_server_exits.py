@@ -110,9 +110,16 @@ def test_the_service_is_told_with_a_warning_while_a_pod_shows_it_and_not_after()
     assert "FixesLoaded" not in {c["type"] for c in after.status["conditions"]}
 
 
-def test_the_pod_index_keys_a_server_exit_by_its_service():
-    event = {"namespace": "ns", "name": "llama-0", "labels": {"cpullm.io/service": "llama"}}
+def test_the_pod_index_keys_a_server_exit_by_its_service_with_the_pods_replicaset():
+    owner = {"kind": "ReplicaSet", "name": "llama-7c9", "uid": "rs-1", "controller": True}
+    event = {
+        "namespace": "ns",
+        "name": "llama-0",
+        "labels": {"cpullm.io/service": "llama"},
+        "meta": {"ownerReferences": [owner]},
+    }
     entry = asyncio.run(handlers.server_exits(**event, status=pod_status(WITHOUT_RANK)))
-    assert entry == {("ns", "llama"): server_exit("llama-0", pod_status(WITHOUT_RANK))}
+    assert entry == {("ns", "llama"): ("rs-1", server_exit("llama-0", pod_status(WITHOUT_RANK)))}
+    assert asyncio.run(handlers.server_exits(**{**event, "meta": {}}, status=pod_status(WITHOUT_RANK))) == {}
     assert asyncio.run(handlers.server_exits(**event, status=pod_status(LOADED_ALL))) == {}
     assert asyncio.run(handlers.server_exits(**{**event, "labels": {}}, status=pod_status(WITHOUT_RANK))) == {}

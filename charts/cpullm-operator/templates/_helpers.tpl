@@ -55,9 +55,13 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [apps]
   resources: [daemonsets]
   verbs: [list, watch]
-# The server pods, read only: a pod the scheduler cannot place puts its message in the Ready condition.
+# The server pods, read only: a pod the scheduler cannot place puts its message in the Ready condition. Their
+# ReplicaSets, read only: a pod counts for a service only where its ReplicaSet is the service's Deployment's.
 - apiGroups: [""]
   resources: [pods]
+  verbs: [list, watch]
+- apiGroups: [apps]
+  resources: [replicasets]
   verbs: [list, watch]
 - apiGroups: [""]
   resources: [events]

@@ -30,7 +30,13 @@ from cpullm.controller import dispatch, kopf_settings, performance
 from cpullm.controller.indexes import KopfIndexes
 from cpullm.controller.state import ControllerState
 from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
-from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL, controlling_service
+from cpullm.core.children.common import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    SERVICE_LABEL,
+    controller_reference,
+    controlling_service,
+)
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_facts import NODE_FACT_SOURCES, SOURCE_OF_PLURAL
 from cpullm.core.performance_check import ServerAddress, ready_server_address
@@ -48,12 +54,14 @@ CHILD_LABELS = {MANAGED_BY_LABEL: MANAGED_BY}
 CHILD_RESOURCES = tuple((k.group, k.version, k.plural) for k in WATCHED_KINDS)
 # The server pods: whether the scheduler can place them, and the vLLM container's last end (core/server_exits.py).
 POD_RESOURCE = ("", "v1", "pods")
+# Their ReplicaSets: which Deployment's a pod is (the index of server_replicasets).
+REPLICASET_RESOURCE = ("apps", "v1", "replicasets")
 
 
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Kopf's settings (controller/kopf_settings.py, each with its reason) and the operator's state, once."""
-    kopf_settings.apply(settings, watched=(*CHILD_RESOURCES, POD_RESOURCE))
+    kopf_settings.apply(settings, watched=(*CHILD_RESOURCES, POD_RESOURCE, REPLICASET_RESOURCE))
     if "state" not in memo:
         memo["state"] = kopf_settings.controller_state(memo.get("settings") or Settings())
         track_services(memo["state"].reconciler.services_by_readiness)
@@ -161,31 +169,57 @@ async def owned_deployments(
     return {(namespace, name): server_deployment_facts(meta, spec, status)}
 
 
+@kopf.index(*REPLICASET_RESOURCE, labels=CHILD_LABELS)
+async def server_replicasets(namespace: str, meta: Mapping[str, Any], **_: Any) -> dict[tuple[str, str], str]:
+    """Each ReplicaSet a Deployment controls, keyed by (namespace, its UID): that Deployment's UID. A server pod's
+    facts count for a service only through it (KopfIndexes.owned_pods): a pod's labels can be copied by anyone."""
+    ref = controller_reference(meta)
+    if ref.get("kind") != "Deployment" or not ref.get("uid") or not meta.get("uid"):
+        return {}
+    return {(namespace, str(meta["uid"])): str(ref["uid"])}
+
+
+def _pod_key(namespace: str, labels: Mapping[str, str], meta: Mapping[str, Any]) -> tuple[tuple[str, str], str] | None:
+    """A server pod's service (by label) and its ReplicaSet's UID, by which the label is checked on reading."""
+    owner, ref = labels.get(SERVICE_LABEL), controller_reference(meta)
+    if not owner or ref.get("kind") != "ReplicaSet" or not ref.get("uid"):
+        return None
+    return (namespace, owner), str(ref["uid"])
+
+
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
 async def pod_troubles(
-    namespace: str, labels: Mapping[str, str], spec: Mapping[str, Any], status: Mapping[str, Any], **_: Any
-) -> dict[tuple[str, str], PodTrouble]:
-    """Why each of a service's pods cannot start or keep running (core/pod_troubles.py), keyed by its service."""
-    owner, trouble = labels.get(SERVICE_LABEL), pod_trouble(status, memory_limits(spec))
-    return {(namespace, owner): trouble} if owner and trouble else {}
+    namespace: str,
+    labels: Mapping[str, str],
+    meta: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    status: Mapping[str, Any],
+    **_: Any,
+) -> dict[tuple[str, str], tuple[str, PodTrouble]]:
+    """Why each of a service's pods cannot start or keep running (core/pod_troubles.py), keyed by its service, with
+    the pod's ReplicaSet."""
+    key, trouble = _pod_key(namespace, labels, meta), pod_trouble(status, memory_limits(spec))
+    return {key[0]: (key[1], trouble)} if key and trouble else {}
 
 
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
 async def server_exits(
-    namespace: str, name: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
-) -> dict[tuple[str, str], ServerExit]:
-    """Each server pod whose vLLM container last ended reporting fixes that did not load, keyed by its service."""
-    owner, ended = labels.get(SERVICE_LABEL), server_exit(name, status)
-    return {(namespace, owner): ended} if owner and ended else {}
+    namespace: str, name: str, labels: Mapping[str, str], meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], tuple[str, ServerExit]]:
+    """Each server pod whose vLLM container last ended reporting fixes that did not load, keyed by its service, with
+    the pod's ReplicaSet."""
+    key, ended = _pod_key(namespace, labels, meta), server_exit(name, status)
+    return {key[0]: (key[1], ended)} if key and ended else {}
 
 
 @kopf.index(*POD_RESOURCE, labels=CHILD_LABELS)
 async def server_addresses(
-    namespace: str, name: str, labels: Mapping[str, str], status: Mapping[str, Any], **_: Any
-) -> dict[tuple[str, str], ServerAddress]:
-    """Each ready server pod's address, keyed by its service: where the PerformanceAsPredicted check reads /metrics."""
-    owner, address = labels.get(SERVICE_LABEL), ready_server_address(name, labels, status)
-    return {(namespace, owner): address} if owner and address else {}
+    namespace: str, name: str, labels: Mapping[str, str], meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], tuple[str, ServerAddress]]:
+    """Each ready server pod's address, keyed by its service, with the pod's ReplicaSet: where the
+    PerformanceAsPredicted check reads /metrics."""
+    key, address = _pod_key(namespace, labels, meta), ready_server_address(name, labels, status)
+    return {key[0]: (key[1], address)} if key and address else {}
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

@@ -38,9 +38,10 @@ class KopfIndexes:
     installed_crds: Index
     services: Index
     owned_deployments: Index
-    pod_troubles: Index
+    pod_troubles: Index  # these three: (ReplicaSet UID, fact) pairs by service; read through owned_pods
     server_exits: Index
     server_addresses: Index
+    server_replicasets: Index
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> KopfIndexes:
@@ -55,11 +56,21 @@ class KopfIndexes:
             pod_troubles=kwargs["pod_troubles"],
             server_exits=kwargs["server_exits"],
             server_addresses=kwargs["server_addresses"],
+            server_replicasets=kwargs["server_replicasets"],
         )
 
     def without_deployments(self, keys: set[tuple[str, str]]) -> KopfIndexes:
         """These services' Deployments left out (the index still holds a vanished one's last status)."""
         return replace(self, owned_deployments={k: v for k, v in self.owned_deployments.items() if k not in keys})
+
+    def owned_pods(self, index: Index, key: tuple[str, str]) -> list[Any]:
+        """The facts a pod index holds for a service, of its own servers only: pods whose ReplicaSet the service's
+        Deployment controls (a pod's service label alone could be anyone's)."""
+        deployment = first(self.owned_deployments, key)
+        uid = ((deployment or {}).get("metadata") or {}).get("uid")
+        if not uid:
+            return []
+        return [fact for rs, fact in index.get(key, ()) if first(self.server_replicasets, (key[0], rs)) == uid]
 
     def service(self, key: tuple[str, str]) -> list[Any]:
         """The service of that (namespace, name), as a list of none or one."""
@@ -103,6 +114,6 @@ class Snapshot:
             daemons=self.daemons,
             deployment=first(self._indexes.owned_deployments, key),
             installed_crds=self.crds,
-            pod_trouble=first(self._indexes.pod_troubles, key),
-            server_exits=tuple(self._indexes.server_exits.get(key, ())),
+            pod_trouble=next(iter(self._indexes.owned_pods(self._indexes.pod_troubles, key)), None),
+            server_exits=tuple(self._indexes.owned_pods(self._indexes.server_exits, key)),
         )

@@ -61,7 +61,8 @@ async def check_round(
     targets: list[tuple[tuple[str, str], ServerAddress, int]] = []
     plans: dict[tuple[str, str], Plan] = {}
     gate = asyncio.Semaphore(READS_AT_ONCE)
-    for key, store in list(indexes.server_addresses.items()):
+    owned = {key: indexes.owned_pods(indexes.server_addresses, key) for key in list(indexes.server_addresses)}
+    for key, store in owned.items():
         service = next(iter(indexes.service(key)), None)
         if service is None:
             continue
@@ -113,7 +114,7 @@ async def check_round(
         if between is not None:
             windows.setdefault(key, []).append(between)
             judged.setdefault(key, set()).add(pod)
-    addresses = {(key[0], a.pod) for key, store in indexes.server_addresses.items() for a in store}
+    addresses = {(key[0], a.pod) for key, store in owned.items() for a in store}
     for pod in [p for p in watch.samples if p not in seen]:  # not read this round
         del watch.samples[pod]
     for table in (watch.backoff, watch.unreadable):
@@ -137,7 +138,7 @@ async def check_round(
             del watch.verdicts[key], watch.judged[key]
             SPEED_SHARE.remove(*key)
             woken += [] if gone else indexes.service(key)
-    for key in [k for k in watch.parsed if k not in indexes.server_addresses]:  # no ready server, or gone
+    for key in [k for k in watch.parsed if not owned.get(k)]:  # no ready server, or gone
         del watch.parsed[key]
     if woken:
         await reconcile_quietly(state, woken, indexes)

@@ -55,10 +55,10 @@ def server_deployment_facts(
     meta: Mapping[str, Any], spec: Mapping[str, Any], status: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What the operator keeps of the servers' Deployment (Kopf's index): its generation, template digest, replica
-    count and status, in a Deployment's own shape."""
+    count and status, in a Deployment's own shape, and its UID (whose ReplicaSets' pods are the service's)."""
     annotations = {k: v for k, v in (meta.get("annotations") or {}).items() if k == TEMPLATE_DIGEST}
     return {
-        "metadata": {"generation": meta.get("generation"), "annotations": annotations},
+        "metadata": {"generation": meta.get("generation"), "annotations": annotations, "uid": meta.get("uid")},
         "spec": {"replicas": spec.get("replicas")},
         "status": copy.deepcopy(dict(status)),
     }
