@@ -13,9 +13,10 @@ import pytest
 from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.decision import decide
-from cpullm.core.observation import ClusterView, OperatorPolicy
+from cpullm.core.observation import ClusterView, NamespaceFacts, OperatorPolicy
 from cpullm.core.rollout import (
     TEMPLATE_DIGEST,
+    UNPACED_LABEL,
     RolloutCause,
     rollout_cause,
     rollout_finished,
@@ -207,12 +208,25 @@ def test_a_held_background_rollout_leaves_the_deployment_out_and_says_why():
     [
         pytest.param({"status": {"observedGeneration": 2}}, False, id="the user's own spec change"),
         pytest.param({"status": {"observedGeneration": 3}, "deployment": None}, False, id="no Deployment yet"),
+        # An administrator let the namespace's rollouts through (tenants cannot label their Namespace).
+        pytest.param(
+            {"status": {"observedGeneration": 3}, "namespace": NamespaceFacts(labels={UNPACED_LABEL: "true"})},
+            False,
+            id="a namespace labelled unpaced",
+        ),
+        pytest.param(
+            {"status": {"observedGeneration": 3}, "namespace": NamespaceFacts(labels={UNPACED_LABEL: "yes"})},
+            True,
+            id="only the label's value true lets it through",
+        ),
     ],
 )
 def test_what_is_never_paced(fields, paced):
     running = live("an older template", generation=1)
-    assert decide(observed(**{"deployment": running, "rollout_held": True, **fields}), T0).paced_rollout is paced
-    assert servers_of(decide(observed(**{"deployment": running, "rollout_held": True, **fields}), T0)) is not None
+    unheld = decide(observed(**{"deployment": running, **fields}), T0)
+    assert unheld.paced_rollout is paced
+    held = decide(observed(**{"deployment": running, "rollout_held": True, **fields}), T0)
+    assert (servers_of(held) is not None) is not paced  # held back only where paced
 
 
 def test_the_same_template_needs_no_slot():

@@ -25,7 +25,7 @@ from cpullm.core.children.network_policy import admit_operator
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import enforced_level, server_security
-from cpullm.core.rollout import RolloutCause, is_servers_deployment, rollout_cause
+from cpullm.core.rollout import UNPACED_LABEL, RolloutCause, is_servers_deployment, rollout_cause
 from cpullm.core.server_exits import fixes_loaded_condition
 from cpullm.core.status import (
     OPTIONAL_CHILDREN,
@@ -144,9 +144,11 @@ def _servers(children: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def _background_rollout(observed: Observed, children: Sequence[dict[str, Any]]) -> bool:
-    """Whether applying `children` rolls the servers out for a change their user did not ask for."""
+    """Whether applying `children` rolls the servers out for a change their user did not ask for, and is paced: an
+    administrator lets the rollouts of a namespace through by labelling it (UNPACED_LABEL; tenants who may edit
+    their services cannot edit their Namespace)."""
     servers = _servers(children)
-    if servers is None:
+    if servers is None or observed.namespace.labels.get(UNPACED_LABEL) == "true":
         return False
     cause = rollout_cause(observed.deployment, servers, observed.generation, observed.status.get("observedGeneration"))
     return cause is RolloutCause.BACKGROUND

@@ -20,6 +20,9 @@ from enum import Enum
 from typing import Any
 
 TEMPLATE_DIGEST = "cpullm.io/pod-template-digest"
+# A Namespace label an administrator sets ("true") to let that namespace's services roll out at once, unpaced (an
+# upgrade one team needs now); a label, not a spec field, so that only who may edit the Namespace can.
+UNPACED_LABEL = "cpullm.io/rollouts-unpaced"
 
 
 class RolloutCause(Enum):
