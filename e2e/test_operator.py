@@ -463,6 +463,51 @@ def test_a_pod_the_scheduler_cannot_place_says_why_in_ready(
     ready(kubectl, namespace, "tight", 1)
 
 
+def test_a_pod_with_a_servers_labels_but_not_its_replicaset_says_nothing_in_ready(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
+):
+    """Anyone who may create pods in the namespace can copy a server's labels. A pod made so, which the scheduler
+    cannot place, is not the service's: the operator reads a pod's facts only through the ReplicaSets of the
+    service's own Deployment, so Ready stays as the servers make it, through a reconcile made after it."""
+    nodes.add(fake_node(f"forged-{namespace[-5:]}", numa=1, pool=namespace))
+    kubectl.apply(tiny_service("forged", namespace, nodeSelector={"pool": namespace}))
+    ready(kubectl, namespace, "forged", 1)
+    (server,) = kubectl.get("pods", namespace=namespace, **{"cpullm.io/service": "forged"})
+    # Every label but the ReplicaSet's own pod-template-hash, by which the ReplicaSet would adopt the pod (and, one
+    # pod too many, delete it).
+    labels = {k: v for k, v in server["metadata"]["labels"].items() if k != "pod-template-hash"}
+    forged = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "forged-0", "namespace": namespace, "labels": labels},
+        "spec": {"nodeSelector": {"pool": "nowhere"}, "containers": [{"name": "vllm", "image": "forged:1"}]},
+    }
+    kubectl.apply(forged)
+
+    def refused_by_the_scheduler() -> bool:
+        pod = kubectl.get("pod", "forged-0", namespace)
+        scheduled = {c["type"]: c for c in pod.get("status", {}).get("conditions") or []}.get("PodScheduled", {})
+        return scheduled.get("reason") == "Unschedulable"
+
+    eventually(refused_by_the_scheduler, timeout=60, what="the forged pod Unschedulable")
+    # And whatever its status says: here, as a server's would after an end that reported a fix the plan counts on as
+    # not loaded (a server pod's, FixesLoaded=False; set as an administrator: no kubelet runs this pod).
+    credited = kubectl.get("cpullm", "forged", namespace)["status"]["plan"]["fixesCredited"]
+    assert credited, "the plan counts on no fix here: nothing to forge"
+    ended = {"exitCode": 1, "reason": "Error", "message": f"cpullm-vllm-fix {credited[0]} nothing-to-patch\n"}
+    vllm = {"name": "vllm", "ready": False, "restartCount": 1, "image": "forged:1", "imageID": ""}
+    vllm |= {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": {"terminated": ended}}
+    kubectl.run(
+        "patch", "pod", "forged-0", "-n", namespace, "--subresource=status", "--type=merge",
+        "-p", json.dumps({"status": {"containerStatuses": [vllm]}}),
+    )  # fmt: skip
+    # A reconcile made while the forged pod is there (a spec change), which reads the pod indexes: Ready, and no
+    # FixesLoaded condition (a label-matched pod would have put its end there).
+    kubectl.run("scale", "cpullm", "forged", "-n", namespace, "--replicas=2")
+    found = ready(kubectl, namespace, "forged", 2)
+    assert "FixesLoaded" not in conditions(found), conditions(found).get("FixesLoaded")
+
+
 def test_a_model_cache_the_nodes_disk_cannot_hold_is_unschedulable_until_it_fits(
     kubectl: Kubectl, operator: Operator | InClusterOperator, namespace: str, nodes: NodePool
 ):
