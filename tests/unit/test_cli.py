@@ -469,3 +469,35 @@ def test_a_plan_of_a_spec_with_its_config_imports_no_hub_client_and_no_metrics()
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_vllm_python_sizes_what_no_formula_knows_through_the_script_it_runs(tmp_path, capsys):
+    """--vllm-python runs cpullm/meta_size.py with that python on a directory of the config: here a stand-in python
+    that checks what it was handed and prints a report vLLM 0.32 printed for LFM2-1.2B (fixtures/vllm_reports), for
+    the same config under a model_type no formula knows."""
+    report = (Path(__file__).parent / "fixtures" / "vllm_reports" / "lfm2-1.2b.json").read_text()
+    config = json.loads((Path(__file__).parent / "fixtures" / "models" / "lfm2-1.2b.json").read_text())
+    config["model_type"] = "lfm2_fork"
+    stand_in = tmp_path / "python"
+    stand_in.write_text(
+        "#!/bin/sh\n"
+        '[ "$(basename "$1")" = meta_size.py ] && [ -f "$2/config.json" ] || exit 3\n'
+        '[ "$3 $4" = "--dtype bfloat16" ] || exit 4\n'
+        f"echo 'vLLM logs on stdout too'\necho 'cpullm-meta-size: {json.dumps(json.loads(report))}'\n"
+    )
+    stand_in.chmod(0o755)
+    service = {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "metadata": {"name": "fork"},
+        "spec": {"model": {"name": "org/lfm2-fork", "config": config}, "kvCacheGiB": 1, "maxModelLen": 4096},
+    }
+    (tmp_path / "svc.yaml").write_text(yaml.safe_dump(service))
+    args = ["plan", str(tmp_path / "svc.yaml"), "--nodes", NODES, "-o", "json"]
+    assert main(args) == 1
+    assert "is not a known family and its config has conv_L_cache" in capsys.readouterr().err
+    assert main([*args, "--vllm-python", str(stand_in)]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["sizing"]["weightsSource"] == "vLLM 0.32.0 (meta device)"
+    assert plan["weightsBytes"] == 2_340_681_216
+    assert plan["sizing"]["kvLayout"].startswith("6 full + 10 short_conv state layers")
