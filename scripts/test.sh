@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The test commands. `scripts/test.sh` (a contributor's): lint, types, the layer contract and the unit tests only
-# (about 40 s on two cores; no root, no cluster, no vLLM). `scripts/test.sh --full` (what .ci/run calls): lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local
+# (about 90 s on two cores; no root, no cluster, no vLLM). `scripts/test.sh --full` (what .ci/run calls): lint, types, the layer contract, unit tests (with a coverage floor), the e2e suite on a local
 # control plane (scripts/build-tools.sh builds it on first use; CPULLM_SKIP_E2E=1 skips it; where the kind path runs
 # the whole suite against the in-cluster operator, only the tests it skips there, marker local_operator, so each test
 # runs once), then the real-vLLM tests (scripts/setup-vllm.sh installs vLLM's CPU build on first use;
