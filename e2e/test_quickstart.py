@@ -156,14 +156,16 @@ def client_pod(kubectl: Kubectl, namespace: str, image: str) -> str:
     return name
 
 
-def probe(kubectl: Kubectl, namespace: str, pod: str, url: str) -> str:
-    return kubectl.run("exec", pod, "-n", namespace, "--", "python3", "-c", PROBE, url).stdout.strip()
+def probe(kubectl: Kubectl, namespace: str, pod: str, url: str, container: str | None = None) -> str:
+    inside = ("-c", container) if container else ()
+    return kubectl.run("exec", pod, "-n", namespace, *inside, "--", "python3", "-c", PROBE, url).stdout.strip()
 
 
 def test_network_policies_admit_the_router_and_the_namespace_and_refuse_everyone_else(quick_start: QuickStart) -> None:
     """The operator's NetworkPolicies under a policy-enforcing firewall (kube-router's, e2e/spread.py): in router mode
     the servers admit only their router, and the router admits its namespace and spec.networkPolicy.allowedFrom;
-    a pod of another namespace reaches neither until allowedFrom names its namespace."""
+    a pod of another namespace reaches neither until allowedFrom names its namespace. And what a server reaches: DNS,
+    not the cluster's pods (its own router here), until spec.networkPolicy.egressTo names them."""
     kubectl = quick_start.kubectl
     deploy_spread(quick_start, 1, extraArgs=["--optimization-level", "0"])
     eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
@@ -199,7 +201,32 @@ def test_network_policies_admit_the_router_and_the_namespace_and_refuse_everyone
         answers(outside, OUTSIDER, router)  # named in allowedFrom: the router admits it
         refuses(outside, OUTSIDER, direct)  # the servers still admit only the router
         answers(inside, "default", router)
-        log(f"network policies enforced: a server refuses the namespace's pods ({refused}), its router answers them")
+        # Egress: a server resolves names, but reaches no pod of the cluster until egressTo names it.
+        (router_pod,) = kubectl.get("pods", namespace="default", **{"cpullm.io/router": "spread"})
+        to_router = f"http://{router_pod['status']['podIP']}:8000/health"
+        server_name = server["metadata"]["name"]
+        resolve = "import socket; print(socket.gethostbyname('kubernetes.default.svc.cluster.local'))"
+        resolved = kubectl.run("exec", server_name, "-n", "default", "-c", "vllm", "--", "python3", "-c", resolve)
+        assert resolved.stdout.strip().count(".") == 3, resolved.stdout
+        held = eventually(
+            lambda: (seen := probe(kubectl, "default", server_name, to_router, "vllm")) != "200" and seen,
+            timeout=90,
+            interval=2,
+            what="a server reaching no pod of the cluster",
+        )
+        patch_spec(
+            kubectl, {"networkPolicy": {"egressTo": [{"podSelector": {"matchLabels": {"cpullm.io/router": "spread"}}}]}}
+        )
+        eventually(
+            lambda: probe(kubectl, "default", server_name, to_router, "vllm") == "200",
+            timeout=90,
+            interval=2,
+            what="a server reaching what egressTo names",
+        )
+        log(
+            f"network policies enforced: a server refuses the namespace's pods ({refused}), its router answers them; "
+            f"a server reaches no pod ({held}) until egressTo names it"
+        )
     finally:
         patch_spec(kubectl, {"networkPolicy": None})
         kubectl.run("delete", "pod", inside, "-n", "default", "--wait=false", check=False)

@@ -217,6 +217,10 @@ def test_network_policies_follow_the_routing_and_the_opt_out(
     router = {"cpullm.io/router": "guarded"}
     assert found["guarded"]["podSelector"] == {"matchLabels": {"cpullm.io/service": "guarded"}}
     assert found["guarded"]["ingress"][0]["from"] == [{"podSelector": {"matchLabels": router}}]
+    # The servers' egress, IPv4 and IPv6 blocks alike, admitted as rendered (kind enforces it: e2e/test_quickstart.py).
+    assert found["guarded"]["policyTypes"] == ["Ingress", "Egress"]
+    blocks = [peer["ipBlock"]["cidr"] for rule in found["guarded"]["egress"] for peer in rule.get("to", [])]
+    assert blocks == ["0.0.0.0/0", "::/0"], found["guarded"]["egress"]
     assert found["guarded-router"]["ingress"] == [
         {"from": [{"podSelector": {}}], "ports": [{"port": 8000, "protocol": "TCP"}]},
         {"from": [prometheus], "ports": [{"port": 8404, "protocol": "TCP"}]},

@@ -76,7 +76,43 @@ ROUTER = {"matchLabels": {"cpullm.io/router": "chat"}}
 def test_who_may_reach_the_servers_and_the_router(fields, expected):
     found = policies(**fields)
     assert {name: (p["podSelector"], p["ingress"]) for name, p in found.items()} == expected
-    assert all(p["policyTypes"] == ["Ingress"] for p in found.values())  # egress stays open: the Hub
+    assert all(p["policyTypes"] == ["Ingress"] for name, p in found.items() if name != "chat")  # the router's egress
+    # reaches its servers
+
+
+# What a server may reach by default: DNS anywhere, HTTPS outside the private ranges.
+DNS_RULE = {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+PRIVATE = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]
+PUBLIC_HTTPS = {
+    "to": [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": PRIVATE}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fc00::/7", "fe80::/10", "::1/128"]}},
+    ],
+    "ports": [{"protocol": "TCP", "port": 443}],
+}
+MIRROR = {"ipBlock": {"cidr": "10.20.0.5/32"}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "egress"),
+    [
+        pytest.param({}, [DNS_RULE, PUBLIC_HTTPS], id="dns-and-public-https"),
+        pytest.param(ROUTED, [DNS_RULE, PUBLIC_HTTPS], id="router-mode-the-same"),
+        pytest.param(
+            {"networkPolicy": {"egressTo": [MIRROR]}}, [DNS_RULE, PUBLIC_HTTPS, {"to": [MIRROR]}], id="a-mirror-named"
+        ),
+        pytest.param({"networkPolicy": {"egress": False}}, None, id="egress-opted-out"),
+    ],
+)
+def test_what_the_servers_may_reach(fields, egress):
+    servers = policies(**fields)["chat"]
+    if egress is None:
+        assert servers["policyTypes"] == ["Ingress"] and "egress" not in servers
+        return
+    assert servers["policyTypes"] == ["Ingress", "Egress"]
+    assert servers["egress"] == egress
+    # No rule lets a server reach the cluster's private ranges on another port, nor the metadata address on 443.
+    assert all("to" in rule or rule == DNS_RULE for rule in servers["egress"])
 
 
 def test_a_peer_must_name_something():

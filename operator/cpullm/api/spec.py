@@ -587,8 +587,8 @@ class NetworkPolicyPeer(_Model):
 
 
 class NetworkPolicySettings(_Model):
-    """Who may reach the service's pods: NetworkPolicies the operator keeps for them (ingress only; a CNI that
-    enforces NetworkPolicy is needed, elsewhere they change nothing)."""
+    """Who may reach the service's pods, and what its servers may reach: NetworkPolicies the operator keeps for them
+    (a CNI that enforces NetworkPolicy is needed, elsewhere they change nothing)."""
 
     enabled: bool = Field(
         default=True,
@@ -607,6 +607,18 @@ class NetworkPolicySettings(_Model):
         max_length=16,
         description="Who may scrape the servers' /metrics (on their API port, with the API key where set) and "
         "the router's metrics port, e.g. Prometheus' namespace. Default: only allowedFrom reaches /metrics.",
+    )
+    egress: bool = Field(
+        default=True,
+        description="Also limit what the servers reach: DNS (port 53), HTTPS (443) to addresses outside the private, "
+        "shared, link-local and loopback ranges (the Hub and its CDN), and egressTo. Not the cluster's pods and "
+        "Services, nor a node's or a cloud's metadata address. false: the servers reach anything.",
+    )
+    egress_to: list[NetworkPolicyPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description="More the servers may reach, on any port (as a NetworkPolicy's to peers): a Hub mirror's "
+        "addresses (HF_ENDPOINT), an in-cluster object store's pods.",
     )
 
 

@@ -1,7 +1,9 @@
 """The NetworkPolicies of a service (spec.networkPolicy): the servers admit only their router in router mode, and
 what allowedFrom names (by default their own namespace) otherwise; the router admits allowedFrom; metricsFrom may
-scrape both. Ingress only: the servers still reach the Hub. The kubelet's probes come from the node, which
-NetworkPolicy always admits."""
+scrape both. The servers reach DNS, HTTPS outside the private ranges (the Hub) and egressTo (spec.networkPolicy.egress,
+on by default): a server that runs a tenant's code (a model's remote code, an image of theirs) cannot reach the
+cluster's pods, Services, nodes or a cloud's metadata address. The kubelet's probes come from the node, which
+NetworkPolicy always admits; the router's egress is not limited (it reaches the servers)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,12 @@ from cpullm.core.children.router import HEALTH_PORT, router_name, router_selecto
 
 NETWORK_POLICY_API_VERSION = "networking.k8s.io/v1"
 THE_NAMESPACE: list[dict[str, Any]] = [{"podSelector": {}}]  # every pod of the policy's own namespace
+# Addresses a server's HTTPS may not reach (RFC 1918 private, RFC 6598 shared, link-local with clouds' metadata
+# 169.254.169.254, loopback, and IPv6's unique-local, link-local and loopback): where clusters keep their pods,
+# Services and nodes. Everything else on 443 is the Hub and its CDN.
+PRIVATE_V4 = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "127.0.0.0/8"]
+PRIVATE_V6 = ["fc00::/7", "fe80::/10", "::1/128"]
+DNS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
 
 
 def _peers(peers: list[NetworkPolicyPeer]) -> list[dict[str, Any]]:
@@ -38,14 +46,30 @@ def _policy(
     }
 
 
+def _egress(spec: CpuLLMServiceSpec) -> list[dict[str, Any]]:
+    """The servers' egress rules: DNS anywhere, HTTPS outside the private ranges, egressTo on any port."""
+    public = [
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": PRIVATE_V4}},
+        {"ipBlock": {"cidr": "::/0", "except": PRIVATE_V6}},
+    ]
+    rules: list[dict[str, Any]] = [{"ports": DNS}, {"to": public, "ports": [{"protocol": "TCP", "port": 443}]}]
+    if spec.network_policy.egress_to:
+        rules.append({"to": _peers(spec.network_policy.egress_to)})
+    return rules
+
+
 def build_servers_network_policy(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
     if not spec.network_policy.enabled:
         return None
     callers = [{"podSelector": {"matchLabels": router_selector(owner)}}] if uses_router(plan) else _allowed(spec)
     port = spec.service.port
-    return _policy(
+    policy = _policy(
         owner.name, owner, selector(owner), [(callers, port), (_peers(spec.network_policy.metrics_from), port)]
     )
+    if spec.network_policy.egress:
+        policy["spec"]["policyTypes"] = ["Ingress", "Egress"]
+        policy["spec"]["egress"] = _egress(spec)
+    return policy
 
 
 def build_router_network_policy(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:
