@@ -44,11 +44,11 @@ from cpullm.io.files import (
     read_objects,
     scan_node_cache,
 )
-from cpullm.io.meta_size import local_vllm_sizer
 from cpullm.planview import plan_svg
 from cpullm.settings import Settings
 
 if TYPE_CHECKING:
+    from cpullm.core.sizing.vllm_report import VllmSizer
     from cpullm.io.hub import HubClient
 
 
@@ -119,6 +119,16 @@ class InlineConfig:
         raise AssertionError(f"{name}: a spec with an inline config reads no model source")
 
 
+def _vllm_sizer(python: str | None) -> VllmSizer | None:
+    """The seam through which sizing asks vLLM, where --vllm-python names a python (imported here: a plan without
+    it pays nothing for it)."""
+    if python is None:
+        return None
+    from cpullm.io.meta_size import local_vllm_sizer
+
+    return local_vllm_sizer(python)
+
+
 def decide_from_files(
     service_path: str, nodes_path: str | None, model_config: str | None, vllm_python: str | None = None
 ) -> tuple[Plan, Decision]:
@@ -142,7 +152,7 @@ def decide_from_files(
         cluster=OfflineCluster(settings.hf_token),
         models=models,
         policy=settings.policy(),
-        vllm=local_vllm_sizer(vllm_python) if vllm_python else None,
+        vllm=_vllm_sizer(vllm_python),
     )
     decision = decide(observed, datetime.now(UTC))
     if not isinstance(decision.outcome, Plan):
