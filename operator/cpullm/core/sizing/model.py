@@ -14,7 +14,7 @@ from cpullm.core import constants as c
 from cpullm.core.constants import DTYPE_BYTES, UNSUPPORTED_TENSOR_PARALLEL_SIZES
 from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split, StateShape
 from cpullm.core.sizing.checkpoint import CheckpointTensors
-from cpullm.core.sizing.config import show
+from cpullm.core.sizing.config import model_type, show
 from cpullm.core.sizing.families import anatomy_of
 from cpullm.core.sizing.quantization import AMX, BF16_ARITHMETIC, WeightFormat, weight_format
 from cpullm.core.sizing.vllm_report import VllmSizer, anatomy_from_report
@@ -323,11 +323,11 @@ def size_model(
         anatomy = anatomy_of(config, placeholders=_WEIGHTS_ONLY if weights_bytes is not None else None)
     except VllmCannotServe:
         raise
-    except UnsupportedModel as unknown:
+    except UnsupportedModel:
         if vllm is None or weights_bytes is not None:
             raise
         report = vllm(config, dtype.value)
-        anatomy = anatomy_from_report(str(config.get("model_type") or unknown.message), report)
+        anatomy = anatomy_from_report(model_type(config) or "(none)", report)
         source = f"vLLM {report.get('vllm')} (meta device)"
         return ModelSize(anatomy, anatomy.parameters, _vllm_bytes(report), source, quantization, dtype_bytes)
     problem = quantization.model_problem(anatomy) if quantization else None
