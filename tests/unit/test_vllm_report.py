@@ -126,3 +126,17 @@ def test_vllm_is_not_asked_about_what_it_cannot_serve_or_what_the_formulas_know(
 def test_a_report_sizing_cannot_read_is_refused_naming_what(change, refusal):
     with pytest.raises(UnsupportedModel, match=re.escape(refusal)):
         size_model(unknown("lfm2-1.2b"), DType.BFLOAT16, vllm=answering({**report("lfm2-1.2b"), **change}))
+
+
+def test_the_script_without_vllm_reports_why_in_one_line(tmp_path, capsys):
+    """cpullm/meta_size.py in a python without vLLM (this one): one report line carrying the error, no traceback; the
+    CLI's seam turns it into vLLM's refusal."""
+    from cpullm import meta_size
+
+    (tmp_path / "config.json").write_text(json.dumps(model("lfm2-1.2b")))
+    assert meta_size.main([str(tmp_path), "--tensor-parallel", "1,2"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    printed = json.loads(line.removeprefix(meta_size.REPORT))
+    assert printed["vllm"] == "(none)" and printed["error"].startswith("ModuleNotFoundError")
+    with pytest.raises(UnsupportedModel, match=re.escape("vLLM (none) cannot build model_type 'lfm2_fork'")):
+        size_model(unknown("lfm2-1.2b"), DType.BFLOAT16, vllm=answering(printed))
