@@ -55,6 +55,10 @@ class LayerKind(StrEnum):
     STATE = "state"  # a state-space, linear-attention or short-convolution mixer: a state per sequence
 
 
+# The SSM cache dtypes a model may ask vLLM for (StateShape.ssm_dtype; "auto" besides: vLLM's choice), by element size.
+SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
 @dataclass(frozen=True)
 class StateShape:
     """What a state-space or linear-attention mixer keeps per sequence, as vLLM's MambaStateShapeCalculator shapes it

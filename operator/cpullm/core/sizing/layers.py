@@ -176,22 +176,25 @@ def gated_mlp(h: int, i: int) -> list[tuple[str, int, int, Split]]:
     return [("gate_proj", h, i, Split.COLUMN), ("up_proj", h, i, Split.COLUMN), ("down_proj", i, h, Split.ROW)]
 
 
-def attention_heads(config: ConfigView) -> tuple[int, int, int]:
+def attention_heads(config: ConfigView, reads_head_dim: bool = True) -> tuple[int, int, int]:
     """(attention heads, KV heads, head_dim). Each KV head serves a whole group of attention heads (GQA), so the
-    KV heads divide the attention heads; without num_key_value_heads there are as many as attention heads (MHA)."""
+    KV heads divide the attention heads; without num_key_value_heads there are as many as attention heads (MHA).
+    head_dim is the config's, else hidden_size over the heads (always, for a family whose model reads no head_dim:
+    `reads_head_dim` False)."""
     heads = config.positive("num_attention_heads")
     kv_heads = config.positive("num_key_value_heads", heads)
     if heads % kv_heads:
         raise UnsupportedModel(
             f"model config num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
         )
-    if config.has("head_dim"):
+    if reads_head_dim and config.has("head_dim"):
         return heads, kv_heads, config.positive("head_dim")
     hidden = config.positive("hidden_size")
     if hidden < heads:
+        hint = "; set head_dim in spec.model.config" if reads_head_dim else ""
         raise UnsupportedModel(
             f"model config hidden_size={hidden} is smaller than num_attention_heads={heads}: head_dim "
-            "(hidden_size // num_attention_heads) would be 0; set head_dim in spec.model.config"
+            f"(hidden_size // num_attention_heads) would be 0{hint}"
         )
     return heads, kv_heads, hidden // heads
 

@@ -14,10 +14,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, LayerKind, Split
+from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, LayerKind
 from cpullm.core.sizing.config import ConfigView
-from cpullm.core.sizing.layers import Family, MoE, Parts, gated_mlp, listed_layer_kinds, routing_method
-from cpullm.core.sizing.mixers import layer_groups, short_conv
+from cpullm.core.sizing.layers import (
+    Family,
+    MoE,
+    Parts,
+    attention_heads,
+    gated_mlp,
+    listed_layer_kinds,
+    routing_method,
+)
+from cpullm.core.sizing.mixers import add_attention, layer_groups, short_conv
 from cpullm.errors import UnsupportedModel
 
 LAYER_NAMES = {"conv": LayerKind.STATE, "full_attention": LayerKind.FULL}
@@ -55,18 +63,9 @@ def _lfm2(family: str, config: ConfigView) -> Anatomy:
     h, layers = config.positive("hidden_size"), config.positive("num_hidden_layers")
     kinds = _kinds(config, layers)
     parts = Parts()
-    heads = config.positive("num_attention_heads")
-    kv_heads = config.positive("num_key_value_heads", heads)
-    if heads % kv_heads or h < heads:
-        raise UnsupportedModel(
-            f"model config num_attention_heads={heads} does not divide into num_key_value_heads={kv_heads} groups "
-            f"of hidden_size={h}"
-        )
-    d, attention = h // heads, kinds.count(LayerKind.FULL)
-    parts.linear("self_attn.q_proj", h, heads * d, attention, Split.HEADS)
-    parts.linear("self_attn.k_proj", h, kv_heads * d, attention, Split.HEADS)
-    parts.linear("self_attn.v_proj", h, kv_heads * d, attention, Split.HEADS)
-    parts.linear("self_attn.out_proj", heads * d, h, attention, Split.ROW)
+    heads, kv_heads, d = shape = attention_heads(config, reads_head_dim=False)
+    attention = kinds.count(LayerKind.FULL)
+    add_attention(parts, h, shape, attention, out="out_proj")
     parts.param("q/k norms", attention * 2 * d)
     convs, width = kinds.count(LayerKind.STATE), h if moe else config.positive("conv_dim")
     kernel = config.positive("conv_L_cache")

@@ -71,18 +71,34 @@ class Mamba2:
         )  # fmt: skip
 
 
+def add_attention(
+    parts: Parts,
+    h: int,
+    shape: tuple[int, int, int],
+    layers: int,
+    *,
+    bias: bool = False,
+    q_gate: bool = False,
+    prefix: str = "self_attn",
+    out: str = "o_proj",
+) -> None:
+    """q, k, v and the output projection (`out`, under the family's module `prefix`) of `layers` attention layers of
+    `shape` (heads, KV heads, head_dim; q twice as wide where its output is gated: Qwen3-Next)."""
+    heads, kv_heads, d = shape
+    parts.linear(f"{prefix}.q_proj", h, heads * d * (2 if q_gate else 1), layers, Split.HEADS)
+    parts.linear(f"{prefix}.k_proj", h, kv_heads * d, layers, Split.HEADS)
+    parts.linear(f"{prefix}.v_proj", h, kv_heads * d, layers, Split.HEADS)
+    parts.linear(f"{prefix}.{out}", heads * d, h, layers, Split.ROW)
+    parts.param("attention biases", layers * ((heads * (2 if q_gate else 1) + 2 * kv_heads) * d + h) * bias)
+
+
 def attention_projections(
     parts: Parts, config: ConfigView, h: int, layers: int, q_gate: bool = False
 ) -> tuple[int, int, int]:
-    """q, k, v, o of `layers` attention layers (q twice as wide where its output is gated: Qwen3-Next)."""
-    heads, kv_heads, d = attention_heads(config)
-    bias = config.flag("attention_bias", False)
-    parts.linear("self_attn.q_proj", h, heads * d * (2 if q_gate else 1), layers, Split.HEADS)
-    parts.linear("self_attn.k_proj", h, kv_heads * d, layers, Split.HEADS)
-    parts.linear("self_attn.v_proj", h, kv_heads * d, layers, Split.HEADS)
-    parts.linear("self_attn.o_proj", heads * d, h, layers, Split.ROW)
-    parts.param("attention biases", layers * ((heads * (2 if q_gate else 1) + 2 * kv_heads) * d + h) * bias)
-    return heads, kv_heads, d
+    """The attention layers of a config that names its heads as most do (head_dim, attention_bias)."""
+    shape = attention_heads(config)
+    add_attention(parts, h, shape, layers, bias=config.flag("attention_bias", False), q_gate=q_gate)
+    return shape
 
 
 def layer_groups(

@@ -12,7 +12,7 @@ from typing import Any
 from cpullm.api.spec import DType
 from cpullm.core import constants as c
 from cpullm.core.constants import DTYPE_BYTES, UNSUPPORTED_TENSOR_PARALLEL_SIZES
-from cpullm.core.sizing.anatomy import Anatomy, KVGroup, LayerKind, Split, StateShape
+from cpullm.core.sizing.anatomy import SSM_DTYPE_BYTES, Anatomy, KVGroup, LayerKind, Split, StateShape
 from cpullm.core.sizing.checkpoint import CheckpointTensors
 from cpullm.core.sizing.config import model_type, show
 from cpullm.core.sizing.families import anatomy_of
@@ -34,9 +34,6 @@ class ModelFiles:
     config: dict[str, Any]
     checkpoint_total_bytes: int | None = None
     tensors: CheckpointTensors | None = None
-
-
-SSM_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 def temporal_bytes(ssm_dtype: str, dtype_bytes: int, isa: frozenset[str]) -> int:

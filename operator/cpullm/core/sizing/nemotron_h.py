@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, LayerKind, Split
+from cpullm.core.sizing.anatomy import EMBEDDING, SSM_DTYPE_BYTES, Anatomy, LayerKind, Split
 from cpullm.core.sizing.config import ConfigView, first_present, show
-from cpullm.core.sizing.layers import Family, Parts
-from cpullm.core.sizing.mixers import Mamba2, layer_groups
+from cpullm.core.sizing.layers import Family, Parts, attention_heads
+from cpullm.core.sizing.mixers import Mamba2, add_attention, layer_groups
 from cpullm.errors import UnsupportedModel, VllmCannotServe
 
 # A block's letter, by each name a config may give it (layers_block_type's, and the legacy names transformers remaps).
@@ -30,7 +30,7 @@ BLOCKS = {
     "mlp": "-",
     "moe": "E",
 }
-SSM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+SSM_DTYPES = ("auto", *SSM_DTYPE_BYTES)
 
 
 def _pattern(config: ConfigView) -> str:
@@ -62,13 +62,6 @@ def _pattern(config: ConfigView) -> str:
     if not pattern:
         raise UnsupportedModel("model config (model_type nemotron_h) lists no layers")
     return pattern
-
-
-def _head_dim(config: ConfigView, h: int, heads: int) -> int:
-    """The config's head_dim; an explicit null is hidden_size over the heads (vLLM's NemotronHAttention)."""
-    if "head_dim" in config.values and config.values["head_dim"] is None:
-        return h // heads
-    return config.positive("head_dim")
 
 
 def _mamba(config: ConfigView) -> Mamba2:
@@ -111,18 +104,11 @@ def _nemotron_h(family: str, config: ConfigView) -> Anatomy:
             "without E layers, or another model"
         )
     parts = Parts()
-    attention = pattern.count("*")
-    heads = config.positive("num_attention_heads")
-    kv_heads = config.positive("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise UnsupportedModel(
-            f"model config num_attention_heads={heads} is not a multiple of num_key_value_heads={kv_heads}"
-        )
-    d = _head_dim(config, h, heads)
-    parts.linear("mixer.q_proj", h, heads * d, attention, Split.HEADS)
-    parts.linear("mixer.k_proj", h, kv_heads * d, attention, Split.HEADS)
-    parts.linear("mixer.v_proj", h, kv_heads * d, attention, Split.HEADS)
-    parts.linear("mixer.o_proj", heads * d, h, attention, Split.ROW)
+    # head_dim: the config's (transformers' default 128); an explicit null is hidden over the heads (vLLM's
+    # NemotronHAttention). No biases, whatever attention_bias says.
+    null_head_dim = "head_dim" in config.values and config.values["head_dim"] is None
+    heads, kv_heads, d = shape = attention_heads(config, reads_head_dim=not null_head_dim)
+    add_attention(parts, h, shape, pattern.count("*"), prefix="mixer")
     state = _mamba(config).add(parts, "mixer", h, pattern.count("M")) if "M" in pattern else None
     mlps, size = pattern.count("-"), config.positive("intermediate_size")  # transformers 5 takes one size
     parts.linear("mixer.up_proj", h, size, mlps, Split.COLUMN)
