@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "--vllm-python",
             metavar="PYTHON",
             help="size a model the formulas do not know with vLLM itself: this python (one with vLLM, e.g. the vLLM "
-            "environment's) builds it from config.json on the meta device, no weights read (a minute or so)",
+            "environment's) builds it from config.json on the meta device, no weights read (10-15 s)",
         )
         if name == "plan":
             sub.add_argument("-o", "--output", choices=("table", "json", "yaml"), default="table")

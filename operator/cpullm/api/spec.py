@@ -570,8 +570,8 @@ _CEL_ONE_PEER_KIND: dict[str, JsonValue] = {
 
 
 class NetworkPolicyPeer(_Model):
-    """As a NetworkPolicy's `from` entry: pods selected by labels (in the service's namespace, or in the namespaces
-    namespaceSelector selects), or addresses."""
+    """As a NetworkPolicy's `from` or `to` entry: pods selected by labels (in the service's namespace, or in the
+    namespaces namespaceSelector selects), or addresses."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CEL_ONE_PEER_KIND]})
 
