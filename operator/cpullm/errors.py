@@ -102,6 +102,20 @@ class ModelConfigUnavailable(CpuLLMError):
     reason = "ModelConfigUnavailable"
 
 
+class SizingWithVllm(CpuLLMError):
+    """vLLM is sizing the model in a Job (core/children/sizing_job.py): the plan follows its report. Looked at again
+    every SIZING_RETRY_SECONDS (controller/outcomes.py) while the Job runs."""
+
+    reason = "SizingWithVllm"
+
+
+class VllmSizingFailed(CpuLLMError):
+    """The sizing Job ended without vLLM's report (out of time or memory, its image not pulled): retried with
+    backoff; the Job runs again once Kubernetes removed the one that failed."""
+
+    reason = "VllmSizingFailed"
+
+
 class UnexpectedError(CpuLLMError):
     """A fault of the operator's own while reading a service's facts (a bug): reported and retried with backoff,
     so one service's odd input never stops the others; the traceback goes to the debug log only."""

@@ -7,6 +7,10 @@ the line carries its error instead.
 Run with a python that has vLLM (the service's vLLM image, or the vLLM environment):
 
     python meta_size.py MODEL_DIR [--dtype bfloat16] [--tensor-parallel 1,2,4,8]
+    python meta_size.py --config-env CPULLM_MODEL_CONFIG --report-file /dev/termination-log
+
+The second form is the operator's sizing Job (core/children/sizing_job.py): the config comes in an environment
+variable and the line goes to the container's termination message as well, which the operator reads.
 
 Like the launcher and the probe it stands alone (the standard library, torch and vLLM): core/sizing/vllm_report.py
 reads its line. vLLM's functions used (EngineArgs.create_engine_config, initialize_model, the layers'
@@ -18,12 +22,15 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from typing import Any
 
 REPORT = "cpullm-meta-size: "
 # The process-wide group of one rank vLLM's layers ask for while they are built (a port of its own: no server runs
 # beside this process).
 PORT = int(os.environ.get("CPULLM_META_SIZE_PORT", "29519"))
+# A termination message holds at most 4096 bytes (the kubelet cuts the rest): the report is kept below it.
+REPORT_LIMIT = 4000
 
 
 def _spec_entry(spec: Any) -> dict[str, Any]:
@@ -107,18 +114,45 @@ def _version() -> str:
         return "(none)"
 
 
+def _fitted(report: dict[str, Any]) -> str:
+    """The report's line, compact, within REPORT_LIMIT: vLLM's words (an error, a TP size's refusal) are shortened
+    before anything sizing counts is."""
+    line = json.dumps(report, separators=(",", ":"))
+    if len(line) <= REPORT_LIMIT:
+        return line
+    if isinstance(report.get("tensor_parallel"), dict):
+        report["tensor_parallel"] = {k: v if v is None else v[:120] for k, v in report["tensor_parallel"].items()}
+    if "error" in report:
+        report["error"] = report["error"][:1500]
+    return json.dumps(report, separators=(",", ":"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("model", help="a directory holding the model's config.json")
+    parser.add_argument("model", nargs="?", help="a directory holding the model's config.json")
+    parser.add_argument("--config-env", help="the environment variable holding config.json instead of a directory")
+    parser.add_argument("--report-file", help="a file the report line is written to as well")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--tensor-parallel", default="1,2,4,8", help="the sizes to ask vLLM about, comma-separated")
     args = parser.parse_args(argv)
+    if (args.model is None) == (args.config_env is None):
+        parser.error("give a model directory or --config-env, one of them")
     sizes = [int(size) for size in args.tensor_parallel.split(",") if size]
-    try:
-        report = measure(args.model, args.dtype, sizes)
-    except Exception as error:  # vLLM's refusal of the config is the answer; its words go to the operator
-        report = {"vllm": _version(), "error": f"{type(error).__name__}: {error}"[:2000]}
-    print(REPORT + json.dumps(report), flush=True)
+    with tempfile.TemporaryDirectory(prefix="cpullm-meta-size-") as workdir:
+        model = args.model
+        if args.config_env is not None:
+            model = workdir
+            with open(os.path.join(workdir, "config.json"), "w") as config:
+                config.write(os.environ.get(args.config_env, ""))
+        try:
+            report = measure(model, args.dtype, sizes)
+        except Exception as error:  # vLLM's refusal of the config is the answer; its words go to the operator
+            report = {"vllm": _version(), "error": f"{type(error).__name__}: {error}"[:2000]}
+    line = REPORT + _fitted(report)
+    print(line, flush=True)
+    if args.report_file:
+        with open(args.report_file, "w") as out:
+            out.write(line)
     return 0
 
 

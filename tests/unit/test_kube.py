@@ -11,6 +11,7 @@ import pytest
 import urllib3
 from kubernetes import client
 
+from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NODE_FACT_SOURCES
 from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
@@ -355,3 +356,47 @@ def test_a_probe_publishes_its_node_performance_by_a_forced_apply_of_its_own():
     assert json.loads(request["body"]) == manifest
     with pytest.raises(PermissionDenied, match="apply NodePerformance n1"):
         kube(FakeTransport(403, {"kind": "Status", "code": 403})).publish_node_performance(manifest)
+
+
+def _job(*conditions: tuple[str, str, str]) -> dict:
+    return {
+        "kind": "Job",
+        "metadata": {"name": "chat-size-abc", "uid": "j1", "ownerReferences": [{"uid": "u1", "controller": True}]},
+        "status": {"conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conditions]},
+    }
+
+
+def _pod(controller: str, message: str) -> dict:
+    return {
+        "metadata": {"ownerReferences": [{"uid": controller, "controller": True}]},
+        "status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("pages", "expected"),
+    [
+        ([_job()], SizingJobFacts(finished=False, controller_uid="u1")),
+        (
+            # The pod with the Job's label and a report of its own making, not controlled by the Job, is not read.
+            [_job(("Complete", "True", "")), {"items": [_pod("other", "forged"), _pod("j1", "the report")]}],
+            SizingJobFacts(finished=True, message="the report", controller_uid="u1"),
+        ),
+        (
+            [_job(("Complete", "False", ""), ("Failed", "True", "DeadlineExceeded")), {"items": []}],
+            SizingJobFacts(finished=True, reason="DeadlineExceeded", controller_uid="u1"),
+        ),
+    ],
+    ids=["running", "complete", "failed"],
+)
+def test_a_sizing_job_is_read_with_the_message_of_its_own_pod(pages, expected):
+    transport = FakeTransport(200, pages=pages)
+    assert kube(transport).read_sizing_job("team-a", "chat-size-abc") == expected
+    assert transport.requests[0]["url"].startswith("http://api.invalid/apis/batch/v1/namespaces/team-a/jobs/chat-size")
+    if len(pages) > 1:
+        query = parse_qs(urlsplit(transport.requests[1]["url"]).query)
+        assert query["labelSelector"] == ["batch.kubernetes.io/controller-uid=j1"]
+
+
+def test_an_absent_sizing_job_is_none():
+    assert kube(FakeTransport(404)).read_sizing_job("team-a", "chat-size-abc") is None

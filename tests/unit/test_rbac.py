@@ -48,7 +48,9 @@ def test_the_verbs_follow_what_the_operator_does_with_a_kind():
     )
 
 
-BUILT_IN = [k for k in CHILD_KINDS if k.crd is None]
+# The sizing Job is left out of the policy on others' writes: Kubernetes' own Job and TTL controllers write it, and
+# where the controller manager runs without its service accounts' credentials they are not told apart.
+BUILT_IN = [k for k in CHILD_KINDS if k.crd is None and k.kind != "Job"]
 # Each policy and the kinds it covers: the operator's own writes, every owned kind; everyone else's writes to the
 # children, the built-in kinds (the optional ones are left out on purpose: their own controllers update them).
 COVERED = [("cpullm-operator-writes", k) for k in CHILD_KINDS] + [("cpullm-operator-children", k) for k in BUILT_IN]

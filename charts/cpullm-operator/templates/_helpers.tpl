@@ -51,6 +51,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, list, watch, create, patch, delete]
+# A sizing Job (core/children/sizing_job.py) while vLLM sizes a model no formula knows; Kubernetes removes it after.
+- apiGroups: [batch]
+  resources: [jobs]
+  verbs: [get, create, patch]
 # DaemonSets, read only: a whole-node plan leaves their pods' requests free on each node they run on.
 - apiGroups: [apps]
   resources: [daemonsets]

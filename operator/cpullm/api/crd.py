@@ -113,6 +113,16 @@ def status_schema() -> dict[str, Any]:
                 "x-kubernetes-list-map-keys": ["type"],
             },
             "plan": {**model_schema(Plan), "description": "What the planner decided (see `cpullm plan`)."},
+            "vllmSizing": {
+                "type": "object",
+                "description": "vLLM's own size of a model no formula of the operator knows, as its sizing Job "
+                "reported it: asked once per config, dtype and vLLM image (key).",
+                "properties": {
+                    "key": {"type": "string", "description": "The question's digest: config, dtype and image."},
+                    "image": {"type": "string", "description": "The vLLM image that sized the model."},
+                    "report": {"type": "string", "description": "The report (JSON) of cpullm/meta_size.py."},
+                },
+            },
             "optionalChildren": {
                 "type": "array",
                 "items": {"type": "string"},

@@ -111,7 +111,7 @@ async def resync(state: ControllerState, indexes: KopfIndexes, namespaces: list[
     InferencePool, is seen)."""
     served = frozenset(indexes.installed_crds.keys())
     drifted: dict[tuple[str, str], set[str]] = {}  # owner -> the kinds of its children that drifted
-    for kind in (k.kind for k in CHILD_KINDS if k.crd is None or k.crd in served):
+    for kind in (k.kind for k in CHILD_KINDS if k.kept and (k.crd is None or k.crd in served)):
         try:
             owners = await asyncio.to_thread(state.reconciler.find_drifted, kind, namespaces)
         except (TransientApiError, PermissionDenied) as err:  # the next round tries again

@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
+from cpullm.controller.vllm_sizing import JobSizer, SizingJobs
 from cpullm.core.children.common import Owner
+from cpullm.core.children.sizing_job import VllmSizing
 from cpullm.core.node_facts import refine_profiles
 from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
 from cpullm.core.sizing import ModelFiles, ModelSize, size_model
@@ -73,11 +75,13 @@ def gather(
     models: ModelConfigSource,
     policy: OperatorPolicy = DEFAULT_POLICY,
     vllm: VllmSizer | None = None,
+    sizing_jobs: SizingJobs | None = None,
 ) -> Observed:
     """The observation of one service in the cluster as `view` shows it. `last_status` is what the operator last
     wrote (None: use the object's own); errors that are about this service (bad spec, model unavailable) are
-    observations, not raised. `vllm` sizes a model the formulas do not know (the CLI's --vllm-python). Each
-    node's profile from its labels is refined by what the view's other sources say of it (core/node_facts.py)."""
+    observations, not raised. A model the formulas do not know is sized by `vllm` (the CLI's --vllm-python), else
+    by a sizing Job where `sizing_jobs` reads them (the operator: controller/vllm_sizing.py). Each node's profile
+    from its labels is refined by what the view's other sources say of it (core/node_facts.py)."""
     meta = service["metadata"]
     raw_spec = service.get("spec") or {}
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
@@ -91,7 +95,12 @@ def gather(
     except CpuLLMError as err:
         spec = err
     model: ModelSize | CpuLLMError | None = None
+    nodes = tuple(refine_profiles(view.nodes, view.node_facts))
+    previous = last_status if last_status is not None else service.get("status") or {}
+    job_sizer: JobSizer | None = None
     if isinstance(spec, CpuLLMServiceSpec) and not namespace.terminating:
+        if vllm is None and sizing_jobs is not None:
+            vllm = job_sizer = JobSizer(owner, spec, previous, nodes, sizing_jobs, policy.vllm_images)
         try:
             model = resolve_model(spec, owner.namespace, cluster, models, vllm)
         except CpuLLMError as err:
@@ -107,13 +116,14 @@ def gather(
         requested_replicas=replicas if isinstance(replicas, int) else 0,
         namespace=namespace,
         model=model,
-        nodes=tuple(refine_profiles(view.nodes, view.node_facts)),
+        nodes=nodes,
         daemons=tuple(view.daemons),
         deployment=view.deployment,
         pod_trouble=view.pod_trouble,
         server_exits=tuple(view.server_exits),
         performance=view.performance,
-        status=last_status if last_status is not None else service.get("status") or {},
+        status=previous,
         installed_crds=view.installed_crds,
         policy=policy,
+        sizing=job_sizer.outcome if job_sizer is not None else VllmSizing(),
     )

@@ -6,6 +6,7 @@ after a transient fault:
 - a plan, a refusal (PlanRefusal) or a bad spec (InvalidSpec) is already reported in status and waits for a
   change of the spec or the nodes: no retry;
 - a transient API failure (TransientApiError) is retried soon: the API server is usually back in seconds;
+- a model vLLM is sizing in a Job (SizingWithVllm) is looked at again every SIZING_RETRY_SECONDS until it reports;
 - anything else the operator reports (Hub unreachable, permission denied) is retried with exponential
   backoff, 10 s x 2^n capped at 5 minutes: these take a person or an outage to end.
 
@@ -15,11 +16,12 @@ Every delay is jittered by up to ±20%, so the services one outage failed togeth
 from __future__ import annotations
 
 from cpullm.api.plan import Plan
-from cpullm.errors import CpuLLMError, InvalidSpec, PlanRefusal, TransientApiError
+from cpullm.errors import CpuLLMError, InvalidSpec, PlanRefusal, SizingWithVllm, TransientApiError
 
 BACKOFF_BASE_SECONDS = 10
 MAX_BACKOFF_SECONDS = 300
 TRANSIENT_RETRY_SECONDS = 5
+SIZING_RETRY_SECONDS = 10
 
 
 JITTER = 0.2
@@ -32,6 +34,8 @@ def retry_delay(outcome: Plan | CpuLLMError | None, retry: int, spread: float = 
         return None
     if isinstance(outcome, TransientApiError):
         delay: float = TRANSIENT_RETRY_SECONDS
+    elif isinstance(outcome, SizingWithVllm):
+        delay = SIZING_RETRY_SECONDS
     else:
         delay = min(MAX_BACKOFF_SECONDS, BACKOFF_BASE_SECONDS * 2**retry)
     return delay * (1 - JITTER + 2 * JITTER * spread)

@@ -20,6 +20,7 @@ from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.controller.memory import ChildKey, OperatorMemory
 from cpullm.controller.pacing import RolloutPacer, ServiceKey
+from cpullm.controller.vllm_sizing import SizingJobs
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
@@ -41,7 +42,7 @@ log = logging.getLogger(__name__)
 EMPTY_VIEW = ClusterView()
 
 
-class KubeGateway(ClusterFacts, Protocol):
+class KubeGateway(ClusterFacts, SizingJobs, Protocol):
     """The API calls a reconcile makes: the reads of gather, then the writes of apply."""
 
     def apply(self, manifest: Mapping[str, Any], over: Ownership | None) -> dict[str, Any]: ...
@@ -184,6 +185,19 @@ class Reconciler:
         self.memory.applied(write.key, write.digest, stored, owner, owner_uid)
         return stored
 
+    def _create_sizing_job(self, job: Mapping[str, Any], owner_uid: str) -> None:
+        """The Job gather found absent; read first like any child, so a same-name Job someone else made is a
+        conflict, never taken over. Not remembered as applied: it ends and Kubernetes removes it."""
+        meta = job["metadata"]
+        found = self.kube.ownership(job["apiVersion"], job["kind"], meta["namespace"], meta["name"])
+        if found is not None and found.controller_uid != owner_uid:
+            raise ChildConflict(
+                f"Job {meta['namespace']}/{meta['name']} exists and is not controlled by this CpuLLMService: it is "
+                "left untouched; delete it, or give the CpuLLMService another name"
+            )
+        if found is None:
+            self.kube.apply(job, None)
+
     def _delete(self, children: Sequence[Mapping[str, str]], owner_uid: str) -> None:
         for gone in children:
             self.kube.delete(gone["apiVersion"], gone["kind"], gone["namespace"], gone["name"], owner_uid)
@@ -236,6 +250,7 @@ class Reconciler:
                 cluster=self._cluster,
                 models=self.hub,
                 policy=self.policy,
+                sizing_jobs=self.kube,
             )
             decision = self._admitted(decide(observed, self.clock()), observed, key)
             try:
@@ -246,6 +261,8 @@ class Reconciler:
                     if decision.paced_rollout and is_servers_deployment(write.child):
                         self.pacer.started(key, int(stored.get("metadata", {}).get("generation") or 0))
                 self._delete(decision.obsolete_deleted(before_writes=False), uid)
+                if decision.sizing_job is not None:
+                    self._create_sizing_job(decision.sizing_job, uid)
             except (ChildRejected, ChildConflict, PermissionDenied) as err:
                 self.pacer.settled(key)  # a slot taken for a rollout that was not written is free again
                 decision = decide(replace(observed, apply_error=err), self.clock())

@@ -22,11 +22,13 @@ from cpullm.core.children import CHILD_KIND, OPTIONAL_APIS, build_children, chil
 from cpullm.core.children.common import Owner
 from cpullm.core.children.model_cache import node_cache_paths
 from cpullm.core.children.network_policy import admit_operator
+from cpullm.core.children.sizing_job import STATUS_KEY, build_sizing_job
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import enforced_level, server_security
 from cpullm.core.rollout import UNPACED_LABEL, RolloutCause, is_servers_deployment, rollout_cause
 from cpullm.core.server_exits import fixes_loaded_condition
+from cpullm.core.sizing import ModelSize
 from cpullm.core.status import (
     OPTIONAL_CHILDREN,
     ROLLOUT_PACED,
@@ -35,7 +37,7 @@ from cpullm.core.status import (
     compute_status,
     status_changes,
 )
-from cpullm.errors import CpuLLMError
+from cpullm.errors import CpuLLMError, SizingWithVllm
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,8 @@ class Decision:
     obsolete: tuple[dict[str, str], ...] = ()
     # The children roll the servers out for a change their user did not ask for: a rollout slot is needed first.
     paced_rollout: bool = False
+    # The Job that has vLLM size the model (core/children/sizing_job.py), created where none asks yet.
+    sizing_job: dict[str, Any] | None = None
 
     def obsolete_deleted(self, before_writes: bool) -> tuple[dict[str, str], ...]:
         """The obsolete children deleted before the writes, or after them (ChildKind.deleted_before_writes)."""
@@ -194,6 +198,8 @@ def decide(observed: Observed, now: datetime) -> Decision:
         obsolete = tuple(child for child in gone if child is not None)
         if observed.apply_error is not None:
             outcome, children, features, optional_kinds, obsolete = observed.apply_error, (), [], None, ()
+    if isinstance(outcome, SizingWithVllm) and observed.apply_error is not None:
+        outcome = observed.apply_error  # the sizing Job was refused
     if isinstance(outcome, Plan):
         desired_replicas = outcome.replicas  # what the plan could place (throughput placement caps it)
     elif isinstance(observed.spec, CpuLLMServiceSpec):
@@ -212,6 +218,7 @@ def decide(observed: Observed, now: datetime) -> Decision:
         optional_children=optional_kinds,
         trouble=observed.pod_trouble,
     )
+    sizing_job = _sizing(observed, outcome, status)
     events = tuple(
         Event("Normal" if cond["status"] == "True" else "Warning", cond["reason"], cond["message"])
         for cond in changed_conditions(observed.status, status)
@@ -224,4 +231,19 @@ def decide(observed: Observed, now: datetime) -> Decision:
         events=events,
         obsolete=obsolete,
         paced_rollout=_background_rollout(observed, children),
+        sizing_job=sizing_job,
     )
+
+
+def _sizing(observed: Observed, outcome: Plan | CpuLLMError, status: dict[str, Any]) -> dict[str, Any] | None:
+    """Keeps vLLM's answer in status.vllmSizing (dropped once a model is sized without it), and returns the sizing
+    Job to create where vLLM is to be asked."""
+    record = observed.sizing.record
+    if record is not None:
+        status[STATUS_KEY] = dict(record)
+    elif isinstance(observed.model, ModelSize) and observed.status.get(STATUS_KEY) is not None:
+        status[STATUS_KEY] = None  # a merge patch's removal
+    request = observed.sizing.request
+    if isinstance(outcome, SizingWithVllm) and request is not None and isinstance(observed.spec, CpuLLMServiceSpec):
+        return build_sizing_job(observed.owner, observed.spec, request)
+    return None

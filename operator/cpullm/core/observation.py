@@ -9,6 +9,7 @@ from typing import Any
 
 from cpullm.api.spec import CpuLLMServiceSpec, NetworkPolicyPeer
 from cpullm.core.children.common import Owner
+from cpullm.core.children.sizing_job import VllmSizing
 from cpullm.core.constants import DEFAULT_ROUTER_IMAGE
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_facts import NodeFact
@@ -110,3 +111,5 @@ class Observed:
     policy: OperatorPolicy = field(default_factory=OperatorPolicy)
     # The servers' new pod template must wait: other services use every rollout slot (controller/pacing.py).
     rollout_held: bool = False
+    # What vLLM's sizing of a model no formula knows gave this reconcile (controller/vllm_sizing.py).
+    sizing: VllmSizing = field(default_factory=VllmSizing)

@@ -394,8 +394,13 @@ class _Server:
     fixes: frozenset[str]
 
 
+def server_image(spec: CpuLLMServiceSpec, arch: str, vllm_images: Mapping[str, str]) -> str:
+    """The vLLM image of a server on `arch`: the spec's, else the operator's for that arch, else vLLM's published."""
+    return spec.image or vllm_images.get(arch) or _published_image(arch)
+
+
 def _server(spec: CpuLLMServiceSpec, arch: str, vllm_images: Mapping[str, str]) -> _Server:
-    image = spec.image or vllm_images.get(arch) or _published_image(arch)
+    image = server_image(spec, arch, vllm_images)
     tag = image.split("@", 1)[0].rpartition("/")[2].partition(":")[2]
     if spec.vllm_version is not None:
         version, source = spec.vllm_version, "spec"

@@ -31,6 +31,7 @@ from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
 from cpullm.api.spec import GROUP, HF_TOKEN_SECRET_LABEL, PLURAL, VERSION
 from cpullm.core.children import CHILD_KIND, marker
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, controller_reference
+from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NodeFactSource
 from cpullm.core.observation import NamespaceFacts
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
@@ -72,6 +73,7 @@ class Kube:
         self.read_any_secret = read_any_secret
         self.apps = client.AppsV1Api(api_client)
         self.core = client.CoreV1Api(api_client)
+        self.batch = client.BatchV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
 
     @classmethod
@@ -234,7 +236,37 @@ class Kube:
     def _typed_api(self, group: str) -> Any:
         """The Kubernetes client's typed API for a built-in group (core, apps), or None: a CRD's kind (or one the
         client has no typed API for here) goes through the generic custom-objects calls."""
-        return {"": self.core, "apps": self.apps}.get(group)
+        return {"": self.core, "apps": self.apps, "batch": self.batch}.get(group)
+
+    def read_sizing_job(self, namespace: str, name: str) -> SizingJobFacts | None:
+        """A sizing Job (core/children/sizing_job.py), None where absent: whether it ended, and once it did, the
+        termination message of a pod the Job itself controls (by UID: a pod with the Job's labels is not enough)."""
+        job: dict[str, Any] | None = None
+        with _api_errors(f"read Job {namespace}/{name}", absent_ok=True):
+            job = _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
+        if job is None:
+            return None
+        uid = str((job.get("metadata") or {}).get("uid") or "")
+        controller = controller_reference(job.get("metadata") or {}).get("uid")
+        ended = {
+            c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
+        }
+        failed = ended.get("Failed")
+        if "Complete" not in ended and failed is None:
+            return SizingJobFacts(finished=False, controller_uid=controller)
+        messages = []
+        selector = f"batch.kubernetes.io/controller-uid={uid}"
+        for pod in _paged(
+            f"list pods of Job {namespace}/{name}", self.core.list_namespaced_pod, namespace, label_selector=selector
+        ):
+            if controller_reference(pod.get("metadata") or {}).get("uid") != uid:
+                continue
+            for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                terminated = (status.get("state") or {}).get("terminated") or {}
+                messages.append(str(terminated.get("message") or ""))
+        reason = str(failed.get("reason") or "Failed") if failed is not None else ""
+        message = next((m for m in messages if m), "")
+        return SizingJobFacts(finished=True, message=message, reason=reason, controller_uid=controller)
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
         """A namespace already gone (its services' last events arrive after it) is one going away: nothing may

@@ -14,9 +14,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cpullm.core.sizing.vllm_report import VllmSizer
+from cpullm.core.sizing.vllm_report import REPORT_MAX_CHARS, VllmSizer, report_from_text
 from cpullm.errors import UnsupportedModel
-from cpullm.meta_size import REPORT
 
 SCRIPT = "meta_size.py"
 TIMEOUT_SECONDS = 600
@@ -43,11 +42,10 @@ def _run(python: str, config_json: str, dtype: str) -> Mapping[str, Any]:
             )
         except (OSError, subprocess.TimeoutExpired) as error:
             raise UnsupportedModel(f"vLLM could not be asked to size the model with {python}: {error}") from None
-    lines = [line for line in done.stdout.splitlines() if line.startswith(REPORT)]
-    if not lines:
+    report = report_from_text(done.stdout[-REPORT_MAX_CHARS:])
+    if report is None:
         last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
         raise UnsupportedModel(f"{python} printed no vLLM sizing report (exit {done.returncode}): {last[:300]}")
-    report: Mapping[str, Any] = json.loads(lines[-1][len(REPORT) :])
     return report
 
 

@@ -82,12 +82,16 @@ class ChildKind(ApiResource):
     # the Service again, the Service selects the servers (and their policy admits the namespace) before the
     # router goes.
     deleted_before_writes: bool = False
+    # Kept as a plan builds it: re-applied when another writer changed or deleted it (the resync lists the kind),
+    # deleted when the spec stops asking for it. False: made once and left for Kubernetes to remove (a sizing Job).
+    kept: bool = True
 
     @property
     def verbs(self) -> tuple[str, ...]:
         """What the operator does with it: server-side apply (create + patch), a read before an apply or delete,
-        a delete once the spec stops asking for it, the resync's metadata list, and a watch (watched)."""
-        return ("get", "create", "patch", "delete", "list", *(("watch",) if self.watched else ()))
+        a delete once the spec stops asking for it and the resync's metadata list (kept), and a watch (watched)."""
+        kept = ("delete", "list") if self.kept else ()
+        return ("get", "create", "patch", *kept, *(("watch",) if self.watched else ()))
 
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
@@ -95,6 +99,9 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("apps/v1", "Deployment", "deployments", watched=True),
     ChildKind("v1", "Service", "services", watched=True),
     ChildKind(PDB_API_VERSION, "PodDisruptionBudget", "poddisruptionbudgets"),
+    # A sizing Job (core/children/sizing_job.py), only while vLLM sizes a model: created by a reconcile that needs
+    # it, removed by Kubernetes' TTL after it finished; not one of the children a plan builds.
+    ChildKind("batch/v1", "Job", "jobs", kept=False),
     ChildKind(NETWORK_POLICY_API_VERSION, "NetworkPolicy", "networkpolicies"),
     ChildKind(
         INFERENCEPOOL_API_VERSION,

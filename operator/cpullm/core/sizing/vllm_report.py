@@ -7,11 +7,13 @@ dtype as vLLM settled it where it ran."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, KVGroup, LayerKind, Params, StateShape
 from cpullm.errors import UnsupportedModel
+from cpullm.meta_size import REPORT
 
 # Builds the model with vLLM from its config in a dtype ("bfloat16") and returns the report (io/meta_size.py runs the
 # script): the seam through which sizing asks vLLM.
@@ -25,6 +27,29 @@ SPEC_KINDS = {
     "MambaSpec": LayerKind.STATE,
 }
 _MAX = 1 << 50
+# A report is a few hundred bytes (cpullm/meta_size.py keeps it under a termination message's 4096); anything longer
+# is not one.
+REPORT_MAX_CHARS = 16384
+
+
+def report_from_text(text: object) -> Mapping[str, Any] | None:
+    """The report in what meta_size.py wrote (its last REPORT line: a Job's termination message, a log), or None
+    where there is none (the process died first)."""
+    if not isinstance(text, str) or len(text) > REPORT_MAX_CHARS:
+        return None
+    lines = [line for line in text.splitlines() if line.startswith(REPORT)]
+    return parse_report(lines[-1][len(REPORT) :]) if lines else None
+
+
+def parse_report(text: object) -> Mapping[str, Any] | None:
+    """A report's JSON (as status.vllmSizing keeps it), or None where it is not one."""
+    if not isinstance(text, str) or len(text) > REPORT_MAX_CHARS:
+        return None
+    try:
+        report = json.loads(text)
+    except ValueError:
+        return None
+    return report if isinstance(report, dict) else None
 
 
 def _count(report: Mapping[str, Any], key: str, what: str = "vLLM's sizing report") -> int:
