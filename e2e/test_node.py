@@ -628,3 +628,65 @@ def test_the_charts_probe_job_measures_the_real_node_and_its_plans_read_it(
     finally:
         helm.run(*upgrade, "--set", "probe.nodes=null")
         kubectl.run("delete", "nodeperformance", real_node.name, "--ignore-not-found", check=False)
+
+
+# GPT-2 writes its fields under its own names (n_embd, n_layer): no formula of the operator reads them.
+GPT2 = {
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+    "n_positions": 1024, "n_ctx": 1024, "vocab_size": 50257, "activation_function": "gelu_new",
+    "layer_norm_epsilon": 1e-05, "bos_token_id": 50256, "eos_token_id": 50256,
+}  # fmt: skip
+
+
+def vllms_own_report(config: dict[str, Any]) -> dict[str, Any]:
+    """What the vLLM the image is made of says of `config` here, by the same script (the oracle)."""
+    with tempfile.TemporaryDirectory(prefix="cpullm-oracle-") as workdir:
+        (Path(workdir) / "config.json").write_text(json.dumps(config))
+        script = ROOT / "operator" / "cpullm" / "meta_size.py"
+        done = subprocess.run(
+            [str(vllm_python()), str(script), workdir], capture_output=True, text=True, timeout=600, check=True
+        )
+    line = [line for line in done.stdout.splitlines() if line.startswith("cpullm-meta-size: ")][-1]
+    report: dict[str, Any] = json.loads(line.removeprefix("cpullm-meta-size: "))
+    return report
+
+
+def test_a_family_no_formula_knows_is_sized_by_vllm_in_a_job_on_the_real_node(
+    serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
+) -> None:
+    """The operator has vLLM size a model its formulas do not know: a Job in the service's vLLM image builds it on
+    the meta device on the real node, in a namespace enforcing Pod Security 'restricted'; the plan's weights are
+    those vLLM holds, equal to what the same vLLM says here, and its answer is kept in status."""
+    kubectl, _, _ = serving
+    kubectl.run("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    service = {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMService",
+        "metadata": {"name": "gpt", "namespace": namespace},
+        "spec": {
+            "model": {"name": "example/gpt2", "config": GPT2},
+            "replicas": 0,
+            "kvCacheGiB": 1,
+            "maxModelLen": 1024,
+            "cpu": {"cpusPerRank": 1},
+            "nodeSelector": REAL_NODE_SELECTOR,
+        },
+    }
+    kubectl.apply(service)
+    oracle = vllms_own_report(GPT2)
+
+    def planned() -> dict[str, Any] | None:
+        status = kubectl.get("cpullm", "gpt", namespace).get("status") or {}
+        plan: dict[str, Any] | None = status.get("plan")
+        return status if plan and plan["sizing"]["weightsSource"].startswith("vLLM") else None
+
+    status = eventually(planned, timeout=300, interval=2, what="a plan from vLLM's sizing Job")
+    plan = status["plan"]
+    assert plan["weightsBytes"] == oracle["weights_bytes"], plan
+    assert plan["sizing"]["weightsSource"] == f"vLLM {oracle['vllm']} (meta device)"
+    assert json.loads(status["vllmSizing"]["report"])["groups"] == oracle["groups"]
+    (job,) = kubectl.get("jobs", namespace=namespace, **{"cpullm.io/sizing-for": "gpt"})
+    assert job["status"].get("succeeded") == 1, job["status"]
+    reasons = [e.get("reason") for e in kubectl.get("events", namespace=namespace)]
+    assert "SizingWithVllm" in reasons, reasons
+    print(f"\nreal node, sizing Job: {job['metadata']['name']} {plan['weightsBytes']} bytes, as vLLM here")

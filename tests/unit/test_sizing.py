@@ -272,8 +272,8 @@ def test_an_unknown_family_without_them_is_refused_naming_the_missing_fields():
         size_model({"model_type": "rwkv", "hidden_size": 2048, "num_hidden_layers": 24}, DType.BFLOAT16)
     assert caught.value.message == (
         "model_type 'rwkv' is not a known family and its config lacks intermediate_size, num_attention_heads, "
-        "vocab_size; set spec.model.weightsBytes to size the weights, or plan it with cpullm plan --vllm-python "
-        "(vLLM sizes it)"
+        "vocab_size; set spec.model.weightsBytes to size the weights, or have vLLM size it (cpullm plan "
+        "--vllm-python; the operator runs a sizing Job)"
     )
 
 

@@ -306,14 +306,15 @@ def _generic(family: str, config: ConfigView) -> Anatomy:
     if family in NOT_SIZED:
         raise UnsupportedModel(
             f"model_type {show(family)} has state-space or linear-attention layers vLLM CPU runs but this operator "
-            f"does not size yet (sized: {', '.join(sorted(HYBRIDS))}); cpullm plan --vllm-python sizes it with vLLM"
+            f"does not size yet (sized: {', '.join(sorted(HYBRIDS))}); vLLM sizes it: the operator's sizing Job, or "
+            "cpullm plan --vllm-python"
         )
     state = [key for key in STATE_KEYS if config.has(key)]
     if state:
         raise UnsupportedModel(
             f"model_type {show(family)} is not a known family and its config has {state[0]}: layers that are not "
-            "attention, which the common-field formula (a Llama) would size wrongly; plan it with cpullm plan "
-            "--vllm-python (vLLM sizes it), or set spec.model.weightsBytes and an explicit kvCacheGiB"
+            "attention, which the common-field formula (a Llama) would size wrongly; vLLM sizes it (the operator's "
+            "sizing Job, or cpullm plan --vllm-python), or set spec.model.weightsBytes and an explicit kvCacheGiB"
         )
     if config.has("kv_lora_rank"):
         return _mla(family, config, _DEEPSEEK_MOE)
@@ -326,8 +327,8 @@ def _generic(family: str, config: ConfigView) -> Anatomy:
     if missing:
         raise UnsupportedModel(
             f"model_type {show(family)} is not a known family and its config lacks {', '.join(missing)}; "
-            "set spec.model.weightsBytes to size the weights, or plan it with cpullm plan --vllm-python (vLLM sizes "
-            "it)"
+            "set spec.model.weightsBytes to size the weights, or have vLLM size it (cpullm plan --vllm-python; the "
+            "operator runs a sizing Job)"
         )
     return Decoder().build(family, config)
 
