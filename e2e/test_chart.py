@@ -42,6 +42,7 @@ def test_helm_lint(helm: Helm):
         ["--set", "writePolicy.protectedNamespaces={ops},writePolicy.protectReleaseNamespace=false"],
         ["--set", f"image.digest={DIGEST},vllm.images.amd64=registry.corp/vllm@{DIGEST}"],
         ["--set", PROBES],
+        ["--set", MONITORING],
     ):
         helm.run("lint", "--strict", str(CHART), *values)
 
@@ -119,6 +120,26 @@ def test_the_probe_jobs_run_each_nodes_vllm_image_and_only_their_publisher_holds
     slower = objects(helm.template("--set", f"{PROBES},probe.secondsPerPoint=2"))
     renamed = {o["metadata"]["name"] for o in slower if o["kind"] == "Job"}
     assert renamed.isdisjoint(job["metadata"]["name"] for job in jobs.values())
+
+
+MONITORING = "monitoring.dashboard.enabled=true,monitoring.alerts.enabled=true,metrics.serviceMonitor.enabled=true"
+
+
+def test_the_dashboard_and_alert_rules_are_the_charts_files_as_they_are(helm: Helm):
+    """monitoring.*: the ConfigMap holds files/dashboard.json and the PrometheusRule files/alerts.yaml unchanged (their
+    {{ $labels }} are Prometheus', not Helm's), and the operator's ServiceMonitor keeps its series' own namespace and
+    service labels, which the dashboard and the rules join on."""
+    rendered = objects(helm.template("--set", MONITORING, "--set", "monitoring.alerts.labels.release=kps"))
+    files = CHART / "files"
+    (dashboard,) = [o for o in rendered if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-dashboard")]
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(dashboard["data"]["cpullm-services.json"]) == json.loads((files / "dashboard.json").read_text())
+    (rule,) = [o for o in rendered if o["kind"] == "PrometheusRule"]
+    assert rule["spec"] == yaml.safe_load((files / "alerts.yaml").read_text())
+    assert rule["metadata"]["labels"]["release"] == "kps"
+    (monitor,) = [o for o in rendered if o["kind"] == "ServiceMonitor"]
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    assert not [o for o in objects(helm.template()) if o["kind"] == "PrometheusRule"]  # off by default
 
 
 def test_peering_renders_its_object_and_flag(helm: Helm):

@@ -29,6 +29,7 @@ import pytest
 from testbed.cluster import LocalCluster, tool_dirs
 from testbed.images import CACHE, build_debian, build_operator, vllm_image_ref
 from testbed.machine import arch, drop_from_page_cache
+from testbed.prometheus import Prometheus, Target, alert_queries, dashboard_queries
 from testbed.realnode import REAL_NODE_SELECTOR, RealNode
 from testbed.tools import ROOT, Kubectl, eventually
 from tests.vllm.harness import built_model, make_tiny_model, vllm_python
@@ -544,13 +545,22 @@ def hold_to(cgroup: Path, cpus: float) -> None:
         (cgroup / "cpu.cfs_quota_us").write_text(str(int(cpus * 100_000)))
 
 
+def operator_address(kubectl: Kubectl) -> str:
+    """The in-cluster operator pod's address (its metrics port is the chart's metrics.port, 8081)."""
+    selector = {"app.kubernetes.io/name": "cpullm-operator", "app.kubernetes.io/instance": OPERATOR_RELEASE}
+    (pod,) = kubectl.get("pods", namespace=OPERATOR_NAMESPACE, **selector)
+    address: str = pod["status"]["podIP"]
+    return address
+
+
 def test_a_server_held_to_fewer_cpus_than_planned_runs_below_its_prediction_and_says_why(
     real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
 ) -> None:
     """PerformanceAsPredicted on the real node: the operator reads the server's /metrics (vLLM's latencies and the
     launcher's cgroup figures, container_cpu_metrics) while completions keep it busy. Its container's CFS quota cut to
     a tenth of a CPU, it decodes far below its prediction, and the condition names the cause: fewer CPUs than
-    planned."""
+    planned. A real Prometheus scrapes the server and the operator as the chart's monitors do: every query of the
+    chart's dashboard and alert rules returns series, and the alert on a service slower than predicted is raised."""
     kubectl, _, models = serving
     kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR))
     service = ready(kubectl, namespace, "tiny", 1, timeout=900, interval=2)
@@ -566,6 +576,13 @@ def test_a_server_held_to_fewer_cpus_than_planned_runs_below_its_prediction_and_
         assert found.get("reason") in reasons, found
         return found
 
+    prometheus = Prometheus(
+        [
+            # As the PodMonitor labels the servers' series, and the ServiceMonitor keeps the operator's (honorLabels).
+            Target("servers", f"{address}:8000", {"namespace": namespace, "cpullm_service": "tiny"}),
+            Target("operator", f"{operator_address(kubectl)}:8081", {}, honor_labels=True),
+        ]
+    )
     stop = threading.Event()
     # Four sequences at once: a tenth of a CPU still decodes the tokens a window needs to say anything.
     loads = [threading.Thread(target=keep_busy, args=(address, TINY, stop), daemon=True) for _ in range(4)]
@@ -582,10 +599,26 @@ def test_a_server_held_to_fewer_cpus_than_planned_runs_below_its_prediction_and_
         held = eventually(
             lambda: verdict("FewerCPUsThanPlanned"), timeout=180, interval=2, what="PerformanceAsPredicted False"
         )
+        queries = {**dashboard_queries(namespace, "tiny"), **alert_queries()}
+
+        def every_query_has_series() -> bool:
+            empty = [name for name, expr in queries.items() if not prometheus.query(expr)]
+            assert not empty, f"queries without series: {empty}"
+            return True
+
+        eventually(every_query_has_series, timeout=60, interval=2, what="series for every dashboard and alert query")
+        raised = eventually(
+            lambda: prometheus.alerts()["CpuLLMServiceSlowerThanPredicted"]["state"] in ("pending", "firing"),
+            timeout=60,
+            interval=2,
+            what="the alert on a service slower than predicted",
+        )
+        assert raised and all(rule["health"] == "ok" for rule in prometheus.alerts().values()), prometheus.alerts()
     finally:
         stop.set()
         for load in loads:
             load.join(timeout=300)
+        prometheus.stop()
     assert held["status"] == "False" and f"may use 0.1 CPUs of the {planned} planned" in held["message"], held
     events = kubectl.get("events", namespace=namespace)
     assert any(e.get("reason") == "FewerCPUsThanPlanned" and e.get("type") == "Warning" for e in events), events

@@ -4,7 +4,8 @@
 # already in the cache is skipped, so a warm run takes seconds. Nothing is written inside the repo.
 #
 #   scripts/build-tools.sh [TOOL...]    TOOL: kubernetes etcd kwok helm kind kubelet kubeadm coredns
-#                                       local-path-provisioner kube-router cosign syft (default: the first five)
+#                                       local-path-provisioner kube-router cosign syft prometheus
+#                                       (default: the first five)
 #
 # The kubelet and kube-proxy (for a real node, scripts/setup-node.sh) are built only when asked for:
 # `scripts/build-tools.sh kubelet`. It is kept out of the default list so e2e runs, which need only the
@@ -228,13 +229,29 @@ build_syft() {
   echo "SYFT_BIN_DIR=$dir"
 }
 
+# Prometheus, for the test of the chart's dashboard and alert rules (testbed/prometheus.py): its scrape targets are
+# static there, so it is built without its service discoveries (the build tag remove_all_sd drops the Kubernetes,
+# cloud and other SD clients: a third of the code to compile). No web UI assets (the API is what the test uses).
+build_prometheus() {
+  local dir=$cache/prometheus-$PROMETHEUS_VERSION
+  if ! have "$dir" prometheus; then
+    local tmp=$dir.tmp
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    log "prometheus $PROMETHEUS_VERSION: go install (tags remove_all_sd)"
+    GOBIN=$tmp go install -trimpath -tags remove_all_sd -ldflags "-s -w" \
+      "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
+    publish "$tmp" "$dir"
+  fi
+  echo "PROMETHEUS_BIN_DIR=$dir"
+}
+
 tools=("$@")
 ((${#tools[@]})) || tools=(kubernetes etcd kwok helm kind)
 for t in "${tools[@]}"; do
   case $t in
-    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns|local-path-provisioner|kube-router|cosign|syft)
+    kubernetes|etcd|kwok|helm|kind|kubelet|kubeadm|coredns|local-path-provisioner|kube-router|cosign|syft|prometheus)
       "build_${t//-/_}" ;;
     *) log "unknown tool '$t' (kubernetes etcd kwok helm kind kubelet kubeadm coredns local-path-provisioner" \
-      "kube-router cosign syft)"; exit 2 ;;
+      "kube-router cosign syft prometheus)"; exit 2 ;;
   esac
 done

@@ -11,8 +11,8 @@
 #   scripts/prepare.sh fetch   the vLLM environment (scripts/setup-vllm.sh), the real node's and Docker's Debian
 #                              packages (scripts/setup-node.sh --packages, scripts/docker.sh install), Debian's
 #                              docker-registry (testbed/registry.py) and qemu-user-static (scripts/binfmt.sh)
-#   scripts/prepare.sh build   the kubelet, kube-proxy, kind, kubeadm, CoreDNS, the local-path provisioner, cosign,
-#                              syft and kube-router (scripts/build-tools.sh), the real node's images, the release's
+#   scripts/prepare.sh build   the kubelet, kube-proxy, Prometheus, kind, kubeadm, CoreDNS, the local-path
+#                              provisioner, cosign, syft and kube-router (scripts/build-tools.sh), the real node's images, the release's
 #                              arm64 base and kube-router's (scripts/build-images.sh) and kind's base image
 #                              (testbed/kind_images.py)
 #
@@ -44,7 +44,7 @@ fetch() {
 
 build() {
   local tools=() images=()
-  node_or_kind && tools+=(kubelet) && images+=(pause debian vllm python-base operator)
+  node_or_kind && tools+=(kubelet prometheus) && images+=(pause debian vllm python-base operator)
   wanted CPULLM_SKIP_KIND && tools+=(kind kubeadm coredns local-path-provisioner cosign syft kube-router) &&
     images+=(haproxy python-base-arm64 kube-router)
   if ((${#tools[@]})); then

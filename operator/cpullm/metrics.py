@@ -7,6 +7,7 @@ services' readiness; io/kube.py records the API errors it maps; the node index r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import NamedTuple
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -68,6 +69,52 @@ class _ServicesByReadiness(Collector):
 
 def track_services(count: Callable[[], Mapping[str, int]]) -> None:
     REGISTRY.register(_ServicesByReadiness(count))
+
+
+class Prediction(NamedTuple):
+    """A plan's predicted speed per server (status.plan.predicted), as the metrics below give it."""
+
+    decode: float
+    throughput: float
+    streams: int
+    first_token: float
+    prompt_tokens: int
+
+
+class _PredictedSpeeds(Collector):
+    """cpullm_predicted_*{namespace, service}: the plan's predicted speed of each service whose servers the
+    performance check reads, read at scrape time, so each stands beside the vLLM series it is compared with (the
+    chart's dashboard and alert rules)."""
+
+    def __init__(self, predictions: Callable[[], Mapping[tuple[str, str], Prediction]]) -> None:
+        self.predictions = predictions
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        service = ["namespace", "service"]
+        decode = GaugeMetricFamily(
+            "cpullm_predicted_decode_tokens_per_second",
+            "One sequence's generated tokens per second a server of the service is predicted to decode.",
+            labels=service,
+        )
+        throughput = GaugeMetricFamily(
+            "cpullm_predicted_throughput_tokens_per_second",
+            "Generated tokens per second a server is predicted to reach with `streams` sequences at once (maxNumSeqs).",
+            labels=[*service, "streams"],
+        )
+        first_token = GaugeMetricFamily(
+            "cpullm_predicted_time_to_first_token_seconds",
+            "An idle server's predicted time to the first token of a prompt of `prompt_tokens` tokens.",
+            labels=[*service, "prompt_tokens"],
+        )
+        for (namespace, name), p in sorted(self.predictions().items()):
+            decode.add_metric([namespace, name], p.decode)
+            throughput.add_metric([namespace, name, str(p.streams)], p.throughput)
+            first_token.add_metric([namespace, name, str(p.prompt_tokens)], p.first_token)
+        yield from (decode, throughput, first_token)
+
+
+def track_predictions(predictions: Callable[[], Mapping[tuple[str, str], Prediction]]) -> None:
+    REGISTRY.register(_PredictedSpeeds(predictions))
 
 
 def serve(port: int) -> None:

@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 
 from cpullm import metrics
 from cpullm.controller.reconcile import Reconciler
+from cpullm.controller.state import PerformanceWatch
 from cpullm.core.observation import ClusterView, NamespaceFacts
 from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
@@ -192,6 +193,41 @@ def test_services_gauge_is_collected_at_scrape_time(monkeypatch):
     rec.reconcile(service("c", "uc"), ClusterView(nodes=NODES))
     assert registry.get_sample_value("cpullm_services", {"ready": "True"}) == 1.0
     assert registry.get_sample_value("cpullm_services", {"ready": "False"}) == 2.0
+
+
+def test_predicted_speeds_are_those_of_the_services_the_check_reads(monkeypatch):
+    """cpullm_predicted_*: read at scrape time from the plans the performance check parsed (services with ready
+    servers), so they stand beside the servers' own series; a service without a prediction has none."""
+    registry = CollectorRegistry()
+    monkeypatch.setattr(metrics, "REGISTRY", registry)
+    rec, _ = reconciler()
+    plan = rec.reconcile(service("a", "ua"), ClusterView(nodes=NODES, deployment=READY))
+    watch = PerformanceWatch()
+    metrics.track_predictions(watch.predictions)
+    assert (
+        registry.get_sample_value("cpullm_predicted_decode_tokens_per_second", {"namespace": "serving", "service": "a"})
+        is None
+    )
+    watch.parsed[("serving", "a")] = ("1", (plan, 8000))
+    watch.parsed[("serving", "b")] = ("1", (plan.model_copy(update={"predicted": None}), 8000))
+    watch.parsed[("serving", "c")] = ("1", None)
+    p = plan.predicted
+    a = {"namespace": "serving", "service": "a"}
+    assert registry.get_sample_value("cpullm_predicted_decode_tokens_per_second", a) == p.decode_tokens_per_second
+    streams = {**a, "streams": str(p.throughput_streams)}
+    assert (
+        registry.get_sample_value("cpullm_predicted_throughput_tokens_per_second", streams)
+        == p.throughput_tokens_per_second
+    )
+    prompt = {**a, "prompt_tokens": str(p.prompt_tokens)}
+    assert (
+        registry.get_sample_value("cpullm_predicted_time_to_first_token_seconds", prompt)
+        == p.time_to_first_token_seconds
+    )
+    names = {
+        s.labels.get("service") for m in registry.collect() for s in m.samples if m.name.startswith("cpullm_predicted")
+    }
+    assert names == {"a"}
 
 
 # --- API errors ----------------------------------------------------------------------------------------------

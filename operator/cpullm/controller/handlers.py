@@ -45,7 +45,7 @@ from cpullm.core.rollout import server_deployment_facts
 from cpullm.core.server_exits import ServerExit, server_exit
 from cpullm.core.topology import NodeProfile, parse_node
 from cpullm.errors import NodeLabelError
-from cpullm.metrics import track_services
+from cpullm.metrics import track_predictions, track_services
 from cpullm.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -65,6 +65,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     if "state" not in memo:
         memo["state"] = kopf_settings.controller_state(memo.get("settings") or Settings())
         track_services(memo["state"].reconciler.services_by_readiness)
+        track_predictions(memo["state"].performance.predictions)
 
 
 def _state(memo: kopf.Memo) -> ControllerState:

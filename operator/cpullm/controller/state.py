@@ -24,6 +24,7 @@ from cpullm.core.performance_check import PerformanceVerdict, ServerSample
 from cpullm.core.pod_troubles import PodTrouble
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.topology import NodeState, node_state_changed
+from cpullm.metrics import Prediction
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -99,6 +100,22 @@ class PerformanceWatch:
     # rounds skipped since the last (controller/performance.py's backoff).
     unreadable: dict[tuple[str, str], str] = field(default_factory=dict)
     backoff: dict[tuple[str, str], tuple[int, int]] = field(default_factory=dict)
+
+    def predictions(self) -> dict[tuple[str, str], Prediction]:
+        """The predicted speed of each service with servers the check reads (cpullm_predicted_*); called from the
+        metrics server's thread, so it reads a copy."""
+        found = {}
+        for key, (_, parsed) in list(self.parsed.items()):
+            predicted = parsed[0].predicted if parsed is not None else None
+            if predicted is not None:
+                found[key] = Prediction(
+                    predicted.decode_tokens_per_second,
+                    predicted.throughput_tokens_per_second,
+                    predicted.throughput_streams,
+                    predicted.time_to_first_token_seconds,
+                    predicted.prompt_tokens,
+                )
+        return found
 
 
 @dataclass
