@@ -20,6 +20,10 @@ RECONCILES = Counter(
     "superseded (a reconcile of the same service that read newer facts came after it and reports instead).",
     ["outcome"],
 )
+# Every outcome's series from the start, at 0: a rate of retries, or an alert on it, then has series to read before
+# the first retry (https://prometheus.io/docs/practices/instrumentation/#avoid-missing-metrics).
+for _outcome in ("planned", "refused", "retried", "skipped", "superseded"):
+    RECONCILES.labels(outcome=_outcome)
 RECONCILE_SECONDS = Histogram(
     "cpullm_reconcile_duration_seconds",
     "Wall time of one reconcile (gather, decide, apply), by outcome.",

@@ -323,3 +323,9 @@ def test_a_failed_event_is_counted_but_not_raised():
     regarding = {"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "name": "llama", "namespace": "serving"}
     kube(FakeTransport(403)).emit_event(regarding, "Normal", "Planned", "planned")
     assert delta(before, API_ERRORS) == [1, 0, 0, 0, 0]
+
+
+def test_every_reconcile_outcome_has_its_series_before_the_first():
+    """A rate of retries (the chart's CpuLLMOperatorRetrying) reads a series even before any reconcile retried."""
+    for outcome in ("planned", "refused", "retried", "skipped", "superseded"):
+        assert REGISTRY.get_sample_value("cpullm_reconciles_total", {"outcome": outcome}) is not None
