@@ -32,7 +32,7 @@ from cpullm.errors import ChildConflict, SizingWithVllm, UnsupportedModel, VllmS
 from cpullm.io.kube import Ownership
 from cpullm.meta_size import REPORT, REPORT_LIMIT, _fitted, main
 
-from .builders import node
+from .builders import LLAMA_8B, node
 from .support import StubHub, StubKube
 
 GPT2 = {
@@ -274,3 +274,13 @@ def test_the_script_without_vllm_reports_why(tmp_path, monkeypatch, capsys):
     assert main(["--config-env", "CFG", "--report-file", str(out)]) == 0
     report = report_from_text(out.read_text())
     assert report is not None and "error" in report and report_from_text(capsys.readouterr().out) == report
+
+
+def test_sized_by_vllm_has_a_job_size_a_model_the_formulas_know():
+    rec, kube = reconciler(Jobs())
+    llama = {"model": {"name": "meta-llama/Llama-3.1-8B", "sizedBy": "vllm"}, "kvCacheGiB": 1, "maxModelLen": 4096}
+    outcome = rec.reconcile({**service(), "spec": llama}, ClusterView(nodes=[node()]))
+    assert isinstance(outcome, SizingWithVllm)
+    (job,) = kube.applied
+    env = job["spec"]["template"]["spec"]["containers"][0]["env"][0]
+    assert job["kind"] == "Job" and env["name"] == CONFIG_ENV and json.loads(env["value"]) == LLAMA_8B  # the Hub's

@@ -111,6 +111,29 @@ def test_vllm_is_not_asked_about_what_it_cannot_serve_or_what_the_formulas_know(
     assert sizer.asked == []
 
 
+def test_sized_by_vllm_asks_vllm_about_every_model_and_keeps_the_formulas_word_beside():
+    """spec.model.sizedBy: vllm: a family the formulas know is sized by vLLM too; the plan's notes say how far the
+    formulas' weights were from vLLM's. Without a vLLM to ask (the CLI without --vllm-python) the formulas size it
+    and a note says vLLM was not asked; weightsBytes is the user's word over both."""
+    sizer = answering(report("lfm2-1.2b"))
+    by_formula = size_model(model("lfm2-1.2b"), DType.BFLOAT16)
+    sized = size_model(model("lfm2-1.2b"), DType.BFLOAT16, vllm=sizer, always_vllm=True)
+    assert sizer.asked == [(model("lfm2-1.2b"), "bfloat16")]
+    assert (
+        sized.weights_source == "vLLM 0.32.0 (meta device)"
+        and sized.weights_bytes == report("lfm2-1.2b")["weights_bytes"]
+    )
+    share = by_formula.weights_bytes / sized.weights_bytes - 1
+    assert sized.anatomy.notes[-1] == (
+        f"the formulas' weights, {by_formula.weights_bytes / GiB:.2f} GiB from {by_formula.weights_source}, are "
+        f"{share:+.1%} of vLLM's"
+    )
+    alone = size_model(model("lfm2-1.2b"), DType.BFLOAT16, always_vllm=True)
+    assert alone.weights_bytes == by_formula.weights_bytes and "no vLLM was there to ask" in alone.anatomy.notes[-1]
+    mine = size_model(model("lfm2-1.2b"), DType.BFLOAT16, weights_bytes=GiB, vllm=sizer, always_vllm=True)
+    assert mine.weights_bytes == GiB and len(sizer.asked) == 1
+
+
 @pytest.mark.parametrize(
     ("change", "refusal"),
     [

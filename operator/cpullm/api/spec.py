@@ -126,6 +126,11 @@ class Objective(StrEnum):
     LATENCY = "latency"
 
 
+class SizedBy(StrEnum):
+    AUTO = "auto"
+    VLLM = "vllm"
+
+
 class ThreadsBindMode(StrEnum):
     AUTO = "auto"
     NOBIND = "nobind"
@@ -160,6 +165,12 @@ class ModelSource(_Model):
         ge=1,
         description="Total weight bytes as vLLM holds them (the serving dtype, or the quantized checkpoint's "
         "bytes); overrides the size computed from the checkpoint or the config.",
+    )
+    sized_by: SizedBy = Field(
+        default=SizedBy.AUTO,
+        description="Who sizes the model: auto, the operator's formulas, and vLLM's own build on the meta device (a "
+        "sizing Job in the service's vLLM image) for a family they do not know; vllm, vLLM's build for every model, "
+        "the formulas' weights kept in the plan's notes as a check. weightsBytes overrides both.",
     )
 
 

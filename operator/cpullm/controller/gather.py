@@ -13,7 +13,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from cpullm.api.spec import CpuLLMServiceSpec, name_problem, parse_spec
+from cpullm.api.spec import CpuLLMServiceSpec, SizedBy, name_problem, parse_spec
 from cpullm.controller.vllm_sizing import JobSizer, SizingJobs
 from cpullm.core.children.common import Owner
 from cpullm.core.children.sizing_job import VllmSizing
@@ -47,8 +47,9 @@ def resolve_model(
     vllm: VllmSizer | None = None,
 ) -> ModelSize:
     model = spec.model
+    always = model.sized_by == SizedBy.VLLM
     if model.config is not None:
-        return size_model(model.config, model.dtype, weights_bytes=model.weights_bytes, vllm=vllm)
+        return size_model(model.config, model.dtype, weights_bytes=model.weights_bytes, vllm=vllm, always_vllm=always)
     token = None
     if spec.hf_token_secret is not None:
         ref = spec.hf_token_secret
@@ -63,6 +64,7 @@ def resolve_model(
         checkpoint_total_bytes=files.checkpoint_total_bytes,
         tensors=files.tensors,
         vllm=vllm,
+        always_vllm=always,
     )
 
 

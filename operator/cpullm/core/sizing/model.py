@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from cpullm.api.spec import DType
@@ -308,10 +308,12 @@ def size_model(
     checkpoint_total_bytes: int | None = None,
     tensors: CheckpointTensors | None = None,
     vllm: VllmSizer | None = None,
+    always_vllm: bool = False,
 ) -> ModelSize:
     """Size a model. Weight bytes come from, in order: the explicit override, the checkpoint's safetensors
     headers, the safetensors index's total size, the family formula. A config the formulas do not know is sized by
-    `vllm` where one is given (vLLM builds it on the meta device: vllm_report.py), unless vLLM cannot serve it."""
+    `vllm` where one is given (vLLM builds it on the meta device: vllm_report.py), unless vLLM cannot serve it;
+    `always_vllm` (spec.model.sizedBy: vllm) has vLLM size every model, the formulas' weights in a note beside."""
     if not isinstance(config, Mapping):
         raise UnsupportedModel(f"model config is {type(config).__name__}, not an object")
     dtype_bytes = DTYPE_BYTES[dtype]
@@ -323,15 +325,34 @@ def size_model(
     except UnsupportedModel:
         if vllm is None or weights_bytes is not None:
             raise
-        report = vllm(config, dtype.value)
-        anatomy = anatomy_from_report(model_type(config) or "(none)", report)
-        source = f"vLLM {report.get('vllm')} (meta device)"
-        return ModelSize(anatomy, anatomy.parameters, _vllm_bytes(report), source, quantization, dtype_bytes)
+        return _by_vllm(config, dtype, vllm, quantization, dtype_bytes)
     problem = quantization.model_problem(anatomy) if quantization else None
     if problem:
         raise UnsupportedModel(problem)
     if weights_bytes is not None:
         return ModelSize(anatomy, None, weights_bytes, "spec.model.weightsBytes", quantization, dtype_bytes)
+    sized = _by_formulas(config, anatomy, checkpoint_total_bytes, tensors, quantization, dtype_bytes)
+    if not always_vllm:
+        return sized
+    if vllm is None:
+        return _noted(sized, "spec.model.sizedBy is vllm, but no vLLM was there to ask (cpullm plan --vllm-python)")
+    by_vllm = _by_vllm(config, dtype, vllm, quantization, dtype_bytes)
+    share = sized.weights_bytes / by_vllm.weights_bytes - 1
+    return _noted(
+        by_vllm,
+        f"the formulas' weights, {sized.weights_bytes / c.GiB:.2f} GiB from {sized.weights_source}, are {share:+.1%} "
+        "of vLLM's",
+    )
+
+
+def _by_formulas(
+    config: Mapping[str, Any],
+    anatomy: Anatomy,
+    checkpoint_total_bytes: int | None,
+    tensors: CheckpointTensors | None,
+    quantization: WeightFormat | None,
+    dtype_bytes: int,
+) -> ModelSize:
     parameters = anatomy.parameters
     if tensors is not None:
         loaded = tensors.weights_bytes(anatomy.layers, dtype_bytes)
@@ -343,6 +364,19 @@ def size_model(
         )
     formula = formula_bytes(anatomy, quantization, dtype_bytes)
     return ModelSize(anatomy, parameters, formula, f"config.json ({anatomy.family} formula)", quantization, dtype_bytes)
+
+
+def _by_vllm(
+    config: Mapping[str, Any], dtype: DType, vllm: VllmSizer, quantization: WeightFormat | None, dtype_bytes: int
+) -> ModelSize:
+    report = vllm(config, dtype.value)
+    anatomy = anatomy_from_report(model_type(config) or "(none)", report)
+    source = f"vLLM {report.get('vllm')} (meta device)"
+    return ModelSize(anatomy, anatomy.parameters, _vllm_bytes(report), source, quantization, dtype_bytes)
+
+
+def _noted(model: ModelSize, note: str) -> ModelSize:
+    return replace(model, anatomy=replace(model.anatomy, notes=(*model.anatomy.notes, note)))
 
 
 def _vllm_bytes(report: Mapping[str, Any]) -> int:
