@@ -54,6 +54,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
     crd = commands.add_parser("crd", help="print a CustomResourceDefinition")
     crd.add_argument("--kind", choices=("CpuLLMService", "NodePerformance"), default="CpuLLMService")
+    commands.add_parser(
+        "chart-kinds",
+        help="print the kinds the operator owns as the chart's RBAC and policies read them (files/owned-kinds.json)",
+    )
     probe = commands.add_parser(
         "probe",
         help="measure this machine's memory bandwidth and vLLM's matrix kernels, per NUMA node, as a NodePerformance "

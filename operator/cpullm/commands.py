@@ -20,6 +20,7 @@ from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
 from cpullm.api.plan import Plan
 from cpullm.api.spec import GROUP, VERSION, Placement
 from cpullm.controller.gather import ModelConfigSource, gather
+from cpullm.core.children import owned_kinds_document
 from cpullm.core.children.model_cache import stale_node_cache
 from cpullm.core.constants import LAUNCHER_FILE, GiB
 from cpullm.core.daemonsets import DaemonPods
@@ -286,6 +287,8 @@ def run_command(args: argparse.Namespace) -> int:
         if args.command == "crd":
             built = build_crd() if args.kind == "CpuLLMService" else build_performance_crd()
             sys.stdout.write(yaml.safe_dump(built, sort_keys=False))
+        elif args.command == "chart-kinds":
+            sys.stdout.write(json.dumps(owned_kinds_document(), indent=2) + "\n")
         elif args.command == "probe":
             return _probe(args)
         elif args.command == "node-cache-stale":

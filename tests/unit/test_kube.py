@@ -361,7 +361,12 @@ def test_a_probe_publishes_its_node_performance_by_a_forced_apply_of_its_own():
 def _job(*conditions: tuple[str, str, str]) -> dict:
     return {
         "kind": "Job",
-        "metadata": {"name": "chat-size-abc", "uid": "j1", "ownerReferences": [{"uid": "u1", "controller": True}]},
+        "metadata": {
+            "name": "chat-size-abc",
+            "uid": "j1",
+            "labels": {"app.kubernetes.io/managed-by": "cpullm-operator"},
+            "ownerReferences": [{"uid": "u1", "controller": True}],
+        },
         "status": {"conditions": [{"type": t, "status": s, "reason": r} for t, s, r in conditions]},
     }
 
@@ -396,6 +401,12 @@ def test_a_sizing_job_is_read_with_the_message_of_its_own_pod(pages, expected):
     if len(pages) > 1:
         query = parse_qs(urlsplit(transport.requests[1]["url"]).query)
         assert query["labelSelector"] == ["batch.kubernetes.io/controller-uid=j1"]
+
+
+def test_a_job_without_the_operators_label_is_no_services_whatever_it_names():
+    forged = _job()
+    del forged["metadata"]["labels"]
+    assert kube(FakeTransport(200, pages=[forged])).read_sizing_job("team-a", "x") == SizingJobFacts(False)
 
 
 def test_an_absent_sizing_job_is_none():

@@ -5,12 +5,13 @@ policy on the API server)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cpullm.core.children import CHILD_KINDS, ChildKind
+from cpullm.core.children import CHILD_KINDS, ChildKind, owned_kinds_document
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFactSource
 
 INSTALL = Path(__file__).resolve().parents[2] / "manifests" / "install.yaml"
@@ -48,9 +49,7 @@ def test_the_verbs_follow_what_the_operator_does_with_a_kind():
     )
 
 
-# The sizing Job is left out of the policy on others' writes: Kubernetes' own Job and TTL controllers write it, and
-# where the controller manager runs without its service accounts' credentials they are not told apart.
-BUILT_IN = [k for k in CHILD_KINDS if k.crd is None and k.kind != "Job"]
+BUILT_IN = [k for k in CHILD_KINDS if k.crd is None]
 # Each policy and the kinds it covers: the operator's own writes, every owned kind; everyone else's writes to the
 # children, the built-in kinds (the optional ones are left out on purpose: their own controllers update them).
 COVERED = [("cpullm-operator-writes", k) for k in CHILD_KINDS] + [("cpullm-operator-children", k) for k in BUILT_IN]
@@ -105,3 +104,17 @@ def test_the_chart_grants_what_each_node_fact_source_needs(source: NodeFactSourc
     found = [r for r in rules if source.group in r["apiGroups"] and source.plural in r["resources"]]
     assert len(found) == 1, f"{source.plural}.{source.group}: {len(found)} rules"
     assert set(source.verbs) <= set(found[0]["verbs"]), f"{source.kind} needs {source.verbs}"
+
+
+def test_the_charts_list_of_owned_kinds_is_generated_from_child_kinds():
+    """files/owned-kinds.json, which the chart's RBAC and policies range over, is `cpullm chart-kinds`'s output:
+    regenerate it with `cpullm chart-kinds > charts/cpullm-operator/files/owned-kinds.json`."""
+    generated = INSTALL.parents[1] / "charts" / "cpullm-operator" / "files" / "owned-kinds.json"
+    assert json.loads(generated.read_text()) == owned_kinds_document()
+
+
+@pytest.mark.parametrize("child", [k for k in CHILD_KINDS if k.pod_template], ids=lambda k: k.kind)
+def test_the_policy_on_the_operators_pods_checks_each_kind_with_a_pod_template(child: ChildKind):
+    spec = installed("ValidatingAdmissionPolicy", "cpullm-operator-pods")["spec"]
+    rules = spec["matchConstraints"]["resourceRules"]
+    assert any(child.group in r["apiGroups"] and child.plural in r["resources"] for r in rules), rules

@@ -44,17 +44,6 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [cpullm.io]
   resources: [cpullmservices/finalizers]
   verbs: [update]
-# delete: the router's children (spec.routing), and the launcher's ConfigMap, go when the plan stops using them.
-- apiGroups: [apps]
-  resources: [deployments]
-  verbs: [get, list, watch, create, patch, delete]
-- apiGroups: [""]
-  resources: [services, configmaps]
-  verbs: [get, list, watch, create, patch, delete]
-# A sizing Job (core/children/sizing_job.py) while vLLM sizes a model no formula knows; Kubernetes removes it after.
-- apiGroups: [batch]
-  resources: [jobs]
-  verbs: [get, create, patch]
 # DaemonSets, read only: a whole-node plan leaves their pods' requests free on each node they run on.
 - apiGroups: [apps]
   resources: [daemonsets]
@@ -73,30 +62,16 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 - apiGroups: [""]
   resources: [secrets]
   verbs: [get]
-# get: a child is read before its first apply and before a delete, so one the service does not control is left
-# untouched; list: every CPULLM_RESYNC_SECONDS (metadata only), to re-apply what another writer changed or deleted.
-- apiGroups: [autoscaling]
-  resources: [horizontalpodautoscalers]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [monitoring.coreos.com]
-  resources: [podmonitors]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [keda.sh]
-  resources: [scaledobjects]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [policy]
-  resources: [poddisruptionbudgets]
-  verbs: [get, list, create, patch, delete]
-# Each service's NetworkPolicies (spec.networkPolicy): who may reach its servers and its router.
-- apiGroups: [networking.k8s.io]
-  resources: [networkpolicies]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [inference.networking.k8s.io]
-  resources: [inferencepools]
-  verbs: [get, list, create, patch, delete]
-- apiGroups: [gateway.networking.k8s.io]
-  resources: [httproutes]
-  verbs: [get, list, create, patch, delete]
+# The owned kinds (files/owned-kinds.json: core/children's CHILD_KINDS, by `cpullm chart-kinds`). get: a child is
+# read before its first apply and before a delete, so one the service does not control is left untouched; delete:
+# what the plan stops asking for (the router's children, an autoscaler); list: every CPULLM_RESYNC_SECONDS (metadata
+# only), to re-apply what another writer changed or deleted; watch: the children every service has. A sizing Job is
+# made once and removed by Kubernetes: get, create and patch only.
+{{- range (.Files.Get "files/owned-kinds.json" | fromJson).kinds }}
+- apiGroups: [{{ .group | quote }}]
+  resources: [{{ .resource }}]
+  verbs: {{ toJson .verbs }}
+{{- end }}
 {{- end -}}
 
 {{/* The NUMA seccomp profile's path under the kubelet's seccomp root (numaSeccomp): where the DaemonSet writes it,

@@ -246,8 +246,12 @@ class Kube:
             job = _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
         if job is None:
             return None
-        uid = str((job.get("metadata") or {}).get("uid") or "")
-        controller = controller_reference(job.get("metadata") or {}).get("uid")
+        meta = job.get("metadata") or {}
+        uid = str(meta.get("uid") or "")
+        # Without the operator's label it is no child of any service (the chart's policies keep that label the
+        # operator's), whatever owner reference it names.
+        ours = (meta.get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+        controller = controller_reference(meta).get("uid") if ours else None
         ended = {
             c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
         }

@@ -2,8 +2,8 @@
 
 A new owned child is a new module here with a `build_*` function added to CHILDREN and its kind's line in
 CHILD_KINDS; what the rest of the operator needs of a kind (the API calls, the watches, the resync, the
-optional APIs' conditions, what a spec can stop asking for) derives from that line. Its RBAC goes into the chart
-(`tests/unit/test_rbac.py` checks that the chart grants what CHILD_KINDS needs).
+optional APIs' conditions, what a spec can stop asking for) derives from that line, and so do the chart's RBAC and
+admission policies for it (`cpullm chart-kinds` regenerates their list, files/owned-kinds.json).
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class ChildKind(ApiResource):
     # Kept as a plan builds it: re-applied when another writer changed or deleted it (the resync lists the kind),
     # deleted when the spec stops asking for it. False: made once and left for Kubernetes to remove (a sizing Job).
     kept: bool = True
+    # It holds a pod template: the chart's policy on the operator's pods checks what the template may do.
+    pod_template: bool = False
 
     @property
     def verbs(self) -> tuple[str, ...]:
@@ -96,12 +98,12 @@ class ChildKind(ApiResource):
 
 CHILD_KINDS: tuple[ChildKind, ...] = (
     ChildKind("v1", "ConfigMap", "configmaps", watched=True),
-    ChildKind("apps/v1", "Deployment", "deployments", watched=True),
+    ChildKind("apps/v1", "Deployment", "deployments", watched=True, pod_template=True),
     ChildKind("v1", "Service", "services", watched=True),
     ChildKind(PDB_API_VERSION, "PodDisruptionBudget", "poddisruptionbudgets"),
     # A sizing Job (core/children/sizing_job.py), only while vLLM sizes a model: created by a reconcile that needs
     # it, removed by Kubernetes' TTL after it finished; not one of the children a plan builds.
-    ChildKind("batch/v1", "Job", "jobs", kept=False),
+    ChildKind("batch/v1", "Job", "jobs", kept=False, pod_template=True),
     ChildKind(NETWORK_POLICY_API_VERSION, "NetworkPolicy", "networkpolicies"),
     ChildKind(
         INFERENCEPOOL_API_VERSION,
@@ -152,6 +154,25 @@ CHILD_KINDS: tuple[ChildKind, ...] = (
 CHILD_KIND = {k.kind: k for k in CHILD_KINDS}
 WATCHED_KINDS = tuple(k for k in CHILD_KINDS if k.watched)
 OPTIONAL_APIS = {(k.api_version, k.kind): k.crd for k in CHILD_KINDS if k.crd}
+
+
+def owned_kinds_document() -> dict[str, Any]:
+    """The owned kinds as the chart's RBAC and admission policies read them (charts/cpullm-operator/files/
+    owned-kinds.json is this, printed by `cpullm chart-kinds`; a test keeps it current): the verbs the operator
+    needs of each, whether others' writes to it are refused (the built-in kinds: the optional ones' own controllers
+    write theirs), and whether it holds a pod template."""
+    return {
+        "kinds": [
+            {
+                "group": kind.group,
+                "resource": kind.plural,
+                "verbs": list(kind.verbs),
+                "guarded": kind.crd is None,
+                "podTemplate": kind.pod_template,
+            }
+            for kind in CHILD_KINDS
+        ]
+    }
 
 
 def build_children(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
