@@ -247,9 +247,9 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
         kubectl.apply(tiny_service("rbac-ok", namespace))
         ready(kubectl, namespace, "rbac-ok", 1)
 
-        # Take away one rule the code needs: applying Services and ConfigMaps.
+        # Take away one rule the code needs: applying ConfigMaps.
         role = kubectl.get("clusterrole", "cpullm-cpullm-operator")
-        index = next(i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["services", "configmaps"])
+        index = next(i for i, rule in enumerate(role["rules"]) if rule["resources"] == ["configmaps"])
         kubectl.run(
             "patch",
             "clusterrole",
@@ -656,8 +656,9 @@ def test_the_garbage_collector_still_deletes_children_with_their_service(kubectl
     eventually(lambda: kubectl.get("configmap", "doomed-child", tenant) is None, what="the child garbage-collected")
 
 
-# The admin's prefixes: a registry (any repository under it, any port of it), and the router pinned by digest only.
-ALLOWED = ("registry.corp", "docker.io/library/haproxy@")
+# The admin's prefixes: a registry (any repository under it; another port is another registry), a repository (any
+# tag of it), and the router pinned by digest only.
+ALLOWED = ("registry.corp", "quay.io/cpullm/vllm", "docker.io/library/haproxy@")
 
 
 def dry_run(kubectl: Kubectl, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -694,7 +695,12 @@ def router(image: str | None = None) -> dict[str, Any]:
     ("spec", "refused"),
     [
         pytest.param({"image": "registry.corp/vllm/cpu:1"}, None, id="under-a-prefix"),
-        pytest.param({"image": "registry.corp:5000/vllm:1"}, None, id="a-port-of-the-prefix"),
+        # Another port is another registry: allowlisted only by a prefix that names it.
+        pytest.param({"image": "registry.corp:5000/vllm:1"}, "spec.image registry.corp:5000/vllm:1", id="another-port"),
+        pytest.param({"image": "quay.io/cpullm/vllm:0.32"}, None, id="a-tag-of-a-repository"),
+        pytest.param(
+            {"image": "quay.io/cpullm/vllm-x:1"}, "spec.image quay.io/cpullm/vllm-x:1", id="a-longer-repository"
+        ),
         pytest.param({"image": "registry.corp.evil.net/x"}, "spec.image registry.corp.evil.net/x", id="no-boundary"),
         pytest.param({"image": "registry.corpx/vllm:1"}, "spec.image registry.corpx/vllm:1", id="a-longer-name"),
         pytest.param({}, None, id="images-unset"),

@@ -243,11 +243,15 @@ class RealNode:
         )
 
     def _import(self, ctr: str, image: Image) -> None:
-        """ctr images import, unless this store already holds this build of the image (marker file)."""
+        """ctr images import, unless this store already holds this build of the image (marker file); then the
+        store's older builds of it go."""
         marker = Path(self.image_store or self.containerd_dir / "root") / "cpullm-imported" / image.manifest
         present = image.ref in self._ctr("images", "ls", "-q").stdout.split()
-        if marker.exists() and present:
-            return
+        if not (marker.exists() and present):
+            self._import_tar(ctr, image, present, marker)
+        self._drop_older_builds(image)
+
+    def _import_tar(self, ctr: str, image: Image, present: bool, marker: Path) -> None:
         if present:
             # An older build under the same reference (the vLLM stand-in's is fixed): its record goes first, so
             # the import makes a new one rather than updating it.
@@ -262,6 +266,20 @@ class RealNode:
             self._ctr(*image.ctr_tag())
         marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
+
+    def _drop_older_builds(self, image: Image) -> None:
+        """Older builds of the image's repository (the operator's is tagged by its sources' digest) go, content and
+        snapshots with them: a persistent store would otherwise grow by an image (~220 MB unpacked) at every change of
+        the sources. A build goes under every name: its other tag, and the CRI's sha256:ID (which outlives the tag
+        and pins the content too); then containerd's garbage collection (--sync) frees it."""
+        rows = [line.split() for line in self._ctr("images", "ls").stdout.splitlines()[1:] if line.strip()]
+        target = {row[0]: row[2] for row in rows if len(row) > 2}  # name -> the manifest it names
+        repository = image.ref.rsplit(":", 1)[0]
+        stale = {n for n, d in target.items() if n.rsplit(":", 1)[0] == repository and d != target.get(image.ref)}
+        named = {d for n, d in target.items() if not n.startswith("sha256:") and n not in stale}
+        for name, digest in target.items():
+            if name in stale or (name.startswith("sha256:") and digest not in named):
+                self._ctr("images", "rm", "--sync", name, check=False, timeout=300)
 
     # kubelet
     def kubelet_config(self) -> dict[str, Any]:
