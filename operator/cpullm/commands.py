@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cpullm import launcher
 from cpullm.api.crd import build_crd, build_performance_crd
 from cpullm.api.performance import KIND as PERFORMANCE_KIND
 from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
@@ -396,6 +395,8 @@ def _node_cache_stale(args: argparse.Namespace) -> int:
 
 def _launch_plan(args: argparse.Namespace) -> int:
     """The launcher's own decision on recorded trees, for people debugging a node's binding."""
+    from cpullm import launcher  # the in-pod launcher, imported by this command alone
+
     try:
         facts = launcher.read_facts(Path(args.root), args.arch)
         plan = launcher.decide(facts, args.ranks, args.reserved_cpus_per_rank)

@@ -371,6 +371,14 @@ def _job(*conditions: tuple[str, str, str]) -> dict:
     }
 
 
+def _unplaced(controller: str, message: str) -> dict:
+    condition = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}
+    return {
+        "metadata": {"ownerReferences": [{"uid": controller, "controller": True}]},
+        "status": {"conditions": [condition]},
+    }
+
+
 def _pod(controller: str, message: str) -> dict:
     return {
         "metadata": {"ownerReferences": [{"uid": controller, "controller": True}]},
@@ -381,7 +389,7 @@ def _pod(controller: str, message: str) -> dict:
 @pytest.mark.parametrize(
     ("pages", "expected"),
     [
-        ([_job()], SizingJobFacts(finished=False, controller_uid="u1")),
+        ([_job(), {"items": []}], SizingJobFacts(finished=False, controller_uid="u1")),
         (
             # The pod with the Job's label and a report of its own making, not controlled by the Job, is not read.
             [_job(("Complete", "True", "")), {"items": [_pod("other", "forged"), _pod("j1", "the report")]}],
@@ -391,8 +399,17 @@ def _pod(controller: str, message: str) -> dict:
             [_job(("Complete", "False", ""), ("Failed", "True", "DeadlineExceeded")), {"items": []}],
             SizingJobFacts(finished=True, reason="DeadlineExceeded", controller_uid="u1"),
         ),
+        (
+            # Running, its pod not placed: why, in the scheduler's words (a forged pod's trouble is not read).
+            [_job(), {"items": [_unplaced("other", "forged"), _unplaced("j1", "0/3 nodes are available")]}],
+            SizingJobFacts(
+                finished=False,
+                controller_uid="u1",
+                trouble="a pod cannot be scheduled: 0/3 nodes are available",
+            ),
+        ),
     ],
-    ids=["running", "complete", "failed"],
+    ids=["running", "complete", "failed", "running-unschedulable"],
 )
 def test_a_sizing_job_is_read_with_the_message_of_its_own_pod(pages, expected):
     transport = FakeTransport(200, pages=pages)
@@ -406,7 +423,8 @@ def test_a_sizing_job_is_read_with_the_message_of_its_own_pod(pages, expected):
 def test_a_job_without_the_operators_label_is_no_services_whatever_it_names():
     forged = _job()
     del forged["metadata"]["labels"]
-    assert kube(FakeTransport(200, pages=[forged])).read_sizing_job("team-a", "x") == SizingJobFacts(False)
+    found = kube(FakeTransport(200, pages=[forged, {"items": []}])).read_sizing_job("team-a", "x")
+    assert found == SizingJobFacts(False)
 
 
 def test_an_absent_sizing_job_is_none():

@@ -160,6 +160,13 @@ def test_each_state_of_the_question(status, jobs, raised, creates, reads):
     assert len(api.reads) == reads
 
 
+def test_a_job_whose_pod_cannot_run_says_why_while_it_waits():
+    stuck = SizingJobFacts(False, controller_uid="u1", trouble="a pod cannot be scheduled: 0/3 nodes are available")
+    with pytest.raises(SizingWithVllm) as err:
+        JobSizer(OWNER, spec(), {}, [], Jobs({NAME: stuck}), {})(GPT2, "bfloat16")
+    assert err.value.message.endswith("; a pod cannot be scheduled: 0/3 nodes are available (the Job ends after 600 s)")
+
+
 def test_a_job_that_died_says_why_in_its_own_words():
     api = Jobs(
         {NAME: SizingJobFacts(True, "Traceback ...\nMemoryError: cannot allocate", "BackoffLimitExceeded", "u1")}

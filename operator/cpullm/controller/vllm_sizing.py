@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.common import Owner
 from cpullm.core.children.sizing_job import (
+    DEADLINE_SECONDS,
     STATUS_KEY,
     TTL_SECONDS,
     SizingJobFacts,
@@ -72,7 +73,8 @@ class JobSizer:
                 "give the CpuLLMService another name"
             )
         if not facts.finished:
-            raise SizingWithVllm(f"vLLM in {request.image} is sizing the model on the meta device ({where})")
+            stuck = f"; {facts.trouble} (the Job ends after {DEADLINE_SECONDS} s)" if facts.trouble else ""
+            raise SizingWithVllm(f"vLLM in {request.image} is sizing the model on the meta device ({where}){stuck}")
         report = report_from_text(facts.message)
         if report is None:
             last = (facts.message.strip().splitlines() or ["(no message)"])[-1][-400:]

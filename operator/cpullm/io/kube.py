@@ -34,6 +34,7 @@ from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, controller
 from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NodeFactSource
 from cpullm.core.observation import NamespaceFacts
+from cpullm.core.pod_troubles import pod_trouble
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.metrics import API_ERRORS
 
@@ -239,8 +240,9 @@ class Kube:
         return {"": self.core, "apps": self.apps, "batch": self.batch}.get(group)
 
     def read_sizing_job(self, namespace: str, name: str) -> SizingJobFacts | None:
-        """A sizing Job (core/children/sizing_job.py), None where absent: whether it ended, and once it did, the
-        termination message of a pod the Job itself controls (by UID: a pod with the Job's labels is not enough)."""
+        """A sizing Job (core/children/sizing_job.py), None where absent: whether it ended, and of the pods the Job
+        itself controls (by UID: a pod with the Job's labels is not enough) the termination message once it did, or
+        why one cannot run (core/pod_troubles.py) while it runs."""
         job: dict[str, Any] | None = None
         with _api_errors(f"read Job {namespace}/{name}", absent_ok=True):
             job = _json(self.batch.read_namespaced_job(name, namespace, _preload_content=False))
@@ -256,18 +258,22 @@ class Kube:
             c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
         }
         failed = ended.get("Failed")
-        if "Complete" not in ended and failed is None:
-            return SizingJobFacts(finished=False, controller_uid=controller)
-        messages = []
+        finished = "Complete" in ended or failed is not None
+        messages, troubles = [], []
         selector = f"batch.kubernetes.io/controller-uid={uid}"
         for pod in _paged(
             f"list pods of Job {namespace}/{name}", self.core.list_namespaced_pod, namespace, label_selector=selector
         ):
             if controller_reference(pod.get("metadata") or {}).get("uid") != uid:
                 continue
-            for status in (pod.get("status") or {}).get("containerStatuses") or []:
-                terminated = (status.get("state") or {}).get("terminated") or {}
+            status = pod.get("status") or {}
+            trouble = pod_trouble(status)
+            troubles += [trouble.message] if trouble is not None else []
+            for container in status.get("containerStatuses") or []:
+                terminated = (container.get("state") or {}).get("terminated") or {}
                 messages.append(str(terminated.get("message") or ""))
+        if not finished:
+            return SizingJobFacts(finished=False, controller_uid=controller, trouble=next(iter(troubles), ""))
         reason = str(failed.get("reason") or "Failed") if failed is not None else ""
         message = next((m for m in messages if m), "")
         return SizingJobFacts(finished=True, message=message, reason=reason, controller_uid=controller)

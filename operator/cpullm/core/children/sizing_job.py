@@ -65,6 +65,7 @@ class SizingJobFacts:
     message: str = ""
     reason: str = ""
     controller_uid: str | None = None  # of the object controlling it: the service's own, or not the service's Job
+    trouble: str = ""  # while it runs: why its pod cannot (unschedulable, its image not pulled)
 
 
 @dataclass(frozen=True)
