@@ -23,8 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
-from e2e.kopf_probe import installed_and_indexed, kopf_probe, probe_crd
 from testbed.cluster import LocalCluster
+from testbed.kopf_probe import installed_and_indexed, kopf_probe, probe_crd
 from testbed.tools import Kubectl, published_crds
 
 from cpullm.controller import discovery_wait

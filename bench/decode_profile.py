@@ -28,7 +28,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sizes_bench import prompt_ids
-from tests.vllm.harness import built_model, render_service, server_for_container, vllm_python
+from testbed.vllm_server import built_model, render_service, server_for_container, vllm_python
 
 PY_SPY = Path.home() / ".cache" / "cpullm-operator" / "tools" / "py-spy"
 SPIN = ("sched_yield", "kmp_flag", "kmp_wait", "gomp_")  # an OpenMP thread waiting at a barrier for the others

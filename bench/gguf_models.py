@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm.harness import built_model, vllm_python
+from testbed.vllm_server import built_model, vllm_python
 
 REPO = Path(__file__).resolve().parents[1]
 QUANTS = ("Q8_0", "Q4_K_M")

@@ -9,7 +9,7 @@ nodes of one CPU each (as the tests do, with VLLM_CPU_SIM_MULTI_NUMA for TP=2):
 
 Prints single-stream tokens/s and latency (one request, one server) and aggregate batch tokens/s (the batch
 split evenly over the servers and sent at once), best of --rounds, both rendered by `cpullm render`. Needs root:
-each server runs in a memory cgroup of its own under its pod's limit (tests/vllm/harness.py).
+each server runs in a memory cgroup of its own under its pod's limit (testbed/vllm_server.py).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm.harness import (
+from testbed.vllm_server import (
     PROMPTS,
     LocalServer,
     make_tiny_model,

@@ -3,7 +3,7 @@
 For each case (a model shape, a checkpoint format, a TP size: TP 2 on simulated NUMA nodes where the machine has one),
 `cpullm probe` measures this machine first (cpullm/perf_probe.py, in the vLLM environment; --probe FILE instead),
 then the service is planned with that probe beside this machine's Node in the nodes file, its rendered container is
-started as a local process (tests/vllm/harness.py), and measured:
+started as a local process (testbed/vllm_server.py), and measured:
 
 - decode: one sequence's tok/s at about 512 tokens of context, from the difference of a 16- and a 144-token
   completion of a 448-token prompt (the median of --rounds, as for every figure);
@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engines_bench import built_quantized, isa_shown
 from bench.sizes_bench import prompt_ids
 from testbed import machine
-from tests.vllm.harness import LocalServer, built_model, render_service, server_for_container, vllm_python
+from testbed.vllm_server import LocalServer, built_model, render_service, server_for_container, vllm_python
 
 from cpullm import perf_probe
 from cpullm.core.performance import Serving, kernel_of, parse_performance, predict

@@ -5,7 +5,7 @@ Decode on a CPU is memory-bound: a step of one sequence streams the rank's weigh
 bytes is the bandwidth decode reached. The roofline is the bandwidth the rank's threads get, measured here first
 (bench/roofline_probe.py, in the vLLM environment): a streaming read, and a bf16 GEMV of the model's own shapes
 (one decode step's matrix-vector products). Then each configuration is started as a server (the rendered
-container as a local process, tests/vllm/harness.py) and one sequence's decode rate is measured from two
+container as a local process, testbed/vllm_server.py) and one sequence's decode rate is measured from two
 completions of different lengths (their difference cancels prefill and request overheads).
 
     .venv/bin/python bench/roofline_bench.py [--model qwen2.5-1.5b] [--rounds 3] [--only rendered eager ...]
@@ -41,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.sizes_bench import prompt_ids
-from tests.vllm.harness import LocalServer, built_model, render_service, server_for_container, vllm_python
+from testbed.vllm_server import LocalServer, built_model, render_service, server_for_container, vllm_python
 
 from cpullm.core.constants import DTYPE_BYTES
 

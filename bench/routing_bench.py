@@ -1,10 +1,10 @@
 """Benchmark, not a test: requests through the plain Service and through the router, side by side in one run, at
 the same two real vLLM servers (the tiny random-weight model, throughput placement, one server of 1 CPU on each
-worker of the quick start's kind cluster, e2e/spread.py).
+worker of the quick start's kind cluster, testbed/spread.py).
 
     .venv/bin/python bench/routing_bench.py [--clients 6] [--seconds 120] [--rounds 2]
 
-A client pod inside the cluster (Debian's python3.11, e2e/load.py mounted from a ConfigMap) sends bursty, mixed
+A client pod inside the cluster (Debian's python3.11, testbed/load.py mounted from a ConfigMap) sends bursty, mixed
 streamed completions (prompts of 16-1024 tokens, 8-128 tokens out; a client pauses 2-8 s after a third of its
 requests) for --seconds to one address, then to the other, --rounds times:
 
@@ -30,10 +30,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.load import percentile
-from e2e.spread import NAMESPACE, SPREAD, QuickStart, deploy_spread, quick_start_cluster, router_ready, served
 from testbed.images import build_debian
+from testbed.load import percentile
 from testbed.registry import push_archive
+from testbed.spread import NAMESPACE, SPREAD, QuickStart, deploy_spread, quick_start_cluster, router_ready, served
 from testbed.tools import ROOT, Kubectl, eventually
 
 CLIENT = "routing-bench-client"

@@ -50,7 +50,6 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from e2e.helpers import Operator
 from kubernetes import client
 from scale_support import (
     AGENT_DRIVER,
@@ -72,6 +71,7 @@ from scale_support import (
     writes,
 )
 from testbed.cluster import SERVICE_CIDR, LocalCluster
+from testbed.operator import Operator
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
 from cpullm.api.plan import Plan

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from e2e.objects import fake_node, tiny_service
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
+from testbed.objects import fake_node, tiny_service
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL

@@ -1,6 +1,6 @@
 """Benchmark, not a test: the rendered vLLM pod at several model sizes, side by side in one run. For each model and
 TP it starts the rendered container twice with the same model cache (the second start finds the first's compile
-cache there, as a restarted pod on the same node does), splits each start by vLLM's log (tests/vllm/vllm_log.py),
+cache there, as a restarted pod on the same node does), splits each start by vLLM's log (testbed/vllm_log.py),
 and, between the two, drives a long prompt (the context less 64 tokens, as one prefill) and a full batch
 (maxNumSeqs requests at once) while the server's memory cgroup, limited to the plan's limit (or --limit-gib), is
 sampled.
@@ -30,8 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm.harness import LocalServer, built_model, render_service, server_for_container, vllm_python
-from tests.vllm.vllm_log import StartSplit, start_split
+from testbed.vllm_log import StartSplit, start_split
+from testbed.vllm_server import LocalServer, built_model, render_service, server_for_container, vllm_python
 
 SIM_MULTI_NUMA = [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]
 GiB = 2**30

@@ -6,7 +6,7 @@ and TP=2 on this machine (TP=2 as two simulated NUMA nodes, as in the tests).
     .venv/bin/python bench/vllm_bench.py [--tokens 64] [--batch 8] [--tp 1 2] [--rounds 2]
 
 Prints startup seconds, decode tokens/s for one stream and for a batch (best of --rounds), the binding each
-configuration ran with, and the peak working set of the server's memory cgroup (tests/vllm/harness.py; needs
+configuration ran with, and the peak working set of the server's memory cgroup (testbed/vllm_server.py; needs
 root) against the planned container memory limit (the rendered pods run under it; the hand-tuned one unlimited).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.vllm.harness import (
+from testbed.vllm_server import (
     PROMPTS,
     LocalServer,
     free_port,

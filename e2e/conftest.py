@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from testbed.cluster import LocalCluster
 from testbed.images import VLLM_VENV
+from testbed.objects import sample_nodes
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import ROOT, Kubectl, eventually, free_port, published_crds
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import sample_nodes
 from e2e.support import NodePool, node_ready
 
 if TYPE_CHECKING:
-    from e2e.spread import QuickStart
+    from testbed.spread import QuickStart
 
 DOCKER_SCRIPT = ROOT / "scripts" / "docker.sh"
 
@@ -145,12 +145,12 @@ def docker_env() -> Iterator[dict[str, str]]:
 
 @pytest.fixture(scope="session")
 def quick_start(docker_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[QuickStart]:
-    """The README's quick start run from no cluster (e2e/spread.py), its kind cluster kept for the session: the
+    """The README's quick start run from no cluster (testbed/spread.py), its kind cluster kept for the session: the
     quick start's tests and the kind tests of a cluster of the images built here share it (one cluster less to
     create and delete in the test command)."""
     if not (VLLM_VENV / ".complete").exists():
         pytest.skip("the quick start needs the vLLM environment (scripts/setup-vllm.sh)")
-    from e2e.spread import quick_start_cluster  # here: e2e.spread imports test modules, which import this one
+    from testbed.spread import quick_start_cluster  # here: testbed.spread imports test modules, which import this one
 
     with quick_start_cluster(docker_env, tmp_path_factory.mktemp("quickstart")) as made:
         yield made

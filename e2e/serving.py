@@ -9,11 +9,11 @@ from typing import Any
 
 from testbed import machine
 from testbed.tools import Kubectl
+from testbed.vllm_server import TINY
 
 from cpullm import launcher, vllm_support
 from cpullm.core.constants import MODEL_CACHE_MOUNT
 
-TINY = "tiny-llama"
 CAP_SYS_NICE = 23
 
 

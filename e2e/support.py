@@ -10,36 +10,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from testbed.objects import fake_node, tiny_service
+from testbed.operator import Operator, conditions
+
+# What the suite waits on, from the test bed (the benches wait on it too).
+from testbed.operator import ready as ready
 from testbed.tools import ROOT, Kubectl, eventually
 
 from cpullm.core.children.common import SERVICE_LABEL
-from e2e.helpers import Operator
-from e2e.objects import fake_node, tiny_service
 
 # From e2e/test_operator.py.
-
-
-def conditions(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {c["type"]: c for c in service.get("status", {}).get("conditions", [])}
-
-
-def ready(
-    kubectl: Kubectl, namespace: str, name: str, replicas: int | None = None, timeout: float = 90, interval: float = 0.5
-) -> dict[str, Any]:
-    """The service once Ready for its current generation (and with `replicas` ready pods, if given)."""
-
-    def probe() -> dict[str, Any]:
-        service = kubectl.get("cpullm", name, namespace)
-        assert service is not None, "service missing"
-        status = service.get("status", {})
-        ready_condition = conditions(service).get("Ready", {})
-        assert ready_condition.get("status") == "True", ready_condition
-        assert status.get("observedGeneration") == service["metadata"]["generation"], status
-        if replicas is not None:
-            assert status.get("readyReplicas") == replicas, status
-        return service
-
-    return eventually(probe, timeout=timeout, interval=interval, what=f"{namespace}/{name} Ready")
 
 
 def not_planned(kubectl: Kubectl, namespace: str, name: str, reason: str) -> dict[str, Any]:

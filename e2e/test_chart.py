@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import yaml
 from testbed.cluster import tool_dirs
+from testbed.objects import tiny_service
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import tiny_service
 from e2e.support import CHART, RELEASE, RELEASE_NAMESPACE, Helm, conditions, ready
 
 DIGEST = "sha256:" + "ab" * 32

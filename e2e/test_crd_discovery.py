@@ -9,10 +9,10 @@ without the wait misses an install depends on timing: bench/crd_discovery_bench.
 
 from __future__ import annotations
 
+from testbed.kopf_probe import installed_and_indexed, kopf_probe, probe_crd
 from testbed.tools import Kubectl
 
 from cpullm.controller import discovery_wait
-from e2e.kopf_probe import installed_and_indexed, kopf_probe, probe_crd
 
 INSTALLS = 5
 

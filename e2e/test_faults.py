@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 from testbed.cluster import LocalCluster
+from testbed.objects import fake_node
+from testbed.operator import InClusterOperator, Operator
 from testbed.proxy import CuttableProxy
 from testbed.tools import Kubectl, eventually, free_port
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import fake_node
 from e2e.support import SETTLE_SECONDS, LogMark, NodePool, converged, create, pool
 
 RESYNC_SECONDS = 10  # the relayed operator's listing of its children (settings.resync_seconds; default 300)

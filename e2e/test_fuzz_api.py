@@ -17,11 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from testbed.objects import E2E_LABEL, QWEN_SMALL, fake_node, tiny_service
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import Kubectl, eventually
 
 from cpullm import errors
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import E2E_LABEL, QWEN_SMALL, fake_node, tiny_service
 from e2e.support import LogMark, NodePool, conditions, ready
 
 REASONS = {"Planned"} | {

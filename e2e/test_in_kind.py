@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 from testbed.machine import machine_labels
+from testbed.objects import tiny_service
+from testbed.operator import InClusterOperator
 from testbed.tools import Kubectl, eventually
-
-from e2e.helpers import InClusterOperator
-from e2e.objects import tiny_service
 
 SERVER_NODE = os.environ.get("CPULLM_E2E_KIND_SERVER_NODE")
 TEST_IMAGE = os.environ.get("CPULLM_E2E_KIND_TEST_IMAGE")

@@ -19,9 +19,8 @@ from typing import Any
 import pytest
 from testbed.images import build_debian
 from testbed.kind_images import build_kind_base, kind_cni, kind_module, kind_storage
+from testbed.spread import NAMESPACE, QuickStart
 from testbed.tools import Kubectl, eventually
-
-from e2e.spread import NAMESPACE, QuickStart
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 CHECKS = "kind-checks"  # the namespace of the cluster tests' objects
@@ -96,7 +95,7 @@ def test_a_kind_node_container_of_the_local_base_image_boots_and_runs_a_nested_c
 @pytest.fixture(scope="module")
 def kind_cluster(quick_start: QuickStart) -> Iterator[Kubectl]:
     """kubectl on a kind cluster of the images built here: the quick start's (a control plane and two workers of the
-    node image of testbed/kind_images.py, with the static CPU manager; e2e/spread.py), shared with
+    node image of testbed/kind_images.py, with the static CPU manager; testbed/spread.py), shared with
     e2e/test_quickstart.py. The checks' objects go in a namespace of their own, deleted after them."""
     kubectl = quick_start.kubectl
     kubectl.run("create", "namespace", CHECKS)

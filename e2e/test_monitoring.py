@@ -9,10 +9,10 @@ import json
 import urllib.request
 
 import pytest
+from testbed.objects import tiny_service
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import Kubectl, eventually
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import tiny_service
 from e2e.support import condition, conditions, install, not_planned, owned_by_service, ready
 
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"

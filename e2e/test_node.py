@@ -29,15 +29,15 @@ import pytest
 from testbed.cluster import LocalCluster, tool_dirs
 from testbed.images import CACHE, build_debian, build_operator, vllm_image_ref
 from testbed.machine import arch, drop_from_page_cache
+from testbed.operator import InClusterOperator
 from testbed.prometheus import Prometheus, Target, alert_queries, dashboard_queries
 from testbed.realnode import REAL_NODE_SELECTOR, RealNode
 from testbed.tools import ROOT, Kubectl, eventually
-from tests.vllm.harness import built_model, make_tiny_model, vllm_python
-from tests.vllm.vllm_log import StartSplit, start_split
+from testbed.vllm_log import StartSplit, start_split
+from testbed.vllm_server import built_model, make_tiny_model, vllm_python
 
 from cpullm import launcher, vllm_fixes
 from cpullm.core.constants import SERVER_NON_ROOT_UID
-from e2e.helpers import InClusterOperator
 from e2e.serving import (
     CAP_SYS_NICE,
     TINY,

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.objects import fake_node, tiny_service, topology_object
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import Kubectl, eventually
-from tests.unit.builders import topology_object
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import fake_node, tiny_service
 from e2e.support import NodePool, container, install, ready
 
 NODE_RESOURCE_TOPOLOGY_CRD = "noderesourcetopologies.topology.node.k8s.io"

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 import yaml
+from testbed.objects import E2E_LABEL, fake_node, sample_nodes, tiny_service
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import ROOT, Kubectl, eventually
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import E2E_LABEL, fake_node, sample_nodes, tiny_service
 from e2e.support import NodePool, conditions, container, events, not_planned, ready
 
 EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))

@@ -2,11 +2,11 @@
 --offline` from a machine with no cluster, with the images pulled from a real registry on localhost (Debian's
 docker-registry, testbed/registry.py) into which the images built here are pushed first: the operator's and the
 stand-in vLLM image (the real-node tests'); kind's node image (the kind tests' own) is tagged under the registry's
-name in Docker's store, where kind looks before it pulls (e2e/spread.py). The model is the tiny
+name in Docker's store, where kind looks before it pulls (testbed/spread.py). The model is the tiny
 random-weight one of the vLLM tests, from a local directory. Needs the vLLM environment (scripts/setup-vllm.sh).
 The run and its cluster are the session's `quick_start` fixture (e2e/conftest.py; e2e/test_kind.py uses the cluster
 too). Then, on its cluster, the router (spec.routing) in front of a server on each worker, under load while it scales
-and rolls (e2e/spread.py)."""
+and rolls (testbed/spread.py)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,9 @@ from typing import Any
 import pytest
 from testbed.cluster import tool_dirs
 from testbed.images import log
-from testbed.tools import Kubectl, eventually, free_port
-
-from cpullm.core.topology import parse_quantity
-from e2e.load import Load, Request, stream_completion
-from e2e.objects import tiny_service
-from e2e.serving import TINY, assert_as_planned, in_container
-from e2e.spread import (
+from testbed.load import Load, Request, stream_completion
+from testbed.objects import tiny_service
+from testbed.spread import (
     NAME,
     QuickStart,
     deploy_spread,
@@ -36,6 +32,10 @@ from e2e.spread import (
     served,
     servers_generation,
 )
+from testbed.tools import Kubectl, eventually, free_port
+
+from cpullm.core.topology import parse_quantity
+from e2e.serving import TINY, assert_as_planned, in_container
 from e2e.support import Helm, probe_measured, probe_values, ready
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
@@ -162,8 +162,8 @@ def probe(kubectl: Kubectl, namespace: str, pod: str, url: str, container: str |
 
 
 def test_network_policies_admit_the_router_and_the_namespace_and_refuse_everyone_else(quick_start: QuickStart) -> None:
-    """The operator's NetworkPolicies under a policy-enforcing firewall (kube-router's, e2e/spread.py): in router mode
-    the servers admit only their router, and the router admits its namespace and spec.networkPolicy.allowedFrom;
+    """The operator's NetworkPolicies under a policy-enforcing firewall (kube-router's, testbed/spread.py): in router
+    mode the servers admit only their router, and the router admits its namespace and spec.networkPolicy.allowedFrom;
     a pod of another namespace reaches neither until allowedFrom names its namespace. And what a server reaches: DNS,
     not the cluster's pods (its own router here), until spec.networkPolicy.egressTo names them."""
     kubectl = quick_start.kubectl

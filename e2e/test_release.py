@@ -1,5 +1,5 @@
 """The release path end to end (pytest marker `kind`; root): scripts/release.sh released this tree into a registry on
-localhost (testbed/release.py) before the quick start installed its chart from there (e2e/spread.py), so the quick
+localhost (testbed/release.py) before the quick start installed its chart from there (testbed/spread.py), so the quick
 start's served completion is the released chart's. Here: what the release holds, and that cosign tells it apart
 from an image re-tagged over it."""
 
@@ -15,8 +15,7 @@ import yaml
 from testbed.images import build_python_base
 from testbed.registry import push_archive
 from testbed.release import PLATFORMS, Release
-
-from e2e.spread import QuickStart
+from testbed.spread import QuickStart
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a Docker engine of our own needs root")]
 OPERATOR_NAMESPACE = "cpullm-operator"

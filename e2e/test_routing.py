@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed.objects import tiny_service
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import Kubectl, eventually, free_port
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import tiny_service
 from e2e.support import condition, conditions, install, owned_by_service
 
 INFERENCEPOOL_CRD = "inferencepools.inference.networking.k8s.io"

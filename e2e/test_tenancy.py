@@ -10,10 +10,10 @@ import json
 import urllib.request
 
 import pytest
+from testbed.objects import QWEN_SMALL, tiny_service
+from testbed.operator import InClusterOperator, Operator
 from testbed.tools import Kubectl, eventually
 
-from e2e.helpers import InClusterOperator, Operator
-from e2e.objects import QWEN_SMALL, tiny_service
 from e2e.support import LogMark, conditions, events, not_planned, ready
 
 

@@ -24,9 +24,9 @@ from typing import Any
 
 import pytest
 import yaml
+from testbed.operator import Operator
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
-from e2e.helpers import Operator
 from e2e.support import LogMark, NodePool, converged, create, pool
 
 pytestmark = pytest.mark.local_operator

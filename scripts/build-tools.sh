@@ -233,7 +233,7 @@ build_syft() {
 # static there, so it is built without its service discoveries (the build tag remove_all_sd drops the Kubernetes,
 # cloud and other SD clients: a third of the code to compile). No web UI assets (the API is what the test uses).
 # Its modules (2.5 GB unpacked) and build cache go to a directory of their own, removed once the binary is built:
-# nothing else builds from them, and the disk is what the kind stage's quick start needs (e2e/spread.py).
+# nothing else builds from them, and the disk is what the kind stage's quick start needs (testbed/spread.py).
 build_prometheus() {
   local dir=$cache/prometheus-$PROMETHEUS_VERSION
   if ! have "$dir" prometheus; then

@@ -56,9 +56,9 @@ prepare fetch
 .venv/bin/ruff format --check operator tests e2e testbed bench
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layer contract (pyproject.toml, [tool.importlinter])
-# Unit tests: warnings are errors (pyproject.toml); line+branch coverage must stay at 90% or more (92% now: the in-pod probe and sizing scripts run only with vLLM).
+# Unit tests, and the benches' own (bench/test_*.py): warnings are errors (pyproject.toml); line+branch coverage must stay at 90% or more (92% now: the in-pod probe and sizing scripts run only with vLLM).
 stage "unit tests"
-.venv/bin/python -m pytest tests -q --cov --cov-report=term:skip-covered --cov-fail-under=90
+.venv/bin/python -m pytest tests bench -q --cov --cov-report=term:skip-covered --cov-fail-under=90
 if wanted CPULLM_SKIP_E2E || wanted CPULLM_SKIP_NODE || wanted CPULLM_SKIP_KIND; then
   stage "the local control plane's tools (scripts/build-tools.sh)"
   scripts/build-tools.sh kubernetes etcd kwok helm >/dev/null # what the e2e suite runs; kind is prepared with `build`

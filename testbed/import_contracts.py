@@ -1,8 +1,9 @@
 """An import-linter contract type of our own (import-linter's plugin mechanism: `contract_types` in pyproject.toml):
 test modules stand apart. A module whose name starts with `test_`, or a `conftest`, in the packages the contract
-names is imported by no module at all: what tests share lives in support modules (e2e/support.py,
-tests/unit/support.py, tests/vllm/harness.py), so no suite depends on another's test module or fixtures file and
-no import cycle runs through them."""
+names is imported by no module at all: what a suite's tests share lives in its support module (e2e/support.py,
+tests/unit/support.py, tests/vllm/conftest.py's fixtures aside), what the suites share in the test bed (testbed/:
+the vLLM server harness, the operator process, the objects they apply), so no suite depends on another's test module
+or fixtures file and no import cycle runs through them."""
 
 from __future__ import annotations
 

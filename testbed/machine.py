@@ -1,6 +1,6 @@
 """This machine as a Node would be labelled (NFD-style and cpullm.io labels), read from its real CPU flags, CPU
 topology, NUMA nodes and memory: never hard-coded, since development machines differ (AVX-512/AMX Xeons, AVX2-only
-EPYCs). Used by the real node (testbed/realnode.py) and the vLLM tests' harness (tests/vllm/harness.py). Also
+EPYCs). Used by the real node (testbed/realnode.py) and the vLLM tests' harness (testbed/vllm_server.py). Also
 drops files from its page cache, for a start charged as on a node that has not read them yet, and tells how much of
 a file the page cache holds."""
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from testbed.objects import topology_object as topology_object  # the e2e suite makes them too
+
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
@@ -125,38 +127,6 @@ def planned_service(name: str = "svc", namespace: str = "ns", **fields: Any) -> 
         "metadata": {"name": name, "namespace": namespace},
         "spec": parsed.model_dump(by_alias=True, mode="json", exclude_none=True),
         "status": {"plan": plan.model_dump(by_alias=True, mode="json", exclude_none=True)},
-    }
-
-
-def topology_object(
-    name: str = "node-0",
-    *,
-    cpus: tuple[int, ...] = (32, 32),
-    memory_gib: tuple[int, ...] | None = None,
-    policy: str | None = None,
-) -> dict[str, Any]:
-    """A NodeResourceTopology as NFD's topology-updater publishes it: one zone of type Node per NUMA node with
-    allocatable CPUs and memory (whole CPUs; bytes), the kubelet's topology manager policy as an attribute."""
-    memory = memory_gib or tuple(128 for _ in cpus)
-    zones = [
-        {
-            "name": f"node-{i}",
-            "type": "Node",
-            "costs": [{"name": f"node-{j}", "value": 10 if i == j else 21} for j in range(len(cpus))],
-            "resources": [
-                {"name": "cpu", "capacity": str(c + 1), "allocatable": str(c), "available": str(c)},
-                {"name": "memory", "capacity": str(m * 2**30), "allocatable": str(m * 2**30), "available": "0"},
-            ],
-        }
-        for i, (c, m) in enumerate(zip(cpus, memory, strict=True))
-    ]
-    attributes = [{"name": "topologyManagerPolicy", "value": policy}] if policy else []
-    return {
-        "apiVersion": "topology.node.k8s.io/v1alpha2",
-        "kind": "NodeResourceTopology",
-        "metadata": {"name": name},
-        "zones": zones,
-        "attributes": [*attributes, {"name": "topologyManagerScope", "value": "container"}],
     }
 
 

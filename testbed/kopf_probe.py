@@ -17,10 +17,10 @@ from typing import Any
 import kopf
 import yaml
 from kopf._core.reactor import observation  # Kopf's handler of CRD events, put back as it was after the probe
-from testbed.tools import Kubectl, eventually
-from tests.unit.builders import topology_object
 
 from cpullm.core import node_topology
+from testbed.objects import topology_object
+from testbed.tools import Kubectl, eventually
 
 GROUP, PLURAL, KIND = "discovery.e2e.cpullm.io", "probes", "Probe"
 CRD_NAME = f"{PLURAL}.{GROUP}"

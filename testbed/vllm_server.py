@@ -1,7 +1,7 @@
 """Runs a rendered vLLM container as a local process: its exact command, args and env, with only the model
 path, the port and the pod's volume mount paths mapped to local ones, and measures it.
 
-Used by the `vllm` tests and by bench/vllm_bench.py.
+Used by the `vllm` tests, the real-node tests and the benches (the test bed: no suite imports another).
 """
 
 from __future__ import annotations
@@ -25,16 +25,17 @@ from typing import Any
 
 import psutil
 import yaml
-from testbed import machine
-from testbed.machine import drop_from_page_cache
-from testbed.tools import free_port
 
 from cpullm.cli import main as cpullm
 from cpullm.core.topology import parse_quantity
 from cpullm.vllm_support import REPORT_ENV
-from tests.vllm.cgroup import MemoryCgroup, Reading
+from testbed import machine
+from testbed.cgroup import MemoryCgroup, Reading
+from testbed.machine import drop_from_page_cache
+from testbed.tools import ROOT, free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+# The tests' tiny trained Llama, by its directory name (make_tiny_model).
+TINY = "tiny-llama"
 LAUNCHER_DIR = "opt-cpullm"  # where the launcher ConfigMap's files go, as the pod mounts them
 REPORT_FILE = "termination-log"  # the server's report of its fixes, in its workdir
 
@@ -230,7 +231,7 @@ def process_anon(pids: Sequence[int]) -> list[tuple[str, int]]:
 
 @dataclass
 class Measured:
-    """The server's memory as its cgroup accounts it (tests/vllm/cgroup.py): the kernel's own peak of usage, the
+    """The server's memory as its cgroup accounts it (testbed/cgroup.py): the kernel's own peak of usage, the
     peak of working set (usage - inactive_file, what the kubelet evicts on) over the sampler's readings, the
     OOM kills the kernel counted, and, at the working-set peak, each process's RSS (secondary: RSS counts pages
     shared between processes once per process, so the parts may add up to more than the cgroup charges)."""

@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import yaml
+
 from testbed.cluster import FAKE_NODE_ANNOTATION
 from testbed.tools import ROOT
 
@@ -55,4 +56,36 @@ def tiny_service(name: str, namespace: str, **spec: Any) -> dict[str, Any]:
         "kind": "CpuLLMService",
         "metadata": {"name": name, "namespace": namespace},
         "spec": body,
+    }
+
+
+def topology_object(
+    name: str = "node-0",
+    *,
+    cpus: tuple[int, ...] = (32, 32),
+    memory_gib: tuple[int, ...] | None = None,
+    policy: str | None = None,
+) -> dict[str, Any]:
+    """A NodeResourceTopology as NFD's topology-updater publishes it: one zone of type Node per NUMA node with
+    allocatable CPUs and memory (whole CPUs; bytes), the kubelet's topology manager policy as an attribute."""
+    memory = memory_gib or tuple(128 for _ in cpus)
+    zones = [
+        {
+            "name": f"node-{i}",
+            "type": "Node",
+            "costs": [{"name": f"node-{j}", "value": 10 if i == j else 21} for j in range(len(cpus))],
+            "resources": [
+                {"name": "cpu", "capacity": str(c + 1), "allocatable": str(c), "available": str(c)},
+                {"name": "memory", "capacity": str(m * 2**30), "allocatable": str(m * 2**30), "available": "0"},
+            ],
+        }
+        for i, (c, m) in enumerate(zip(cpus, memory, strict=True))
+    ]
+    attributes = [{"name": "topologyManagerPolicy", "value": policy}] if policy else []
+    return {
+        "apiVersion": "topology.node.k8s.io/v1alpha2",
+        "kind": "NodeResourceTopology",
+        "metadata": {"name": name},
+        "zones": zones,
+        "attributes": [*attributes, {"name": "topologyManagerScope", "value": "container"}],
     }

@@ -20,19 +20,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from testbed import netpol
 from testbed.cluster import tool_dirs, tool_version
 from testbed.images import CACHE, build_haproxy, build_kube_router, build_vllm, log
 from testbed.kind_cluster import cgroup_v1_host, cluster_config
 from testbed.kind_images import build_kind_node
+from testbed.operator import ready
 from testbed.realnode import lacks_cap_sys_resource
 from testbed.registry import Registry, local_registry, push_archive
 from testbed.release import Release, release_into
 from testbed.tools import ROOT, Kubectl, free_port, require_free_space
-from tests.vllm.harness import make_tiny_model, vllm_python
-
-from e2e.serving import TINY
-from e2e.support import ready
+from testbed.vllm_server import TINY, make_tiny_model, vllm_python
 
 NAME = "cpullm-quickstart-test"
 REGISTRY_DIRECTORY = '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_path = "/etc/containerd/certs.d"\n'
