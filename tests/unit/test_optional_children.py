@@ -19,11 +19,11 @@ from cpullm.core.children.podmonitor import build_pod_monitor
 from cpullm.core.decision import Decision, decide
 from cpullm.core.observation import ClusterView, NamespaceFacts, Observed
 from cpullm.core.planner import plan_service
-from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, InvalidSpec, NoEligibleNode, PermissionDenied
 
 from . import support
-from .builders import LLAMA_8B, llama_8b, node, spec
+from .builders import llama_8b, node, spec
+from .support import StubHub, service
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 T0_TEXT = "2026-01-01T12:00:00Z"
@@ -621,22 +621,9 @@ class RecordingKube:
         self.calls.append(("event", type_, reason))
 
 
-class Hub:
-    def fetch(self, name, revision, token):
-        return ModelFiles(config=LLAMA_8B, checkpoint_total_bytes=None)
-
-
-def service(fields: dict[str, Any], status: dict[str, Any] | None = None) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "llama", "namespace": "serving", "uid": "u1", "generation": 2},
-        "spec": {"model": {"name": "meta-llama/Llama-3.1-8B"}, "kvCacheGiB": 4, "maxModelLen": 8192, **fields},
-        "status": status or {},
-    }
-
-
 def reconciler() -> tuple[Reconciler, RecordingKube]:
     kube = RecordingKube()
-    return Reconciler(kube, Hub(), clock=lambda: T0), kube
+    return Reconciler(kube, StubHub(), clock=lambda: T0), kube
 
 
 def writes(kube: RecordingKube, verb: str) -> list[tuple[str, ...]]:
