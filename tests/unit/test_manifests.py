@@ -3,11 +3,13 @@ from pathlib import Path
 import pytest
 
 from cpullm import api_key_guard, launcher, vllm_fixes, vllm_support
+from cpullm.core.children import launcher as children_launcher
 from cpullm.core.children.common import Owner, binary_quantity
 from cpullm.core.children.deployment import build_deployment
 from cpullm.core.children.drain import DRAIN_SCRIPT
-from cpullm.core.children.launcher import build_launcher_config_map
+from cpullm.core.children.launcher import build_launcher_config_map, in_pod_code_digest
 from cpullm.core.children.service import build_service
+from cpullm.core.constants import API_KEY_GUARD_FILE, LAUNCHER_FILE
 from cpullm.core.planner import plan_service
 from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
 
@@ -70,11 +72,13 @@ def test_deployment_whole_manifest():
             "template": {
                 "metadata": {
                     "labels": LABELS,
-                    # Annotation-based Prometheus scraping finds vLLM's /metrics on its API port.
+                    # Annotation-based Prometheus scraping finds vLLM's /metrics on its API port; the in-pod
+                    # files' digest rolls the servers onto a fix of them.
                     "annotations": {
                         "prometheus.io/scrape": "true",
                         "prometheus.io/port": "8000",
                         "prometheus.io/path": "/metrics",
+                        "cpullm.io/in-pod-code": in_pod_code_digest(api_key_guard=True),
                     },
                 },
                 "spec": {
@@ -412,3 +416,16 @@ def test_with_a_key_a_pythonpath_the_guard_cannot_join_is_refused_not_dropped(en
     else:
         assert spec(**fields).env[0].name == env[0]["name"]
     assert spec(env=env).env  # without a key, the user's PYTHONPATH is passed as it is
+
+
+def test_a_change_of_the_in_pod_files_changes_the_servers_template(monkeypatch):
+    """The digest covers the files the pod mounts: the guard's only where the spec has an API key; a fix to any of
+    them is a new template, which the operator rolls out (paced)."""
+    before = {guard: in_pod_code_digest(guard) for guard in (False, True)}
+    assert before[False] != before[True]
+    fixed = {**children_launcher.SOURCES, API_KEY_GUARD_FILE: children_launcher.SOURCES[API_KEY_GUARD_FILE] + "#"}
+    monkeypatch.setattr(children_launcher, "SOURCES", fixed)
+    assert in_pod_code_digest(False) == before[False] and in_pod_code_digest(True) != before[True]
+    fixed = {**fixed, LAUNCHER_FILE: fixed[LAUNCHER_FILE] + "#"}
+    monkeypatch.setattr(children_launcher, "SOURCES", fixed)
+    assert in_pod_code_digest(False) != before[False]

@@ -11,7 +11,13 @@ from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.drain import drain_hook, grace_seconds
-from cpullm.core.children.launcher import launcher_command, launcher_volume, launcher_volume_mount
+from cpullm.core.children.launcher import (
+    IN_POD_CODE,
+    in_pod_code_digest,
+    launcher_command,
+    launcher_volume,
+    launcher_volume_mount,
+)
 from cpullm.core.children.model_cache import compile_cache_volume, ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
 from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
@@ -215,7 +221,10 @@ def build_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
         pod_spec["tolerations"] = [t.model_dump(by_alias=True, exclude_none=True) for t in spec.tolerations]
-    template = {"metadata": {"labels": labels(owner), "annotations": _scrape(spec)}, "spec": pod_spec}
+    annotations = _scrape(spec)
+    if in_pod_files(spec, plan):
+        annotations[IN_POD_CODE] = in_pod_code_digest(spec.api_key_secret is not None)
+    template = {"metadata": {"labels": labels(owner), "annotations": annotations}, "spec": pod_spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -8,6 +8,7 @@ constants.LAUNCHER_MOUNT (the fixes in a directory of their own, which the launc
 
 from __future__ import annotations
 
+import hashlib
 import re
 from importlib import resources
 from typing import Any
@@ -42,6 +43,20 @@ def _source(name: str) -> str:
 
 SOURCES = {key: _source(source) for key, (source, _) in IN_POD_FILES.items()}
 VOLUME_NAME = "launcher"
+
+
+IN_POD_CODE = "cpullm.io/in-pod-code"
+
+
+def in_pod_code_digest(api_key_guard: bool) -> str:
+    """A digest of the in-pod files a server runs (those launcher_volume mounts), for its pod template: a change of
+    them (a fix to the guard, the launcher or the fixes to vLLM) changes the template, so the servers are rolled
+    onto it (paced, as any change their user did not ask for), not left on the code they started with."""
+    used = [key for key in sorted(IN_POD_FILES) if api_key_guard or key != c.API_KEY_GUARD_FILE]
+    digest = hashlib.sha256()
+    for key in used:
+        digest.update(key.encode() + b"\0" + SOURCES[key].encode() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def launcher_config_map_name(owner: Owner) -> str:
