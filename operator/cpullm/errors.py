@@ -66,6 +66,12 @@ class UnsupportedModel(PlanRefusal):
     reason = "UnsupportedModel"
 
 
+class NotSizedHere(UnsupportedModel):
+    """A family or layer pattern the formulas here do not know (where vLLM may: a sizing Job or the CLI's
+    --vllm-python asks it). A config they know but whose values cannot be (head_dim 0, a layer count that is not one)
+    is an UnsupportedModel, never sent to vLLM."""
+
+
 class VllmCannotServe(UnsupportedModel):
     """vLLM's CPU backend cannot serve this model, for vLLM's own reason (a kernel it lacks, a GPU-only layer): asking
     vLLM to size it would not change that."""

@@ -14,7 +14,7 @@ import pytest
 
 from cpullm.api.spec import DType
 from cpullm.core.sizing import size_model
-from cpullm.errors import UnsupportedModel, VllmCannotServe
+from cpullm.errors import NotSizedHere, UnsupportedModel, VllmCannotServe
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BF16_NODE = frozenset({"avx512f", "avx512_bf16"})
@@ -29,6 +29,12 @@ def report(name: str) -> dict[str, Any]:
 def model(name: str) -> dict[str, Any]:
     found: dict[str, Any] = json.loads((FIXTURES / "models" / f"{name}.json").read_text())
     return found
+
+
+VLLM_ONLY_GPT2 = {
+    "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12,
+    "n_positions": 1024, "vocab_size": 50257,
+}  # fmt: skip
 
 
 def answering(answer: dict[str, Any]):
@@ -108,7 +114,18 @@ def test_vllm_is_not_asked_about_what_it_cannot_serve_or_what_the_formulas_know(
     size_model(model("lfm2-1.2b"), DType.BFLOAT16, vllm=sizer)
     with pytest.raises(UnsupportedModel):  # spec.model.weightsBytes: the user's word, no vLLM asked
         size_model({"model_type": "lfm2_fork"}, DType.BFLOAT16, weights_bytes=1 << 30, vllm=sizer)
+    # A family the formulas know, with values that cannot be: refused as it is, not sent to vLLM.
+    with pytest.raises(UnsupportedModel, match="hidden_size=8 is smaller than num_attention_heads") as refused:
+        size_model({**model("llama-3.1-8b"), "hidden_size": 8}, DType.BFLOAT16, vllm=sizer, always_vllm=True)
+    assert not isinstance(refused.value, NotSizedHere)
     assert sizer.asked == []
+
+
+@pytest.mark.parametrize("config", [VLLM_ONLY_GPT2, {**VLLM_ONLY_GPT2, "model_type": "mamba2"}], ids=["gpt2", "mamba2"])
+def test_what_the_formulas_do_not_know_is_theirs_to_say_so(config):
+    """NotSizedHere, the one refusal a vLLM sizer answers instead: a family or pattern the formulas do not know."""
+    with pytest.raises(NotSizedHere):
+        size_model(config, DType.BFLOAT16)
 
 
 def test_sized_by_vllm_asks_vllm_about_every_model_and_keeps_the_formulas_word_beside():

@@ -79,7 +79,7 @@ class JobSizer:
         if report is None:
             last = (facts.message.strip().splitlines() or ["(no message)"])[-1][-400:]
             raise VllmSizingFailed(
-                f"the sizing {where} ended without vLLM's report ({facts.reason or 'failed'}: {last}); it runs "
+                f"the sizing {where} ended without vLLM's report ({facts.reason or 'completed'}: {last}); it runs "
                 f"again once Kubernetes removes it, {TTL_SECONDS} s after it ended"
             )
         record = {"key": request.key, "image": request.image, "report": json.dumps(report, separators=(",", ":"))}

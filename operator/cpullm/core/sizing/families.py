@@ -33,7 +33,7 @@ from cpullm.core.sizing.layers import (
     layer_kinds,
     sliding_by_pattern,
 )
-from cpullm.errors import UnsupportedModel, VllmCannotServe
+from cpullm.errors import NotSizedHere, UnsupportedModel, VllmCannotServe
 
 COMMON_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
 
@@ -304,14 +304,14 @@ def _generic(family: str, config: ConfigView) -> Anatomy:
             "another model"
         )
     if family in NOT_SIZED:
-        raise UnsupportedModel(
+        raise NotSizedHere(
             f"model_type {show(family)} has state-space or linear-attention layers vLLM CPU runs but this operator "
             f"does not size yet (sized: {', '.join(sorted(HYBRIDS))}); vLLM sizes it: the operator's sizing Job, or "
             "cpullm plan --vllm-python"
         )
     state = [key for key in STATE_KEYS if config.has(key)]
     if state:
-        raise UnsupportedModel(
+        raise NotSizedHere(
             f"model_type {show(family)} is not a known family and its config has {state[0]}: layers that are not "
             "attention, which the common-field formula (a Llama) would size wrongly; vLLM sizes it (the operator's "
             "sizing Job, or cpullm plan --vllm-python), or set spec.model.weightsBytes and an explicit kvCacheGiB"
@@ -325,7 +325,7 @@ def _generic(family: str, config: ConfigView) -> Anatomy:
             return Decoder(moe=MoE(experts_key, expert_size_key=size_key, active_key=active_key)).build(family, config)
     missing = [key for key in COMMON_FIELDS if not config.has(key)]
     if missing:
-        raise UnsupportedModel(
+        raise NotSizedHere(
             f"model_type {show(family)} is not a known family and its config lacks {', '.join(missing)}; "
             "set spec.model.weightsBytes to size the weights, or have vLLM size it (cpullm plan --vllm-python; the "
             "operator runs a sizing Job)"

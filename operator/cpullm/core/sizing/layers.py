@@ -10,7 +10,7 @@ from typing import Any
 
 from cpullm.core.sizing.anatomy import EMBEDDING, Anatomy, KVGroup, LayerKind, Linear, Params, Split
 from cpullm.core.sizing.config import MAX_CONFIG_VALUES, ConfigView, first_present, positive_int, show
-from cpullm.errors import UnsupportedModel
+from cpullm.errors import NotSizedHere, UnsupportedModel
 
 # The names configs give a mixture of experts' fields, and the families that use each (a family of FAMILIES reads its
 # own; a family not in the table is read by these, in this order).
@@ -218,7 +218,7 @@ def listed_layer_kinds(
         raise UnsupportedModel(f"model config layer_types lists {len(types)} layers of {layers}")
     unknown = sorted({t for t in types[:layers] if t not in names})
     if unknown:
-        raise UnsupportedModel(f"model config layer_types has {', '.join(map(show, unknown))}: {sized}")
+        raise NotSizedHere(f"model config layer_types has {', '.join(map(show, unknown))}: {sized}")
     return [names[t] for t in types[:layers]]
 
 
@@ -236,7 +236,7 @@ def layer_kinds(config: ConfigView, layers: int, sliding: Callable[[ConfigView, 
     if sliding is None:
         unread = [key for key in UNREAD_PATTERN_KEYS if config.has(key)]
         if unread:
-            raise UnsupportedModel(
+            raise NotSizedHere(
                 f"model config {unread[0]}={show(config.values[unread[0]])} says which layers slide in a way "
                 f"{sized.split(' is sized')[0]} is not sized by; give layer_types, or spec.model.weightsBytes and an "
                 "explicit kvCacheGiB"

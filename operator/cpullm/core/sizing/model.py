@@ -18,7 +18,7 @@ from cpullm.core.sizing.config import model_type, show
 from cpullm.core.sizing.families import anatomy_of
 from cpullm.core.sizing.quantization import AMX, BF16_ARITHMETIC, WeightFormat, weight_format
 from cpullm.core.sizing.vllm_report import VllmSizer, anatomy_from_report
-from cpullm.errors import UnsupportedModel, VllmCannotServe
+from cpullm.errors import NotSizedHere, UnsupportedModel
 
 # A safetensors index's total_size beyond this (4 EiB) is no checkpoint.
 MAX_CHECKPOINT_BYTES = 2**62
@@ -320,9 +320,7 @@ def size_model(
     quantization = weight_format(config)
     try:
         anatomy = anatomy_of(config, placeholders=_WEIGHTS_ONLY if weights_bytes is not None else None)
-    except VllmCannotServe:
-        raise
-    except UnsupportedModel:
+    except NotSizedHere:  # a family or pattern the formulas do not know: vLLM is asked where it can be
         if vllm is None or weights_bytes is not None:
             raise
         return _by_vllm(config, dtype, vllm, quantization, dtype_bytes)
