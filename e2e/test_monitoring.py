@@ -6,12 +6,11 @@ write on the CpuLLMService's scale subresource (what an HPA does) into the Deplo
 from __future__ import annotations
 
 import json
-import urllib.request
 
 import pytest
 from testbed.objects import tiny_service
 from testbed.operator import InClusterOperator, Operator
-from testbed.tools import Kubectl, eventually
+from testbed.tools import Kubectl, eventually, scrape
 
 from e2e.support import condition, conditions, install, not_planned, owned_by_service, ready
 
@@ -107,13 +106,7 @@ def test_operator_metrics_count_reconciles_refusals_and_services(
     not_planned(kubectl, namespace, "refused-m", "NoEligibleNode")
 
     def scraped() -> dict[str, float]:
-        with urllib.request.urlopen(operator.metrics_url, timeout=5) as response:
-            text = response.read().decode()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                samples[name] = float(value)
+        samples = scrape(operator.metrics_url, timeout=5)
         assert samples.get('cpullm_plan_refusals_total{reason="NoEligibleNode"}', 0) >= 1, "no refusal yet"
         # The readiness gauge is the operator's memory of the status it wrote, kept just after the write.
         assert samples.get('cpullm_services{ready="False"}', 0) >= 1, "no service reported not ready yet"

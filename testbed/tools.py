@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -98,6 +99,18 @@ class Kubectl:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
         obj = json.loads(result.stdout)
         return obj if name else obj["items"]
+
+
+def scrape(url: str, timeout: float = 10) -> dict[str, float]:
+    """A Prometheus text page, one value per series (its name and labels as printed)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            series, _, value = line.rpartition(" ")
+            samples[series] = float(value)
+    return samples
 
 
 def free_port() -> int:

@@ -32,7 +32,7 @@ from cpullm.vllm_support import REPORT_ENV
 from testbed import machine
 from testbed.cgroup import MemoryCgroup, Reading
 from testbed.machine import drop_from_page_cache
-from testbed.tools import ROOT, free_port
+from testbed.tools import ROOT, free_port, scrape
 
 # The tests' tiny trained Llama, by its directory name (make_tiny_model).
 TINY = "tiny-llama"
@@ -363,14 +363,7 @@ class LocalServer:
 
     def metrics(self) -> dict[str, float]:
         """The server's Prometheus metrics: one value per series (name and labels as printed)."""
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=10) as response:
-            text = response.read().decode()
-        samples = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                series, _, value = line.rpartition(" ")
-                samples[series] = float(value)
-        return samples
+        return scrape(f"http://127.0.0.1:{self.port}/metrics")
 
     def served_model(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=10) as response:
