@@ -48,13 +48,17 @@ VOLUME_NAME = "launcher"
 IN_POD_CODE = "cpullm.io/in-pod-code"
 
 
+def _mounted(api_key_guard: bool) -> list[str]:
+    """The ConfigMap's keys a server's pod mounts: the guard's only where the spec has an API key."""
+    return [key for key in IN_POD_FILES if api_key_guard or key != c.API_KEY_GUARD_FILE]
+
+
 def in_pod_code_digest(api_key_guard: bool) -> str:
     """A digest of the in-pod files a server runs (those launcher_volume mounts), for its pod template: a change of
     them (a fix to the guard, the launcher or the fixes to vLLM) changes the template, so the servers are rolled
     onto it (paced, as any change their user did not ask for), not left on the code they started with."""
-    used = [key for key in sorted(IN_POD_FILES) if api_key_guard or key != c.API_KEY_GUARD_FILE]
     digest = hashlib.sha256()
-    for key in used:
+    for key in sorted(_mounted(api_key_guard)):
         digest.update(key.encode() + b"\0" + SOURCES[key].encode() + b"\0")
     return digest.hexdigest()[:16]
 
@@ -76,8 +80,7 @@ def build_launcher_config_map(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan)
 def launcher_volume(owner: Owner, api_key_guard: bool) -> dict[str, Any]:
     """The pod's volume of the ConfigMap, each file it uses at its path under the mount: the guard only where the
     spec has an API key, so that the pod template of every other server stays as it was before the guard."""
-    used = {key: value for key, value in IN_POD_FILES.items() if api_key_guard or key != c.API_KEY_GUARD_FILE}
-    items = [{"key": key, "path": path} for key, (_, path) in used.items()]
+    items = [{"key": key, "path": IN_POD_FILES[key][1]} for key in _mounted(api_key_guard)]
     return {"name": VOLUME_NAME, "configMap": {"name": launcher_config_map_name(owner), "items": items}}
 
 
