@@ -15,6 +15,12 @@ requests) for --seconds to one address, then to the other, --rounds times:
 Prints, per route: requests, failures, latency and time to first token at p50/p95/p99, and how many requests each
 server finished (vLLM's vllm:request_success_total, before and after). Needs root and the kind stage's images
 (a Docker engine from scripts/docker.sh, the vLLM environment); takes ~15 minutes and the machine's two CPUs.
+
+With --chat, multi-turn conversations instead (testbed/load.py's Conversations: a shared system prompt, a first
+message of its own, then turns that send the whole conversation so far), through three routes: the Service, the
+router with `affinity: none` (least connections) and the router with `affinity: prefix` (the default), switched by
+patching the service between them. Each route's rows add the time to first token of the later turns alone (what
+the prefix cache can save) and the servers' prefix-cache hit rate (vLLM's prefix_cache_hits / _queries, in tokens).
 """
 
 from __future__ import annotations
@@ -33,7 +39,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testbed.images import build_debian
 from testbed.load import percentile
 from testbed.registry import push_archive
-from testbed.spread import NAMESPACE, SPREAD, QuickStart, deploy_spread, quick_start_cluster, router_ready, served
+from testbed.spread import (
+    NAMESPACE,
+    SPREAD,
+    QuickStart,
+    deploy_spread,
+    patch_spec,
+    quick_start_cluster,
+    router_ready,
+    served,
+    server_counters,
+)
 from testbed.tools import ROOT, Kubectl, eventually
 
 CLIENT = "routing-bench-client"
@@ -43,7 +59,7 @@ DIRECT = f"{SPREAD}-direct"
 def client_objects(image: str) -> list[dict[str, Any]]:
     """The load's source in a ConfigMap, the pod that runs it, and the plain Service to compare with."""
     meta = {"namespace": NAMESPACE, "labels": {"app.kubernetes.io/name": CLIENT}}
-    source = (ROOT / "e2e" / "load.py").read_text()
+    source = (ROOT / "testbed" / "load.py").read_text()
     return [
         {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**meta, "name": CLIENT}, "data": {"load.py": source}},
         {
@@ -71,8 +87,11 @@ def client_objects(image: str) -> list[dict[str, Any]]:
     ]
 
 
-def drive(kubectl: Kubectl, host: str, model: str, clients: int, seconds: int, seed: int) -> list[dict[str, Any]]:
+def drive(
+    kubectl: Kubectl, host: str, model: str, clients: int, seconds: int, seed: int, chat: bool = False
+) -> list[dict[str, Any]]:
     command = ["python3.11", "/load/load.py", host, "8000", model, str(clients), str(seconds), str(seed)]
+    command += ["chat"] if chat else []
     out = kubectl.run("exec", CLIENT, "-n", NAMESPACE, "--", *command, timeout=seconds + 900).stdout
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
@@ -103,6 +122,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--clients", type=int, default=6)
     parser.add_argument("--seconds", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--chat", action="store_true", help="multi-turn conversations through three routes")
     args = parser.parse_args(argv)
     docker = subprocess.run(
         [str(ROOT / "scripts" / "docker.sh"), "start"], check=True, capture_output=True, text=True
@@ -114,7 +134,10 @@ def main(argv: list[str]) -> int:
             tempfile.TemporaryDirectory(prefix="routing-bench-") as workdir,
             quick_start_cluster(docker_env, Path(workdir)) as quick_start,
         ):
-            print(table(measure(quick_start, args.clients, args.seconds, args.rounds)))
+            if args.chat:
+                print(table(measure_chat(quick_start, args.clients, args.seconds, args.rounds), CHAT_HEADER))
+            else:
+                print(table(measure(quick_start, args.clients, args.seconds, args.rounds)))
     finally:
         subprocess.run([str(ROOT / "scripts" / "docker.sh"), "stop"], check=True)
     return 0
@@ -141,8 +164,69 @@ def measure(quick_start: QuickStart, clients: int, seconds: int, rounds: int) ->
     return [row(route, outcomes, list(per_server.values())) for route, (outcomes, per_server) in results.items()]
 
 
-def table(rows: list[list[str]]) -> str:
-    header = ["route", "requests", "failed", "latency s p50/p95/p99", "first token s p50/p95/p99", "per server"]
+HEADER = ["route", "requests", "failed", "latency s p50/p95/p99", "first token s p50/p95/p99", "per server"]
+CHAT_HEADER = [*HEADER, "later turns' first token s p50/p95/p99", "prefix cache hits"]
+# The servers' chat template: the tiny model has none of its own; any template makes each turn's prompt begin with
+# the one before it, which is what the prefix cache keys on.
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
+PREFIX_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
+
+
+def switch_router(kubectl: Kubectl, affinity: str) -> None:
+    """The service's router to `affinity`, once the router runs its new configuration alone."""
+    patch_spec(kubectl, {"routing": {"router": {"affinity": affinity}}})
+    wanted = "  balance leastconn" if affinity == "none" else "  balance hash var(txn.affinity)"
+
+    def rolled() -> bool:
+        config = kubectl.get("configmap", f"{SPREAD}-router", NAMESPACE) or {}
+        pods = kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/router": SPREAD})
+        return (
+            wanted in config.get("data", {}).get("haproxy.cfg", "").splitlines()
+            and router_ready(kubectl)
+            and (len(pods) == 1 and not pods[0]["metadata"].get("deletionTimestamp"))
+        )
+
+    eventually(rolled, timeout=300, interval=2, what=f"the router with affinity {affinity}")
+
+
+def measure_chat(quick_start: QuickStart, clients: int, seconds: int, rounds: int) -> list[list[str]]:
+    kubectl = quick_start.kubectl
+    model = deploy_spread(quick_start, 2, extraArgs=["--chat-template", CHAT_TEMPLATE])
+    eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
+    debian = build_debian()
+    kubectl.apply(*client_objects(push_archive(quick_start.registry, debian, debian.ref.split("/", 1)[1])))
+    kubectl.run("wait", "--for=condition=Ready", f"pod/{CLIENT}", "-n", NAMESPACE, "--timeout=300s")
+    routes = (
+        ("service", DIRECT, "prefix"),
+        ("router, least connections", SPREAD, "none"),
+        ("router, prefix", SPREAD, "prefix"),
+    )
+    results: dict[str, tuple[list[dict[str, Any]], dict[str, float], list[float]]] = {
+        route: ([], {}, [0.0, 0.0]) for route, _, _ in routes
+    }
+    for round_ in range(rounds):
+        for index, (route, address, affinity) in enumerate(routes):
+            if address == SPREAD:
+                switch_router(kubectl, affinity)
+            before, cache_before = served(kubectl), server_counters(kubectl, PREFIX_COUNTERS)
+            # Fresh conversations per route and round: no route finds another's in the caches.
+            outcomes = drive(kubectl, address, model, clients, seconds, seed=100 * round_ + index, chat=True)
+            after, cache_after = served(kubectl), server_counters(kubectl, PREFIX_COUNTERS)
+            results[route][0].extend(outcomes)
+            for pod, count in after.items():
+                results[route][1][pod] = results[route][1].get(pod, 0.0) + count - before.get(pod, 0.0)
+                for i in range(2):
+                    results[route][2][i] += cache_after[pod][i] - cache_before.get(pod, [0.0, 0.0])[i]
+    rows = []
+    for route, (outcomes, per_server, (hits, queries)) in results.items():
+        print(f"{route}: failures: {failures(outcomes)}")
+        later = [o["first_token"] for o in outcomes if o["error"] is None and o.get("turn", 0) > 1]
+        spread = " / ".join(f"{percentile(later, q):.2f}" for q in (50, 95, 99))
+        rows.append([*row(route, outcomes, list(per_server.values())), spread, f"{hits / max(queries, 1):.2f}"])
+    return rows
+
+
+def table(rows: list[list[str]], header: list[str] = HEADER) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) for r in [header, *rows])
 

@@ -2,7 +2,11 @@
 what failed and how. Used by the router's traffic test (e2e/test_quickstart.py) and its benchmark
 (bench/routing_bench.py), which runs this file inside the cluster (stdlib only):
 
-    python3 load.py HOST PORT MODEL CLIENTS SECONDS SEED     # prints one JSON outcome per line
+    python3 load.py HOST PORT MODEL CLIENTS SECONDS SEED [chat]     # prints one JSON outcome per line
+
+`chat`: multi-turn conversations instead (Conversations): each client holds one conversation at a time, a system
+prompt every conversation shares and a long first message of its own, then turns that each send the whole
+conversation so far; each outcome carries its turn.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class Outcome:
     seconds: float  # to the stream's end (or the failure)
     first_token: float | None  # seconds to the first streamed token
     error: str | None = None  # None: the stream ended with [DONE] after at least one token
+    turn: int = 0  # a conversation's request: 1 for its first, 2 for the next... (0: not a conversation)
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,108 @@ def stream_completion(host: str, port: int, model: str, request: Request, timeou
         return Outcome(started, time.monotonic() - started, first, f"{type(err).__name__}: {err}")
     finally:
         connection.close()
+
+
+def stream_chat(
+    host: str, port: int, model: str, messages: list[dict[str, str]], max_tokens: int, timeout: float = 300
+) -> tuple[Outcome, str]:
+    """One streamed chat completion: its outcome and the reply's text (for the conversation's next turn)."""
+    started = time.monotonic()
+    first: float | None = None
+    reply: list[str] = []
+    body = {"model": model, "messages": messages, "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+    connection = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            error = f"HTTP {response.status}: {response.read()[:200]!r}"
+            return Outcome(started, time.monotonic() - started, None, error), ""
+        done = False
+        for raw in response:
+            line = raw.strip()
+            if line == b"data: [DONE]":
+                done = True
+            elif line.startswith(b"data: "):
+                first = time.monotonic() - started if first is None else first
+                for choice in json.loads(line[6:]).get("choices", []):
+                    reply.append((choice.get("delta") or {}).get("content") or "")
+        error = None if done and first is not None else "the stream ended before [DONE]"
+        return Outcome(started, time.monotonic() - started, first, error), "".join(reply)
+    except (OSError, http.client.HTTPException, ValueError) as err:
+        return Outcome(started, time.monotonic() - started, first, f"{type(err).__name__}: {err}"), ""
+    finally:
+        connection.close()
+
+
+# The conversations' words: plain ones, so that a tokenizer makes about one token of each.
+WORDS = (
+    "the", "a", "model", "server", "cache", "node", "core", "memory", "token", "prompt", "answer", "question", "turn",
+    "time", "thread", "rank", "batch", "queue", "request", "reply", "system", "user", "plan", "speed", "layer",
+    "weight", "kernel", "socket", "cluster", "pod", "service", "router", "conversation",
+)  # fmt: skip
+
+
+def words(draw: random.Random, count: int) -> str:
+    return " ".join(draw.choice(WORDS) for _ in range(count))
+
+
+@dataclass
+class Conversations:
+    """Clients each holding one multi-turn chat at a time: a system prompt every conversation shares
+    (`system_words`), a first user message of its own (`first_words`: what the prefix cache saves on later turns),
+    then `turns` - 1 more, each a short message after the reply, with the whole conversation sent every turn."""
+
+    host: str
+    port: int
+    model: str
+    clients: int
+    # Sized for a 2,048-token context at ~3.3 tokens a word (the tests' tiny tokenizer): ~1,700 tokens by the last
+    # turn, most of them the turns before it.
+    turns: int = 7
+    system_words: int = 40
+    first_words: int = 80
+    next_words: int = 40
+    max_tokens: int = 24
+    seed: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
+        self._system = words(random.Random(self.seed), self.system_words)
+
+    def _client(self, index: int) -> None:
+        draw = random.Random(self.seed * 1000 + index + 1)
+        while not self._stop.is_set():
+            messages = [
+                {"role": "system", "content": self._system},
+                {"role": "user", "content": words(draw, self.first_words)},
+            ]
+            for turn in range(1, self.turns + 1):
+                if self._stop.is_set():
+                    return
+                outcome, reply = stream_chat(self.host, self.port, self.model, messages, self.max_tokens)
+                with self._lock:
+                    self.outcomes.append(dataclasses.replace(outcome, turn=turn))
+                if outcome.error is not None:
+                    break
+                messages += [
+                    {"role": "assistant", "content": reply},
+                    {"role": "user", "content": words(draw, self.next_words)},
+                ]
+
+    @contextmanager
+    def running(self) -> Iterator[Conversations]:
+        for thread in self._threads:
+            thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            for thread in self._threads:
+                thread.join()
 
 
 @dataclass
@@ -131,8 +238,12 @@ MIXED = [Request(prompt, tokens) for prompt in (16, 256, 1024) for tokens in (8,
 
 
 def main(argv: list[str]) -> int:
-    host, port, model, clients, seconds, seed = argv
-    load = Load(host, int(port), model, int(clients), MIXED, pauses=(2.0, 8.0), idle_chance=1 / 3, seed=int(seed))
+    host, port, model, clients, seconds, seed, *mode = argv
+    load: Load | Conversations
+    if mode == ["chat"]:
+        load = Conversations(host, int(port), model, int(clients), seed=int(seed))
+    else:
+        load = Load(host, int(port), model, int(clients), MIXED, pauses=(2.0, 8.0), idle_chance=1 / 3, seed=int(seed))
     with load.running():
         time.sleep(float(seconds))
     for outcome in load.outcomes:

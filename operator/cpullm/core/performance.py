@@ -292,18 +292,26 @@ def _kv_scale(model: ModelSize, kv_bytes_per_token: int) -> float:
 
 
 def decode_step(
-    model: ModelSize, serving: Serving, node: NodePerformance, batch: int, context: int, kv_bytes_per_token: int
+    model: ModelSize,
+    serving: Serving,
+    node: NodePerformance,
+    batch: int,
+    context: int,
+    kv_bytes_per_token: int,
+    queries: int = 1,
 ) -> StepTime:
     """One decode step of `batch` sequences at `context` tokens each, on the node's slowest NUMA node. The attention
-    reads each sequence's KV cache at the rate the probe's layer did, scaled by this model's KV bytes per layer."""
+    reads each sequence's KV cache at the rate the probe's layer did, scaled by this model's KV bytes per layer.
+    `queries`: tokens each sequence puts through the weights in the step (a speculative step checks the proposed
+    tokens and one more: the matrix kernels run at batch x queries rows, each sequence's KV cache is read once)."""
     numa, cores, tp = node.slowest(), serving.cores_per_rank, serving.tensor_parallel_size
     small = numa.small_kernel_seconds(cores)
     layers = max(1, model.anatomy.layers)
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
     per_sequence = _kv_scale(model, kv_bytes_per_token) / numa.attention_decode_rate(cores, context)
-    shared = serving.sharing
+    shared, rows = serving.sharing, batch * max(1, queries)
     return StepTime(
-        weights=step_bytes(model, tp).at(batch) / _rate(numa, serving, batch) * shared,
+        weights=step_bytes(model, tp).at(rows) / matrix_rate(numa, serving, rows) * shared,
         attention=batch * attention_layers * per_sequence * shared,
         small_kernels=layers * LAYER_SMALL_KERNELS * small * shared,
         allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small * shared) if tp > 1 else 0.0,
@@ -332,8 +340,8 @@ def prefill_seconds(
         step = decode_step(model, serving, node, chunk, 0, kv_bytes_per_token)
         streamed = step_bytes(model, tp)
         # The decoder layers at the chunk's batch; the LM head only for the sequence's last token.
-        layers = streamed.layers(chunk) / _rate(numa, serving, chunk) / prefill_efficiency(model)
-        matrices = (layers + streamed.lm_head / _rate(numa, serving, 1)) * serving.sharing
+        layers = streamed.layers(chunk) / matrix_rate(numa, serving, chunk) / prefill_efficiency(model)
+        matrices = (layers + streamed.lm_head / matrix_rate(numa, serving, 1)) * serving.sharing
         flops = 4 * chunk * (done + chunk / 2) * width * attention_layers
         attention = flops / numa.attention_prefill_flops(cores) * serving.sharing
         total += matrices + attention + step.small_kernels + step.allreduce
@@ -409,7 +417,8 @@ def faster_formats(
     return sorted(found, key=lambda f: -max(f.decode_speedup, f.throughput_speedup))
 
 
-def _rate(numa: NumaPerformance, serving: Serving, batch: int) -> float:
+def matrix_rate(numa: NumaPerformance, serving: Serving, batch: int) -> float:
+    """The rank's weight bytes per second through the plan's kernel at `batch` rows."""
     rate = numa.rate(serving.kernel, serving.cores_per_rank, batch)
     if rate is None:  # a kernel the probe could not run (int8 without vLLM): bf16's, said in the basis
         rate = numa.rate(BF16, serving.cores_per_rank, batch)
@@ -504,14 +513,20 @@ def estimated_performance(
     every = ThreadRates(
         cpus,
         read_all,
-        tuple(
-            (fmt, KernelRates(tuple((b, r * cpus * min(1.0, bound if b <= 8 else 1.0)) for b, r in rates.points)))
-            for fmt, rates in one.kernels
-        ),
+        tuple((fmt, _node_rates(rates, cpus, bound)) for fmt, rates in one.kernels),
         row.small_kernel_seconds,
     )
     numa = NumaPerformance(cpus, one, every)
     return NodePerformance(name, (numa,) * max(1, numa_nodes), row.python_seconds, "estimate", row.source)
+
+
+def _node_rates(one: KernelRates, cpus: int, bound: float) -> KernelRates:
+    """A NUMA node's rates from one thread's: up to 8 rows the weights stream from memory, so the cores share its
+    read (`bound`); past that the cores add arithmetic, but weights never stream faster than at the memory-bound
+    rows' best."""
+    streamed = [(b, r * cpus * min(1.0, bound)) for b, r in one.points if b <= 8]
+    ceiling = max((r for _, r in streamed), default=math.inf)
+    return KernelRates((*streamed, *((b, min(r * cpus, ceiling)) for b, r in one.points if b > 8)))
 
 
 def _estimate_kernels(row: Estimate) -> tuple[tuple[str, KernelRates], ...]:

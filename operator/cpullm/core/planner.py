@@ -11,6 +11,7 @@ reason is reported. docs/planning.md has the rules and their reasons.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -27,6 +28,7 @@ from cpullm.api.plan import (
     NodeShape,
     Plan,
     PredictedSpeed,
+    SpeculativePlan,
     binding_shown,
 )
 from cpullm.api.spec import (
@@ -37,6 +39,7 @@ from cpullm.api.spec import (
     Objective,
     Placement,
     RoutingMode,
+    SpeculativeMethod,
     ThreadsBindMode,
 )
 from cpullm.core import constants as c
@@ -52,6 +55,9 @@ from cpullm.core.podsecurity import server_security
 from cpullm.core.routing import drain_seconds, leave_router_room, routing_mode
 from cpullm.core.sizing import KVLayout, ModelSize
 from cpullm.core.sizing.quantization import AMX
+from cpullm.core.speculation import Speculation, with_mtp
+from cpullm.core.speculation import choose as choose_speculation
+from cpullm.core.speculation import off as speculation_off
 from cpullm.core.timing import expected_start_seconds, startup_seconds, step_timeout_seconds
 from cpullm.core.topology import NUMA_COUNT_LABELS, NUMA_SOURCE_DEFAULT, NodeProfile
 from cpullm.errors import (
@@ -102,7 +108,9 @@ def plan_service(
     for shape in shapes_of(eligible, daemons):
         for strategy in _strategies(spec, model, shape, explicit_tp, vllm_images):
             try:
-                plan = _plan_for_shape(spec, model, shape, strategy, explicit_tp, router_image, vllm_images)
+                plan = _plan_for_shape(
+                    spec, model, shape, strategy, explicit_tp, router_image, vllm_images, _planned_before(current)
+                )
             except PlanRefusal as refusal:
                 refusals.append((shape, refusal))
                 rejections.update(dict.fromkeys(shape.names, refusal.message))
@@ -127,6 +135,15 @@ def plan_service(
         # Every shape refused for the same reason: say that, for the shape that came closest (most memory).
         raise max(refusals, key=lambda item: (item[0].memory_bytes, item[0].node.cpus))[1]
     raise NoEligibleNode(rejections)
+
+
+def _planned_before(current: Mapping[str, Any] | None) -> bool:
+    """Do the running servers run a plan made before the operator chose speculative decoding (no field for it), or
+    one that kept it off for that reason (so it stays off until the spec chooses)?"""
+    if current is None or "tensorParallelSize" not in current:
+        return False
+    speculative = current.get("speculative")
+    return speculative is None or (isinstance(speculative, Mapping) and speculative.get("keptOff") is True)
 
 
 def _unfit_lookalikes(plan: Plan, shape: Shape, eligible: Sequence[NodeProfile]) -> list[NodeProfile]:
@@ -352,13 +369,26 @@ def _rank_threads(node: NodeProfile, cpus_per_rank: int, reserved: int, omp: int
 
 
 def _predicted(
-    model: ModelSize, shape: Shape, serving: Serving, kv: _KVCache, cpu: int, memory_bytes: int
+    model: ModelSize,
+    shape: Shape,
+    serving: Serving,
+    kv: _KVCache,
+    cpu: int,
+    memory_bytes: int,
+    speculation: Speculation,
 ) -> PredictedSpeed:
-    """How fast one server of the plan serves (core/performance.py), at its maxNumSeqs for throughput, and what a
-    million tokens cost where the nodes carry a price: `cpu` and `memory_bytes` are one server's."""
+    """How fast one server of the plan serves (core/performance.py), with speculative decoding where the plan turns
+    it on, at its maxNumSeqs for throughput, and what a million tokens cost where the nodes carry a price: `cpu` and
+    `memory_bytes` are one server's."""
     streams = kv.max_num_seqs or c.DEFAULT_MAX_NUM_SEQS
     kv_bytes = kv.layout.bytes_per_token(serving.tensor_parallel_size)
     figures = predict(model, serving, shape.performance, streams, kv_bytes)
+    if speculation.method is not None and speculation.decode_gain and speculation.throughput_gain:
+        figures = dataclasses.replace(
+            figures,
+            decode_tokens_per_second=figures.decode_tokens_per_second * speculation.decode_gain,
+            throughput_tokens_per_second=figures.throughput_tokens_per_second * speculation.throughput_gain,
+        )
     cost = None
     if shape.price_per_hour is not None and figures.throughput_tokens_per_second > 0:
         share = max(cpu / max(shape.node.cpus, 1), memory_bytes / max(shape.memory_bytes, 1))
@@ -528,6 +558,65 @@ def _strategies(
     return [chosen]
 
 
+@dataclass(frozen=True)
+class _Fitted:
+    """A pod of the plan laid out on a shape, its memory checked: what the rest of the plan is made from."""
+
+    layout: PodLayout
+    shard: int
+    processes: dict[str, bool]
+    kv: _KVCache
+    budget: MemoryBudget
+    threads_bind: str
+    reserved: int
+    omp: int | None
+    serving: Serving
+
+
+def _fitted(
+    spec: CpuLLMServiceSpec,
+    model: ModelSize,
+    shape: Shape,
+    strategy: PlacementStrategy,
+    explicit_tp: int | None,
+    server: _Server,
+) -> _Fitted:
+    """Lay one pod out and check its memory: weights first (ModelTooLarge), then the KV cache, then the whole."""
+    node, where = shape.node, shape.describe()
+    layout = strategy.layout(spec, model, shape, explicit_tp)
+    tp = layout.tensor_parallel_size
+    shard = math.ceil(model.weights_bytes / tp)
+    processes, kernels = _server_processes(spec, tp, node.arch, server.fixes), _kernels(spec, node)
+    _check_fits(memory_budget(model, tp, shard, 0, **processes, **kernels), layout, where, "the weights alone need")
+    kv = _kv_cache(spec, model, tp, node.isa)
+    budget = memory_budget(model, tp, shard, kv.gib, **processes, **kernels)
+    _check_fits(budget, layout, where, "needs")
+    threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
+    threads = _rank_threads(node, layout.cpus_per_rank, reserved, omp)
+    serving = Serving(tp, threads, *kernel_of(model), shares_cores=reserved == 0)
+    return _Fitted(layout, shard, processes, kv, budget, threads_bind, reserved, omp, serving)
+
+
+def _speculation(
+    spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, fitted: _Fitted, version: str | None, keep_off: bool
+) -> Speculation:
+    """spec.speculative for this pod (core/speculation.py). `keep_off`: the running servers were planned by an
+    operator that did not choose speculation, so auto keeps it off rather than restart them for it."""
+    if keep_off and spec.speculative.method == SpeculativeMethod.AUTO:
+        return dataclasses.replace(
+            speculation_off(
+                "auto: kept off, as the running servers were planned before the operator chose speculation (set "
+                "spec.speculative.method to choose)"
+            ),
+            kept_off=True,
+        )
+    streams = fitted.kv.max_num_seqs or c.DEFAULT_MAX_NUM_SEQS
+    kv_bytes = fitted.kv.layout.bytes_per_token(fitted.layout.tensor_parallel_size)
+    return choose_speculation(
+        spec.speculative, spec.objective, model, fitted.serving, shape.performance, streams, kv_bytes, version
+    )
+
+
 def _plan_for_shape(
     spec: CpuLLMServiceSpec,
     model: ModelSize,
@@ -536,6 +625,7 @@ def _plan_for_shape(
     explicit_tp: int | None,
     default_router_image: str,
     vllm_images: Mapping[str, str],
+    keep_off: bool = False,
 ) -> Plan:
     server = _server(spec, shape.node.arch, vllm_images)
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
@@ -543,22 +633,23 @@ def _plan_for_shape(
         shape, router_cpu = leave_router_room(spec, shape)
         router_image = spec.routing.router.image or default_router_image
     node, where = shape.node, shape.describe()
-    layout = strategy.layout(spec, model, shape, explicit_tp)
-    tp = layout.tensor_parallel_size
-    shard = math.ceil(model.weights_bytes / tp)
-    processes, kernels = _server_processes(spec, tp, node.arch, server.fixes), _kernels(spec, node)
+    fitted = _fitted(spec, model, shape, strategy, explicit_tp, server)
+    speculation = _speculation(spec, model, shape, fitted, server.version, keep_off)
+    if speculation.mtp_bytes:  # the MTP layers are loaded and cache too: the pod is laid out with them
+        fitted = _fitted(spec, with_mtp(model), shape, strategy, explicit_tp, server)
+    layout, kv, budget, serving = fitted.layout, fitted.kv, fitted.budget, fitted.serving
+    tp, shard, processes, reserved, omp = (
+        layout.tensor_parallel_size,
+        fitted.shard,
+        fitted.processes,
+        fitted.reserved,
+        fitted.omp,
+    )
+    threads_bind = fitted.threads_bind
     aot_compile_cache = _aot_compile_cache(spec, server.fixes)
-    _check_fits(memory_budget(model, tp, shard, 0, **processes, **kernels), layout, where, "the weights alone need")
-    kv = _kv_cache(spec, model, tp, node.isa)
-    budget = memory_budget(model, tp, shard, kv.gib, **processes, **kernels)
-    _check_fits(budget, layout, where, "needs")
-
     capacity = layout.pods_per_node * len(shape.members)
     replicas = strategy.replicas(spec.replicas, capacity)
-    threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
-    threads = _rank_threads(node, layout.cpus_per_rank, reserved, omp)
-    serving = Serving(tp, threads, *kernel_of(model), shares_cores=reserved == 0)
-    predicted = _predicted(model, shape, serving, kv, layout.cpus_per_rank * tp, budget.limit_bytes)
+    predicted = _predicted(model, shape, serving, kv, layout.cpus_per_rank * tp, budget.limit_bytes, speculation)
     binding = binding_shown(spec.cpu.launcher, threads_bind)
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     kv_source = kv.source
@@ -627,6 +718,16 @@ def _plan_for_shape(
         image=server.image,
         sizing=_sizing(spec, model, kv),
         predicted=predicted,
+        speculative=SpeculativePlan(
+            method=speculation.method or "off",
+            tokens=speculation.tokens or None,
+            vllm_config=speculation.vllm_config(),
+            decode_gain=speculation.decode_gain,
+            throughput_gain=speculation.throughput_gain,
+            weights_bytes=speculation.mtp_bytes or None,
+            kept_off=speculation.kept_off or None,
+            reason=speculation.reason,
+        ),
         node_profile=node.summary(shape.memory_bytes),
         eligible_nodes=shape.names,
         summary=summary,

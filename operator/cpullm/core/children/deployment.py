@@ -48,6 +48,8 @@ def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
         args += ["--kv-cache-dtype", spec.kv_cache_dtype.value]
     if plan.max_num_seqs is not None:
         args += ["--max-num-seqs", str(plan.max_num_seqs)]
+    if plan.speculative is not None and plan.speculative.vllm_config:
+        args += ["--speculative-config", plan.speculative.vllm_config]
     args += ["--host", "0.0.0.0", "--port", str(spec.service.port)]
     if spec.api_key_secret is not None:
         args += ["--middleware", c.API_KEY_GUARD_MIDDLEWARE]

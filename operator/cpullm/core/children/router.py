@@ -11,7 +11,7 @@ import hashlib
 from typing import Any
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
+from cpullm.api.spec import CpuLLMServiceSpec, RouterAffinity, RouterSettings, RoutingMode
 from cpullm.core import constants as c
 from cpullm.core.children.common import (
     MANAGED_BY,
@@ -92,13 +92,43 @@ def haproxy_config(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> str:
             "  http-request return status 200 if { path /live }",
             "  http-request use-service prometheus-exporter if { path /metrics }",
             "backend servers",
-            "  balance leastconn",
+            *_balance(spec.routing.router),
             "  option httpchk GET /health",
             f"  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none{per_server}",
             f"  server-template server 1-{min(max(plan.capacity, 1), MAX_SERVER_SLOTS)} {servers}:{port}",
             "",
         ]
     )
+
+
+# The affinity key's sources, first found wins: the client's session header (where the spec names one), the first
+# user message of a chat (after a system prompt, where the first message is one), a completion's prompt (its first
+# PROMPT_KEY_BYTES: a later turn repeats the earlier text first). HAProxy's json_query reads the buffered body.
+PROMPT_KEY_BYTES = 256
+
+
+def _balance(router: RouterSettings) -> list[str]:
+    """How the backend picks a server: least connections, or a consistent hash of the conversation's key with
+    bounded load (HAProxy's hash-balance-factor): a server over loadFactor percent of the average takes no more
+    conversations until it is not. Requests without a key (no body, no text) are spread over the servers."""
+    if router.affinity == RouterAffinity.NONE:
+        return ["  balance leastconn"]
+    key, found = "txn.affinity", "{ var(txn.affinity) -m found }"
+    lines = ["  option http-buffer-request"]
+    if router.session_header:
+        header = router.session_header.lower()
+        lines.append(f"  http-request set-var({key}) req.hdr({header}) if {{ req.hdr({header}) -m found }}")
+    lines += [
+        f"  http-request set-var(txn.first_role) req.body,json_query('$.messages[0].role') unless {found}",
+        f"  http-request set-var({key}) req.body,json_query('$.messages[1].content') if !{found} "
+        "{ var(txn.first_role) -m str system }",
+        f"  http-request set-var({key}) req.body,json_query('$.messages[0].content') unless {found}",
+        f"  http-request set-var({key}) req.body,json_query('$.prompt'),bytes(0,{PROMPT_KEY_BYTES}) unless {found}",
+        f"  balance hash var({key})",
+        "  hash-type consistent",
+        f"  hash-balance-factor {router.load_factor}",
+    ]
+    return lines
 
 
 def build_router_config_map(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:

@@ -146,3 +146,25 @@ def show(value: object) -> str:
 
 def first_present(config: ConfigView, keys: Iterable[str]) -> str | None:
     return next((key for key in keys if config.has(key)), None)
+
+
+# The config keys that count a checkpoint's multi-token-prediction (MTP) layers, beyond num_hidden_layers: DeepSeek
+# V3, GLM-4.5, MiMo and ERNIE 4.5 name them one way, Qwen3-Next the other (vLLM's config/speculative.py reads both).
+MTP_LAYER_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers")
+
+
+def mtp_layers(config: Mapping[str, Any]) -> int:
+    """The checkpoint's MTP layers (0: none), from its config or its text_config; a value that is no count is 0."""
+    for view in (config, text_config(config)):
+        for key in MTP_LAYER_KEYS:
+            value = view.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and 0 < value <= 16:
+                return value
+    return 0
+
+
+def architecture(config: Mapping[str, Any]) -> str | None:
+    """The config's first architecture (vLLM keys a model's class, and its MTP drafter, on it)."""
+    found = config.get("architectures")
+    first = found[0] if isinstance(found, list) and found else None
+    return first if isinstance(first, str) and first else None

@@ -14,7 +14,7 @@ from cpullm.core import constants as c
 from cpullm.core.constants import DTYPE_BYTES, UNSUPPORTED_TENSOR_PARALLEL_SIZES
 from cpullm.core.sizing.anatomy import SSM_DTYPE_BYTES, Anatomy, KVGroup, LayerKind, Split, StateShape
 from cpullm.core.sizing.checkpoint import CheckpointTensors
-from cpullm.core.sizing.config import model_type, show
+from cpullm.core.sizing.config import architecture, model_type, mtp_layers, show
 from cpullm.core.sizing.families import anatomy_of
 from cpullm.core.sizing.quantization import AMX, BF16_ARITHMETIC, WeightFormat, weight_format
 from cpullm.core.sizing.vllm_report import VllmSizer, anatomy_from_report
@@ -227,6 +227,11 @@ class ModelSize:
     weights_source: str
     quantization: WeightFormat | None
     dtype_bytes: int
+    # What vLLM's MTP drafter keys on: the checkpoint's MTP layers beyond num_hidden_layers (not in weights_bytes:
+    # vLLM loads them only to speculate), its model_type and first architecture.
+    mtp_layers: int = 0
+    model_type: str = ""
+    architecture: str = ""
 
     @property
     def num_layers(self) -> int:
@@ -301,6 +306,34 @@ class ModelSize:
 
 
 def size_model(
+    config: Mapping[str, Any],
+    dtype: DType,
+    *,
+    weights_bytes: int | None = None,
+    checkpoint_total_bytes: int | None = None,
+    tensors: CheckpointTensors | None = None,
+    vllm: VllmSizer | None = None,
+    always_vllm: bool = False,
+) -> ModelSize:
+    """Size a model (_sized), with what vLLM's MTP drafter keys on beside."""
+    sized = _sized(
+        config,
+        dtype,
+        weights_bytes=weights_bytes,
+        checkpoint_total_bytes=checkpoint_total_bytes,
+        tensors=tensors,
+        vllm=vllm,
+        always_vllm=always_vllm,
+    )
+    return replace(
+        sized,
+        mtp_layers=mtp_layers(config),
+        model_type=model_type(config) or "",
+        architecture=architecture(config) or "",
+    )
+
+
+def _sized(
     config: Mapping[str, Any],
     dtype: DType,
     *,

@@ -1,0 +1,182 @@
+"""Speculative decoding as the plan chooses it (core/speculation.py): auto turns it on and off by the prediction for
+the objective, a method asked for is refused where vLLM cannot run it, MTP's layers count in memory, and the
+rendered server carries vLLM's --speculative-config."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core.children.deployment import vllm_args
+from cpullm.core.planner import plan_service
+from cpullm.core.sizing import ModelSize, size_model
+from cpullm.core.speculation import ACCEPTANCE, MTP, NGRAM, SPECULATIVE_STEP_FACTOR, mtp_bytes
+from cpullm.errors import SpeculationRefused
+
+from .builders import LLAMA_8B, QWEN25_05B, node, spec
+
+MODELS = Path(__file__).parent / "fixtures" / "models"
+W8A8 = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+            "input_activations": {"num_bits": 8, "type": "int", "dynamic": True, "strategy": "token"},
+        }
+    },
+    "ignore": ["lm_head"],
+}
+AMX = node("spr", numa=2, cpu="224", memory="2Ti")
+AVX512F_ONLY = node("skx", numa=2, cpu="96", memory="2Ti", flags=("AVX2", "AVX512F", "AVX512BW", "AVX512VL"))
+
+
+def model(name: str) -> ModelSize:
+    configs: dict[str, dict[str, Any]] = {
+        "llama-8b": LLAMA_8B,
+        "llama-8b-w8a8": {**LLAMA_8B, "quantization_config": W8A8},
+        "qwen-0.5b": QWEN25_05B,
+    }
+    config = configs[name] if name in configs else json.loads((MODELS / f"{name}.json").read_text())
+    return size_model(config, spec().model.dtype)
+
+
+def deepseek_on_amx(**fields: Any) -> Any:
+    raw = {"model": {"name": "deepseek-ai/DeepSeek-V3"}, "kvCacheGiB": 8, "maxModelLen": 8192, **fields}
+    return plan_service(CpuLLMServiceSpec.model_validate(raw), model("deepseek-v3"), [AMX])
+
+
+@pytest.mark.parametrize(
+    ("name", "nodes", "fields", "method", "reason"),
+    [
+        pytest.param("llama-8b", [AMX], {}, "off", "n-gram is for the latency objective", id="throughput, no MTP"),
+        # vLLM 0.32's CPU path makes every step 1.45x as long with speculation on: n-gram's typical acceptance
+        # does not pay for it (SPECULATIVE_STEP_FACTOR).
+        pytest.param("llama-8b", [AMX], {"objective": "latency"}, "off", "auto: ngram predicted 0.9",
+                     id="latency, AMX: n-gram predicted to lose"),
+        pytest.param("llama-8b-w8a8", [AMX], {"objective": "latency"}, "off", "under 1.1x", id="latency, int8"),
+        pytest.param("llama-8b", [AVX512F_ONLY], {"objective": "latency"}, "off", "under 1.1x",
+                     id="latency, AVX-512 without bf16: checking costs more than it yields"),
+        pytest.param("llama-8b", [AMX], {"objective": "latency", "speculative": {"method": "off"}}, "off",
+                     "spec.speculative.method is off", id="off"),
+        pytest.param("llama-8b", [AMX], {"speculative": {"method": "ngram", "tokens": 5}}, NGRAM, "asked for: ngram, 5",
+                     id="asked for: rendered whatever its prediction"),
+        pytest.param("llama-8b", [AMX], {"objective": "latency", "image": "registry.example/vllm:mine"}, "off",
+                     "vLLM version is unknown", id="latency, unknown vLLM"),
+        pytest.param("deepseek-v3", [AMX], {"objective": "latency", "kvCacheGiB": 8, "maxModelLen": 8192}, MTP,
+                     "auto: mtp, 4 tokens", id="latency, MTP layers: on, at the best token count"),
+        pytest.param("deepseek-v3", [AMX], {"kvCacheGiB": 8, "maxModelLen": 8192}, "off", "auto: mtp predicted 0.8",
+                     id="throughput, MTP layers: 8 sequences' checks read most experts"),
+    ],
+)  # fmt: skip
+def test_auto_turns_speculation_on_where_it_is_predicted_faster_for_the_objective(name, nodes, fields, method, reason):
+    plan = plan_service(spec(**fields), model(name), nodes)
+    assert plan.speculative is not None, plan
+    assert plan.speculative.method == method
+    assert reason in plan.speculative.reason
+    args = vllm_args(spec(**fields), plan)
+    if method == "off":
+        assert "--speculative-config" not in args
+        assert plan.speculative.vllm_config is None
+    else:
+        config = json.loads(args[args.index("--speculative-config") + 1])
+        assert config["method"] == method and config["num_speculative_tokens"] == plan.speculative.tokens
+        gain = plan.speculative.decode_gain if fields.get("objective") == "latency" else None
+        assert "asked for" in reason or (gain or 0) >= 1.1
+
+
+def test_the_gain_shrinks_as_the_weights_shrink_and_as_sequences_grow():
+    """The published shape of speculation's gain on bandwidth-bound hardware: no more for int8 weights than bf16 at
+    one sequence, and less at many sequences at once than at one, down to a loss where the step is bound by
+    arithmetic; never more than the tokens a step yields over what speculation costs every step."""
+    latency = {"objective": "latency", "speculative": {"method": "ngram", "tokens": 3}}
+    bf16 = plan_service(spec(**latency), model("llama-8b"), [AMX]).speculative
+    int8 = plan_service(spec(**latency), model("llama-8b-w8a8"), [AMX]).speculative
+    assert bf16 and int8 and bf16.decode_gain and int8.decode_gain and bf16.throughput_gain
+    assert int8.decode_gain <= bf16.decode_gain
+    assert bf16.throughput_gain <= bf16.decode_gain
+    # 256 sequences on 32 cores: the checking step's 1,024 rows are bound by arithmetic.
+    small = node("small", numa=1, cpu="32", memory="512Gi")
+    many = plan_service(spec(maxNumSeqs=256, kvCacheGiB=32, **latency), model("llama-8b"), [small]).speculative
+    assert many and many.throughput_gain is not None and many.throughput_gain < 0.5 * bf16.throughput_gain
+    ceiling = ACCEPTANCE[NGRAM].tokens_per_step(3) / SPECULATIVE_STEP_FACTOR
+    assert bf16.decode_gain <= round(ceiling, 2)
+
+
+def test_mtp_is_chosen_for_a_checkpoint_with_mtp_layers_and_counted_in_memory():
+    """DeepSeek-V3 carries one MTP layer (num_nextn_predict_layers 1) that vLLM drafts from: for one sequence's
+    speed the plan turns it on, and loads its ~14B parameters and caches its attention."""
+    on = deepseek_on_amx(objective="latency")
+    off = deepseek_on_amx(objective="latency", speculative={"method": "off"})
+    assert on.speculative and on.speculative.method == MTP and on.speculative.tokens
+    assert on.speculative.weights_bytes
+    v3 = model("deepseek-v3")
+    # One MoE layer (256 experts), its attention, the 2h x h projection and an embedding and LM head: DeepSeek
+    # publishes 14B parameters for the MTP module. Its linears are stored in FP8 (1 byte), the rest in bf16.
+    assert 11e9 < mtp_bytes(v3, 1) < 16e9
+    assert on.memory_limit_bytes - off.memory_limit_bytes >= on.speculative.weights_bytes
+    assert on.kv_bytes_per_token > off.kv_bytes_per_token  # the MTP layer's attention caches too
+    assert "--speculative-config" in vllm_args(spec(), on)
+    assert on.predicted and off.predicted
+    assert on.predicted.decode_tokens_per_second > off.predicted.decode_tokens_per_second
+
+
+@pytest.mark.parametrize(
+    ("name", "fields", "message"),
+    [
+        ("llama-8b", {"speculative": {"method": "mtp"}}, "the checkpoint has no MTP layers"),
+        ("kimi-k2.5", {"speculative": {"method": "mtp"}, "kvCacheGiB": 8}, "the checkpoint has no MTP layers"),
+        ("llama-8b", {"speculative": {"method": "ngram"}, "image": "registry.example/vllm@sha256:" + "a" * 64},
+         "vLLM version is unknown"),
+        ("llama-8b", {"speculative": {"method": "ngram"}, "vllmVersion": "0.30.0"},
+         "0.30.0 is not a version the operator"),
+    ],
+)  # fmt: skip
+def test_a_method_vllm_cannot_run_here_is_refused_with_the_reason(name, fields, message):
+    with pytest.raises(SpeculationRefused, match=message):
+        plan_service(spec(**fields), model(name), [AMX])
+
+
+def test_a_plan_made_before_the_operator_chose_speculation_keeps_it_off_under_auto():
+    """Upgrading the operator does not restart a fleet to turn speculation on: auto keeps the running plan's."""
+    raw = {"model": {"name": "deepseek-ai/DeepSeek-V3"}, "kvCacheGiB": 8, "maxModelLen": 8192, "objective": "latency"}
+    latency, v3 = CpuLLMServiceSpec.model_validate(raw), model("deepseek-v3")
+    fresh = plan_service(latency, v3, [AMX])
+    assert fresh.speculative and fresh.speculative.method == MTP
+    before = fresh.model_dump(by_alias=True, mode="json", exclude={"speculative"})
+    kept = plan_service(latency, v3, [AMX], before)
+    assert kept.speculative and kept.speculative.method == "off" and "kept" in kept.speculative.reason
+    assert "--speculative-config" not in vllm_args(latency, kept)
+    still = plan_service(latency, v3, [AMX], kept.model_dump(by_alias=True, mode="json"))
+    assert still.speculative == kept.speculative  # the kept plan stays kept
+    asked = CpuLLMServiceSpec.model_validate({**raw, "speculative": {"method": "mtp"}})
+    chosen = plan_service(asked, v3, [AMX], before)
+    assert chosen.speculative and chosen.speculative.method == MTP  # the spec chooses
+    again = plan_service(latency, v3, [AMX], fresh.model_dump(by_alias=True, mode="json"))
+    assert again.speculative == fresh.speculative
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--speculative-config", '{"method":"ngram"}'],
+        ['--speculative_config={"method":"ngram"}'],
+        ["-sc", "{}"],
+        ["--speculative-con", "{}"],
+    ],
+)
+def test_extra_args_cannot_set_what_spec_speculative_owns(args):
+    with pytest.raises(ValidationError, match="speculative"):
+        spec(extraArgs=args)
+
+
+@pytest.mark.parametrize("tokens", [0, 9, -1])
+def test_a_token_count_out_of_range_is_refused(tokens):
+    with pytest.raises(ValidationError):
+        spec(speculative={"method": "ngram", "tokens": tokens})
