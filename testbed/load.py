@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Self
 
 
 @dataclass(frozen=True)
@@ -121,8 +122,44 @@ def words(draw: random.Random, count: int) -> str:
     return " ".join(draw.choice(WORDS) for _ in range(count))
 
 
+class _Clients:
+    """Client threads, each running `_client(index)` until stopped, their outcomes recorded under a lock (the
+    dataclasses below give `clients` and `outcomes`)."""
+
+    clients: int
+    outcomes: list[Outcome]
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
+
+    def _client(self, index: int) -> None:
+        raise NotImplementedError
+
+    def _record(self, outcome: Outcome) -> None:
+        with self._lock:
+            self.outcomes.append(outcome)
+
+    @property
+    def failures(self) -> list[Outcome]:
+        with self._lock:
+            return [o for o in self.outcomes if o.error is not None]
+
+    @contextmanager
+    def running(self) -> Iterator[Self]:
+        for thread in self._threads:
+            thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            for thread in self._threads:
+                thread.join()
+
+
 @dataclass
-class Conversations:
+class Conversations(_Clients):
     """Clients each holding one multi-turn chat at a time: a system prompt every conversation shares
     (`system_words`), a first user message of its own (`first_words`: what the prefix cache saves on later turns),
     then `turns` - 1 more, each a short message after the reply, with the whole conversation sent every turn."""
@@ -142,9 +179,7 @@ class Conversations:
     outcomes: list[Outcome] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
+        super().__post_init__()
         self._system = words(random.Random(self.seed), self.system_words)
 
     def _client(self, index: int) -> None:
@@ -158,8 +193,7 @@ class Conversations:
                 if self._stop.is_set():
                     return
                 outcome, reply = stream_chat(self.host, self.port, self.model, messages, self.max_tokens)
-                with self._lock:
-                    self.outcomes.append(dataclasses.replace(outcome, turn=turn))
+                self._record(dataclasses.replace(outcome, turn=turn))
                 if outcome.error is not None:
                     break
                 messages += [
@@ -167,20 +201,9 @@ class Conversations:
                     {"role": "user", "content": words(draw, self.next_words)},
                 ]
 
-    @contextmanager
-    def running(self) -> Iterator[Conversations]:
-        for thread in self._threads:
-            thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            for thread in self._threads:
-                thread.join()
-
 
 @dataclass
-class Load:
+class Load(_Clients):
     """Clients each sending one request after another (a pause between, drawn from `pauses`), until stopped."""
 
     host: str
@@ -193,34 +216,11 @@ class Load:
     seed: int = 0
     outcomes: list[Outcome] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(self.clients)]
-
     def _client(self, index: int) -> None:
         draw = random.Random(self.seed * 1000 + index)
         while not self._stop.is_set():
-            outcome = stream_completion(self.host, self.port, self.model, draw.choice(self.requests))
-            with self._lock:
-                self.outcomes.append(outcome)
+            self._record(stream_completion(self.host, self.port, self.model, draw.choice(self.requests)))
             self._stop.wait(draw.uniform(*self.pauses) if draw.random() < self.idle_chance else 0.0)
-
-    @property
-    def failures(self) -> list[Outcome]:
-        with self._lock:
-            return [o for o in self.outcomes if o.error is not None]
-
-    @contextmanager
-    def running(self) -> Iterator[Load]:
-        for thread in self._threads:
-            thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            for thread in self._threads:
-                thread.join()
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -28,6 +28,19 @@ LLAMA_8B = {
     "max_position_embeddings": 131072,
     "torch_dtype": "bfloat16",
 }
+# A W8A8 int8 checkpoint's quantization_config (compressed-tensors: per-channel weights, per-token activations).
+W8A8 = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+            "input_activations": {"num_bits": 8, "type": "int", "dynamic": True, "strategy": "token"},
+        }
+    },
+    "ignore": ["lm_head"],
+}
 QWEN25_05B = {
     "model_type": "qwen2",
     "hidden_size": 896,

@@ -29,7 +29,7 @@ from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.errors import NodeLabelError, NodePerformanceError
 
-from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, probe_object, qwen_05b, spec
+from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, W8A8, llama_8b, node, probe_object, qwen_05b, spec
 
 
 @pytest.mark.parametrize(
@@ -101,21 +101,7 @@ def test_a_moe_step_reads_the_experts_its_tokens_route_to():
 
 
 def test_a_quantized_checkpoint_streams_fewer_bytes_through_its_own_kernel():
-    w8a8 = {
-        **LLAMA_8B,
-        "quantization_config": {
-            "quant_method": "compressed-tensors",
-            "format": "int-quantized",
-            "config_groups": {
-                "group_0": {
-                    "targets": ["Linear"],
-                    "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
-                    "input_activations": {"num_bits": 8, "type": "int", "dynamic": True, "strategy": "token"},
-                }
-            },
-            "ignore": ["lm_head"],
-        },
-    }
+    w8a8 = {**LLAMA_8B, "quantization_config": W8A8}
     int8, bf16 = size_model(w8a8, "bfloat16"), llama_8b()
     assert perf.kernel_of(int8) == (INT8, 1.0) and perf.kernel_of(bf16) == (BF16, 1.0)
     assert step_bytes(int8, 1).at(1) < 0.6 * step_bytes(bf16, 1).at(1)

@@ -18,21 +18,9 @@ from cpullm.core.sizing import ModelSize, size_model
 from cpullm.core.speculation import ACCEPTANCE, MTP, NGRAM, SPECULATIVE_STEP_FACTOR, mtp_bytes
 from cpullm.errors import SpeculationRefused
 
-from .builders import LLAMA_8B, QWEN25_05B, node, spec
+from .builders import LLAMA_8B, QWEN25_05B, W8A8, node, spec
 
 MODELS = Path(__file__).parent / "fixtures" / "models"
-W8A8 = {
-    "quant_method": "compressed-tensors",
-    "format": "int-quantized",
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
-            "input_activations": {"num_bits": 8, "type": "int", "dynamic": True, "strategy": "token"},
-        }
-    },
-    "ignore": ["lm_head"],
-}
 AMX = node("spr", numa=2, cpu="224", memory="2Ti")
 AVX512F_ONLY = node("skx", numa=2, cpu="96", memory="2Ti", flags=("AVX2", "AVX512F", "AVX512BW", "AVX512VL"))
 

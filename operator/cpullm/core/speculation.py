@@ -226,14 +226,13 @@ def choose(
     MIN_GAIN (MTP where the checkpoint carries layers vLLM drafts from; n-gram for the latency objective)."""
     if wanted.method == SpeculativeMethod.OFF:
         return off("spec.speculative.method is off")
+    server = _Serving(model, serving, node, streams, kv_bytes_per_token)
     if wanted.method != SpeculativeMethod.AUTO:
         method = wanted.method.value
         problem = mtp_problem(model, version) if method == MTP else _version_problem(method, version)
         if problem:
             raise SpeculationRefused(f"spec.speculative.method {method}: {problem}")
-        return _best_tokens(
-            method, wanted.tokens, objective, model, serving, node, streams, kv_bytes_per_token, "asked for"
-        )
+        return _best_tokens(method, wanted.tokens, objective, server, "asked for")
     candidates = []
     if mtp_problem(model, version) is None:
         candidates.append(MTP)
@@ -244,10 +243,7 @@ def choose(
         if objective != Objective.LATENCY:
             return off(f"auto, as {why} and n-gram is for the latency objective")
         return off(f"auto, as {why} and {_version_problem(NGRAM, version)}")
-    figures = [
-        _best_tokens(method, wanted.tokens, objective, model, serving, node, streams, kv_bytes_per_token, "auto")
-        for method in candidates
-    ]
+    figures = [_best_tokens(method, wanted.tokens, objective, server, "auto") for method in candidates]
     best = max(figures, key=lambda s: _objective_gain(s, objective))
     gain = _objective_gain(best, objective)
     if gain < MIN_GAIN:
@@ -274,33 +270,27 @@ def _shown(s: Speculation, objective: Objective) -> str:
 TOKEN_CHOICES = (1, 2, 3, 4)
 
 
-def _best_tokens(
-    method: str,
-    tokens: int | None,
-    objective: Objective,
-    model: ModelSize,
-    serving: Serving,
-    node: NodePerformance,
-    streams: int,
-    kv_bytes_per_token: int,
-    how: str,
-) -> Speculation:
+@dataclass(frozen=True)
+class _Serving:
+    """What a prediction of the plan's server takes: the model, how it serves, on what, at what concurrency."""
+
+    model: ModelSize
+    serving: Serving
+    node: NodePerformance
+    streams: int
+    kv_bytes_per_token: int
+
+
+def _best_tokens(method: str, tokens: int | None, objective: Objective, server: _Serving, how: str) -> Speculation:
     """The method at spec.speculative.tokens, else at the count of TOKEN_CHOICES predicted best for the objective."""
     choices = (tokens,) if tokens else TOKEN_CHOICES
-    figures = [_predicted(method, k, model, serving, node, streams, kv_bytes_per_token, how) for k in choices]
+    figures = [_predicted(method, k, server, how) for k in choices]
     return max(figures, key=lambda s: _objective_gain(s, objective))
 
 
-def _predicted(
-    method: str,
-    tokens: int | None,
-    model: ModelSize,
-    serving: Serving,
-    node: NodePerformance,
-    streams: int,
-    kv_bytes_per_token: int,
-    how: str,
-) -> Speculation:
+def _predicted(method: str, tokens: int | None, server: _Serving, how: str) -> Speculation:
+    model, serving, node, streams = server.model, server.serving, server.node, server.streams
+    kv_bytes_per_token = server.kv_bytes_per_token
     proposed = tokens or (model.mtp_layers if method == MTP else NGRAM_TOKENS)
     found = gains(model, serving, node, streams, kv_bytes_per_token, method, proposed)
     acceptance = ACCEPTANCE[method]
