@@ -18,7 +18,7 @@ server finished (vLLM's vllm:request_success_total, before and after). Needs roo
 
 With --chat, multi-turn conversations instead (testbed/load.py's Conversations: a shared system prompt, a first
 message of its own, then turns that send the whole conversation so far), through three routes: the Service, the
-router with `affinity: none` (least connections) and the router with `affinity: prefix` (the default), switched by
+router with `affinity: none` (least connections, the default) and the router with `affinity: prefix`, switched by
 patching the service between them. Each route's rows add the time to first token of the later turns alone (what
 the prefix cache can save) and the servers' prefix-cache hit rate (vLLM's prefix_cache_hits / _queries, in tokens).
 """
@@ -145,7 +145,7 @@ def main(argv: list[str]) -> int:
 
 def measure(quick_start: QuickStart, clients: int, seconds: int, rounds: int) -> list[list[str]]:
     kubectl = quick_start.kubectl
-    model = deploy_spread(quick_start, 2)
+    model = deploy_spread(quick_start, 2, networkPolicy={"enabled": False})  # the Service route, as below
     eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
     debian = build_debian()
     kubectl.apply(*client_objects(push_archive(quick_start.registry, debian, debian.ref.split("/", 1)[1])))
@@ -191,7 +191,10 @@ def switch_router(kubectl: Kubectl, affinity: str) -> None:
 
 def measure_chat(quick_start: QuickStart, clients: int, seconds: int, rounds: int) -> list[list[str]]:
     kubectl = quick_start.kubectl
-    model = deploy_spread(quick_start, 2, extraArgs=["--chat-template", CHAT_TEMPLATE])
+    # The Service route reaches the servers from the client pod, which their NetworkPolicy admits only from the router.
+    model = deploy_spread(
+        quick_start, 2, extraArgs=["--chat-template", CHAT_TEMPLATE], networkPolicy={"enabled": False}
+    )
     eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
     debian = build_debian()
     kubectl.apply(*client_objects(push_archive(quick_start.registry, debian, debian.ref.split("/", 1)[1])))

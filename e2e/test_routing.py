@@ -53,7 +53,7 @@ def test_the_router_and_its_service_follow_the_routing(
     assert owned_by_service(kubectl.get("deployment", "spread-router", namespace), "spread")
     config = kubectl.get("configmap", "spread-router", namespace)
     assert owned_by_service(config, "spread")
-    assert "  balance hash var(txn.affinity)" in config["data"]["haproxy.cfg"].splitlines()  # prefix affinity
+    assert "  balance leastconn" in config["data"]["haproxy.cfg"].splitlines()
     assert f"spread-servers.{namespace}.svc.cluster.local:8000" in config["data"]["haproxy.cfg"]
     servers = kubectl.get("service", "spread-servers", namespace)
     assert (servers["spec"]["clusterIP"], servers["spec"]["selector"]) == ("None", {"cpullm.io/service": "spread"})

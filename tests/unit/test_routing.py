@@ -168,15 +168,7 @@ def test_a_new_router_configuration_rolls_the_router_and_scaling_does_not():
         pytest.param(
             {"placement": "throughput", "replicas": 3},
             [
-                # prefix affinity: the conversation's key, a consistent hash, bounded load
-                "  option http-buffer-request",
-                "  http-request set-var(txn.affinity) req.body,json_query('$.messages[0].content') "
-                "unless { var(txn.affinity) -m found }",
-                "  http-request set-var(txn.affinity) req.body,json_query('$.prompt'),bytes(0,256) "
-                "unless { var(txn.affinity) -m found }",
-                "  balance hash var(txn.affinity)",
-                "  hash-type consistent",
-                "  hash-balance-factor 150",
+                "  balance leastconn",
                 "  server-template server 1-4 chat-servers.serving.svc.cluster.local:8000",
                 "  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none",
                 "  timeout server 2024s",  # 8192 tokens x 0.988 GB of bf16 weights / 4 GB/s
@@ -204,14 +196,24 @@ def test_a_new_router_configuration_rolls_the_router_and_scaling_does_not():
             id="autoscaled-bounded-and-drain-set",
         ),
         pytest.param(
-            {"placement": "throughput", "routing": {"router": {"affinity": "none"}}},
-            ["  balance leastconn"],
-            id="no-affinity-least-connections",
+            {"placement": "throughput", "routing": {"router": {"affinity": "prefix"}}},
+            [
+                # prefix affinity: the conversation's key, a consistent hash, bounded load
+                "  option http-buffer-request",
+                "  http-request set-var(txn.affinity) req.body,json_query('$.messages[0].content') "
+                "unless { var(txn.affinity) -m found }",
+                "  http-request set-var(txn.affinity) req.body,json_query('$.prompt'),bytes(0,256) "
+                "unless { var(txn.affinity) -m found }",
+                "  balance hash var(txn.affinity)",
+                "  hash-type consistent",
+                "  hash-balance-factor 150",
+            ],
+            id="prefix-affinity",
         ),
         pytest.param(
             {
                 "placement": "throughput",
-                "routing": {"router": {"sessionHeader": "X-Session-Id", "loadFactor": 125}},
+                "routing": {"router": {"affinity": "prefix", "sessionHeader": "X-Session-Id", "loadFactor": 125}},
             },
             [
                 "  http-request set-var(txn.affinity) req.hdr(x-session-id) if { req.hdr(x-session-id) -m found }",

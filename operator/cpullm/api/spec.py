@@ -696,11 +696,11 @@ class RouterSettings(_Model):
         description="Memory each router pod requests and is limited to.",
     )
     affinity: RouterAffinity = Field(
-        default=RouterAffinity.PREFIX,
-        description="prefix: the requests of one conversation go to the server that served it, where vLLM's prefix "
-        "cache holds its earlier turns (keyed on sessionHeader where the request has it, else the first user "
-        "message, else the prompt's first 256 bytes), unless that server has loadFactor percent of the average "
-        "load; none: the server with the fewest requests in flight (docs/routing.md).",
+        default=RouterAffinity.NONE,
+        description="none: the server with the fewest requests in flight. prefix: the requests of one conversation "
+        "go to the server that served it, where vLLM's prefix cache holds its earlier turns (keyed on sessionHeader "
+        "where the request has it, else the first user message, else the prompt's first 256 bytes), unless that "
+        "server has loadFactor percent of the average load (docs/routing.md has when each wins).",
     )
     session_header: str | None = Field(
         default=None,
@@ -754,7 +754,7 @@ class Routing(_Model):
     mode: RoutingMode = Field(
         default=RoutingMode.AUTO,
         description="service: the Service selects the servers. router: an HAProxy router sends each request to "
-        "the server that served its conversation, or the one with the fewest in flight (router.affinity). "
+        "the server with the fewest in flight, or the one that served its conversation (router.affinity). "
         "inferencePool: an InferencePool selects them for a Gateway's "
         "endpoint picker. auto: router for throughput placement of more than one server, else service "
         "(docs/routing.md).",
