@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from cpullm.api.performance import KIND, NodePerformanceObject, ThreadsMeasured
 from cpullm.core.sizing import ModelSize
-from cpullm.core.sizing.anatomy import Split
+from cpullm.core.sizing.anatomy import Linear, Split
 from cpullm.core.sizing.quantization import WeightFormat
 from cpullm.errors import NodePerformanceError
 
@@ -245,16 +245,22 @@ class StepBytes:
         return self.dense + self.experts * (1 - untouched)
 
 
+def matrix_bytes(model: ModelSize, linear: Linear) -> int:
+    """One of a linear layer's matrices as the checkpoint stores it: quantized where its format quantizes the layer,
+    else in the serving dtype."""
+    fmt = model.quantization
+    stored = fmt.linear_bytes(linear) if fmt is not None and fmt.quantizes(linear) else None
+    return stored if stored is not None else linear.in_features * linear.out_features * model.dtype_bytes
+
+
 def step_bytes(model: ModelSize, tp: int) -> StepBytes:
     """The weights a decode step streams on one rank: every linear layer as the checkpoint stores it, split by TP
     (replicated layers whole), and the LM head (vocabulary x width, tied or not) in the serving dtype. The input
     embedding is looked up, not streamed. A model sized only by weightsBytes streams those bytes."""
-    anatomy, fmt = model.anatomy, model.quantization
+    anatomy = model.anatomy
     dense = experts = 0
     for linear in anatomy.linears:
-        stored = fmt.linear_bytes(linear) if fmt is not None and fmt.quantizes(linear) else None
-        one = stored if stored is not None else linear.parameters // linear.count * model.dtype_bytes
-        share = one * linear.count // (1 if linear.split == Split.REPLICATED else tp)
+        share = matrix_bytes(model, linear) * linear.count // (1 if linear.split == Split.REPLICATED else tp)
         if linear.expert:
             experts += share
         else:

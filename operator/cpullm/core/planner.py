@@ -368,20 +368,12 @@ def _rank_threads(node: NodeProfile, cpus_per_rank: int, reserved: int, omp: int
     return max(1, physical - reserved)
 
 
-def _predicted(
-    model: ModelSize,
-    shape: Shape,
-    serving: Serving,
-    kv: _KVCache,
-    cpu: int,
-    memory_bytes: int,
-    speculation: Speculation,
-) -> PredictedSpeed:
+def _predicted(model: ModelSize, shape: Shape, fitted: _Fitted, speculation: Speculation) -> PredictedSpeed:
     """How fast one server of the plan serves (core/performance.py), with speculative decoding where the plan turns
-    it on, at its maxNumSeqs for throughput, and what a million tokens cost where the nodes carry a price: `cpu` and
-    `memory_bytes` are one server's."""
-    streams = kv.max_num_seqs or c.DEFAULT_MAX_NUM_SEQS
-    kv_bytes = kv.layout.bytes_per_token(serving.tensor_parallel_size)
+    it on, at its maxNumSeqs for throughput, and what a million tokens cost where the nodes carry a price (the
+    server's share of a node: its CPUs or its memory limit)."""
+    serving, streams, kv_bytes = fitted.serving, fitted.streams, fitted.kv_bytes_per_token
+    cpu, memory_bytes = fitted.layout.cpus_per_rank * serving.tensor_parallel_size, fitted.budget.limit_bytes
     figures = predict(model, serving, shape.performance, streams, kv_bytes)
     if speculation.method is not None and speculation.decode_gain and speculation.throughput_gain:
         figures = dataclasses.replace(
@@ -572,6 +564,16 @@ class _Fitted:
     omp: int | None
     serving: Serving
 
+    @property
+    def streams(self) -> int:
+        """The sequences a server runs at once: what its throughput is predicted at."""
+        return self.kv.max_num_seqs or c.DEFAULT_MAX_NUM_SEQS
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """A rank's KV cache bytes per token."""
+        return self.kv.layout.bytes_per_token(self.layout.tensor_parallel_size)
+
 
 def _fitted(
     spec: CpuLLMServiceSpec,
@@ -610,10 +612,15 @@ def _speculation(
             ),
             kept_off=True,
         )
-    streams = fitted.kv.max_num_seqs or c.DEFAULT_MAX_NUM_SEQS
-    kv_bytes = fitted.kv.layout.bytes_per_token(fitted.layout.tensor_parallel_size)
     return choose_speculation(
-        spec.speculative, spec.objective, model, fitted.serving, shape.performance, streams, kv_bytes, version
+        spec.speculative,
+        spec.objective,
+        model,
+        fitted.serving,
+        shape.performance,
+        fitted.streams,
+        fitted.kv_bytes_per_token,
+        version,
     )
 
 
@@ -637,19 +644,18 @@ def _plan_for_shape(
     speculation = _speculation(spec, model, shape, fitted, server.version, keep_off)
     if speculation.mtp_bytes:  # the MTP layers are loaded and cache too: the pod is laid out with them
         fitted = _fitted(spec, with_mtp(model), shape, strategy, explicit_tp, server)
-    layout, kv, budget, serving = fitted.layout, fitted.kv, fitted.budget, fitted.serving
-    tp, shard, processes, reserved, omp = (
+    layout, kv, budget, processes = fitted.layout, fitted.kv, fitted.budget, fitted.processes
+    tp, shard, reserved, omp, threads_bind = (
         layout.tensor_parallel_size,
         fitted.shard,
-        fitted.processes,
         fitted.reserved,
         fitted.omp,
+        fitted.threads_bind,
     )
-    threads_bind = fitted.threads_bind
     aot_compile_cache = _aot_compile_cache(spec, server.fixes)
     capacity = layout.pods_per_node * len(shape.members)
     replicas = strategy.replicas(spec.replicas, capacity)
-    predicted = _predicted(model, shape, serving, kv, layout.cpus_per_rank * tp, budget.limit_bytes, speculation)
+    predicted = _predicted(model, shape, fitted, speculation)
     binding = binding_shown(spec.cpu.launcher, threads_bind)
     context = f", context {kv.max_model_len} (what the KV cache holds)" if kv.max_model_len_source == "kv-cache" else ""
     kv_source = kv.source

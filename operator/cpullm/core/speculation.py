@@ -22,7 +22,9 @@ from cpullm.core.performance import (
     STEP_PYTHON_MULTIPLE,
     NodePerformance,
     Serving,
+    StepBytes,
     decode_step,
+    matrix_bytes,
     matrix_rate,
 )
 from cpullm.core.sizing import ModelSize
@@ -134,12 +136,10 @@ def mtp_weights(model: ModelSize, tp: int) -> MtpWeights:
     """The MTP layers' weights, counted high: each a copy of the largest decoder layer (its attention, a dense MLP
     and a MoE layer's experts where the model has either), a 2h x h projection of the embedding and hidden state,
     and an embedding and LM head of its own (vLLM shares them with the model where the checkpoint does)."""
-    anatomy, fmt = model.anatomy, model.quantization
+    anatomy = model.anatomy
     dense = experts = 0
     for linear in anatomy.linears:
-        stored = fmt.linear_bytes(linear) if fmt is not None and fmt.quantizes(linear) else None
-        per_matrix = stored if stored is not None else linear.in_features * linear.out_features * model.dtype_bytes
-        share = per_matrix * ((anatomy.experts or 1) if linear.expert else 1)
+        share = matrix_bytes(model, linear) * ((anatomy.experts or 1) if linear.expert else 1)
         share //= 1 if linear.split == Split.REPLICATED else tp
         if linear.expert:
             experts += share
@@ -201,11 +201,16 @@ def _proposing(
     numa, tp = node.slowest(), serving.tensor_parallel_size
     weights, anatomy = mtp_weights(model, tp), model.anatomy
     layers = max(1, model.mtp_layers)
-    experts = weights.experts / layers
-    if anatomy.experts and anatomy.active_experts:
-        experts *= 1 - (1 - anatomy.active_experts / anatomy.experts) ** batch
-    streamed = weights.dense / layers + experts + weights.embeddings
-    per_token = streamed / matrix_rate(numa, serving, batch) * serving.sharing
+    # One MTP layer read as a decode step reads the model: its dense part, the experts `batch` tokens route to, and
+    # the LM head (its embedding is looked up).
+    one_layer = StepBytes(
+        weights.dense // layers,
+        weights.experts // layers,
+        anatomy.experts or 0,
+        anatomy.active_experts or 0,
+        lm_head=weights.embeddings,
+    )
+    per_token = one_layer.at(batch) / matrix_rate(numa, serving, batch) * serving.sharing
     per_token += LAYER_SMALL_KERNELS * numa.small_kernel_seconds(serving.cores_per_rank)
     per_token += STEP_PYTHON_MULTIPLE * node.python_seconds
     return tokens * per_token
