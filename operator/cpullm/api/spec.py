@@ -544,8 +544,8 @@ class Speculative(_Model):
         default=None,
         ge=1,
         le=8,
-        description="Tokens proposed per step (vLLM's num_speculative_tokens). Default: 3 for ngram; the "
-        "checkpoint's MTP layers for mtp.",
+        description="Tokens proposed per step (vLLM's num_speculative_tokens). Default: the count from 1 to 4 the "
+        "plan predicts best for spec.objective.",
     )
 
 

@@ -32,8 +32,7 @@ from cpullm.core.sizing.anatomy import Split
 from cpullm.errors import SpeculationRefused
 
 NGRAM, MTP = SpeculativeMethod.NGRAM.value, SpeculativeMethod.MTP.value
-# n-gram's proposals: up to 3 tokens that followed the last 2 to 4 tokens where they occurred before in the sequence.
-NGRAM_TOKENS = 3
+# n-gram's proposals: the tokens that followed the last 2 to 4 tokens where they occurred before in the sequence.
 NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX = 2, 4
 # How much longer a decode step takes with speculation on in vLLM 0.32's CPU path, whatever was proposed: a 1.5B-shape
 # random-weight model decoded 3.0 tok/s with n-gram on (nothing proposed: random text repeats nothing) against 4.5
@@ -293,11 +292,9 @@ def _best_tokens(method: str, tokens: int | None, objective: Objective, server: 
     return max(figures, key=lambda s: _objective_gain(s, objective))
 
 
-def _predicted(method: str, tokens: int | None, server: _Serving, how: str) -> Speculation:
-    model, serving, node, streams = server.model, server.serving, server.node, server.streams
-    kv_bytes_per_token = server.kv_bytes_per_token
-    proposed = tokens or (model.mtp_layers if method == MTP else NGRAM_TOKENS)
-    found = gains(model, serving, node, streams, kv_bytes_per_token, method, proposed)
+def _predicted(method: str, proposed: int, server: _Serving, how: str) -> Speculation:
+    model, streams = server.model, server.streams
+    found = gains(model, server.serving, server.node, streams, server.kv_bytes_per_token, method, proposed)
     acceptance = ACCEPTANCE[method]
     reason = (
         f"{how}: {method}, {proposed} token{'s' * (proposed != 1)} a step, predicted {found.decode:.2f}x one "
