@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engines_bench import isa_shown
 from bench.sizes_bench import prompt_ids
 from testbed import machine
+from testbed.tools import metric_total
 from testbed.vllm_server import (
     LocalServer,
     built_model,
@@ -83,7 +84,7 @@ class Decoded:
 
 def counted(server: LocalServer) -> list[float]:
     samples = server.metrics()
-    return [sum(v for series, v in samples.items() if series.split("{", 1)[0] == name) for name in COUNTERS]
+    return [metric_total(samples, name) for name in COUNTERS]
 
 
 def decode(servers: dict[str, LocalServer], prompt: str | list[int], rounds: int) -> dict[str, Decoded]:

@@ -30,7 +30,7 @@ from testbed.operator import ready
 from testbed.realnode import lacks_cap_sys_resource
 from testbed.registry import Registry, local_registry, push_archive
 from testbed.release import Release, release_into
-from testbed.tools import ROOT, Kubectl, free_port, require_free_space
+from testbed.tools import ROOT, Kubectl, free_port, metric_total, parse_metrics, require_free_space
 from testbed.vllm_server import TINY, make_tiny_model, vllm_python
 
 NAME = "cpullm-quickstart-test"
@@ -190,10 +190,8 @@ def server_counters(kubectl: Kubectl, names: tuple[str, ...]) -> dict[str, list[
         if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running":
             continue
         metrics = kubectl.run("exec", name, "-n", NAMESPACE, "-c", "vllm", "--", "python3", "-c", READ_METRICS).stdout
-        samples = [line.rsplit(" ", 1) for line in metrics.splitlines() if line and not line.startswith("#")]
-        counts[name] = [
-            sum(float(value) for series, value in samples if series.split("{", 1)[0] == wanted) for wanted in names
-        ]
+        samples = parse_metrics(metrics)
+        counts[name] = [metric_total(samples, wanted) for wanted in names]
     return counts
 
 

@@ -104,13 +104,22 @@ class Kubectl:
 def scrape(url: str, timeout: float = 10) -> dict[str, float]:
     """A Prometheus text page, one value per series (its name and labels as printed)."""
     with urllib.request.urlopen(url, timeout=timeout) as response:
-        text = response.read().decode()
+        return parse_metrics(response.read().decode())
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Prometheus text, one value per series (its name and labels as printed)."""
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             series, _, value = line.rpartition(" ")
             samples[series] = float(value)
     return samples
+
+
+def metric_total(samples: dict[str, float], name: str) -> float:
+    """The sum of every series of the metric `name` (whatever their labels)."""
+    return sum(value for series, value in samples.items() if series.split("{", 1)[0] == name)
 
 
 def free_port() -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed.tools import metric_total
 from testbed.vllm_server import LocalServer, render_service, server_for_container
 
 pytestmark = pytest.mark.vllm
@@ -35,10 +36,6 @@ def served(server: LocalServer) -> list[str]:
     texts = [server.complete(prompt, max_tokens=40)["choices"][0]["text"] for prompt in PROMPTS]
     together = server.complete(PROMPTS, max_tokens=40)["choices"]
     return texts + [choice["text"] for choice in sorted(together, key=lambda c: c["index"])]
-
-
-def total(samples: dict[str, float], name: str) -> float:
-    return sum(value for series, value in samples.items() if series.split("{", 1)[0] == name)
 
 
 def test_an_ngram_speculative_plan_serves_the_plain_plans_text_within_its_memory_limit(
@@ -80,9 +77,13 @@ def test_an_ngram_speculative_plan_serves_the_plain_plans_text_within_its_memory
     assert outputs["ngram"] == outputs["off"]
     assert all(outputs["off"]), outputs
     spec = metrics["ngram"]
-    drafts, proposed, accepted = total(spec, DRAFTS), total(spec, DRAFT_TOKENS), total(spec, ACCEPTED)
+    drafts, proposed, accepted = (
+        metric_total(spec, DRAFTS),
+        metric_total(spec, DRAFT_TOKENS),
+        metric_total(spec, ACCEPTED),
+    )
     assert drafts > 0 and proposed >= drafts, spec
     # The repeating prompt's continuation is in the prompt: most of its proposals are the model's own tokens.
     assert 0 < accepted <= proposed
     assert accepted / proposed > 0.3, (accepted, proposed)
-    assert total(metrics["off"], DRAFTS) == 0
+    assert metric_total(metrics["off"], DRAFTS) == 0
