@@ -250,6 +250,11 @@ RELEASE = "cpullm"
 RELEASE_NAMESPACE = "cpullm-system"
 
 
+# The chart's values for the operator's image as these tests install it: a local build, never pulled (the chart
+# refuses its default image otherwise, which no registry serves).
+LOCAL_IMAGE = ("--set", "image.pullPolicy=Never")
+
+
 class Helm:
     def __init__(self, binary: Path, kubeconfig: str) -> None:
         self.binary, self.kubeconfig = binary, kubeconfig
@@ -263,7 +268,7 @@ class Helm:
         return result
 
     def template(self, *values: str) -> str:
-        return self.run("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, *values).stdout
+        return self.run("template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, *LOCAL_IMAGE, *values).stdout
 
 
 def probe_values(node: str, image: str, seconds_per_point: float) -> tuple[str, ...]:

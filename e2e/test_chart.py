@@ -18,7 +18,7 @@ from testbed.objects import tiny_service
 from testbed.operator import InClusterOperator, Operator
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
-from e2e.support import CHART, RELEASE, RELEASE_NAMESPACE, Helm, conditions, ready
+from e2e.support import CHART, LOCAL_IMAGE, RELEASE, RELEASE_NAMESPACE, Helm, conditions, ready
 
 DIGEST = "sha256:" + "ab" * 32
 PROBES = "probe.nodes[0].name=n1,probe.nodes[1].name=g1,probe.nodes[1].arch=arm64"
@@ -44,18 +44,47 @@ def test_helm_lint(helm: Helm):
         ["--set", PROBES],
         ["--set", MONITORING],
     ):
-        helm.run("lint", "--strict", str(CHART), *values)
+        helm.run("lint", "--strict", str(CHART), *LOCAL_IMAGE, *values)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param((), id="the-defaults"),
+        pytest.param(("--set", "image.repository=docker.io/library/cpullm-operator"), id="the-default-spelt-whole"),
+        pytest.param(("--set", f"image.digest={DIGEST}"), id="the-default-by-a-digest"),
+    ],
+)
+def test_the_charts_unpublished_default_image_is_refused_at_install_with_the_fix(helm: Helm, values: tuple[str, ...]):
+    """No operator image is published under the chart's default name, so an install naming it fails at once, saying
+    how to name a build (pushed to a registry, or loaded into every node with pullPolicy Never), not later as a pod
+    in ImagePullBackOff; a build loaded into the nodes, or one in a registry, installs."""
+    refused = helm.run("template", RELEASE, str(CHART), *values, check=False)
+    assert refused.returncode != 0, "rendered"
+    assert "no image of that name is published" in refused.stderr, refused.stderr
+    assert "set image.repository=REGISTRY/cpullm-operator" in refused.stderr
+    assert "set image.pullPolicy=Never" in refused.stderr
+    for admitted in ("image.pullPolicy=Never", "image.repository=registry.corp/cpullm-operator"):
+        helm.run("template", RELEASE, str(CHART), *values, "--set", admitted)
 
 
 def test_values_are_validated(helm: Helm):
-    bad = helm.run("template", RELEASE, str(CHART), "--set", "logLevel=loud", check=False)
+    bad = helm.run("template", RELEASE, str(CHART), *LOCAL_IMAGE, "--set", "logLevel=loud", check=False)
     assert bad.returncode != 0 and "logLevel" in bad.stderr
-    two = helm.run("template", RELEASE, str(CHART), "--set", "replicas=2", check=False)
+    two = helm.run("template", RELEASE, str(CHART), *LOCAL_IMAGE, "--set", "replicas=2", check=False)
     assert two.returncode != 0 and "replicas > 1 needs peering.enabled=true" in two.stderr
 
     def refusal(values: str) -> str:
         result = helm.run(
-            "template", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--set", values, check=False
+            "template",
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            RELEASE_NAMESPACE,
+            *LOCAL_IMAGE,
+            "--set",
+            values,
+            check=False,
         )
         assert result.returncode != 0, f"{values} rendered"
         return result.stderr
@@ -237,7 +266,7 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
 ):
     namespace = f"e2e-chart-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", namespace)
-    helm.run("install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace")
+    helm.run("install", RELEASE, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace", *LOCAL_IMAGE)
     write_policy_enforced(kubectl, RELEASE)  # the operator below works under it
     as_chart = Operator(
         service_account_kubeconfig(kubectl, workdir / "sa.kubeconfig"), workdir / "chart-operator.log", free_port()
@@ -277,6 +306,7 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
         str(CHART),
         "--namespace",
         RELEASE_NAMESPACE,
+        *LOCAL_IMAGE,
         "--set",
         f"logLevel=debug,watchNamespaces={{{namespace}}}",
     )
@@ -313,6 +343,7 @@ def test_peering_mode_runs_with_the_charts_rbac(
         "--namespace",
         RELEASE_NAMESPACE,
         "--create-namespace",
+        *LOCAL_IMAGE,
         "--set",
         "replicas=2,peering.enabled=true",
     )
@@ -373,7 +404,17 @@ def policed(helm: Helm, kubectl: Kubectl, cluster_ready: Kubectl) -> Iterator[di
     tenant = f"e2e-policed-{uuid.uuid4().hex[:5]}"
     kubectl.run("create", "namespace", tenant)
     values = f"nodeCacheDir={CACHE_DIR},imageAllowlist.enabled=true,imageAllowlist.prefixes={{{','.join(ALLOWED)}}}"
-    helm.run("install", GUARDED, str(CHART), "--namespace", RELEASE_NAMESPACE, "--create-namespace", "--set", values)
+    helm.run(
+        "install",
+        GUARDED,
+        str(CHART),
+        "--namespace",
+        RELEASE_NAMESPACE,
+        "--create-namespace",
+        *LOCAL_IMAGE,
+        "--set",
+        values,
+    )
     try:
         policy = kubectl.get("validatingadmissionpolicy", f"{GUARDED}-cpullm-operator-writes")
         assert policy["spec"]["failurePolicy"] == "Fail"

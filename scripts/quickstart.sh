@@ -149,7 +149,7 @@ if [[ -n $chart ]]; then
   helm upgrade --install cpullm-operator "$chart" --version "$chart_version" "${plain_http[@]}" \
     --namespace cpullm-operator --create-namespace --wait --timeout 5m >/dev/null
 elif [[ -z $operator_image ]]; then
-  operator_image=cpullm-operator:$chart_version
+  operator_image=cpullm-operator:$chart_version pull_policy=Never  # on every node already: never pulled
   say "building $operator_image (docker build) and loading it into kind"
   docker build --quiet --tag "$operator_image" . >/dev/null
   kind load docker-image "$operator_image" --name "$name"
@@ -157,7 +157,8 @@ fi
 if [[ -z $chart ]]; then
   say "installing the operator ($operator_image) with its chart"
   helm upgrade --install cpullm-operator charts/cpullm-operator --namespace cpullm-operator --create-namespace \
-    --set-string "image.repository=${operator_image%:*},image.tag=${operator_image##*:}" --wait --timeout 5m >/dev/null
+    --set-string "image.repository=${operator_image%:*},image.tag=${operator_image##*:}" \
+    --set-string "image.pullPolicy=${pull_policy:-IfNotPresent}" --wait --timeout 5m >/dev/null
 fi
 
 # --- the model and its service -----------------------------------------------------------------------------------

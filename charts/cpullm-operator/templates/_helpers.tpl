@@ -18,8 +18,14 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end -}}
 
-{{/* The operator's image: by digest when image.digest is set (the tag is then ignored), else by tag. */}}
+{{/* The operator's image: by digest when image.digest is set (the tag is then ignored), else by tag. The chart's
+default repository names an image no registry serves (no release is published), so an install naming it fails here
+with the fix, rather than at pull time; a local build loaded into every node says so with pullPolicy Never. */}}
 {{- define "cpullm.image" -}}
+{{- $repository := .Values.image.repository | trimPrefix "docker.io/" | trimPrefix "library/" -}}
+{{- if and (eq $repository "cpullm-operator") (ne .Values.image.pullPolicy "Never") -}}
+{{- fail (printf "image.repository is %q, and no image of that name is published (no release exists): build the operator's image (docker build -t REGISTRY/cpullm-operator:%s .), push it where the nodes pull from and set image.repository=REGISTRY/cpullm-operator; or load a local build into every node (kind load docker-image cpullm-operator:%s) and set image.pullPolicy=Never" .Values.image.repository .Chart.AppVersion .Chart.AppVersion) -}}
+{{- end -}}
 {{- if .Values.image.digest -}}
 {{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
 {{- else -}}
