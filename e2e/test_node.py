@@ -26,12 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed.cgroup import container_cgroup, hold_cpu_to, hold_new_containers_to_usage
 from testbed.cluster import LocalCluster, tool_dirs
-from testbed.images import CACHE, build_debian, build_operator, vllm_image_ref
+from testbed.images import CACHE, build_debian, build_operator, build_pause, vllm_image_ref
 from testbed.machine import arch, drop_from_page_cache
-from testbed.operator import InClusterOperator
+from testbed.operator import InClusterOperator, not_ready_for
 from testbed.prometheus import Prometheus, Target, alert_queries, dashboard_queries
 from testbed.realnode import REAL_NODE_SELECTOR, RealNode
+from testbed.registry import local_registry, push_index
 from testbed.tools import ROOT, Kubectl, eventually
 from testbed.vllm_log import StartSplit, start_split
 from testbed.vllm_server import built_model, make_tiny_model, vllm_python
@@ -496,26 +498,65 @@ def test_unhappy_paths_on_the_real_node(
 def test_a_pod_that_cannot_start_says_why_in_ready_on_the_real_node(
     real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
 ) -> None:
-    """Made on purpose, one after the other: a Secret the spec names that does not exist, and an image no registry
-    serves. Each is the service's Ready reason, with the kubelet's words, soon after the kubelet says so (no server
-    starts: neither case gets that far)."""
+    """Made on purpose, one after the other: a Secret the spec names that does not exist, an image no registry
+    serves, and an image a real registry serves for another CPU architecture only (the pause container built for
+    it, pushed to Debian's docker-registry as one-platform index, as a registry serves a single-arch build). Each
+    is the service's Ready reason, with the kubelet's words and the fix, soon after the kubelet says so (no server
+    starts: none of them gets that far)."""
     kubectl, _, models = serving
 
     def ready_reason(reason: str) -> str:
-        found = conditions(kubectl.get("cpullm", "tiny", namespace)).get("Ready", {})
-        assert found.get("reason") == reason, found
-        return str(found["message"])
+        return not_ready_for(kubectl, namespace, "tiny", reason)
 
-    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, apiKeySecret={"name": "absent", "key": "key"}))
-    message = eventually(lambda: ready_reason("ContainerConfigError"), timeout=120, interval=2, what="a missing Secret")
+    def replace(**spec: Any) -> None:
+        kubectl.run("delete", "cpullm", "tiny", "-n", namespace, "--ignore-not-found")
+        eventually(lambda: not server_pods(kubectl, namespace), timeout=120, what="the last server pod gone")
+        kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, **spec))
+
+    replace(apiKeySecret={"name": "absent", "key": "key"})
+    message = eventually(lambda: ready_reason("ContainerConfigError"), timeout=60, interval=2, what="a missing Secret")
     assert 'secret "absent" not found' in message and "spec.apiKeySecret" in message, message
-    kubectl.run("delete", "cpullm", "tiny", "-n", namespace)
-    eventually(lambda: not server_pods(kubectl, namespace), timeout=120, what="the first server pod gone")
 
     missing = "localhost:1/cpullm-tests/no-such-vllm:v0.32.0"  # nothing listens on port 1: the pull fails at once
-    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR, image=missing))
-    message = eventually(lambda: ready_reason("ImagePullFailed"), timeout=120, interval=2, what="an unpullable image")
+    replace(image=missing)
+    message = eventually(lambda: ready_reason("ImagePullFailed"), timeout=60, interval=2, what="an unpullable image")
     assert f"cannot pull {missing}" in message, message
+
+    foreign = {"amd64": "arm64", "arm64": "amd64"}[arch()]
+    with local_registry() as registry:
+        other_arch = push_index(registry, [build_pause(foreign)], f"cpullm-tests/{foreign}-only:1")
+        replace(image=other_arch)
+        message = eventually(
+            lambda: ready_reason("ImagePullFailed"), timeout=60, interval=2, what=f"an image built for {foreign} only"
+        )
+    assert f"cannot pull {other_arch}" in message and "no build for the node's CPU architecture" in message, message
+    print(f"\nreal node, an image for {foreign} only: {message}")
+    kubectl.run("delete", "cpullm", "tiny", "-n", namespace)
+
+
+def test_a_server_held_below_the_memory_it_needs_is_oom_killed_and_ready_says_so(
+    real_node: RealNode, serving: tuple[Kubectl, InClusterOperator, Path], namespace: str
+) -> None:
+    """Made on purpose: each server container, as soon as it runs, limited to what it uses then (its cgroup written
+    behind the kubelet's back). The kernel kills it for memory, the kubelet restarts it and backs off, and the
+    service's Ready says OOMKilled with the memory limit the plan gave and the fix."""
+    kubectl, _, models = serving
+    kubectl.apply(tiny_served(namespace, models, REAL_NODE_SELECTOR))
+    held: set[str] = set()
+
+    def oom_killed() -> str:
+        hold_new_containers_to_usage(server_pods(kubectl, namespace), held)
+        return not_ready_for(kubectl, namespace, "tiny", "OOMKilled")
+
+    message = eventually(oom_killed, timeout=240, interval=0.5, what="Ready naming the kill for memory")
+    (pod,) = server_pods(kubectl, namespace)
+    limit = pod["spec"]["containers"][0]["resources"]["limits"]["memory"]
+    assert f"was killed for memory at its memory limit of {limit}" in message, message
+    assert "spec.model.weightsBytes" in message, message
+    events = kubectl.get("events", namespace=namespace)
+    assert any(e.get("reason") == "OOMKilled" and e.get("type") == "Warning" for e in events), events
+    print(f"\nreal node, {len(held)} container(s) held to what they used: {message}")
+    kubectl.run("delete", "cpullm", "tiny", "-n", namespace)
 
 
 def keep_busy(address: str, model: str, stop: threading.Event) -> None:
@@ -523,26 +564,6 @@ def keep_busy(address: str, model: str, stop: threading.Event) -> None:
     while not stop.is_set():
         with contextlib.suppress(OSError):  # a slow server's timeout or a refused connection: ask again
             complete(address, 32, model)
-
-
-def container_cpu_cgroup(pod: dict[str, Any], container: str) -> Path:
-    """The container's cgroup directory of the cpu controller (v1 cgroupfs, as the real node's kubelet makes them;
-    or v2's unified tree)."""
-    status = next(c for c in pod["status"]["containerStatuses"] if c["name"] == container)
-    container_id = status["containerID"].split("://", 1)[1]
-    v1 = Path("/sys/fs/cgroup/cpu/kubepods")
-    found = list((v1 if v1.is_dir() else Path("/sys/fs/cgroup/kubepods")).rglob(container_id))
-    assert len(found) == 1, (container_id, found)
-    return found[0]
-
-
-def hold_to(cgroup: Path, cpus: float) -> None:
-    """Cut the container's CFS quota to `cpus` CPUs, behind the kubelet's back (as a node agent or a resize might)."""
-    if (cgroup / "cpu.max").exists():
-        (cgroup / "cpu.max").write_text(f"{int(cpus * 100_000)} 100000")
-    else:
-        (cgroup / "cpu.cfs_period_us").write_text("100000")
-        (cgroup / "cpu.cfs_quota_us").write_text(str(int(cpus * 100_000)))
 
 
 def operator_address(kubectl: Kubectl) -> str:
@@ -595,7 +616,8 @@ def test_a_server_held_to_fewer_cpus_than_planned_runs_below_its_prediction_and_
             interval=2,
             what="a first verdict on the server's speed",
         )
-        hold_to(container_cpu_cgroup(pod, "vllm"), 0.1)
+        (status,) = [c for c in pod["status"]["containerStatuses"] if c["name"] == "vllm"]
+        hold_cpu_to(container_cgroup(status["containerID"].split("://", 1)[1], "cpu"), 0.1)
         held = eventually(
             lambda: verdict("FewerCPUsThanPlanned"), timeout=180, interval=2, what="PerformanceAsPredicted False"
         )

@@ -21,6 +21,7 @@ import contextlib
 import errno
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -229,3 +230,74 @@ def _delegate_memory(parent: Path) -> None:
     control = parent / "cgroup.subtree_control"
     if "memory" not in control.read_text().split():
         control.write_text("+memory")
+
+
+def container_cgroup(container_id: str, controller: str) -> Path:
+    """A running container's cgroup directory of `controller` as this host sees it, wherever its kubelet put it (the
+    real node's kubepods tree, or a kind node's under its Docker container's cgroup), named by the bare ID
+    (cgroupfs driver) or inside a systemd scope's name; v1's controller hierarchy, else v2's unified tree."""
+    v1 = Path("/sys/fs/cgroup") / controller
+    root = v1 if v1.is_dir() else Path("/sys/fs/cgroup")
+    found = [path for path in root.rglob(f"*{container_id}*") if path.is_dir()]
+    assert len(found) == 1, (container_id, found)
+    return found[0]
+
+
+def hold_cpu_to(cgroup: Path, cpus: float) -> None:
+    """Cut a container's CFS quota to `cpus` CPUs, behind its kubelet's back (as a node agent or a resize might)."""
+    if (cgroup / "cpu.max").exists():
+        (cgroup / "cpu.max").write_text(f"{int(cpus * 100_000)} 100000")
+    else:
+        (cgroup / "cpu.cfs_period_us").write_text("100000")
+        (cgroup / "cpu.cfs_quota_us").write_text(str(int(cpus * 100_000)))
+
+
+def hold_memory_to_usage(cgroup: Path, margin: int = 16 << 20) -> None:
+    """Limit a container to the memory it uses now and `margin` more, behind its kubelet's back: a process still
+    growing (a server starting) is killed for memory within seconds. OSError where the limit cannot be set (v1
+    refuses one below what it cannot reclaim) or the container is gone."""
+    if (cgroup / "memory.max").exists():
+        (cgroup / "memory.max").write_text(str(int((cgroup / "memory.current").read_text()) + margin))
+    else:
+        (cgroup / "memory.limit_in_bytes").write_text(str(int((cgroup / "memory.usage_in_bytes").read_text()) + margin))
+
+
+def hold_new_containers_to_usage(pods: Sequence[dict[str, object]], held: set[str]) -> None:
+    """Each running container of `pods` not in `held` (container IDs) limited to what it uses now
+    (hold_memory_to_usage) and added to `held`: called again and again, every restart is held as it starts."""
+    for pod in pods:
+        for status in (pod.get("status") or {}).get("containerStatuses") or []:  # type: ignore[union-attr]
+            if "running" not in (status.get("state") or {}) or status.get("containerID") in held:
+                continue
+            with contextlib.suppress(OSError, AssertionError):  # ended meanwhile, or its cgroup not there yet
+                hold_memory_to_usage(container_cgroup(status["containerID"].split("://", 1)[1], "memory"))
+                held.add(status["containerID"])
+
+
+def mount_unmounted_v1_hierarchies(proc: Path = PROC, root: Path = Path("/sys/fs/cgroup")) -> list[str]:
+    """Mounts each cgroup v1 hierarchy this process is in that nothing mounts, at `root`/<its controllers>, as a
+    distribution's init mounts them all (some VMs leave a few out: hugetlb, net_cls,net_prio, perf_event here).
+    containerd's shim loads a container's cgroup through every hierarchy of /proc/PID/cgroup; with one unmounted
+    ("loading cgroup for PID: cannot find cgroup mount destination") the shim has no OOM monitor, and a container
+    killed for memory ends as Error, never OOMKilled. A kind node sees the mounts the host had when it was created
+    (runc mounts those). Returns the hierarchies mounted: none on a v2 host or one that mounts them all."""
+    if (root / "cgroup.controllers").exists():
+        return []
+    mounted: list[set[str]] = []
+    for line in (proc / "self" / "mountinfo").read_text().splitlines():
+        _, _, tail = line.partition(" - ")
+        fs = tail.split()
+        if len(fs) >= 3 and fs[0] == "cgroup":
+            mounted.append(set(fs[2].split(",")))
+    done = []
+    for line in (proc / "self" / "cgroup").read_text().splitlines():
+        number, controllers, _ = line.split(":", 2)
+        wanted = set(controllers.split(","))
+        if number == "0" or not controllers or any(wanted <= options for options in mounted):
+            continue
+        target = root / controllers.removeprefix("name=")
+        target.mkdir(exist_ok=True)
+        options = f"none,{controllers}" if controllers.startswith("name=") else controllers
+        subprocess.run(["mount", "-t", "cgroup", "-o", options, "cgroup", str(target)], check=True)
+        done.append(controllers)
+    return done

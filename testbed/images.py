@@ -376,13 +376,17 @@ class Image:
         return () if self.ref == self.stored_ref else ("images", "tag", "--force", self.stored_ref, self.ref)
 
 
-def build_pause() -> Image:
+def build_pause(architecture: str | None = None) -> Image:
+    """The pause container (testbed/node/pause/main.go), of this machine's arch or of `architecture` (Go builds
+    for another one without emulation): a foreign build is an image no node here can run."""
+    architecture = architecture or arch()
     go = subprocess.run(["go", "version"], check=True, capture_output=True, text=True).stdout.strip()
-    key = digest_of(PAUSE_SOURCE.read_bytes(), go)[:16]
-    ref = f"localhost/cpullm-pause:{key[:12]}"
-    out = CACHE / f"pause-{key[:12]}.tar"
+    key = digest_of(PAUSE_SOURCE.read_bytes(), go, *([architecture] if architecture != arch() else []))[:16]
+    foreign = f"-{architecture}" if architecture != arch() else ""
+    ref = f"localhost/cpullm-pause{foreign}:{key[:12]}"
+    out = CACHE / f"pause{foreign}-{key[:12]}.tar"
     config = {"Entrypoint": ["/pause"], "User": "65535:65535"}
-    staging = CACHE / "pause-staging"
+    staging = CACHE / f"pause{foreign}-staging"
     layers = [Layer(key, tar_command(staging, "pause"), "pause (testbed/node/pause/main.go)")]
     if not up_to_date(out, layers, config):
         log(f"pause: building {out}")
@@ -392,9 +396,9 @@ def build_pause() -> Image:
         subprocess.run(
             ["go", "build", "-trimpath", "-ldflags", "-s -w", "-o", str(staging / "pause"), str(PAUSE_SOURCE)],
             check=True,
-            env=env,
+            env={**env, "GOARCH": architecture},
         )
-        write_image(out, ref, layers, config)
+        write_image(out, ref, layers, config, architecture=architecture)
         shutil.rmtree(staging)
     drop_superseded(out)
     return Image(ref, out)

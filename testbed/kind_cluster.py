@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.cgroup import mount_unmounted_v1_hierarchies
 from testbed.cluster import tool_version
 from testbed.realnode import lacks_cap_sys_resource
 from testbed.tools import eventually
@@ -74,6 +75,7 @@ class KindCluster:
         return self.workdir / "kubeconfig"
 
     def create(self, node_image: str, workers: int) -> KindCluster:
+        mount_unmounted_v1_hierarchies()  # the nodes' containerd sees them: kills for memory read as OOMKilled
         config = cluster_config(self.name, workers, cgroup_v1=cgroup_v1_host(), lacks_cap=lacks_cap_sys_resource())
         path = self.workdir / "kind-config.yaml"
         path.write_text(json.dumps(config, indent=1))

@@ -108,6 +108,14 @@ def conditions(service: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {c["type"]: c for c in service.get("status", {}).get("conditions", [])}
 
 
+def not_ready_for(kubectl: Kubectl, namespace: str, name: str, reason: str) -> str:
+    """The service's Ready message while Ready's reason is `reason`; AssertionError naming the condition otherwise
+    (a probe for eventually)."""
+    found = conditions(kubectl.get("cpullm", name, namespace) or {}).get("Ready", {})
+    assert found.get("reason") == reason, found
+    return str(found["message"])
+
+
 def ready(
     kubectl: Kubectl, namespace: str, name: str, replicas: int | None = None, timeout: float = 90, interval: float = 0.5
 ) -> dict[str, Any]:

@@ -37,6 +37,7 @@ from typing import IO, Any
 import yaml
 
 from testbed import machine
+from testbed.cgroup import mount_unmounted_v1_hierarchies
 from testbed.images import BUILDERS, Image, build_pause
 from testbed.tools import ROOT, Kubectl, eventually, free_port
 
@@ -138,6 +139,7 @@ class RealNode:
         if len(str(self.kubelet_dir / "pod-resources" / "kubelet.sock")) > 100:
             raise RuntimeError(f"workdir {self.workdir} is too long for the kubelet's unix sockets")
         self._clear_an_earlier_run()
+        mount_unmounted_v1_hierarchies()  # else containerd's shim reports no container killed for memory
         self._netns_before = {p.name for p in NETNS_DIR.glob("cni-*")}
         started = time.monotonic()
         tools = setup_node()

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from testbed import netpol
+from testbed.cgroup import mount_unmounted_v1_hierarchies
 from testbed.cluster import tool_dirs, tool_version
 from testbed.images import CACHE, build_haproxy, build_kube_router, build_vllm, log
 from testbed.kind_cluster import cgroup_v1_host, cluster_config
@@ -65,6 +66,7 @@ def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[Q
     # Measured: 31.7 GB at the most, with both workers running vLLM (the registry's uncompressed copy of the 6 GB
     # image, and each worker's blob and unpacked snapshot of it).
     require_free_space([workdir, CACHE], QUICK_START_DISK_BYTES, "the quick start's cluster with two workers")
+    mount_unmounted_v1_hierarchies()  # the nodes' containerd sees them: kills for memory read as OOMKilled
     tools = tool_dirs(["kubernetes", "helm", "kind"])
     make_tiny_model(vllm_python(), workdir / TINY)
     env = {**docker_env, "PATH": os.pathsep.join([*(str(d) for d in tools.values()), docker_env["PATH"]])}
