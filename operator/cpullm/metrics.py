@@ -44,7 +44,7 @@ API_ERRORS = Counter(
 POD_TROUBLES = Counter(
     "cpullm_pod_troubles_total",
     "Service pods seen to start failing to start or to keep running, by the Ready reason it gave (ImagePullFailed, "
-    "ContainerConfigError, OOMKilled, WrongArchitecture, CrashLoopBackOff, Unschedulable).",
+    "ContainerConfigError, OOMKilled, WrongArchitecture, StartupTooSlow, CrashLoopBackOff, Unschedulable).",
     ["reason"],
 )
 SPEED_SHARE = Gauge(

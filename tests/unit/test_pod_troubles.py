@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from cpullm.core.decision import decide
-from cpullm.core.pod_troubles import memory_limits, pod_trouble
+from cpullm.core.pod_troubles import Declared, declared_by_container, pod_trouble
 
 from .builders import spec
 from .support import T0, observed
@@ -106,13 +106,47 @@ def waiting(reason: str, message: str = "", last: dict[str, Any] | None = None, 
             ["(Error exit code 1, 3 restarts): ValueError: no model at /models/x", "kubectl logs --previous"],
             id="a crash, its last words without the fixes' report",
         ),
+        pytest.param(
+            waiting(
+                "CrashLoopBackOff",
+                last={"reason": "Error", "exitCode": 0, "startedAt": "2026-11-29T10:00:00Z",
+                      "finishedAt": "2026-11-29T10:04:52Z"},
+                restarts=2,
+            ),
+            "StartupTooSlow",
+            ["ran 292 s without answering /health, and its startup probe allows 300 s (2 restarts)",
+             "spec.modelCache"],
+            id="stopped by its startup probe",
+        ),
+        pytest.param(
+            waiting(
+                "CrashLoopBackOff",
+                last={"reason": "Error", "exitCode": 1, "startedAt": "2026-11-29T10:00:00Z",
+                      "finishedAt": "2026-11-29T10:00:40Z", "message": "RuntimeError: boom"},
+                restarts=1,
+            ),
+            "CrashLoopBackOff",
+            ["(Error exit code 1, 1 restarts): RuntimeError: boom"],
+            id="a crash well within the startup allowance",
+        ),
+        pytest.param(
+            waiting(
+                "CrashLoopBackOff",
+                last={"reason": "OOMKilled", "exitCode": 137, "startedAt": "2026-11-29T10:00:00Z",
+                      "finishedAt": "2026-11-29T10:05:00Z"},
+                restarts=1,
+            ),
+            "OOMKilled",
+            ["killed for memory"],
+            id="a kill for memory at the allowance is still a kill for memory",
+        ),
         pytest.param(waiting("ContainerCreating"), None, [], id="starting"),
         pytest.param({"containerStatuses": [{"name": "vllm", "state": {"running": {}}}]}, None, [], id="running"),
         pytest.param({}, None, [], id="nothing yet"),
     ],
 )  # fmt: skip
 def test_a_pods_trouble_is_named_with_its_cause_and_fix(status, reason, says):
-    found = pod_trouble(status, {"vllm": "7364Mi"})
+    found = pod_trouble(status, {"vllm": Declared("7364Mi", 300.0)})
     assert (found.reason if found else None) == reason
     assert all(words in (found.message if found else "") for words in says), found
 
@@ -124,9 +158,21 @@ def test_the_first_trouble_in_a_pods_life_wins():
     assert pod_trouble(both).reason == "Unschedulable"  # type: ignore[union-attr]
 
 
-def test_the_memory_limits_of_a_pod_spec_are_read_by_container():
-    pod_spec = {"containers": [{"name": "vllm", "resources": {"limits": {"memory": "7364Mi"}}}, {"name": "x"}]}
-    assert memory_limits(pod_spec) == {"vllm": "7364Mi"}
+def test_what_a_pod_spec_promises_is_read_by_container():
+    """The memory limit, and the startup probe's allowance with Kubernetes' defaults for what is unset."""
+    probe = {"httpGet": {"path": "/health"}, "periodSeconds": 5, "failureThreshold": 61}
+    pod_spec = {
+        "containers": [
+            {"name": "vllm", "resources": {"limits": {"memory": "7364Mi"}}, "startupProbe": probe},
+            {"name": "x", "startupProbe": {"initialDelaySeconds": 4}},
+            {"name": "y"},
+        ]
+    }
+    assert declared_by_container(pod_spec) == {
+        "vllm": Declared("7364Mi", 305.0),
+        "x": Declared(None, 34.0),
+        "y": Declared(None, None),
+    }
 
 
 def test_the_trouble_is_the_services_ready_reason_and_a_warning_event():

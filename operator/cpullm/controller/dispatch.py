@@ -25,7 +25,7 @@ from cpullm.core.affected import affected_by_node, asks_for_api, owning_service
 from cpullm.core.children import CHILD_KINDS, crd_established
 from cpullm.core.children.common import SERVICE_LABEL
 from cpullm.core.node_facts import NodeFactSource
-from cpullm.core.pod_troubles import memory_limits, pod_trouble
+from cpullm.core.pod_troubles import declared_by_container, pod_trouble
 from cpullm.core.server_exits import server_exit
 from cpullm.core.topology import NodeState, parse_node
 from cpullm.errors import NodeLabelError, PermissionDenied, TransientApiError
@@ -245,7 +245,7 @@ async def pod_changed(
     did not load, or no longer does (FixesLoaded); every other pod change (most of them) does nothing. A pod's
     controller is its ReplicaSet: it is matched to its service by label, and changes only what status says."""
     owner = (labels or {}).get(SERVICE_LABEL)
-    trouble = state.pod_troubles.news((namespace, name), type, pod_trouble(status, memory_limits(spec)))
+    trouble = state.pod_troubles.news((namespace, name), type, pod_trouble(status, declared_by_container(spec)))
     if trouble is not None and trouble.after is not None:
         POD_TROUBLES.labels(trouble.after.reason).inc()
     ended = state.server_exits.news((namespace, name), type, server_exit(name, status))

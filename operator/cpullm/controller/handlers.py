@@ -40,7 +40,7 @@ from cpullm.core.children.common import (
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_facts import NODE_FACT_SOURCES, SOURCE_OF_PLURAL
 from cpullm.core.performance_check import ServerAddress, ready_server_address
-from cpullm.core.pod_troubles import PodTrouble, memory_limits, pod_trouble
+from cpullm.core.pod_troubles import PodTrouble, declared_by_container, pod_trouble
 from cpullm.core.rollout import server_deployment_facts
 from cpullm.core.server_exits import ServerExit, server_exit
 from cpullm.core.topology import NodeProfile, parse_node
@@ -199,7 +199,7 @@ async def pod_troubles(
 ) -> dict[tuple[str, str], tuple[str, PodTrouble]]:
     """Why each of a service's pods cannot start or keep running (core/pod_troubles.py), keyed by its service, with
     the pod's ReplicaSet."""
-    key, trouble = _pod_key(namespace, labels, meta), pod_trouble(status, memory_limits(spec))
+    key, trouble = _pod_key(namespace, labels, meta), pod_trouble(status, declared_by_container(spec))
     return {key[0]: (key[1], trouble)} if key and trouble else {}
 
 

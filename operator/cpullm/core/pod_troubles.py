@@ -7,9 +7,22 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Declared:
+    """What a container's spec promises, for a trouble's message: its memory limit, and how long its startup probe
+    lets it take before the kubelet stops it (seconds)."""
+
+    memory_limit: str | None = None
+    startup_seconds: float | None = None
+
+
+Rule = Callable[[Mapping[str, Any], Mapping[str, Declared]], "PodTrouble | None"]
 
 
 @dataclass(frozen=True)
@@ -28,7 +41,7 @@ def _waiting(container: Mapping[str, Any]) -> Mapping[str, Any]:
     return ((container.get("state") or {}).get("waiting")) or {}
 
 
-def _unschedulable(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrouble | None:
+def _unschedulable(status: Mapping[str, Any], declared: Mapping[str, Declared]) -> PodTrouble | None:
     for cond in status.get("conditions") or []:
         if (cond.get("type"), cond.get("status"), cond.get("reason")) == ("PodScheduled", "False", "Unschedulable"):
             message = str(cond.get("message") or "the scheduler found no node for it")
@@ -39,7 +52,7 @@ def _unschedulable(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodT
 IMAGE_PULL = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
 
 
-def _image_pull(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrouble | None:
+def _image_pull(status: Mapping[str, Any], declared: Mapping[str, Declared]) -> PodTrouble | None:
     for container in _containers(status):
         waiting = _waiting(container)
         if waiting.get("reason") not in IMAGE_PULL:
@@ -63,7 +76,7 @@ def _image_pull(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrou
     return None
 
 
-def _config(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrouble | None:
+def _config(status: Mapping[str, Any], declared: Mapping[str, Declared]) -> PodTrouble | None:
     for container in _containers(status):
         waiting = _waiting(container)
         if waiting.get("reason") != "CreateContainerConfigError":
@@ -77,7 +90,7 @@ def _config(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrouble 
     return None
 
 
-def _crash_loop(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrouble | None:
+def _crash_loop(status: Mapping[str, Any], declared: Mapping[str, Declared]) -> PodTrouble | None:
     for container in _containers(status):
         waiting = _waiting(container)
         if waiting.get("reason") not in ("CrashLoopBackOff", "CreateContainerError", "RunContainerError"):
@@ -88,7 +101,7 @@ def _crash_loop(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrou
         last_words = _last_words(str(ended.get("message") or waiting.get("message") or ""))
         restarts = int(container.get("restartCount") or 0)
         if reason == "OOMKilled":
-            limit = limits.get(name)
+            limit = declared.get(name, Declared()).memory_limit
             at = f" at its memory limit of {limit}" if limit else ""
             return PodTrouble(
                 "OOMKilled",
@@ -102,6 +115,16 @@ def _crash_loop(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrou
                 f"container {name} cannot run on the node's CPU architecture ({last_words}): name an image built for "
                 "it (spec.image), or keep the service off such nodes (spec.nodeSelector)",
             )
+        budget, ran = declared.get(name, Declared()).startup_seconds, _seconds_run(ended)
+        if budget and ran is not None and ran >= STOPPED_AT_BUDGET * budget:
+            return PodTrouble(
+                "StartupTooSlow",
+                f"container {name} ran {ran:.0f} s without answering /health, and its startup probe allows "
+                f"{budget:.0f} s ({restarts} restarts): it starts slower on this node than the plan's estimate. "
+                "A download of the weights is the usual cause: a model cache that keeps them (spec.modelCache: a "
+                "persistentVolumeClaim or nodeLocal) makes the next start a load; else the node gives it fewer or "
+                "slower CPUs than planned; kubectl logs --previous shows how far it got",
+            )
         said = f" exit code {code}" if code is not None else ""
         words = f": {last_words}" if last_words else ""
         return PodTrouble(
@@ -112,34 +135,53 @@ def _crash_loop(status: Mapping[str, Any], limits: Mapping[str, str]) -> PodTrou
     return None
 
 
+# A container stopped this close to its startup probe's allowance was stopped by it: the kubelet kills it after
+# failureThreshold failed probes, which start up to one period after the container (so a little before the sum).
+STOPPED_AT_BUDGET = 0.9
+
+
+def _seconds_run(ended: Mapping[str, Any]) -> float | None:
+    """How long a terminated container ran, from its startedAt and finishedAt (None where either is missing)."""
+    try:
+        started, finished = (
+            datetime.fromisoformat(str(ended[k]).replace("Z", "+00:00")) for k in ("startedAt", "finishedAt")
+        )
+    except (KeyError, ValueError):
+        return None
+    return (finished - started).total_seconds()
+
+
 def _last_words(message: str, keep: int = 300) -> str:
     """A termination message's last non-empty line of its own (the fixes' report lines left out), shortened."""
     lines = [line.strip() for line in message.splitlines() if line.strip() and not line.startswith("cpullm-vllm-fix")]
     return lines[-1][-keep:] if lines else ""
 
 
-TROUBLES: tuple[Callable[[Mapping[str, Any], Mapping[str, str]], PodTrouble | None], ...] = (
-    _unschedulable,
-    _image_pull,
-    _config,
-    _crash_loop,
-)
+TROUBLES: tuple[Rule, ...] = (_unschedulable, _image_pull, _config, _crash_loop)
 
 
-def pod_trouble(status: Mapping[str, Any], limits: Mapping[str, str] | None = None) -> PodTrouble | None:
-    """The first trouble a pod's status shows (None: none, it is starting or serving); `limits`: each container's
-    memory limit as the pod spec gives it, for an OOM kill's message."""
+def pod_trouble(status: Mapping[str, Any], declared: Mapping[str, Declared] | None = None) -> PodTrouble | None:
+    """The first trouble a pod's status shows (None: none, it is starting or serving); `declared`: what each
+    container's spec promises (declared_by_container), for the messages."""
     for rule in TROUBLES:
-        found = rule(status, limits or {})
+        found = rule(status, declared or {})
         if found is not None:
             return found
     return None
 
 
-def memory_limits(spec: Mapping[str, Any]) -> dict[str, str]:
-    """Each container's memory limit in a pod spec, by container name."""
-    return {
-        str(c.get("name")): str(((c.get("resources") or {}).get("limits") or {}).get("memory"))
-        for c in spec.get("containers") or []
-        if ((c.get("resources") or {}).get("limits") or {}).get("memory")
-    }
+def declared_by_container(spec: Mapping[str, Any]) -> dict[str, Declared]:
+    """What each container of a pod spec promises, by container name: its memory limit and its startup probe's
+    allowance (initialDelaySeconds + periodSeconds x failureThreshold, Kubernetes' defaults where unset)."""
+    found = {}
+    for container in spec.get("containers") or []:
+        limit = ((container.get("resources") or {}).get("limits") or {}).get("memory")
+        probe = container.get("startupProbe") or {}
+        startup = (
+            float(probe.get("initialDelaySeconds") or 0)
+            + float(probe.get("periodSeconds") or 10) * float(probe.get("failureThreshold") or 3)
+            if probe
+            else None
+        )
+        found[str(container.get("name"))] = Declared(str(limit) if limit else None, startup)
+    return found
