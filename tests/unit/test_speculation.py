@@ -12,6 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core import speculation
 from cpullm.core.children.deployment import vllm_args
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
@@ -35,9 +36,13 @@ def model(name: str) -> ModelSize:
     return size_model(config, spec().model.dtype)
 
 
-def deepseek_on_amx(**fields: Any) -> Any:
+def deepseek_spec(**fields: Any) -> CpuLLMServiceSpec:
     raw = {"model": {"name": "deepseek-ai/DeepSeek-V3"}, "kvCacheGiB": 8, "maxModelLen": 8192, **fields}
-    return plan_service(CpuLLMServiceSpec.model_validate(raw), model("deepseek-v3"), [AMX])
+    return CpuLLMServiceSpec.model_validate(raw)
+
+
+def deepseek_on_amx(**fields: Any) -> Any:
+    return plan_service(deepseek_spec(**fields), model("deepseek-v3"), [AMX])
 
 
 @pytest.mark.parametrize(
@@ -148,6 +153,32 @@ def test_a_plan_made_before_the_operator_chose_speculation_keeps_it_off_under_au
     assert chosen.speculative and chosen.speculative.method == MTP  # the spec chooses
     again = plan_service(latency, v3, [AMX], fresh.model_dump(by_alias=True, mode="json"))
     assert again.speculative == fresh.speculative
+
+
+def test_auto_keeps_what_the_running_servers_use_while_it_is_predicted_about_as_good(monkeypatch):
+    """A prediction that moves a little (a node's probe arriving after its estimate) restarts no server for a few
+    percent: the running token count stays while within KEEP_BAND of the best (DeepSeek-V3 MTP on AMX, latency:
+    1.13x at 4 tokens, 1.11x at 3, 1.07x at 2), and a method auto turned on stays on down to MIN_GAIN x KEEP_BAND."""
+    latency, v3 = deepseek_spec(objective="latency"), model("deepseek-v3")
+    fresh = plan_service(latency, v3, [AMX])
+    assert fresh.speculative and (fresh.speculative.method, fresh.speculative.tokens) == (MTP, 4)
+
+    def running(tokens: int) -> dict[str, Any]:
+        status = fresh.model_dump(by_alias=True, mode="json")
+        status["speculative"] = {**status["speculative"], "tokens": tokens}
+        return status
+
+    at_3 = plan_service(latency, v3, [AMX], running(3)).speculative
+    assert at_3 and (at_3.method, at_3.tokens, at_3.decode_gain) == (MTP, 3, 1.11)  # 1.11 >= 0.95 x 1.13: kept
+    at_2 = plan_service(latency, v3, [AMX], running(2)).speculative
+    assert at_2 and at_2.tokens == 4  # 1.07 < 0.95 x 1.13: the best count
+    monkeypatch.setattr(speculation, "MIN_GAIN", 1.16)  # 1.13x no longer turns it on, but keeps it on (>= 1.102)
+    assert plan_service(latency, v3, [AMX]).speculative.method == "off"  # type: ignore[union-attr]
+    kept = plan_service(latency, v3, [AMX], running(4)).speculative
+    assert kept and (kept.method, kept.tokens) == (MTP, 4)
+    monkeypatch.setattr(speculation, "MIN_GAIN", 1.2)  # under 1.14 = 1.2 x 0.95: off after all
+    dropped = plan_service(latency, v3, [AMX], running(4)).speculative
+    assert dropped and dropped.method == "off" and "under 1.14x" in dropped.reason
 
 
 @pytest.mark.parametrize(

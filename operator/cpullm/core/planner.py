@@ -137,13 +137,25 @@ def plan_service(
     raise NoEligibleNode(rejections)
 
 
-def _planned_before(current: Mapping[str, Any] | None) -> bool:
-    """Do the running servers run a plan made before the operator chose speculative decoding (no field for it), or
-    one that kept it off for that reason (so it stays off until the spec chooses)?"""
+@dataclass(frozen=True)
+class _Before:
+    """What the running servers' plan chose that a new plan keeps rather than restart them for: speculation kept off
+    (a plan made before the operator chose it, or one that kept it off for that reason, until the spec chooses),
+    and the method and token count auto turned on."""
+
+    keep_off: bool = False
+    speculating: tuple[str, int] | None = None
+
+
+def _planned_before(current: Mapping[str, Any] | None) -> _Before:
     if current is None or "tensorParallelSize" not in current:
-        return False
+        return _Before()
     speculative = current.get("speculative")
-    return speculative is None or (isinstance(speculative, Mapping) and speculative.get("keptOff") is True)
+    if not isinstance(speculative, Mapping):
+        return _Before(keep_off=speculative is None)
+    method, tokens = speculative.get("method"), speculative.get("tokens")
+    speculating = (method, tokens) if isinstance(method, str) and isinstance(tokens, int) else None
+    return _Before(keep_off=speculative.get("keptOff") is True, speculating=speculating)
 
 
 def _unfit_lookalikes(plan: Plan, shape: Shape, eligible: Sequence[NodeProfile]) -> list[NodeProfile]:
@@ -600,11 +612,12 @@ def _fitted(
 
 
 def _speculation(
-    spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, fitted: _Fitted, version: str | None, keep_off: bool
+    spec: CpuLLMServiceSpec, model: ModelSize, shape: Shape, fitted: _Fitted, version: str | None, before: _Before
 ) -> Speculation:
-    """spec.speculative for this pod (core/speculation.py). `keep_off`: the running servers were planned by an
-    operator that did not choose speculation, so auto keeps it off rather than restart them for it."""
-    if keep_off and spec.speculative.method == SpeculativeMethod.AUTO:
+    """spec.speculative for this pod (core/speculation.py). `before.keep_off`: the running servers were planned by
+    an operator that did not choose speculation, so auto keeps it off rather than restart them for it;
+    `before.speculating`: what auto chose for them, kept while predicted about as good."""
+    if before.keep_off and spec.speculative.method == SpeculativeMethod.AUTO:
         return dataclasses.replace(
             speculation_off(
                 "auto: kept off, as the running servers were planned before the operator chose speculation (set "
@@ -621,6 +634,7 @@ def _speculation(
         fitted.streams,
         fitted.kv_bytes_per_token,
         version,
+        before.speculating,
     )
 
 
@@ -632,7 +646,7 @@ def _plan_for_shape(
     explicit_tp: int | None,
     default_router_image: str,
     vllm_images: Mapping[str, str],
-    keep_off: bool = False,
+    before: _Before = _Before(),
 ) -> Plan:
     server = _server(spec, shape.node.arch, vllm_images)
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
@@ -641,7 +655,7 @@ def _plan_for_shape(
         router_image = spec.routing.router.image or default_router_image
     node, where = shape.node, shape.describe()
     fitted = _fitted(spec, model, shape, strategy, explicit_tp, server)
-    speculation = _speculation(spec, model, shape, fitted, server.version, keep_off)
+    speculation = _speculation(spec, model, shape, fitted, server.version, before)
     if speculation.mtp_bytes:  # the MTP layers are loaded and cache too: the pod is laid out with them
         fitted = _fitted(spec, with_mtp(model), shape, strategy, explicit_tp, server)
     layout, kv, budget, processes = fitted.layout, fitted.kv, fitted.budget, fitted.processes

@@ -43,6 +43,11 @@ SPECULATIVE_STEP_FACTOR = 1.45
 # Auto turns speculation on where the objective's figure is predicted at least this much better: the acceptance
 # below is a typical rate, not this service's, so a smaller predicted gain could be a loss.
 MIN_GAIN = 1.1
+# What auto chose for the running servers stays while it is predicted within this band: a method it turned on stays
+# on down to MIN_GAIN x KEEP_BAND, and its token count while within KEEP_BAND of the best count. Predictions move
+# (a node's probe arriving after its estimate, another vLLM version); a restart of every server to turn speculation
+# on and off, or from 3 tokens to 4, for a few percent is not worth it.
+KEEP_BAND = 0.95
 
 
 @dataclass(frozen=True)
@@ -224,10 +229,12 @@ def choose(
     streams: int,
     kv_bytes_per_token: int,
     version: str | None,
+    running: tuple[str, int] | None = None,
 ) -> Speculation:
     """spec.speculative for this plan: off; a method asked for (SpeculationRefused where vLLM cannot run it here),
     with its predicted gains; or, with auto, the candidate predicted best for the objective where it gains at least
-    MIN_GAIN (MTP where the checkpoint carries layers vLLM drafts from; n-gram for the latency objective)."""
+    MIN_GAIN (MTP where the checkpoint carries layers vLLM drafts from; n-gram for the latency objective).
+    `running`: the method and token count auto chose for the running servers, kept within KEEP_BAND."""
     if wanted.method == SpeculativeMethod.OFF:
         return off("spec.speculative.method is off")
     server = _Serving(model, serving, node, streams, kv_bytes_per_token)
@@ -236,7 +243,7 @@ def choose(
         problem = mtp_problem(model, version) if method == MTP else _version_problem(method, version)
         if problem:
             raise SpeculationRefused(f"spec.speculative.method {method}: {problem}")
-        return _best_tokens(method, wanted.tokens, objective, server, "asked for")
+        return _best_tokens(method, wanted.tokens, objective, server, "asked for", running)
     candidates = []
     if mtp_problem(model, version) is None:
         candidates.append(MTP)
@@ -247,12 +254,15 @@ def choose(
         if objective != Objective.LATENCY:
             return off(f"auto, as {why} and n-gram is for the latency objective")
         return off(f"auto, as {why} and {_version_problem(NGRAM, version)}")
-    figures = [_best_tokens(method, wanted.tokens, objective, server, "auto") for method in candidates]
+    figures = [_best_tokens(method, wanted.tokens, objective, server, "auto", running) for method in candidates]
     best = max(figures, key=lambda s: _objective_gain(s, objective))
-    gain = _objective_gain(best, objective)
-    if gain < MIN_GAIN:
+    kept = next((s for s in figures if running and s.method == running[0]), None)
+    if kept is not None and _objective_gain(kept, objective) >= KEEP_BAND * _objective_gain(best, objective):
+        best = kept  # the running method, still about as good
+    gain, least = _objective_gain(best, objective), MIN_GAIN * (KEEP_BAND if best is kept else 1)
+    if gain < least:
         return dataclasses.replace(
-            off(f"auto: {best.method} predicted {_shown(best, objective)}, under {MIN_GAIN}x"),
+            off(f"auto: {best.method} predicted {_shown(best, objective)}, under {least:g}x"),
             decode_gain=best.decode_gain,
             throughput_gain=best.throughput_gain,
         )
@@ -285,11 +295,23 @@ class _Serving:
     kv_bytes_per_token: int
 
 
-def _best_tokens(method: str, tokens: int | None, objective: Objective, server: _Serving, how: str) -> Speculation:
-    """The method at spec.speculative.tokens, else at the count of TOKEN_CHOICES predicted best for the objective."""
+def _best_tokens(
+    method: str,
+    tokens: int | None,
+    objective: Objective,
+    server: _Serving,
+    how: str,
+    running: tuple[str, int] | None = None,
+) -> Speculation:
+    """The method at spec.speculative.tokens, else at the count of TOKEN_CHOICES predicted best for the objective,
+    or at the running servers' count (`running`) while that is within KEEP_BAND of the best."""
     choices = (tokens,) if tokens else TOKEN_CHOICES
     figures = [_predicted(method, k, server, how) for k in choices]
-    return max(figures, key=lambda s: _objective_gain(s, objective))
+    best = max(figures, key=lambda s: _objective_gain(s, objective))
+    kept = next((s for s in figures if running == (method, s.tokens)), None)
+    if kept is not None and _objective_gain(kept, objective) >= KEEP_BAND * _objective_gain(best, objective):
+        return kept
+    return best
 
 
 def _predicted(method: str, proposed: int, server: _Serving, how: str) -> Speculation:
