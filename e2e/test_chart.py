@@ -698,8 +698,8 @@ def test_the_garbage_collector_still_deletes_children_with_their_service(kubectl
 
 
 # The admin's prefixes: a registry (any repository under it; another port is another registry), a repository (any
-# tag of it), and the router pinned by digest only.
-ALLOWED = ("registry.corp", "quay.io/cpullm/vllm", "docker.io/library/haproxy@")
+# tag of it), a Docker Hub repository by its short name, and the router pinned by digest only.
+ALLOWED = ("registry.corp", "quay.io/cpullm/vllm", "vllm/vllm-openai-cpu", "docker.io/library/haproxy@")
 
 
 def dry_run(kubectl: Kubectl, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:
@@ -752,6 +752,19 @@ def router(image: str | None = None) -> dict[str, Any]:
             {"routing": router("docker.io/library/haproxy:3.2")},
             "spec.routing.router.image docker.io/library/haproxy:3.2",
             id="router-by-tag-refused",
+        ),
+        # Docker Hub's names compare as Docker reads them, short or whole, prefix and image alike.
+        pytest.param({"image": "docker.io/vllm/vllm-openai-cpu:v0.32.0-x86_64"}, None, id="hub-whole-under-short"),
+        pytest.param({"image": "index.docker.io/vllm/vllm-openai-cpu:v1"}, None, id="hub-index-host"),
+        pytest.param({"image": "vllm/vllm-openai-cpu@" + DIGEST}, None, id="hub-short-by-digest"),
+        pytest.param(
+            {"image": "vllm/vllm-openai-cpu-x:1"}, "spec.image vllm/vllm-openai-cpu-x:1", id="hub-a-longer-repository"
+        ),
+        pytest.param({"image": "evil/vllm-openai-cpu:1"}, "spec.image evil/vllm-openai-cpu:1", id="hub-another-org"),
+        pytest.param({"routing": router(f"haproxy@{DIGEST}")}, None, id="hub-library-short-by-digest"),
+        pytest.param({"routing": router(f"docker.io/haproxy@{DIGEST}")}, None, id="hub-library-implied"),
+        pytest.param(
+            {"routing": router("haproxy:3.2")}, "spec.routing.router.image haproxy:3.2", id="hub-library-by-tag-refused"
         ),
         pytest.param(
             {"image": "registry.corp/vllm:1", "routing": router("evil.example/haproxy:3")},
@@ -881,6 +894,12 @@ VOLUMES = f"pods mount emptyDir, configMap and persistentVolumeClaim volumes, an
         pytest.param(changed("automountServiceAccountToken", False), None, id="a-server-as-rendered"),
         pytest.param(changed("containers.0.image", "registry.corp/vllm:1"), None, id="an-allowlisted-image"),
         pytest.param(changed("containers.0.image", "docker.io/library/haproxy:3.2"), None, id="the-default-router"),
+        pytest.param(changed("containers.0.image", "vllm/vllm-openai-cpu:v9"), None, id="a-hub-short-name-allowlisted"),
+        pytest.param(
+            changed("containers.0.image", "evil/vllm-openai-cpu:v9"),
+            "images are those of its chart",
+            id="a-hub-short-name-of-no-one",
+        ),
         pytest.param(changed("serviceAccountName", "admin"), "pods run as the default ServiceAccount", id="sa"),
         pytest.param(changed("automountServiceAccountToken", True), "pods mount no ServiceAccount token", id="token"),
         pytest.param(changed("hostNetwork", True), "pods use no host network, PID or IPC namespace", id="host-network"),

@@ -110,3 +110,36 @@ capabilities: {drop: [ALL]}
 {{- define "cpullm.routerImage" -}}
 {{- .Values.router.image | default "docker.io/library/haproxy:3.2" -}}
 {{- end -}}
+
+{{/* CEL: an image reference (the CEL expression given) as Docker reads it, so a short name and its full spelling
+compare alike: a first component that is no registry host (no '.' or ':', not localhost) is Docker Hub's
+(vllm/cpu:1 is docker.io/vllm/cpu:1), a name of one component is in its library (haproxy is
+docker.io/library/haproxy), and index.docker.io is docker.io. */}}
+{{- define "cpullm.cel.normalImage" -}}
+{{- $x := printf "(%s)" . -}}
+{{- $first := printf "%s.split('/')[0]" $x -}}
+{{- $hub := printf "'docker.io/' + (%s.split('/').size() == 2 && %s.split('/')[1] != '' ? 'library/' : '') + %s.substring(%s.indexOf('/') + 1)" $x $x $x $x -}}
+(!{{ $x }}.contains('/') ? 'docker.io/library/' + {{ $x }}
+  : {{ $first }} in ['docker.io', 'index.docker.io'] ? {{ $hub }}
+  : {{ $first }}.contains('.') || {{ $first }}.contains(':') || {{ $first }} == 'localhost' ? {{ $x }}
+  : 'docker.io/' + {{ $x }})
+{{- end -}}
+
+{{/* CEL: an allowlist prefix as Docker reads a reference, where one without '/' that names a registry host (a '.'
+or ':' in it, or localhost or docker.io) is that whole registry: registry.corp stays, haproxy is
+docker.io/library/haproxy, vllm/ is docker.io/vllm/. */}}
+{{- define "cpullm.cel.normalPrefix" -}}
+{{- $x := printf "(%s)" . -}}
+(!{{ $x }}.contains('/') && ({{ $x }}.contains('.') || {{ $x }}.contains(':') || {{ $x }} in ['localhost', 'docker.io'])
+  ? {{ $x }} : {{ $x }} == 'index.docker.io' ? 'docker.io' : {{ include "cpullm.cel.normalImage" . }})
+{{- end -}}
+
+{{/* CEL: whether image `i` (normalised) is prefix `p` (normalised) or continues it at a boundary: the prefix ends in
+'/', ':' or '@', or the image goes on with '/' or '@', or with ':' (a tag) after a prefix that names a repository. */}}
+{{- define "cpullm.cel.underPrefix" -}}
+{{- $i := index . 0 -}}{{- $p := index . 1 -}}
+({{ $i }} == {{ $p }}
+  || ({{ $i }}.startsWith({{ $p }}) && ({{ $p }}.endsWith('/') || {{ $p }}.endsWith(':') || {{ $p }}.endsWith('@')))
+  || ['/', '@'].exists(d, {{ $i }}.startsWith({{ $p }} + d))
+  || ({{ $p }}.contains('/') && {{ $i }}.startsWith({{ $p }} + ':')))
+{{- end -}}
