@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import tarfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -105,6 +106,27 @@ def test_the_release_holds_every_platform_an_sbom_and_an_install_yaml_pinned_by_
         values = yaml.safe_load(package.extractfile("cpullm-operator/values.yaml"))  # type: ignore[arg-type]
     assert (chart["version"], chart["appVersion"]) == (release.version, release.version)
     assert (values["image"]["repository"], values["image"]["digest"]) == tuple(release.image.split("@"))
+
+
+def test_cosign_verifies_the_released_install_yaml_and_refuses_one_changed_after_signing(
+    quick_start: QuickStart, tmp_path: Path
+) -> None:
+    """install.yaml is signed as a blob (its bundle a release asset): it verifies, and a copy with one byte more
+    (an image swapped in by whoever hosts the file) does not."""
+    release = quick_start.release
+    bundle = release.assets / "install.yaml.sigstore.json"
+
+    def verify(blob: Path) -> subprocess.CompletedProcess[str]:
+        key = ("--key", str(release.public_key), "--insecure-ignore-tlog")  # signed without a transparency log
+        command = [str(release.cosign), "verify-blob", str(blob), "--bundle", str(bundle), *key]
+        return subprocess.run(command, capture_output=True, text=True, timeout=300)
+
+    signed = verify(release.assets / "install.yaml")
+    assert signed.returncode == 0, signed.stderr
+    changed = tmp_path / "install.yaml"
+    changed.write_text((release.assets / "install.yaml").read_text() + "\n")
+    refused = verify(changed)
+    assert refused.returncode != 0 and "invalid signature" in refused.stderr, refused.stderr
 
 
 def test_cosign_verifies_the_image_and_the_chart_and_refuses_an_image_retagged_over_the_signed_one(

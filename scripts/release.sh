@@ -16,10 +16,12 @@
 # 4. packages the chart with the image's repository and digest in its values and pushes it as the OCI artifact
 #    oci://REGISTRY/charts/cpullm-operator, version VERSION;
 # 5. renders install.yaml from that chart (scripts/render-install.sh), so it names the image by digest;
-# 6. signs the image's index and the chart by digest with cosign: with the key pair's private half (--key, its
-#    password in COSIGN_PASSWORD; no transparency log), or keyless (--keyless: the workflow's OIDC identity,
-#    recorded in Sigstore's public transparency log).
-# The assets (install.yaml, the chart's .tgz, the SBOMs, digests.env) go to DIR (default: dist/VERSION), and the
+# 6. signs the image's index and the chart by digest with cosign, and install.yaml as a blob (its bundle
+#    install.yaml.sigstore.json beside it): with the key pair's private half (--key, its password in COSIGN_PASSWORD;
+#    no transparency log), or keyless (--keyless: the workflow's OIDC identity, recorded in Sigstore's public
+#    transparency log).
+# The assets (install.yaml and its bundle, the chart's .tgz, the SBOMs, digests.env) go to DIR (default:
+# dist/VERSION), and the
 # last lines printed are RELEASE_IMAGE=, RELEASE_CHART= and RELEASE_CHART_DIGEST=.
 # Needs root or rootless buildah, and Go for cosign, syft and helm (scripts/build-tools.sh builds them once).
 # --plain-http: the registry speaks HTTP (a registry on localhost).
@@ -138,6 +140,10 @@ for ref in "$image@$digest" "$registry/charts/cpullm-operator@$chart_digest"; do
   quiet "$cosign" sign --yes "${sign_args[@]}" "$ref"
   say "signed $ref"
 done
+blob_args=(--bundle "$out/install.yaml.sigstore.json")
+if [[ -n $key ]]; then blob_args+=(--key "$key" --use-signing-config=false --tlog-upload=false); fi
+quiet "$cosign" sign-blob --yes "${blob_args[@]}" "$out/install.yaml"
+say "signed $out/install.yaml: $out/install.yaml.sigstore.json"
 
 printf 'RELEASE_IMAGE=%s\nRELEASE_CHART=%s\nRELEASE_CHART_DIGEST=%s\n' \
   "$image@$digest" "oci://$registry/charts/cpullm-operator" "$chart_digest" | tee "$out/digests.env"
