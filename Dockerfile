@@ -8,13 +8,14 @@ ARG BASE=python:3.11-slim
 ARG BUILDPLATFORM
 ARG TARGETPLATFORM
 
-# The build stage runs on the build machine's own platform, whatever the target's: pip resolves and installs the
-# dependencies there for the target's platform (its binary wheels: --platform, --only-binary), so building an arm64
-# image on amd64 emulates nothing (its build took 59-63 s here; with pip under qemu, 253 s).
+# The build stage runs on the build machine's own platform, whatever the target's: pip installs the dependencies
+# there for the target's platform (its binary wheels: --platform, --only-binary), so building an arm64 image on amd64
+# emulates nothing (its build took 59-63 s here; with pip under qemu, 253 s). They are requirements.lock's, each by
+# version and hash (scripts/lock.sh writes it from pyproject.toml): a changed or added file on PyPI is refused.
 FROM --platform=$BUILDPLATFORM ${BASE} AS build
 ARG TARGETARCH
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md requirements.lock ./
 COPY operator ./operator
 RUN set -eu; \
     machine=$(case "${TARGETARCH:-}" in amd64) echo x86_64 ;; arm64) echo aarch64 ;; *) uname -m ;; esac); \
@@ -24,8 +25,10 @@ RUN set -eu; \
         tags = [f"manylinux_2_{m}_{sys.argv[1]}" for m in range(17, int(libc[1]) + 1)]; \
         print(" ".join(f"--platform {t}" for t in ["manylinux2014_" + sys.argv[1], *tags]))' "$machine"); \
     version=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")'); \
-    /tmp/pip/bin/pip install --quiet --no-cache-dir --target /opt/cpullm/lib --only-binary=:all: \
-        --implementation cp --python-version "$version" $platforms /tmp/wheels/*.whl; \
+    target="--quiet --no-cache-dir --target /opt/cpullm/lib --only-binary=:all: --implementation cp"; \
+    target="$target --python-version $version $platforms"; \
+    /tmp/pip/bin/pip install $target --require-hashes -r requirements.lock; \
+    /tmp/pip/bin/pip install $target --no-deps /tmp/wheels/*.whl; \
     rm -rf /opt/cpullm/lib/bin; \
     mkdir /opt/cpullm/bin; \
     printf '#!/bin/sh\nPYTHONPATH=/opt/cpullm/lib${PYTHONPATH:+:$PYTHONPATH} exec python3 -m cpullm "$@"\n' \

@@ -638,8 +638,10 @@ def build_python_base(architecture: str | None = None) -> Image:
 
 
 def operator_sources() -> list[Path]:
-    """What the Dockerfile's build context holds (.dockerignore: pyproject.toml, README.md, operator/)."""
+    """What the Dockerfile's build context holds (.dockerignore: pyproject.toml, README.md, requirements.lock,
+    operator/)."""
     sources = [ROOT / "Dockerfile", ROOT / ".dockerignore", ROOT / "pyproject.toml", ROOT / "README.md"]
+    sources += [ROOT / "requirements.lock"]
     sources += sorted(p for p in (ROOT / "operator").rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     return sources
 

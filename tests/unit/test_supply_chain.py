@@ -30,3 +30,33 @@ def test_only_a_job_that_signs_may_ask_for_an_oidc_token(workflow: Path) -> None
     assert top is None, "id-token granted to every job: grant it in the signing job's permissions"
     for name in holders:
         assert "release.sh" in yaml.safe_dump(document["jobs"][name]), name
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def locked() -> dict[str, tuple[str, list[str]]]:
+    """requirements.lock's packages: name -> (version, hashes)."""
+    found: dict[str, tuple[str, list[str]]] = {}
+    name = ""
+    for line in (ROOT / "requirements.lock").read_text().splitlines():
+        if match := re.match(r"^([A-Za-z0-9_.-]+)==([^ ;\\]+)", line):
+            name = re.sub(r"[-_.]+", "-", match[1]).lower()
+            found[name] = (match[2], [])
+        elif hashed := re.match(r"^\s+--hash=(sha256:[0-9a-f]{64})", line):
+            found[name][1].append(hashed[1])
+    return found
+
+
+def test_the_lock_pins_what_pyproject_names_each_with_hashes() -> None:
+    """The image installs requirements.lock with --require-hashes: it must hold every dependency pyproject.toml names,
+    at that version (scripts/lock.sh writes it), each package with at least one hash."""
+    import tomllib
+
+    wanted = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    lock = locked()
+    for requirement in wanted:
+        name, version = requirement.split("==")
+        key = re.sub(r"[-_.]+", "-", name).lower()
+        assert key in lock and lock[key][0] == version, f"{requirement}: run scripts/lock.sh"
+    assert [name for name, (_, hashes) in lock.items() if not hashes] == []
