@@ -136,7 +136,9 @@ if [[ -n $registry ]]; then
   say "kind nodes pull $registry from $server"
   for node in $nodes; do
     docker exec "$node" mkdir -p "/etc/containerd/certs.d/$registry"
-    printf '[host."%s"]\n  capabilities = ["pull", "resolve"]\n' "$server" |
+    # server too: else a reference the mirror lacks falls back to localhost inside the node, and its "not found"
+    # reads as "connection refused".
+    printf 'server = "%s"\n\n[host."%s"]\n  capabilities = ["pull", "resolve"]\n' "$server" "$server" |
       docker exec -i "$node" cp /dev/stdin "/etc/containerd/certs.d/$registry/hosts.toml"
   done
 fi
