@@ -110,6 +110,9 @@ def speculative_methods(version: str | None) -> frozenset[str]:
 # operator reads it there (core/server_exits.py). REPORT_ENV names another file (the real-vLLM tests' local runs).
 REPORT_PATH = "/dev/termination-log"
 REPORT_ENV = "CPULLM_VLLM_FIX_REPORT"
+# The API key guard's switch for /metrics (spec.apiKeySecret.metrics): "key" closes it to all but the pod itself.
+# The guard (cpullm/api_key_guard.py, shipped alone) spells it too; tests/unit/test_api_key_guard.py ties the two.
+GUARD_METRICS_ENV = "CPULLM_GUARD_METRICS"
 REPORT_WORD = "cpullm-vllm-fix"
 LOADED = "loaded"
 TURNED_OFF = "turned-off"  # by OFF_ENV

@@ -429,3 +429,20 @@ def test_a_change_of_the_in_pod_files_changes_the_servers_template(monkeypatch):
     fixed = {**fixed, LAUNCHER_FILE: fixed[LAUNCHER_FILE] + "#"}
     monkeypatch.setattr(children_launcher, "SOURCES", fixed)
     assert in_pod_code_digest(False) != before[False]
+
+
+@pytest.mark.parametrize(
+    ("key", "rendered"),
+    [({"name": "k"}, None), ({"name": "k", "metrics": "open"}, None), ({"name": "k", "metrics": "key"}, "key")],
+    ids=["default", "open", "key"],
+)
+def test_metrics_behind_the_key_is_the_guards_switch_and_nothing_else(key, rendered):
+    """spec.apiKeySecret.metrics: key sets the guard's switch; open (the default) renders as before the field (no
+    template change, no rollout, on an upgrade), and spec.env cannot set the switch."""
+    service_spec = spec(apiKeySecret=key)
+    plan = plan_service(service_spec, llama_8b(), [node(numa=2, memory="512Gi")])
+    (container,) = build_deployment(OWNER, service_spec, plan)["spec"]["template"]["spec"]["containers"]
+    found = [e.get("value") for e in container["env"] if e["name"] == vllm_support.GUARD_METRICS_ENV]
+    assert found == ([rendered] if rendered else [])
+    with pytest.raises(ValueError, match=r"apiKeySecret\.metrics"):
+        spec(env=[{"name": vllm_support.GUARD_METRICS_ENV, "value": "open"}])

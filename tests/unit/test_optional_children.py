@@ -100,6 +100,17 @@ def test_pod_monitor_whole_manifest(monitoring, interval):
     }
 
 
+def test_a_pod_monitor_sends_the_api_key_where_metrics_need_it():
+    """spec.apiKeySecret.metrics: key: Prometheus scrapes with the key from the service's own Secret (the Prometheus
+    Operator reads it in the PodMonitor's namespace); open: it sends none."""
+    keyed = {"name": "llama-key", "key": "token", "metrics": "key"}
+    pod_monitor, _ = both(spec(monitoring={"podMonitor": True}, apiKeySecret=keyed))
+    (endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]  # type: ignore[index]
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "llama-key", "key": "token"}}
+    open_metrics, _ = both(spec(monitoring={"podMonitor": True}, apiKeySecret={"name": "llama-key"}))
+    assert "authorization" not in open_metrics["spec"]["podMetricsEndpoints"][0]  # type: ignore[index]
+
+
 def _hpa_metric(name: str, average: str) -> dict[str, Any]:
     return {
         "type": "Pods",

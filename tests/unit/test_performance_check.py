@@ -333,3 +333,20 @@ def test_a_service_whose_spec_is_nested_too_deep_is_not_read_and_the_round_goes_
 
     asyncio.run(performance.check_round(state, indexes(service, {("ns", "svc"): [address]}), read, lambda: 0.0))
     assert state.performance.parsed[("ns", "svc")][1] is None and not state.performance.verdicts
+
+
+def test_a_service_whose_metrics_need_the_api_key_is_not_read():
+    """The operator never reads the API key: where spec.apiKeySecret.metrics is key, its servers' /metrics would
+    answer 401, so they are not read and the service gets no verdict."""
+    service = planned_service()
+    service["spec"]["apiKeySecret"] = {"name": "key", "metrics": "key"}
+    address = ready_server_address(
+        "svc-0", {}, {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
+    )
+    state = ControllerState(Reconciles(), ReconcileWorkers(1))  # type: ignore[arg-type]
+
+    def read(ip: str, port: int) -> dict[str, float]:
+        raise AssertionError("servers whose /metrics need the key are not read")
+
+    asyncio.run(performance.check_round(state, indexes(service, {("ns", "svc"): [address]}), read, lambda: 0.0))
+    assert state.performance.parsed[("ns", "svc")][1] is None and not state.performance.verdicts

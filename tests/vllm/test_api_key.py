@@ -5,6 +5,7 @@ is needed on every path but health and metrics, not only under vLLM's own /v1 pr
 from __future__ import annotations
 
 import json
+import socket
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,10 +18,12 @@ pytestmark = pytest.mark.vllm
 KEY = "sk-cpullm-test-4b1d"
 
 
-def status_of(port: int, path: str, body: dict[str, Any] | None, key: str | None) -> tuple[int, bytes]:
+def status_of(
+    port: int, path: str, body: dict[str, Any] | None, key: str | None, host: str = "127.0.0.1"
+) -> tuple[int, bytes]:
     headers = {"Content-Type": "application/json"} | ({"Authorization": f"Bearer {key}"} if key else {})
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, headers=headers)
+    request = urllib.request.Request(f"http://{host}:{port}{path}", data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=300) as response:
             return response.status, response.read()
@@ -61,3 +64,43 @@ def test_the_key_is_needed_on_every_path_but_health_and_metrics(vllm_python: Pat
     finally:
         server.stop()
     assert KEY not in server.log.read_text(errors="replace")
+
+
+def an_address_of_this_machine_but_loopback() -> str | None:
+    """An IPv4 address of one of this machine's interfaces other than loopback (the route a packet to a documentation
+    address would take: nothing is sent), or None."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))
+        except OSError:
+            return None
+        address: str = probe.getsockname()[0]
+    return None if address.startswith("127.") or address == "0.0.0.0" else address
+
+
+def test_metrics_need_the_key_where_the_spec_says_so_but_not_from_the_pod_itself(
+    vllm_python: Path, tiny_model: Path, tmp_path: Path
+):
+    """spec.apiKeySecret.metrics: key, rendered and served: /metrics from another address needs the key (the
+    PodMonitor's), from loopback (the drain hook, inside the pod) it does not; /health stays open."""
+    outside = an_address_of_this_machine_but_loopback()
+    if outside is None:
+        pytest.skip("this machine has no address but loopback to ask from")
+    api_key = {"name": "api", "metrics": "key"}
+    _, container = render_service(
+        tmp_path, tiny_model, 1, apiKeySecret=api_key, extraArgs=["--optimization-level", "0"]
+    )
+    server = server_for_container(
+        container, workdir=tmp_path, python=vllm_python, model=tiny_model, extra_env={"VLLM_API_KEY": KEY}
+    )
+    try:
+        server.start()
+        port = server.port
+        assert status_of(port, "/metrics", None, key=None, host=outside)[0] == 401
+        answered, text = status_of(port, "/metrics", None, key=KEY, host=outside)
+        assert answered == 200 and b"vllm:" in text, (answered, text[:200])
+        assert status_of(port, "/metrics", None, key=None)[0] == 200  # 127.0.0.1
+        assert status_of(port, "/health", None, key=None, host=outside)[0] == 200
+        assert status_of(port, "/v1/models", None, key=None)[0] == 401  # loopback opens /metrics alone
+    finally:
+        server.stop()

@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel, to_snake
 
 from cpullm.api.isa import lscpu_name, typo_of
 from cpullm.errors import InvalidSpec
-from cpullm.vllm_support import REPORT_ENV
+from cpullm.vllm_support import GUARD_METRICS_ENV, REPORT_ENV
 
 GROUP = "cpullm.io"
 VERSION = "v1alpha1"
@@ -467,9 +467,20 @@ class SecretKeyRef(_Model):
     key: str = Field(default="HF_TOKEN", max_length=253, description="Key holding the Hugging Face token.")
 
 
+class MetricsAccess(StrEnum):
+    OPEN = "open"
+    KEY = "key"
+
+
 class ApiKeySecretRef(_Model):
     name: str = Field(min_length=1, max_length=253, description="Secret in the service's namespace.")
     key: str = Field(default="api-key", max_length=253, description="Key holding the API key.")
+    metrics: MetricsAccess = Field(
+        default=MetricsAccess.OPEN,
+        description="open: /metrics answers without the key. key: it needs the key too (but from the pod itself); "
+        "the PodMonitor sends it from this Secret, and the operator, which never reads the key, does not check the "
+        "servers' speed (no PerformanceAsPredicted).",
+    )
 
 
 class PersistentVolumeClaimRef(_Model):
@@ -886,6 +897,7 @@ OWNED_ENV = {
     "HF_TOKEN": "hfTokenSecret",
     "VLLM_API_KEY": "apiKeySecret",
     REPORT_ENV: "cpu.launcher",
+    GUARD_METRICS_ENV: "apiKeySecret.metrics",
 }
 OWNED_FLAGS = {
     "--model": "model.name",

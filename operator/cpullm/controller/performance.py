@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import parse_spec
+from cpullm.api.spec import MetricsAccess, parse_spec
 from cpullm.controller.dispatch import reconcile_quietly
 from cpullm.controller.indexes import KopfIndexes
 from cpullm.controller.state import ControllerState
@@ -35,11 +35,14 @@ Reader = Callable[[str, int], dict[str, float]]
 
 
 def _plan_and_port(service: Mapping[str, Any]) -> tuple[Plan, int] | None:
-    """The plan the service's servers run and their API port; None when it has no plan or its spec does not parse."""
+    """The plan the service's servers run and their API port; None when it has no plan, its spec does not parse, or
+    its servers' /metrics need the API key, which the operator never reads."""
     try:
         plan = Plan.model_validate((service.get("status") or {}).get("plan"))
         spec = parse_spec(service.get("spec"))  # the one way a spec is read: its depth bounded before pydantic
     except (ValidationError, CpuLLMError):
+        return None
+    if spec.api_key_secret is not None and spec.api_key_secret.metrics == MetricsAccess.KEY:
         return None
     return plan, spec.service.port
 

@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from cpullm.api.plan import Plan, ServerSecurity
-from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType
+from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType, MetricsAccess
 from cpullm.core import constants as c
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.drain import drain_hook, grace_seconds
@@ -21,6 +21,7 @@ from cpullm.core.children.launcher import (
 from cpullm.core.children.model_cache import compile_cache_volume, ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
 from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
+from cpullm.vllm_support import GUARD_METRICS_ENV
 
 CONTAINER_NAME = "vllm"
 PYTHONPATH = "PYTHONPATH"
@@ -91,6 +92,8 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+    if spec.api_key_secret is not None and spec.api_key_secret.metrics == MetricsAccess.KEY:
+        env.append({"name": GUARD_METRICS_ENV, "value": MetricsAccess.KEY.value})
     env += _python_path(spec)
     if plan.security.run_as_user is not None:  # a non-root user: the image's HOME is root's
         env.append({"name": "HOME", "value": c.SERVER_NON_ROOT_HOME})
