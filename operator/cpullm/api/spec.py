@@ -475,11 +475,13 @@ class MetricsAccess(StrEnum):
 class ApiKeySecretRef(_Model):
     name: str = Field(min_length=1, max_length=253, description="Secret in the service's namespace.")
     key: str = Field(default="api-key", max_length=253, description="Key holding the API key.")
-    metrics: MetricsAccess = Field(
-        default=MetricsAccess.OPEN,
-        description="open: /metrics answers without the key. key: it needs the key too (but from the pod itself); "
-        "the PodMonitor sends it from this Secret, and the operator, which never reads the key, does not check the "
-        "servers' speed (no PerformanceAsPredicted).",
+    # No default in the CRD: the API server would write one into every stored apiKeySecret, which an operator of the
+    # version before (its models forbid unknown fields) reads as an invalid spec while an upgrade rolls.
+    metrics: MetricsAccess | None = Field(
+        default=None,
+        description="open (unset): /metrics answers without the key. key: it needs the key too (but from the pod "
+        "itself); the PodMonitor sends it from this Secret, and the operator, which never reads the key, does not "
+        "check the servers' speed (no PerformanceAsPredicted).",
     )
 
 
