@@ -17,12 +17,18 @@ import subprocess
 from typing import Any
 
 import pytest
+from testbed.cgroup import hold_new_containers_to_usage
 from testbed.cluster import tool_dirs
-from testbed.images import log
+from testbed.images import build_pause, log
 from testbed.load import Load, Request, stream_completion
+from testbed.machine import arch
 from testbed.objects import tiny_service
+from testbed.operator import not_ready_for
+from testbed.registry import push_index
 from testbed.spread import (
     NAME,
+    NAMESPACE,
+    SPREAD,
     QuickStart,
     deploy_spread,
     patch_spec,
@@ -267,3 +273,64 @@ def test_the_released_charts_probe_job_measures_a_worker_and_a_plan_on_it_reads_
         helm.run(*upgrade, "--set", "probe.nodes=null")
         kubectl.run("delete", "nodeperformance", worker, "--ignore-not-found", check=False)
         kubectl.run("delete", "cpullmservice", "probed", "-n", "default", "--ignore-not-found", check=False)
+
+
+def holds(node: dict[str, Any], image: str) -> bool:
+    """Whether the node's kubelet reports `image` among its images."""
+    return any(image in held.get("names", []) for held in node["status"].get("images") or [])
+
+
+def test_a_pod_that_cannot_start_says_why_in_ready_on_kind(quick_start: QuickStart) -> None:
+    """Made on purpose on the quick start's cluster, one after the other (the tests above' servers deleted first:
+    their workers' CPUs): a Secret the spec names that does not exist, a tag the registry does not hold, an image it
+    holds for another CPU architecture only (the pause container built for it), and a server held below the memory
+    it needs (each container, once it runs, limited to what it uses then through its cgroup as this host sees the
+    kind node's). Each is the service's Ready reason with the kubelet's words and the fix, within 60 s of the kubelet
+    saying so (a kill for memory waits for the server to start and be killed first)."""
+    kubectl, registry = quick_start.kubectl, quick_start.registry
+    services = {s["metadata"]["name"]: s for s in kubectl.get("cpullmservices", namespace=NAMESPACE)}
+    base = services.get(SPREAD) or services["quickstart"]  # the router's test replaced the quick start's
+    spec = {k: base["spec"][k] for k in ("model", "image", "kvCacheGiB", "maxModelLen", "modelCache")}
+    kubectl.run("delete", "cpullmservices", "--all", "-n", NAMESPACE, "--wait=true", timeout=300)
+    pods = {"cpullm.io/service": "troubled"}
+    # A worker that holds the vLLM image already: the kubelet pulls it before it reads the Secrets a pod names.
+    (worker, *_) = [n["metadata"]["name"] for n in kubectl.get("nodes") if holds(n, quick_start.vllm)]
+    spec["nodeSelector"] = {"kubernetes.io/hostname": worker}
+
+    def replace(**changes: Any) -> None:
+        kubectl.run("delete", "cpullmservice", "troubled", "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
+        eventually(lambda: not kubectl.get("pods", namespace=NAMESPACE, **pods), timeout=120, what="no server pod")
+        metadata = {"name": "troubled", "namespace": NAMESPACE}
+        body = {**spec, "maxNumSeqs": 2, **changes}
+        kubectl.apply({"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "metadata": metadata, "spec": body})
+
+    def reason(wanted: str, what: str, timeout: float = 60) -> str:
+        return eventually(
+            lambda: not_ready_for(kubectl, NAMESPACE, "troubled", wanted), timeout=timeout, interval=1, what=what
+        )
+
+    replace(apiKeySecret={"name": "absent", "key": "key"})
+    assert 'secret "absent" not found' in reason("ContainerConfigError", "a missing Secret")
+
+    untagged = f"{quick_start.vllm.rsplit(':', 1)[0]}:no-such-tag"
+    replace(image=untagged)
+    message = reason("ImagePullFailed", "a tag the registry does not hold")
+    assert f"cannot pull {untagged}" in message and "no such image or tag" in message, message
+
+    foreign = {"amd64": "arm64", "arm64": "amd64"}[arch()]
+    other_arch = push_index(registry, [build_pause(foreign)], f"cpullm-tests/{foreign}-only:1")
+    replace(image=other_arch)
+    message = reason("ImagePullFailed", f"an image built for {foreign} only")
+    assert "no build for the node's CPU architecture" in message, message
+
+    replace()
+    held: set[str] = set()
+
+    def oom_killed() -> str:
+        hold_new_containers_to_usage(kubectl.get("pods", namespace=NAMESPACE, **pods), held)
+        return not_ready_for(kubectl, NAMESPACE, "troubled", "OOMKilled")
+
+    message = eventually(oom_killed, timeout=240, interval=0.5, what="Ready naming the kill for memory")
+    assert "was killed for memory at its memory limit of" in message and "spec.model.weightsBytes" in message, message
+    log(f"kind, {len(held)} server container(s) held to what they used: {message}")
+    kubectl.run("delete", "cpullmservice", "troubled", "-n", NAMESPACE, "--wait=true")
