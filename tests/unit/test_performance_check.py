@@ -315,38 +315,31 @@ def test_a_server_that_answers_no_http_is_unreadable_not_a_failed_round():
         read_metrics("127.0.0.1", listener.getsockname()[1], timeout=5)
 
 
-def test_a_service_whose_spec_is_nested_too_deep_is_not_read_and_the_round_goes_on():
-    """The check reads a spec as the reconciles do (parse_spec: its depth bounded first), so a spec its reconcile
-    refuses (InvalidSpec) has no servers judged either; the round goes on."""
-    service = planned_service()
+def nested_too_deep(spec: dict[str, Any]) -> None:
     deep: dict[str, Any] = {}
     for _ in range(5000):
         deep = {"a": deep}
-    service["spec"]["model"]["config"] = deep
-    address = ready_server_address(
-        "svc-0", {}, {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
-    )
-    state = ControllerState(Reconciles(), ReconcileWorkers(1))  # type: ignore[arg-type]
-
-    def read(ip: str, port: int) -> dict[str, float]:
-        raise AssertionError("a service whose spec cannot be read has no server to read")
-
-    asyncio.run(performance.check_round(state, indexes(service, {("ns", "svc"): [address]}), read, lambda: 0.0))
-    assert state.performance.parsed[("ns", "svc")][1] is None and not state.performance.verdicts
+    spec["model"]["config"] = deep
 
 
-def test_a_service_whose_metrics_need_the_api_key_is_not_read():
-    """The operator never reads the API key: where spec.apiKeySecret.metrics is key, its servers' /metrics would
-    answer 401, so they are not read and the service gets no verdict."""
+def metrics_behind_the_key(spec: dict[str, Any]) -> None:
+    spec["apiKeySecret"] = {"name": "key", "metrics": "key"}
+
+
+@pytest.mark.parametrize("change", [nested_too_deep, metrics_behind_the_key])
+def test_a_service_whose_servers_the_check_cannot_read_is_left_out_and_the_round_goes_on(change):
+    """The check reads a spec as the reconciles do (parse_spec: its depth bounded first), so a spec its reconcile
+    refuses (InvalidSpec) has no servers judged either; nor has one whose servers' /metrics need the API key
+    (spec.apiKeySecret.metrics: key), which the operator never reads. The round goes on."""
     service = planned_service()
-    service["spec"]["apiKeySecret"] = {"name": "key", "metrics": "key"}
+    change(service["spec"])
     address = ready_server_address(
         "svc-0", {}, {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
     )
     state = ControllerState(Reconciles(), ReconcileWorkers(1))  # type: ignore[arg-type]
 
     def read(ip: str, port: int) -> dict[str, float]:
-        raise AssertionError("servers whose /metrics need the key are not read")
+        raise AssertionError("a server the check cannot read is not asked")
 
     asyncio.run(performance.check_round(state, indexes(service, {("ns", "svc"): [address]}), read, lambda: 0.0))
     assert state.performance.parsed[("ns", "svc")][1] is None and not state.performance.verdicts
