@@ -4,8 +4,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpullm.api.crd import build_crd, build_performance_crd
-from cpullm.api.spec import IMAGE_REFERENCE_PATTERN, CpuLLMServiceSpec
+from cpullm.api.crd import build_crd, build_performance_crd, known_fields, parse_stored_spec
+from cpullm.api.spec import IMAGE_REFERENCE_PATTERN, CpuLLMServiceSpec, parse_spec
+from cpullm.errors import InvalidSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "cpullm.io_cpullmservices.yaml"
@@ -302,3 +303,47 @@ def test_tolerations_kubernetes_takes_are_taken(toleration):
     from cpullm.api.spec import parse_spec
 
     assert parse_spec({"model": {"name": "org/model"}, "kvCacheGiB": 1, "tolerations": [toleration]}).tolerations
+
+
+SPEC_SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("stored", "kept", "dropped"),
+    [
+        pytest.param({"model": {"name": "m", "sizedBy": "auto"}}, {"model": {"name": "m", "sizedBy": "auto"}}, [],
+                     id="known-fields-kept"),
+        pytest.param({"model": {"name": "m", "quantizedBy": "x"}}, {"model": {"name": "m"}}, ["model.quantizedBy"],
+                     id="a-newer-field-in-an-object"),
+        pytest.param({"model": {"name": "m"}, "gateway": {"a": 1}}, {"model": {"name": "m"}}, ["gateway"],
+                     id="a-newer-top-level-field"),
+        pytest.param({"model": {"name": "m"}, "env": [{"name": "A", "value": "1", "secretRef": "s"}]},
+                     {"model": {"name": "m"}, "env": [{"name": "A", "value": "1"}]}, ["env[0].secretRef"],
+                     id="in-a-list-item"),
+        pytest.param({"model": {"name": "m", "config": {"any": {"thing": [1]}}}},
+                     {"model": {"name": "m", "config": {"any": {"thing": [1]}}}}, [],
+                     id="a-free-form-map-kept-whole"),
+        pytest.param({"model": {"name": "m"}, "nodeSelector": {"a": "b"}},
+                     {"model": {"name": "m"}, "nodeSelector": {"a": "b"}}, [], id="a-map-of-strings-kept"),
+    ],
+)  # fmt: skip
+def test_a_stored_spec_keeps_what_this_versions_schema_knows(stored, kept, dropped):
+    """As the API server prunes against a structural schema: properties, items and maps followed, free-form maps
+    (x-kubernetes-preserve-unknown-fields) kept whole."""
+    assert known_fields(stored, SPEC_SCHEMA) == (kept, dropped)
+
+
+def test_a_newer_crds_field_is_dropped_from_a_stored_spec_and_refused_in_a_file():
+    """The API server prunes what its CRD does not know, so a field this version does not know, in a stored spec, is
+    a newer CRD's: shown with its default while an upgrade rolls (the CRD is applied before the operator), or after
+    a downgrade of the operator alone. The operator reads the spec without it (before: InvalidSpec for every such
+    service); a spec from a file still refuses it, naming the closest field."""
+    newer = {"model": {"name": "m", "sizedByVllmVersion": "0.33"}, "apiKeySecret": {"name": "k", "rotation": "1h"}}
+    assert parse_stored_spec(newer).api_key_secret.name == "k"  # type: ignore[union-attr]
+    with pytest.raises(InvalidSpec, match=r"spec\.model\.sizedByVllmVersion: no such field"):
+        parse_spec(newer)
+    deep: dict[str, object] = {}
+    for _ in range(5000):
+        deep = {"a": deep}
+    with pytest.raises(InvalidSpec, match="nested more than"):  # bounded before the walk
+        parse_stored_spec({"model": {"name": "m", "config": deep}})

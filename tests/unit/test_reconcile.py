@@ -42,6 +42,17 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     assert len(kube.applied) == 4  # the children did not change and nobody touched them: no second write
 
 
+def test_a_stored_spec_with_a_newer_crds_default_is_planned_as_without_it():
+    """While an upgrade rolls, the new CRD is applied first and the API server shows its defaults in every stored
+    spec, fields an operator of the version before does not know: it plans the spec without them, where before it
+    reported every such service InvalidSpec ("no such field") until the new operator ran."""
+    rec, kube = reconciler()
+    newer = {"hfTokenSecret": {"name": "hf", "rotateEvery": "24h"}, "model": {"name": "meta-llama/Llama-3.1-8B"}}
+    outcome = rec.reconcile(service(newer), ClusterView(nodes=NODES, deployment=READY))
+    assert outcome.tensor_parallel_size == 2, outcome  # type: ignore[union-attr]
+    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
+
+
 @pytest.mark.parametrize(
     ("controller", "adopted"),
     [(None, False), ("someone-else", False), ("u1", True)],

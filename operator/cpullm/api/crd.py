@@ -7,6 +7,8 @@ titles dropped, free-form maps marked x-kubernetes-preserve-unknown-fields.
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Mapping
 from typing import Any
 
 from cpullm.api import performance
@@ -22,6 +24,8 @@ from cpullm.api.spec import (
     SINGULAR,
     VERSION,
     CpuLLMServiceSpec,
+    parse_spec,
+    too_deep,
 )
 
 _DROP = {"title", "$defs"}
@@ -259,3 +263,44 @@ def build_performance_crd() -> dict[str, Any]:
             ],
         },
     }
+
+
+@functools.cache
+def _spec_schema() -> dict[str, Any]:
+    return model_schema(CpuLLMServiceSpec)
+
+
+def known_fields(value: Any, schema: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """`value` with what `schema` does not know dropped, as the API server prunes an object against a structural
+    schema (properties, items, additionalProperties; x-kubernetes-preserve-unknown-fields keeps all), and the dropped
+    fields' paths. Recursive: call it on a value whose depth is bounded (api/spec.py too_deep)."""
+    if isinstance(value, list) and isinstance(schema.get("items"), Mapping):
+        pairs = [known_fields(item, schema["items"]) for item in value]
+        return [kept for kept, _ in pairs], [f"[{i}].{p}" for i, (_, gone) in enumerate(pairs) for p in gone]
+    if not isinstance(value, Mapping) or schema.get("x-kubernetes-preserve-unknown-fields"):
+        return value, []
+    properties, values = schema.get("properties"), schema.get("additionalProperties")
+    if not isinstance(properties, Mapping) and not isinstance(values, Mapping):
+        return value, []
+    kept: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, item in value.items():
+        field = properties.get(key) if isinstance(properties, Mapping) else None
+        field = field if field is not None else values if isinstance(values, Mapping) else None
+        if field is None:
+            dropped.append(str(key))
+            continue
+        kept[key], below = known_fields(item, field)
+        dropped += [f"{key}.{p}" if not p.startswith("[") else f"{key}{p}" for p in below]
+    return kept, dropped
+
+
+def parse_stored_spec(raw: Mapping[str, Any] | None) -> CpuLLMServiceSpec:
+    """A spec as the API server stored it. The API server prunes what its CRD does not know, so a field this
+    version's models do not know is a newer CRD's (shown with its default while an upgrade rolls, or after a
+    downgrade of the operator alone): it is dropped, where a spec from a file refuses it (parse_spec). The depth is
+    bounded first."""
+    if too_deep(raw):
+        return parse_spec(raw)  # refused, before a recursive walk
+    kept, _ = known_fields(raw or {}, _spec_schema())
+    return parse_spec(kept)

@@ -10,7 +10,7 @@ from files (io/files.py). Both go through `gather`, so a model is resolved by on
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from cpullm.api.spec import CpuLLMServiceSpec, SizedBy, name_problem, parse_spec
@@ -78,12 +78,15 @@ def gather(
     policy: OperatorPolicy = DEFAULT_POLICY,
     vllm: VllmSizer | None = None,
     sizing_jobs: SizingJobs | None = None,
+    read_spec: Callable[[Mapping[str, Any] | None], CpuLLMServiceSpec] = parse_spec,
 ) -> Observed:
     """The observation of one service in the cluster as `view` shows it. `last_status` is what the operator last
     wrote (None: use the object's own); errors that are about this service (bad spec, model unavailable) are
     observations, not raised. A model the formulas do not know is sized by `vllm` (the CLI's --vllm-python), else
     by a sizing Job where `sizing_jobs` reads them (the operator: controller/vllm_sizing.py). Each node's profile
-    from its labels is refined by what the view's other sources say of it (core/node_facts.py)."""
+    from its labels is refined by what the view's other sources say of it (core/node_facts.py). `read_spec`: a
+    file's spec refuses a field it does not know (parse_spec); the operator's drops a newer CRD's
+    (api/crd.py parse_stored_spec)."""
     meta = service["metadata"]
     raw_spec = service.get("spec") or {}
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
@@ -93,7 +96,7 @@ def gather(
         problem = name_problem(owner.name)
         if problem:
             raise InvalidSpec(problem)
-        spec = parse_spec(raw_spec)
+        spec = read_spec(raw_spec)
     except CpuLLMError as err:
         spec = err
     model: ModelSize | CpuLLMError | None = None

@@ -15,8 +15,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cpullm.api.crd import parse_stored_spec
 from cpullm.api.plan import Plan
-from cpullm.api.spec import MetricsAccess, parse_spec
+from cpullm.api.spec import MetricsAccess
 from cpullm.controller.dispatch import reconcile_quietly
 from cpullm.controller.indexes import KopfIndexes
 from cpullm.controller.state import ControllerState
@@ -39,7 +40,7 @@ def _plan_and_port(service: Mapping[str, Any]) -> tuple[Plan, int] | None:
     its servers' /metrics need the API key, which the operator never reads."""
     try:
         plan = Plan.model_validate((service.get("status") or {}).get("plan"))
-        spec = parse_spec(service.get("spec"))  # the one way a spec is read: its depth bounded before pydantic
+        spec = parse_stored_spec(service.get("spec"))  # as a reconcile reads it: depth bounded, newer fields dropped
     except (ValidationError, CpuLLMError):
         return None
     if spec.api_key_secret is not None and spec.api_key_secret.metrics == MetricsAccess.KEY:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from cpullm.api.crd import parse_stored_spec
 from cpullm.api.plan import Plan
 from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
 from cpullm.controller.memory import ChildKey, OperatorMemory
@@ -251,6 +252,7 @@ class Reconciler:
                 models=self.hub,
                 policy=self.policy,
                 sizing_jobs=self.kube,
+                read_spec=parse_stored_spec,
             )
             decision = self._admitted(decide(observed, self.clock()), observed, key)
             try:

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from cpullm.api.crd import parse_stored_spec
 from cpullm.api.plan import Plan
-from cpullm.api.spec import parse_spec
 from cpullm.core.children import CHILD_KINDS
 from cpullm.core.children.common import controlling_service
 from cpullm.core.eligibility import Needs, node_rejection
@@ -25,7 +25,7 @@ def affected_by_node(service: Mapping[str, Any], node: str, before: NodeState, a
     if node in (plan.get("eligibleNodes") or []):
         return True
     try:
-        needs = Needs.of(parse_spec(service.get("spec")))
+        needs = Needs.of(parse_stored_spec(service.get("spec")))
     except CpuLLMError:
         return True  # its reconcile reports the spec; nothing to save here
     return any(isinstance(p, NodeProfile) and node_rejection(needs, p) is None for p in (before, after))
@@ -39,7 +39,7 @@ def asks_for_api(service: Mapping[str, Any], crd: str) -> bool:
     if not plan:
         return False
     try:
-        spec, planned = parse_spec(service.get("spec")), Plan.model_validate(plan)
+        spec, planned = parse_stored_spec(service.get("spec")), Plan.model_validate(plan)
     except (CpuLLMError, ValidationError):
         return True  # its reconcile reports what is wrong; nothing to save here
     return any(kind.crd == crd and kind.wanted is not None and kind.wanted(spec, planned) for kind in CHILD_KINDS)
