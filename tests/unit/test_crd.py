@@ -347,3 +347,26 @@ def test_a_newer_crds_field_is_dropped_from_a_stored_spec_and_refused_in_a_file(
         deep = {"a": deep}
     with pytest.raises(InvalidSpec, match="nested more than"):  # bounded before the walk
         parse_stored_spec({"model": {"name": "m", "config": deep}})
+
+
+def test_a_spec_as_this_version_writes_it_loses_nothing_when_read_back_stored():
+    """Every field this version's models hold, nested objects, lists and maps among them, is known to its schema."""
+    raw = {
+        "model": {"name": "m", "revision": "r", "weightsBytes": 10, "sizedBy": "auto"},
+        "apiKeySecret": {"name": "k", "metrics": "key"},
+        "hfTokenSecret": {"name": "h"},
+        "modelCache": {"emptyDir": {"sizeLimit": "1Gi"}},
+        "routing": {"mode": "router", "router": {"affinity": "prefix", "sessionHeader": "x-session"}},
+        "autoscaling": {"kind": "hpa", "maxReplicas": 3},
+        "monitoring": {"podMonitor": True},
+        "networkPolicy": {
+            "allowedFrom": [{"namespaceSelector": {"matchLabels": {"a": "b"}}}],
+            "egressTo": [{"ipBlock": {"cidr": "10.0.0.0/8"}}],
+        },
+        "speculative": {"method": "ngram", "tokens": 2},
+        "tolerations": [{"key": "a", "operator": "Exists", "effect": "NoSchedule"}],
+        "env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}],
+        "cpu": {"cpusPerRank": 2, "requiredISA": ["avx2"]},
+    }
+    full = CpuLLMServiceSpec.model_validate(raw).model_dump(by_alias=True, mode="json", exclude_none=True)
+    assert known_fields(full, SPEC_SCHEMA) == (full, [])
