@@ -124,7 +124,8 @@ def test_an_upgrade_or_downgrade_changes_no_servers_template_unless_its_plan_cha
     direction: str,
 ) -> None:
     """An upgrade: the previous version, then this tree. A downgrade: this tree, then the previous version (the
-    CRD of the version that runs applied first either way, as docs/releasing.md tells a user)."""
+    CRD of the version that runs applied first either way, as docs/releasing.md tells a user). Between an upgrade's
+    two steps the previous operator runs against the new CRD: it must plan every spec as before."""
     operator.stop()  # the suite's, watching every namespace: here the two versions run alone
     trees = (previous_tree, ROOT) if direction == "upgrade" else (ROOT, previous_tree)
     logs = (workdir / f"{direction}-first.log", workdir / f"{direction}-then.log")
@@ -135,6 +136,22 @@ def test_an_upgrade_or_downgrade_changes_no_servers_template_unless_its_plan_cha
         names = create(kubectl, namespace, "fleet", SERVICES, pool(nodes, namespace))
         converged(kubectl, namespace, names, timeout=300)
         before = quiet(kubectl, namespace)
+        if direction == "upgrade":
+            # docs/releasing.md's order: the new CRD first, while the previous operator still runs. A reconcile of
+            # each service (a child changed by another writer: its launcher ConfigMap annotated) reads its spec as
+            # the API server shows it now, the new CRD's defaults and all: none may be refused for a field the
+            # previous version does not know.
+            kubectl.run("apply", "--server-side", "--force-conflicts", "-f", str(crd_file(trees[1])))
+            touched = ("configmaps", "-n", namespace, "-l", "app.kubernetes.io/managed-by=cpullm-operator")
+            kubectl.run("annotate", *touched, "--overwrite", "cpullm.io/e2e-window=crd")
+            quiet(kubectl, namespace)
+            refused = {
+                s["metadata"]["name"]: c["message"]
+                for s in kubectl.get("cpullm", namespace=namespace)
+                for c in s.get("status", {}).get("conditions", [])
+                if c["type"] == "Planned" and c["reason"] == "InvalidSpec"
+            }
+            assert not refused, f"the previous operator refused specs under the new CRD: {list(refused.items())[:3]}"
         first.stop()
 
         started = time.monotonic()
