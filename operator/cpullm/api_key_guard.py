@@ -24,7 +24,6 @@ METRICS_ENV = "CPULLM_GUARD_METRICS"  # "key": /metrics needs the key from anywh
 # drain hook (the metrics app answers /metrics/ too).
 HEALTH_PATHS = frozenset({"/health"})
 METRICS_PATHS = frozenset({"/metrics", "/metrics/"})
-OPEN_PATHS = HEALTH_PATHS | METRICS_PATHS
 LOOPBACK = frozenset({"127.0.0.1", "::1"})
 REFUSED_BODY = json.dumps({"error": "Unauthorized: this server requires 'Authorization: Bearer <API key>'"}).encode()
 

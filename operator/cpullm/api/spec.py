@@ -1152,6 +1152,11 @@ class CpuLLMServiceSpec(_Model):
     )
 
     @property
+    def metrics_need_key(self) -> bool:
+        """Whether the servers' /metrics need the API key (spec.apiKeySecret.metrics: key)."""
+        return self.api_key_secret is not None and self.api_key_secret.metrics == MetricsAccess.KEY
+
+    @property
     def most_replicas(self) -> int:
         """The most servers the service may run: its replicas, or what its autoscaler may scale it to."""
         return max(self.replicas, self.autoscaling.max_replicas if self.autoscaling else 0)

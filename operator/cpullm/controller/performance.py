@@ -17,7 +17,6 @@ from pydantic import ValidationError
 
 from cpullm.api.crd import parse_stored_spec
 from cpullm.api.plan import Plan
-from cpullm.api.spec import MetricsAccess
 from cpullm.controller.dispatch import reconcile_quietly
 from cpullm.controller.indexes import KopfIndexes
 from cpullm.controller.state import ControllerState
@@ -43,7 +42,7 @@ def _plan_and_port(service: Mapping[str, Any]) -> tuple[Plan, int] | None:
         spec = parse_stored_spec(service.get("spec"))  # as a reconcile reads it: depth bounded, newer fields dropped
     except (ValidationError, CpuLLMError):
         return None
-    if spec.api_key_secret is not None and spec.api_key_secret.metrics == MetricsAccess.KEY:
+    if spec.metrics_need_key:
         return None
     return plan, spec.service.port
 

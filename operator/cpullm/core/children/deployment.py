@@ -92,7 +92,7 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
-    if spec.api_key_secret is not None and spec.api_key_secret.metrics == MetricsAccess.KEY:
+    if spec.metrics_need_key:
         env.append({"name": GUARD_METRICS_ENV, "value": MetricsAccess.KEY.value})
     env += _python_path(spec)
     if plan.security.run_as_user is not None:  # a non-root user: the image's HOME is root's

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cpullm.api.plan import Plan
-from cpullm.api.spec import CpuLLMServiceSpec, MetricsAccess
+from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core.children.common import PORT_NAME, SERVICE_LABEL, Owner, metadata, selector
 
 PODMONITOR_API_VERSION = "monitoring.coreos.com/v1"
@@ -32,8 +32,8 @@ def build_pod_monitor(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict
         "interval": spec.monitoring.interval,
         "relabelings": [{"sourceLabels": [pod_label], "targetLabel": SERVICE_METRIC_LABEL}],
     }
-    key = spec.api_key_secret
-    if key is not None and key.metrics == MetricsAccess.KEY:  # Prometheus reads the Secret in this namespace
+    if spec.metrics_need_key and spec.api_key_secret:  # Prometheus reads the Secret in this namespace
+        key = spec.api_key_secret
         endpoint["authorization"] = {"type": "Bearer", "credentials": {"name": key.name, "key": key.key}}
     return {
         "apiVersion": PODMONITOR_API_VERSION,
