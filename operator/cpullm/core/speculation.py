@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from cpullm import vllm_support
@@ -255,11 +256,8 @@ def choose(
             return off(f"auto, as {why} and n-gram is for the latency objective")
         return off(f"auto, as {why} and {_version_problem(NGRAM, version)}")
     figures = [_best_tokens(method, wanted.tokens, objective, server, "auto", running) for method in candidates]
-    best = max(figures, key=lambda s: _objective_gain(s, objective))
-    kept = next((s for s in figures if running and s.method == running[0]), None)
-    if kept is not None and _objective_gain(kept, objective) >= KEEP_BAND * _objective_gain(best, objective):
-        best = kept  # the running method, still about as good
-    gain, least = _objective_gain(best, objective), MIN_GAIN * (KEEP_BAND if best is kept else 1)
+    best, kept = _best_or_running(figures, objective, lambda s: running is not None and s.method == running[0])
+    gain, least = _objective_gain(best, objective), MIN_GAIN * (KEEP_BAND if kept else 1)
     if gain < least:
         return dataclasses.replace(
             off(f"auto: {best.method} predicted {_shown(best, objective)}, under {least:g}x"),
@@ -307,11 +305,19 @@ def _best_tokens(
     or at the running servers' count (`running`) while that is within KEEP_BAND of the best."""
     choices = (tokens,) if tokens else TOKEN_CHOICES
     figures = [_predicted(method, k, server, how) for k in choices]
+    return _best_or_running(figures, objective, lambda s: running == (method, s.tokens))[0]
+
+
+def _best_or_running(
+    figures: list[Speculation], objective: Objective, is_running: Callable[[Speculation], bool]
+) -> tuple[Speculation, bool]:
+    """The figure predicted best for the objective, or the running servers' while it is within KEEP_BAND of that;
+    and whether the running one was kept."""
     best = max(figures, key=lambda s: _objective_gain(s, objective))
-    kept = next((s for s in figures if running == (method, s.tokens)), None)
-    if kept is not None and _objective_gain(kept, objective) >= KEEP_BAND * _objective_gain(best, objective):
-        return kept
-    return best
+    running = next((s for s in figures if is_running(s)), None)
+    if running is not None and _objective_gain(running, objective) >= KEEP_BAND * _objective_gain(best, objective):
+        return running, True
+    return best, False
 
 
 def _predicted(method: str, proposed: int, server: _Serving, how: str) -> Speculation:
