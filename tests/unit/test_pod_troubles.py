@@ -27,6 +27,12 @@ def waiting(reason: str, message: str = "", last: dict[str, Any] | None = None, 
     return {"conditions": [{"type": "PodScheduled", "status": "True"}], "containerStatuses": [container]}
 
 
+def ran(seconds: int, **ended: Any) -> dict[str, Any]:
+    """A terminated container's state that ran `seconds` (from 10:00:00), with the other fields given."""
+    return {"startedAt": "2026-11-29T10:00:00Z", "finishedAt": f"2026-11-29T10:{seconds // 60:02}:{seconds % 60:02}Z",
+            **ended}  # fmt: skip
+
+
 @pytest.mark.parametrize(
     ("status", "reason", "says"),
     [
@@ -107,35 +113,21 @@ def waiting(reason: str, message: str = "", last: dict[str, Any] | None = None, 
             id="a crash, its last words without the fixes' report",
         ),
         pytest.param(
-            waiting(
-                "CrashLoopBackOff",
-                last={"reason": "Error", "exitCode": 0, "startedAt": "2026-11-29T10:00:00Z",
-                      "finishedAt": "2026-11-29T10:04:52Z"},
-                restarts=2,
-            ),
+            waiting("CrashLoopBackOff", last=ran(292, reason="Error", exitCode=0), restarts=2),
             "StartupTooSlow",
             ["ran 292 s without answering /health, and its startup probe allows 300 s (2 restarts)",
              "spec.modelCache"],
             id="stopped by its startup probe",
         ),
         pytest.param(
-            waiting(
-                "CrashLoopBackOff",
-                last={"reason": "Error", "exitCode": 1, "startedAt": "2026-11-29T10:00:00Z",
-                      "finishedAt": "2026-11-29T10:00:40Z", "message": "RuntimeError: boom"},
-                restarts=1,
-            ),
+            waiting("CrashLoopBackOff", last=ran(40, reason="Error", exitCode=1, message="RuntimeError: boom"),
+                    restarts=1),
             "CrashLoopBackOff",
             ["(Error exit code 1, 1 restarts): RuntimeError: boom"],
             id="a crash well within the startup allowance",
         ),
         pytest.param(
-            waiting(
-                "CrashLoopBackOff",
-                last={"reason": "OOMKilled", "exitCode": 137, "startedAt": "2026-11-29T10:00:00Z",
-                      "finishedAt": "2026-11-29T10:05:00Z"},
-                restarts=1,
-            ),
+            waiting("CrashLoopBackOff", last=ran(300, reason="OOMKilled", exitCode=137), restarts=1),
             "OOMKilled",
             ["killed for memory"],
             id="a kill for memory at the allowance is still a kill for memory",
