@@ -226,7 +226,8 @@ class Operator:
         workers = ReconcileWorkers(1)
         workers._threads = InlineExecutor()  # type: ignore[assignment]
         reconciler = Reconciler(self.api, None, clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))  # type: ignore[arg-type]
-        self.memo = kopf.Memo(state=ControllerState(reconciler, workers))
+        state = ControllerState(reconciler, workers, reconciler.memory, reconciler.pacer, reconciler.kube)
+        self.memo = kopf.Memo(state=state)
         declared = kopf.get_default_registry()._indexing.get_all_handlers()  # Kopf's registry: no public reader
         self.indexes: dict[str, dict[Any, list[Any]]] = {handler.id: {} for handler in declared}
         self.service = yaml.safe_load((ROOT / EXAMPLE).read_text())

@@ -15,6 +15,8 @@ import yaml
 from cpullm.api.spec import parse_spec
 from cpullm.cli import main
 from cpullm.controller.reconcile import Reconciler
+from cpullm.controller.state import ControllerState
+from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.children.common import Owner
 from cpullm.core.observation import ClusterView, NamespaceFacts, Observed
 from cpullm.core.planner import plan_service
@@ -159,6 +161,11 @@ class StubKube:
 
     def emit_event(self, regarding, type_, reason, message):
         self.events.append((type_, reason))
+
+
+def state_of(reconciler: Reconciler) -> ControllerState:
+    """The controller's state around a reconciler, sharing its memory and pacer as the operator's does."""
+    return ControllerState(reconciler, ReconcileWorkers(1), reconciler.memory, reconciler.pacer, reconciler.kube)
 
 
 class StubHub:

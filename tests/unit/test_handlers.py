@@ -28,26 +28,16 @@ from .builders import LLAMA_8B, node, node_object, planned_service, topology_obj
 
 
 class RecordingReconciler:
+    """Each reconcile's service and the facts it was handed."""
+
     def __init__(self) -> None:
         self.calls: list[tuple[str, list[str]]] = []
-        self.kube = self
-        self.events: list[tuple[str, str, str]] = []
-        self.seen: list[tuple[str, str, str | None]] = []
         self.unschedulable: list[str | None] = []  # each reconcile's pod trouble's message
         self.deployments: list[Any] = []
         self.daemons: list[Any] = []
-        self.changed_while_away: set[str] = set()
-        self.own_writes: set[str] = set()  # children whose events child_event finds to need no reconcile
-        self.specs_read: set[str] = set()  # services whose events service_event finds to need no reconcile
-        self.forgotten: list[str] = []
-        self.vanished: dict[str, Any] = {}
-        self.listed: list[str] = []  # the kinds the resync listed, in order
         self.topologies: list[Any] = []  # the NodeResourceTopologies each reconcile was handed
-        self.pacer = RolloutPacer(None)
         self.exits: list[Any] = []  # the server exits each reconcile was handed
-
-    def begin(self, service, deployment):
-        return 0
+        self.forgotten: list[str] = []
 
     def reconcile(self, service: dict[str, Any], view: ClusterView, ticket: int | None = None) -> None:
         self.exits.append(view.server_exits)
@@ -57,8 +47,24 @@ class RecordingReconciler:
         self.deployments.append(view.deployment)
         self.unschedulable.append(view.pod_trouble.message if view.pod_trouble else None)
 
-    def emit_event(self, regarding, type_, reason, message):
-        self.events.append((regarding["kind"], type_, reason))
+    def forget(self, namespace: str, name: str) -> None:
+        self.forgotten.append(name)
+
+
+class RecordingMemory:
+    """The operator's memory as dispatch asks it, answering from what a test puts in."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, str | None]] = []
+        self.changed_while_away: set[str] = set()
+        self.own_writes: set[str] = set()  # children whose events child_event finds to need no reconcile
+        self.specs_read: set[str] = set()  # services whose events service_event finds to need no reconcile
+        self.forgotten: list[str] = []
+        self.vanished: dict[str, Any] = {}  # by kind: the owners drifted returns, or the error it raises
+        self.listed: list[str] = []  # the kinds the resync listed, in order
+
+    def begin(self, service, deployment):
+        return 0
 
     def service_event(self, service):
         return service["metadata"]["name"] not in self.specs_read
@@ -70,17 +76,28 @@ class RecordingReconciler:
         self.seen.append((kind, name, event))
         return name in self.changed_while_away if event is None else name not in self.own_writes
 
-    def find_drifted(self, kind, namespaces):
+    def drifted(self, kind, listing, exists):
         self.listed.append(kind)
         found = self.vanished.get(kind, [])
         if isinstance(found, Exception):
             raise found
-        return found
+        return found, []
+
+
+class RecordingEvents:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str, str]] = []
+
+    def emit_event(self, regarding, type_, reason, message):
+        self.events.append((regarding["kind"], type_, reason))
 
 
 def handler_memo(reconciler: Any, workers: int = 2) -> kopf.Memo:
-    """What configure() puts in Kopf's memo, with the reconciler given."""
-    return kopf.Memo(state=ControllerState(reconciler, ReconcileWorkers(workers)))
+    """What configure() puts in Kopf's memo, with the reconciler given and recording fakes for the rest."""
+    state = ControllerState(
+        reconciler, ReconcileWorkers(workers), RecordingMemory(), RolloutPacer(None), RecordingEvents()
+    )
+    return kopf.Memo(state=state)
 
 
 # Kopf passes every index to every handler; these tests fill only the one they are about.
@@ -228,13 +245,13 @@ def test_unparseable_node_is_skipped_with_a_warning_event():
     call_node_changed(memo, None, node_object("n1"), index)
     call_node_changed(memo, "MODIFIED", node_object("n1", labels={"cpullm.io/numa-nodes": "two"}), index)
     rec = memo["state"].reconciler
-    assert rec.events == [("Node", "Warning", "InvalidNodeLabels")]
+    assert memo["state"].kube.events == [("Node", "Warning", "InvalidNodeLabels")]
     assert rec.calls == [("a", ["n2"])]
 
 
-def test_child_events_reconcile_their_owner_only_when_the_reconciler_finds_the_event_matters():
+def test_child_events_reconcile_their_owner_only_when_the_memory_finds_the_event_matters():
     memo = handler_memo(RecordingReconciler())
-    rec = memo["state"].reconciler
+    rec, memory = memo["state"].reconciler, memo["state"].memory
     index = {"n1": [node("n1")]}
 
     def child_event(type_: str | None, name: str = "a", controller: Any = ("a", "uid-a"), kind: str = "CpuLLMService"):
@@ -256,10 +273,14 @@ def test_child_events_reconcile_their_owner_only_when_the_reconciler_finds_the_e
     child_event("MODIFIED", controller=("a", "uid-old"))  # left by a service of the same name, deleted since
     child_event("MODIFIED", kind="ReplicaSet")  # controlled by something else
     child_event(None)  # in a listing, unchanged
-    rec.own_writes.add("a-own")
+    memory.own_writes.add("a-own")
     child_event("MODIFIED", name="a-own")  # nothing the reconcile would change
     assert rec.calls == [("a", ["n1"])]
-    assert rec.seen == [("Deployment", "a", "MODIFIED"), ("Deployment", "a", None), ("Deployment", "a-own", "MODIFIED")]
+    assert memory.seen == [
+        ("Deployment", "a", "MODIFIED"),
+        ("Deployment", "a", None),
+        ("Deployment", "a-own", "MODIFIED"),
+    ]
 
 
 def test_node_index_keeps_label_errors_out_of_planning():
@@ -559,7 +580,7 @@ def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting
     }
     asyncio.run(handlers.child_changed(**listing))
     assert memo["state"].reconciler.calls == []
-    memo["state"].reconciler.changed_while_away.add("a")
+    memo["state"].memory.changed_while_away.add("a")
     asyncio.run(handlers.child_changed(**listing))
     assert memo["state"].reconciler.calls == [("a", [])]
 
@@ -593,24 +614,25 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
 
 
 def test_a_resync_lists_the_optional_kinds_whose_crds_are_served():
-    rec = RecordingReconciler()
+    state = handler_memo(RecordingReconciler())["state"]
     indexes = {
         **OTHER_INDEXES,
         "services": SERVICES,
         "installed_crds": {"inferencepools.inference.networking.k8s.io": [True]},
     }
-    asyncio.run(dispatch.resync(handler_memo(rec)["state"], kopf_indexes(indexes), []))
-    assert "InferencePool" in rec.listed and "HTTPRoute" not in rec.listed and "PodMonitor" not in rec.listed
+    asyncio.run(dispatch.resync(state, kopf_indexes(indexes), []))
+    listed = state.memory.listed
+    assert "InferencePool" in listed and "HTTPRoute" not in listed and "PodMonitor" not in listed
 
 
 def test_a_resync_reconciles_each_owner_of_children_deleted_unseen_once(caplog):
     rec = RecordingReconciler()
-    rec.vanished = {
+    memo = handler_memo(rec)
+    memo["state"].memory.vanished = {
         "Deployment": [("ns", "a")],
         "Service": TransientApiError("cannot list Services: HTTP 503"),  # skipped; the others still run
         "ConfigMap": [("ns", "a"), ("ns", "b"), ("ns", "deleted-meanwhile")],  # one no longer in the index: skipped
     }
-    memo = handler_memo(rec)
     last_seen = {"a": {"status": {"readyReplicas": 1}}, "b": {"status": {"readyReplicas": 2}}}
     services = {**SERVICES, ("ns", "b"): [{"metadata": {"name": "b", "namespace": "ns", "uid": "uid-b"}}]}
     indexes = {
@@ -621,7 +643,7 @@ def test_a_resync_reconciles_each_owner_of_children_deleted_unseen_once(caplog):
     }
     asyncio.run(dispatch.resync(memo["state"], kopf_indexes(indexes), []))
     # Every kind that is served: the built-in ones, not those whose CRD is not installed.
-    assert rec.listed == [
+    assert memo["state"].memory.listed == [
         "ConfigMap",
         "Deployment",
         "Service",
@@ -680,16 +702,16 @@ def test_the_resync_runs_in_the_background_until_cleanup():
 def test_a_resync_round_that_fails_unforeseen_is_logged_and_the_next_round_runs(caplog):
     """The resync is the only thing that finds what the watches missed: an error no one mapped (here a listing
     that cannot be parsed) must not end it."""
-    rec = RecordingReconciler()
-    rec.vanished = {"ConfigMap": ValueError("Expecting value: line 1 column 1 (char 0)")}
-    memo = handler_memo(rec, workers=1)
+    memo = handler_memo(RecordingReconciler(), workers=1)
+    memory = memo["state"].memory
+    memory.vanished = {"ConfigMap": ValueError("Expecting value: line 1 column 1 (char 0)")}
     indexes = {**OTHER_INDEXES, "services": SERVICES, "node_profiles": {}}
 
     async def scenario() -> None:
         task = asyncio.get_running_loop().create_task(
             dispatch.resync_forever(memo["state"], kopf_indexes(indexes), 0.01, [])
         )
-        while rec.listed.count("ConfigMap") < 2:  # the loop went on after the failed round
+        while memory.listed.count("ConfigMap") < 2:  # the loop went on after the failed round
             await asyncio.sleep(0.01)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -776,11 +798,11 @@ def test_a_service_event_reconciles_the_indexed_service_when_the_reconciler_find
     event_body = {"metadata": {"name": "a", "namespace": "ns", "managedFields": [{"manager": "kubectl"}]}}
     for type_ in (None, "ADDED"):
         asyncio.run(service_event(memo, type_, event_body, SERVICES, indexes))
-    rec.specs_read.add("a")
+    memo["state"].memory.specs_read.add("a")
     asyncio.run(service_event(memo, "MODIFIED", event_body, SERVICES, indexes))
     asyncio.run(service_event(memo, "DELETED", event_body, SERVICES, indexes))
     assert rec.calls == [("a", ["n1"])] * 2
-    assert rec.forgotten == ["a"]
+    assert rec.forgotten == memo["state"].memory.forgotten == ["a"]
     gone = {"metadata": {"name": "gone", "namespace": "ns", "deletionTimestamp": "now"}}
     asyncio.run(service_event(memo, "MODIFIED", gone, SERVICES, indexes))  # being deleted: nothing to apply
     assert len(rec.calls) == 2

@@ -22,6 +22,7 @@ from cpullm.io.kube import Kube
 
 from .builders import LLAMA_8B, node
 from .fake_api import RESET, FakeTransport, kube
+from .support import state_of
 
 NODES = [node("n1", numa=2, memory="512Gi")]
 READY = {"status": {"replicas": 1, "readyReplicas": 1}}
@@ -165,27 +166,27 @@ def test_reconciles_are_counted_by_outcome(
 
 def test_services_by_readiness_counts_the_written_statuses():
     rec, kube = reconciler()
-    assert rec.services_by_readiness() == {"True": 0, "False": 0}
+    assert rec.memory.readiness() == {"True": 0, "False": 0}
     rec.reconcile(service("a", "ua"), ClusterView(nodes=NODES, deployment=READY))  # planned, its one replica ready
     rec.reconcile(service("b", "ub"), ClusterView(nodes=NODES))  # planned, no pod ready yet
     rec.reconcile(service("c", "uc", cpu={"requiredISA": ["sve"]}), ClusterView(nodes=NODES))  # refused
-    assert rec.services_by_readiness() == {"True": 1, "False": 2}
+    assert rec.memory.readiness() == {"True": 1, "False": 2}
 
     rec.reconcile(service("b", "ub"), ClusterView(nodes=NODES, deployment=READY))  # b becomes ready
-    assert rec.services_by_readiness() == {"True": 2, "False": 1}
-    rec.forget("serving", "c", "uc")  # c deleted
-    assert rec.services_by_readiness() == {"True": 2, "False": 0}
+    assert rec.memory.readiness() == {"True": 2, "False": 1}
+    state_of(rec).forget("serving", "c", "uc")  # c deleted
+    assert rec.memory.readiness() == {"True": 2, "False": 0}
 
     kube.terminating = True  # nothing reported for a terminating namespace: nothing counted
     rec.reconcile(service("d", "ud"), ClusterView(nodes=NODES))
-    assert rec.services_by_readiness() == {"True": 2, "False": 0}
+    assert rec.memory.readiness() == {"True": 2, "False": 0}
 
 
 def test_services_gauge_is_collected_at_scrape_time(monkeypatch):
     registry = CollectorRegistry()
     monkeypatch.setattr(metrics, "REGISTRY", registry)
     rec, _ = reconciler()
-    metrics.track_services(rec.services_by_readiness)
+    metrics.track_services(rec.memory.readiness)
     assert registry.get_sample_value("cpullm_services", {"ready": "True"}) == 0.0
     assert registry.get_sample_value("cpullm_services", {"ready": "False"}) == 0.0
     rec.reconcile(service("a", "ua"), ClusterView(nodes=NODES, deployment=READY))

@@ -13,6 +13,7 @@ from cpullm.api.plan import Plan
 from cpullm.api.spec import NetworkPolicyPeer
 from cpullm.controller import performance
 from cpullm.controller.indexes import KopfIndexes
+from cpullm.controller.memory import OperatorMemory
 from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
@@ -204,13 +205,14 @@ class Reconciles:
 
     def __init__(self) -> None:
         self.verdicts: list[Any] = []
-        self.pacer = RolloutPacer(None)
-
-    def begin(self, service: Any, deployment: Any) -> int:
-        return 0
 
     def reconcile(self, service: Any, view: ClusterView, ticket: int | None = None) -> None:
         self.verdicts.append(view.performance)
+
+
+def state_around(reconciler: Reconciles) -> ControllerState:
+    """The controller's state with the recording reconciler, a real memory and pacer, and no API client."""
+    return ControllerState(reconciler, ReconcileWorkers(1), OperatorMemory(), RolloutPacer(None), None)  # type: ignore[arg-type]
 
 
 def indexes(service: dict[str, Any], addresses: dict[Any, Any]) -> KopfIndexes:
@@ -246,7 +248,7 @@ def test_a_round_reads_each_ready_server_and_reconciles_only_when_the_verdict_fl
     )
     kopf_indexes = indexes(service, {("ns", "svc"): [address]})
     reconciler = Reconciles()
-    state = ControllerState(reconciler, ReconcileWorkers(1))  # type: ignore[arg-type]
+    state = state_around(reconciler)
     readings = iter([(0, 0.0), (600, 600 * step), (1200, 1200 * step), (1800, 1200 * step + 600 * step * 4)])
     clock = iter([0.0, 60.0, 120.0, 180.0])
 
@@ -276,7 +278,7 @@ def test_a_server_whose_metrics_cannot_be_read_is_skipped_for_more_rounds_each_t
     address = ready_server_address(
         "svc-0", {}, {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
     )
-    state = ControllerState(Reconciles(), ReconcileWorkers(1))  # type: ignore[arg-type]
+    state = state_around(Reconciles())
     reads = []
 
     def read(ip: str, port: int) -> dict[str, float]:
@@ -336,7 +338,7 @@ def test_a_service_whose_servers_the_check_cannot_read_is_left_out_and_the_round
     address = ready_server_address(
         "svc-0", {}, {"podIP": "10.1.1.1", "conditions": [{"type": "Ready", "status": "True"}]}
     )
-    state = ControllerState(Reconciles(), ReconcileWorkers(1))  # type: ignore[arg-type]
+    state = state_around(Reconciles())
 
     def read(ip: str, port: int) -> dict[str, float]:
         raise AssertionError("a server the check cannot read is not asked")

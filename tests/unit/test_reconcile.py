@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from cpullm.controller.dispatch import find_drifted
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.observation import ClusterView, OperatorPolicy
@@ -14,7 +15,7 @@ from cpullm.io.hub import HubClient
 from cpullm.io.kube import Ownership
 
 from .builders import LLAMA_8B, node
-from .support import StubHub, StubKube, service
+from .support import StubHub, StubKube, service, state_of
 
 
 def reconciler(hub: StubHub | None = None) -> tuple[Reconciler, StubKube]:
@@ -194,7 +195,7 @@ def test_forgetting_a_deleted_service_releases_its_memory():
     rec.reconcile(service({}), ClusterView(nodes=NODES))
     rec.reconcile(service({}), ClusterView(nodes=NODES))  # the stale body is compared with what was written: no patch
     assert len(kube.status_patches) == 1
-    rec.forget("serving", "llama", "u1")
+    state_of(rec).forget("serving", "llama", "u1")
     rec.reconcile(
         service({}), ClusterView(nodes=NODES)
     )  # forgotten: the object's own (empty) status is the reference again
@@ -216,12 +217,16 @@ def test_children_are_applied_again_only_when_they_or_someone_elses_edits_change
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
     status_only = {"metadata": {"name": "llama", "generation": 1, "resourceVersion": "11"}}
-    rec.child_event("Deployment", "serving", "llama", "MODIFIED", status_only, "llama")
+    rec.memory.child_event("Deployment", "serving", "llama", "MODIFIED", status_only, "llama")
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert len(kube.applied) == 4
-    assert rec.child_event("Deployment", "serving", "llama", "MODIFIED", {"metadata": {"generation": 2}}, "llama")
-    assert rec.child_event("ConfigMap", "serving", "llama-launcher", "DELETED", {"metadata": {}}, "llama")
-    assert rec.child_event("Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}}, "llama")
+    assert rec.memory.child_event(
+        "Deployment", "serving", "llama", "MODIFIED", {"metadata": {"generation": 2}}, "llama"
+    )
+    assert rec.memory.child_event("ConfigMap", "serving", "llama-launcher", "DELETED", {"metadata": {}}, "llama")
+    assert rec.memory.child_event(
+        "Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}}, "llama"
+    )
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied[4:]] == ["ConfigMap", "Deployment", "Service"]
     rec.reconcile(
@@ -254,7 +259,7 @@ def test_a_deleted_service_drops_its_namespaces_facts():
     kube.read_namespace = lambda ns: reads.append(ns) or read(ns)
     rec = Reconciler(kube, StubHub(), namespace_cache_seconds=10, monotonic=lambda: 100.0)
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
-    rec.forget("serving", "llama", "u1")
+    state_of(rec).forget("serving", "llama", "u1")
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert reads == ["serving", "serving"]
 
@@ -304,29 +309,31 @@ def test_a_child_event_asks_for_a_reconcile_only_when_it_can_change_the_children
     writes, answered with generation 1, resourceVersion 10) asks for nothing more."""
     rec, kube = reconciler()
     applied_with_markers(kube)
-    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=STARTING), ticket=rec.begin(service({}), STARTING))
-    assert rec.child_event(kind, "serving", name, event, body, "llama") is needed
+    rec.reconcile(
+        service({}), ClusterView(nodes=NODES, deployment=STARTING), ticket=rec.memory.begin(service({}), STARTING)
+    )
+    assert rec.memory.child_event(kind, "serving", name, event, body, "llama") is needed
 
 
 def test_child_events_before_any_reconcile_ask_for_one_unless_in_the_operators_first_listing():
     rec, _ = reconciler()
-    assert rec.child_event("Deployment", "serving", "llama", "ADDED", STARTING, "llama")
-    assert not rec.child_event("Deployment", "serving", "llama", None, STARTING, "llama")
+    assert rec.memory.child_event("Deployment", "serving", "llama", "ADDED", STARTING, "llama")
+    assert not rec.memory.child_event("Deployment", "serving", "llama", None, STARTING, "llama")
 
 
 def test_a_reconcile_that_read_older_facts_than_a_later_one_is_superseded():
     """Two reconciles of one service read their facts in order (begin); the older, run second, would report its
     older Deployment counts over the newer's. It does nothing; so does one of a service deleted meanwhile."""
     rec, kube = reconciler()
-    older = rec.begin(service({}), None)
-    newer = rec.begin(service({}), READY)
+    older = rec.memory.begin(service({}), None)
+    newer = rec.memory.begin(service({}), READY)
     assert rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY), ticket=newer) is not None
     patches, applied = len(kube.status_patches), len(kube.applied)
     assert rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=None), ticket=older) is None
     assert (len(kube.status_patches), len(kube.applied)) == (patches, applied)
     assert kube.status_patches[-1]["readyReplicas"] == 1
-    pending = rec.begin(service({}), READY)
-    rec.forget("serving", "llama", "u1")
+    pending = rec.memory.begin(service({}), READY)
+    state_of(rec).forget("serving", "llama", "u1")
     assert rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY), ticket=pending) is None
     assert len(kube.applied) == applied
 
@@ -335,10 +342,10 @@ def test_children_deleted_unseen_are_found_by_a_listing_and_applied_again():
     rec, kube = reconciler()
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     kube.present = {("serving", "llama")}  # the launcher ConfigMap "llama-launcher" is gone
-    assert rec.find_drifted("Deployment", []) == []
-    assert rec.find_drifted("ConfigMap", []) == [("serving", "llama")]  # its owner, the service
+    assert find_drifted(state_of(rec), "Deployment", []) == []
+    assert find_drifted(state_of(rec), "ConfigMap", []) == [("serving", "llama")]  # its owner, the service
     assert kube.reads == [("ConfigMap", "serving", "llama-launcher")]  # only what the listing missed is read
-    assert rec.find_drifted("ConfigMap", []) == []  # forgotten: reported once
+    assert find_drifted(state_of(rec), "ConfigMap", []) == []  # forgotten: reported once
     del kube.applied[:]
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied] == ["ConfigMap"]
@@ -350,9 +357,9 @@ def test_a_child_another_writer_changed_is_found_by_a_listing_and_applied_again(
     rec.reconcile(service({"replicas": 2}), ClusterView(nodes=NODES, deployment=READY))
     kube.present = {("serving", "llama"), ("serving", "llama-launcher")}
     kube.changed = {("serving", "llama")}
-    assert rec.find_drifted("PodDisruptionBudget", []) == [("serving", "llama")]
+    assert find_drifted(state_of(rec), "PodDisruptionBudget", []) == [("serving", "llama")]
     assert kube.reads == []  # listed, so not read
-    assert rec.find_drifted("PodDisruptionBudget", []) == []  # forgotten: reported once
+    assert find_drifted(state_of(rec), "PodDisruptionBudget", []) == []  # forgotten: reported once
     del kube.applied[:]
     rec.reconcile(service({"replicas": 2}), ClusterView(nodes=NODES, deployment=READY))
     assert [m["kind"] for m in kube.applied] == ["PodDisruptionBudget"]
@@ -364,14 +371,14 @@ def test_a_child_applied_while_the_listing_ran_is_not_taken_for_deleted():
     kube.list_owned = lambda kind, namespaces: (
         rec.reconcile(service({"kvCacheGiB": 8}), ClusterView(nodes=NODES, deployment=READY)) and {}
     )
-    assert rec.find_drifted("Deployment", []) == []
+    assert find_drifted(state_of(rec), "Deployment", []) == []
 
 
 def test_a_child_a_listing_misses_but_a_read_finds_is_not_taken_for_deleted():
     rec, kube = reconciler()
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
     kube.unlisted = {("serving", "llama")}
-    assert [rec.find_drifted(kind, []) for kind in ("Deployment", "Service")] == [[], []]
+    assert [find_drifted(state_of(rec), kind, []) for kind in ("Deployment", "Service")] == [[], []]
     assert [kind for kind, _, _ in kube.reads] == ["Deployment", "Service"]
     del kube.applied[:]
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
@@ -387,14 +394,14 @@ def test_a_child_applied_again_while_it_was_read_is_not_taken_for_deleted():
         return False
 
     kube.child_exists = applied_meanwhile
-    assert rec.find_drifted("Deployment", []) == []
+    assert find_drifted(state_of(rec), "Deployment", []) == []
 
 
 def test_a_forgotten_service_leaves_no_children_to_look_for():
     rec, _ = reconciler()
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
-    rec.forget("serving", "llama", "u1")
-    assert [rec.find_drifted(kind, []) for kind in ("Deployment", "Service", "ConfigMap")] == [[], [], []]
+    state_of(rec).forget("serving", "llama", "u1")
+    assert [find_drifted(state_of(rec), kind, []) for kind in ("Deployment", "Service", "ConfigMap")] == [[], [], []]
 
 
 def test_a_service_event_asks_for_a_reconcile_only_for_a_spec_no_reconcile_read():
@@ -402,13 +409,13 @@ def test_a_service_event_asks_for_a_reconcile_only_for_a_spec_no_reconcile_read(
     under the same name, or a service this process never reconciled (its first listing) do."""
     rec, _ = reconciler()
     first = service({})
-    assert rec.service_event(first)
-    rec.begin(first, None)
-    assert not rec.service_event({**first, "status": {"observedGeneration": 2}})
-    assert rec.service_event({**first, "metadata": {**first["metadata"], "generation": 3}})
-    assert rec.service_event({**first, "metadata": {**first["metadata"], "uid": "u2"}})
-    rec.forget("serving", "llama", "u1")
-    assert rec.service_event(first)
+    assert rec.memory.service_event(first)
+    rec.memory.begin(first, None)
+    assert not rec.memory.service_event({**first, "status": {"observedGeneration": 2}})
+    assert rec.memory.service_event({**first, "metadata": {**first["metadata"], "generation": 3}})
+    assert rec.memory.service_event({**first, "metadata": {**first["metadata"], "uid": "u2"}})
+    state_of(rec).forget("serving", "llama", "u1")
+    assert rec.memory.service_event(first)
 
 
 @pytest.mark.parametrize(
@@ -480,7 +487,7 @@ def test_a_service_made_again_under_its_old_name_does_not_take_its_predecessors_
     rec, kube = reconciler()
     owners_from_applies(kube)
     rec.reconcile(named({}, "llama", "u1"), ClusterView(nodes=NODES, deployment=READY))
-    rec.forget("serving", "llama", "u1")
+    state_of(rec).forget("serving", "llama", "u1")
     assert isinstance(
         rec.reconcile(named({}, "llama", "u2"), ClusterView(nodes=NODES, deployment=READY)), ChildConflict
     )
@@ -496,12 +503,12 @@ def test_a_deployment_whose_pods_cannot_be_created_needs_a_reconcile_its_counts_
     """The ReplicaSet's FailedCreate changes no replica count: without this the service stayed Progressing."""
     rec, kube = reconciler()
     applied_with_markers(kube)
-    ticket = rec.begin(service({}), {"status": {"replicas": 0}})
+    ticket = rec.memory.begin(service({}), {"status": {"replicas": 0}})
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment={"status": {"replicas": 0}}), ticket=ticket)
     failed = {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": "exceeded quota"}
     body = {"metadata": {"generation": 1}, "status": {"replicas": 0, "conditions": [failed]}}
-    assert rec.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")
-    ticket = rec.begin(service({}), body)
+    assert rec.memory.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")
+    ticket = rec.memory.begin(service({}), body)
     outcome = rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=body), ticket=ticket)
     assert outcome is not None and kube.status_patches[-1]["conditions"][1]["reason"] == "FailedCreate"
-    assert not rec.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")  # read already
+    assert not rec.memory.child_event("Deployment", "serving", "llama", "MODIFIED", body, "llama")  # read already

@@ -54,7 +54,7 @@ async def _reconcile(state: ControllerState, indexes: KopfIndexes, service: Mapp
     """One reconcile on a worker thread, with the ClusterView read from the indexes on the event loop."""
     key = (service["metadata"]["namespace"], service["metadata"]["name"])
     view = replace(indexes.snapshot().view(key), performance=state.performance.verdicts.get(key))
-    ticket = state.reconciler.begin(service, view.deployment)
+    ticket = state.memory.begin(service, view.deployment)
     return await state.workers.run(state.reconciler.reconcile, service, view, ticket)
 
 
@@ -83,7 +83,7 @@ async def _reconcile_one(
     await wake_paced(state, indexes)
     key = (meta["namespace"], meta["name"])
     delay = retry_delay(outcome, attempt, spread=random.random())
-    if delay is None and state.reconciler.pacer.waiting(key):  # woken when a slot frees; this, if no event says so
+    if delay is None and state.pacer.waiting(key):  # woken when a slot frees; this, if no event says so
         delay = PACED_RETRY_SECONDS
     if delay is not None:
 
@@ -97,12 +97,25 @@ async def _reconcile_one(
 async def wake_paced(state: ControllerState, indexes: KopfIndexes) -> None:
     """Reconcile the services whose rollout waits for a slot, as many as are free (controller/pacing.py). Called on
     every reconcile's end and Deployment event: the index is walked only while someone waits."""
-    if not state.reconciler.pacer.anyone_waiting():
+    if not state.pacer.anyone_waiting():
         return
-    woken = state.reconciler.pacer.to_wake()
+    woken = state.pacer.to_wake()
     services = [s for key in woken for s in indexes.service(key)]
     if services:
         await reconcile_quietly(state, services, indexes)
+
+
+def find_drifted(state: ControllerState, kind: str, namespaces: list[str]) -> list[tuple[str, str]]:
+    """The owners (namespace, service) of children of `kind` the operator applied that no longer exist or that
+    another writer changed (OperatorMemory.drifted), from a listing of what does. A watch cannot tell them all:
+    after the API server forgot a watch's resourceVersion, Kopf lists again, and a listing has no events for what
+    was deleted meanwhile; the kinds that are not watched (the optional ones) have no events at all."""
+    owners, missed = state.memory.drifted(
+        kind, lambda: state.kube.list_owned(kind, namespaces), lambda key: state.kube.child_exists(*key)
+    )
+    for key in missed:
+        log.warning("%s %s/%s is missing from a listing but exists; left as it is", *key)
+    return owners
 
 
 async def resync(state: ControllerState, indexes: KopfIndexes, namespaces: list[str]) -> None:
@@ -113,7 +126,7 @@ async def resync(state: ControllerState, indexes: KopfIndexes, namespaces: list[
     drifted: dict[tuple[str, str], set[str]] = {}  # owner -> the kinds of its children that drifted
     for kind in (k.kind for k in CHILD_KINDS if k.kept and (k.crd is None or k.crd in served)):
         try:
-            owners = await asyncio.to_thread(state.reconciler.find_drifted, kind, namespaces)
+            owners = await asyncio.to_thread(find_drifted, state, kind, namespaces)
         except (TransientApiError, PermissionDenied) as err:  # the next round tries again
             log.warning("resync of %ss skipped: %s", kind, err.message)
             continue
@@ -144,8 +157,8 @@ async def service_changed(
 ) -> None:
     """A deleted service is forgotten; one whose spec no reconcile has read yet is reconciled."""
     if type == "DELETED":
-        state.reconciler.forget(namespace, name, uid)
-    elif state.reconciler.service_event(body):
+        state.forget(namespace, name, uid)
+    elif state.memory.service_event(body):
         await reconcile_quietly(state, indexes.service((namespace, name)), indexes)
 
 
@@ -166,7 +179,7 @@ async def node_changed(state: ControllerState, name: str, type: str | None, body
     if change is None:
         return  # the operator's first listing (service_changed plans every service) or noise
     if isinstance(node, NodeLabelError):
-        state.reconciler.kube.emit_event(
+        state.kube.emit_event(
             {"apiVersion": "v1", "kind": "Node", "name": name, "uid": body.metadata.get("uid")},
             "Warning",
             node.reason,
@@ -212,7 +225,7 @@ async def daemonset_changed(
 
 async def child_changed(state: ControllerState, child: ChildEvent, indexes: KopfIndexes) -> None:
     """A child's owner (its controller owner reference, name and UID) is reconciled, which reverts drift and
-    refreshes status, when the event can change either (Reconciler.child_event): someone else's edit or deletion,
+    refreshes status, when the event can change either (OperatorMemory.child_event): someone else's edit or deletion,
     or a Deployment's replica counts; the operator's own writes and a Deployment's other status updates do not.
     Kopf lists again (events of type None) when a watch failed and the API server no longer has its resource
     version: what changed meanwhile is found there."""
@@ -220,9 +233,9 @@ async def child_changed(state: ControllerState, child: ChildEvent, indexes: Kopf
     if child.kind == "Deployment":  # a rollout may have ended (or its Deployment gone with its owner)
         owner = service["metadata"]["name"] if service is not None else None
         if child.name == owner:  # the servers' (a router's rollout is not paced)
-            state.reconciler.pacer.observe((child.namespace, owner), None if child.type == "DELETED" else child.body)
+            state.pacer.observe((child.namespace, owner), None if child.type == "DELETED" else child.body)
         await wake_paced(state, indexes)
-    if service is None or not state.reconciler.child_event(
+    if service is None or not state.memory.child_event(
         child.kind, child.namespace, child.name, child.type, child.body, service["metadata"]["name"]
     ):
         return

@@ -64,7 +64,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
     kopf_settings.apply(settings, watched=(*CHILD_RESOURCES, POD_RESOURCE, REPLICASET_RESOURCE))
     if "state" not in memo:
         memo["state"] = kopf_settings.controller_state(memo.get("settings") or Settings())
-        track_services(memo["state"].reconciler.services_by_readiness)
+        track_services(memo["state"].memory.readiness)
         track_predictions(memo["state"].performance.predictions)
 
 
@@ -76,7 +76,7 @@ def _state(memo: kopf.Memo) -> ControllerState:
 @kopf.on.startup()
 async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
     """Every `resync_seconds`, list the owned children and re-apply those that vanished or were changed unseen
-    (Reconciler.find_drifted): what a watch can miss for good, and what the kinds not watched never tell. One
+    (dispatch.find_drifted): what a watch can miss for good, and what the kinds not watched never tell. One
     metadata-only list per served kind."""
     config: Settings = memo.get("settings") or Settings()
     if config.resync_seconds > 0:
@@ -229,7 +229,7 @@ async def service_changed(
 ) -> None:
     """A CpuLLMService was created or changed, or is listed (the operator's first listing reconciles every
     service, as resume handlers would), or was deleted (what is remembered of it goes; its children go by
-    garbage collection). Only a spec no reconcile has read yet is reconciled (Reconciler.service_event): the
+    garbage collection). Only a spec no reconcile has read yet is reconciled (OperatorMemory.service_event): the
     operator's own status patches are events too.
 
     An event handler, not Kopf's create/update handlers: those keep the last handled spec in an annotation,

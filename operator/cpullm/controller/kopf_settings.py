@@ -10,6 +10,8 @@ from typing import cast
 import kopf
 
 from cpullm.controller import discovery_wait
+from cpullm.controller.memory import OperatorMemory
+from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
@@ -63,14 +65,19 @@ def apply(settings: kopf.OperatorSettings, watched: Iterable[tuple[str, str, str
 
 
 def controller_state(config: Settings) -> ControllerState:
-    """The reconciler (its Kubernetes API and Hub clients) and its worker threads."""
+    """The reconciler (its Kubernetes API and Hub clients), its worker threads, and the memory and pacer it shares
+    with dispatch."""
     hub = HubClient(
         config.hf_endpoint, config.hub_timeout_seconds, config.hub_cache_seconds, allow_http=config.hub_allow_http
     )
     # One API connection per reconcile thread, and one for the resync's lists.
     kube = Kube.from_environment(connections=config.reconcile_workers + 1, read_any_secret=config.read_any_secret)
-    reconciler = Reconciler(kube, hub, namespace_cache_seconds=config.namespace_cache_seconds, policy=config.policy())
-    return ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers))
+    policy = config.policy()
+    memory, pacer = OperatorMemory(), RolloutPacer(policy.max_concurrent_rollouts)
+    reconciler = Reconciler(
+        kube, hub, namespace_cache_seconds=config.namespace_cache_seconds, policy=policy, memory=memory, pacer=pacer
+    )
+    return ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers), memory, pacer, kube)
 
 
 def _optional_node_facts_unresolved(record: logging.LogRecord) -> bool:

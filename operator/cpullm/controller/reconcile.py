@@ -96,6 +96,10 @@ class _NamespaceCache:
 
 
 class Reconciler:
+    """Reconciles one service at a time per service (a lock each), on worker threads. It reads and writes the
+    operator's memory and the rollout pacer, which the controller's state owns beside it (controller/state.py):
+    dispatch asks them, not the reconciler, what an event means."""
+
     def __init__(
         self,
         kube: KubeGateway,
@@ -104,14 +108,16 @@ class Reconciler:
         namespace_cache_seconds: float = 0.0,
         monotonic: Callable[[], float] = time.monotonic,
         policy: OperatorPolicy = DEFAULT_POLICY,
+        memory: OperatorMemory | None = None,
+        pacer: RolloutPacer | None = None,
     ) -> None:
         self.kube = kube
         self.hub = hub
         self.policy = policy
         self.clock = clock
-        self.pacer = RolloutPacer(policy.max_concurrent_rollouts)
+        self.pacer = pacer if pacer is not None else RolloutPacer(policy.max_concurrent_rollouts)
+        self.memory = memory if memory is not None else OperatorMemory()
         self._cluster = _NamespaceCache(kube, namespace_cache_seconds, monotonic)
-        self.memory = OperatorMemory()  # what was applied and written, and which reconcile read the newest facts
         self._locks: dict[tuple[str, str], threading.Lock] = {}
         self._locks_guard = threading.Lock()
 
@@ -119,43 +125,11 @@ class Reconciler:
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
-    def forget(self, namespace: str, name: str, uid: str) -> None:
-        """Drop what is remembered about a deleted service (its children go by garbage collection)."""
+    def forget(self, namespace: str, name: str) -> None:
+        """Drop the reconciler's own keeping for a deleted service: its lock and its namespace's facts."""
         with self._locks_guard:
             self._locks.pop((namespace, name), None)
-        self.memory.forget(namespace, name, uid)
         self._cluster.drop(namespace)
-        self.pacer.forget((namespace, name))
-
-    def begin(self, service: Mapping[str, Any], deployment: Mapping[str, Any] | None) -> int:
-        """Where a reconcile reads its facts: its ticket for `reconcile` (OperatorMemory.begin)."""
-        return self.memory.begin(service, deployment)
-
-    def service_event(self, service: Mapping[str, Any]) -> bool:
-        """Whether a CpuLLMService's watch event needs a reconcile (OperatorMemory.service_event)."""
-        return self.memory.service_event(service)
-
-    def child_event(
-        self, kind: str, namespace: str, name: str, event: str | None, body: Mapping[str, Any], owner: str
-    ) -> bool:
-        """Whether an owned child's watch event needs its owner's reconcile (OperatorMemory.child_event)."""
-        return self.memory.child_event(kind, namespace, name, event, body, owner)
-
-    def find_drifted(self, kind: str, namespaces: Sequence[str]) -> list[tuple[str, str]]:
-        """The owners (namespace, service) of children of `kind` the operator applied that no longer exist or that
-        another writer changed, read from a listing of what does. A watch cannot tell them all: after the API
-        server forgot a watch's resourceVersion (e.g. it restarted), Kopf lists again, and a listing has no events
-        for what was deleted meanwhile; and the kinds that are not watched (the optional ones) have no events at
-        all. They are forgotten here, so their owner's next reconcile applies them again.
-
-        Each one the listing misses is read before it counts as gone: taking a live child for deleted would
-        report it as not ready, and re-applying it unchanged brings no event to correct that."""
-        owners, missed = self.memory.drifted(
-            kind, lambda: self.kube.list_owned(kind, namespaces), lambda key: self.kube.child_exists(*key)
-        )
-        for key in missed:
-            log.warning("%s %s/%s is missing from a listing but exists; left as it is", *key)
-        return owners
 
     def _writes(self, children: Sequence[Mapping[str, Any]], owner_uid: str) -> list[_Write]:
         """The children to write, each read just before: one whose manifest this process last applied for this
@@ -235,10 +209,6 @@ class Reconciler:
             PLAN_REFUSALS.labels(reason=outcome.reason).inc()
         log.debug("%s/%s reconciled: %s", meta["namespace"], meta["name"], label)
         return outcome
-
-    def services_by_readiness(self) -> dict[str, int]:
-        """How many services the operator last reported Ready=True and Ready=False (cpullm_services)."""
-        return self.memory.readiness()
 
     def _reconcile(self, service: Mapping[str, Any], view: ClusterView) -> Plan | CpuLLMError | None:
         meta = service["metadata"]

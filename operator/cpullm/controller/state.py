@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from cpullm.api.plan import Plan
-from cpullm.controller.reconcile import Reconciler
+from cpullm.controller.memory import OperatorMemory
+from cpullm.controller.pacing import RolloutPacer
+from cpullm.controller.reconcile import KubeGateway, Reconciler
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.performance_check import PerformanceVerdict, ServerSample
@@ -120,8 +122,15 @@ class PerformanceWatch:
 
 @dataclass
 class ControllerState:
+    """The controller's state, one owner per piece, side by side: dispatch calls each by its own name. The
+    reconciler writes the memory and takes slots of the pacer as it reconciles; dispatch asks the memory whether
+    an event is news and the pacer whom to wake, and emits its own events and listings through `kube`."""
+
     reconciler: Reconciler
     workers: ReconcileWorkers
+    memory: OperatorMemory  # what was applied and written, and which reconcile read the newest facts
+    pacer: RolloutPacer  # the rollouts under way and the services waiting for a slot
+    kube: KubeGateway  # the reconciler's API client, for the events and listings dispatch makes
     nodes: LastSeen[str, NodeState] = field(default_factory=lambda: LastSeen(node_state_changed))
     daemonsets: LastSeen[tuple[str, str], DaemonPods] = field(default_factory=LastSeen)
     pod_troubles: LastSeen[tuple[str, str], PodTrouble] = field(default_factory=LastSeen)  # why a pod cannot run
@@ -134,3 +143,9 @@ class ControllerState:
     resync: asyncio.Task[None] | None = None
     performance: PerformanceWatch = field(default_factory=PerformanceWatch)
     performance_check: asyncio.Task[None] | None = None
+
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        """Drop what each owner keeps of a deleted service (its children go by garbage collection)."""
+        self.reconciler.forget(namespace, name)
+        self.memory.forget(namespace, name, uid)
+        self.pacer.forget((namespace, name))
