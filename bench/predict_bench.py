@@ -17,6 +17,11 @@ plan's own `predicted` is the same model at its maxNumSeqs), with their ratio.
 
     .venv/bin/python bench/predict_bench.py [--models qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b] [--formats bf16 w8a8-int8]
         [--tp 1 2] [--rounds 2] [--probe FILE] [--json FILE]
+    .venv/bin/python bench/predict_bench.py --replay FILE
+
+`--replay` reads a run's `--json` file (each case's measurements, probe, model config and plan shape) and prints the
+table again with what core/performance.py predicts now: a change to the model's constants is checked against the
+measurements of a run without running vLLM again.
 """
 
 from __future__ import annotations
@@ -62,6 +67,11 @@ class Case:
     plan_predicted: dict[str, Any] = field(default_factory=dict)
     start_s: float = 0.0
     error: str = ""
+    # What the prediction is made from, kept for --replay: the probe, the model's config and the plan's shape.
+    probe: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    threads: int = 0
+    shares_cores: bool = False
 
 
 def probe(python: Path, seconds: float) -> dict[str, Any]:
@@ -129,6 +139,21 @@ def model_dir(python: Path, name: str, fmt: str) -> Path:
     return bf16 if fmt == "bf16" else built_quantized(python, bf16, fmt)
 
 
+def predict_case(case: Case) -> None:
+    """What core/performance.py predicts for the case's request shapes, on its probe (the plan's own `predicted` is
+    the same model at its maxNumSeqs)."""
+    size = size_model(case.config, "bfloat16")
+    serving = Serving(case.tp, case.threads, *kernel_of(size), shares_cores=case.shares_cores)
+    node = parse_performance(case.probe)
+    kv = size.kv_bytes_per_token_per_rank(case.tp)
+    for streams in (1, *STREAMS):
+        context = DECODE_PROMPT + (SHORT + LONG) // 2 if streams == 1 else STREAM_PROMPT + (SHORT + LONG) // 2
+        figures = predict(size, serving, node, streams, kv, prompt=TTFT_PROMPT, context=context)
+        key = "decode" if streams == 1 else f"{streams} streams"
+        case.predicted[key] = figures.throughput_tokens_per_second
+        case.predicted["TTFT"] = figures.time_to_first_token_seconds
+
+
 def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int, workdir: Path) -> None:
     model = model_dir(python, case.model, case.fmt)
     config = json.loads((model / "config.json").read_text())
@@ -137,20 +162,10 @@ def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int,
         spec["env"] = SIM_MULTI_NUMA
     plan, container = render_service(workdir, model, case.tp, node_facts=[performance], **spec)
     case.plan_predicted = plan.get("predicted") or {}
-    # The same model the plan used, at this bench's request shapes.
-    size = size_model(config, "bfloat16")
-    threads = plan["cpusPerRank"] - plan["reservedCpusPerRank"]
-    serving = Serving(
-        plan["tensorParallelSize"], threads, *kernel_of(size), shares_cores=not plan["reservedCpusPerRank"]
-    )
-    node = parse_performance(performance)
-    kv = size.kv_bytes_per_token_per_rank(case.tp)
-    for streams in (1, *STREAMS):
-        context = DECODE_PROMPT + (SHORT + LONG) // 2 if streams == 1 else STREAM_PROMPT + (SHORT + LONG) // 2
-        figures = predict(size, serving, node, streams, kv, prompt=TTFT_PROMPT, context=context)
-        key = "decode" if streams == 1 else f"{streams} streams"
-        case.predicted[key] = figures.throughput_tokens_per_second
-        case.predicted["TTFT"] = figures.time_to_first_token_seconds
+    case.probe, case.config = performance, config
+    case.threads = plan["cpusPerRank"] - plan["reservedCpusPerRank"]
+    case.shares_cores = not plan["reservedCpusPerRank"]
+    predict_case(case)
     server = server_for_container(container, workdir=workdir, python=python, model=model)
     try:
         server.start(timeout=3600)
@@ -183,7 +198,7 @@ def table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"])
     parser.add_argument("--formats", nargs="+", default=["bf16", "w8a8-int8"])
@@ -192,7 +207,15 @@ def main() -> None:
     parser.add_argument("--probe", type=Path, help="a NodePerformance of this machine (default: probed for each case)")
     parser.add_argument("--probe-seconds", type=float, default=0.5, help="the probe's seconds per point")
     parser.add_argument("--json", type=Path, help="also write every figure here")
-    args = parser.parse_args()
+    parser.add_argument("--replay", type=Path, help="a --json file: predict its cases again, run nothing")
+    args = parser.parse_args(argv)
+    if args.replay:
+        cases = [Case(**fields) for fields in json.loads(args.replay.read_text())]
+        for case in cases:
+            if not case.error:
+                predict_case(case)
+        print(table(cases))
+        return
     python = vllm_python()
     given = json.loads(args.probe.read_text()) if args.probe else None
     cases = [Case(m, f, tp) for m in args.models for f in args.formats for tp in args.tp]

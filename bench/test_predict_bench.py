@@ -1,0 +1,61 @@
+"""bench/predict_bench.py --replay: a run's measurements predicted again with the model as it is now, without vLLM."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from bench import predict_bench
+
+from cpullm.core.performance import Serving, kernel_of, parse_performance, predict
+from cpullm.core.sizing import size_model
+
+CONFIG = {
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 32768,
+}
+
+
+def threads(count: int, read: float) -> dict[str, object]:
+    rates = {"1": read, "8": 1.3 * read, "32": read, "256": 0.3 * read, "1024": 0.1 * read}
+    return {"threads": count, "readBytesPerSecond": read, "smallKernelSeconds": 3e-5, "bf16WeightBytesPerSecond": rates}
+
+
+PROBE = {
+    "apiVersion": "cpullm.io/v1alpha1",
+    "kind": "NodePerformance",
+    "metadata": {"name": "localhost"},
+    "spec": {
+        "pythonSeconds": 0.007,
+        "numaNodes": [{"node": 0, "cpus": 2, "oneThread": threads(1, 8e9), "allCores": threads(2, 15e9)}],
+    },
+}
+MEASURED = {"decode": 11.0, "8 streams": 90.0, "32 streams": 220.0, "TTFT": 1.7}
+
+
+def test_a_replay_predicts_each_case_again_beside_its_measurements(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    run = [
+        {"model": "qwen2.5-0.5b", "fmt": "bf16", "tp": 1, "measured": MEASURED, "predicted": {"decode": 1.0}}
+        | {"probe": PROBE, "config": CONFIG, "threads": 2, "shares_cores": True},
+        {"model": "qwen2.5-3b", "fmt": "bf16", "tp": 2, "error": "server did not start"},
+    ]
+    saved = tmp_path / "run.json"
+    saved.write_text(json.dumps(run))
+    predict_bench.main(["--replay", str(saved)])
+    lines = capsys.readouterr().out.splitlines()
+
+    size = size_model(CONFIG, "bfloat16")
+    serving = Serving(1, 2, *kernel_of(size), shares_cores=True)
+    decode = predict(size, serving, parse_performance(PROBE), 1, size.kv_bytes_per_token_per_rank(1), context=528)
+    now = decode.throughput_tokens_per_second
+    assert lines[2].startswith("qwen2.5-0.5b  bf16         1")
+    assert f"{now:.2f} / 11.00 ({now / 11.0:.2f})" in lines[2]  # the model's figure now, not the one saved
+    assert lines[3].endswith("server did not start")
