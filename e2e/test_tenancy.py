@@ -87,6 +87,9 @@ def test_a_name_the_children_cannot_take_is_refused_at_admission(
         ({"env": [{"name": "HUGGING_FACE_HUB_TOKEN", "value": "hf_e2e"}]}, "HUGGING_FACE_HUB_TOKEN (a token in"),
         ({"env": [{"name": "VLLM_SERVER_DEV_MODE", "value": "1"}]}, "VLLM_SERVER_DEV_MODE (adds development routes"),
         ({"env": [{"name": "X", "valueFrom": {}}]}, "valueFrom needs exactly one of configMapKeyRef"),
+        ({"extraArgs": ["--lora-modules", "a=/tmp/x"]}, "--lora-modules (use spec.adapters)"),
+        ({"env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"}]}, "loads adapters on request"),
+        ({"adapters": [{"name": "a", "source": "org/a", "rank": 8}] * 2}, "Duplicate value"),
         (
             {"autoscaling": {"kind": "keda", "maxReplicas": 2, "prometheusAddress": "http://169.254.169.254/x"}},
             "prometheusAddress must not name a loopback or link-local host",

@@ -169,6 +169,19 @@ ROUTING_SHOWN = {
 }
 
 
+def _overhead_lines(plan: Plan) -> list[str]:
+    """What a rank holds beside its shard and KV cache, where more than its runtime: oneDNN's packed embeddings and
+    the LoRA adapters (spec.adapters)."""
+    parts = []
+    if plan.packed_embeddings_bytes:
+        parts.append(f"oneDNN's packed embeddings {plan.packed_embeddings_bytes / GiB:.2f} GiB")
+    if plan.adapter_bytes:
+        parts.append(f"LoRA adapters {plan.adapter_bytes / GiB:.2f} GiB")
+    if not parts:
+        return []
+    return [f"overhead per rank: runtime {plan.rank_overhead_bytes / GiB:.2f} GiB, " + ", ".join(parts)]
+
+
 def _engine_core_note(plan: Plan) -> str:
     """Where the launcher's fix 3 runs the rank, after the server processes' memory in the plan table."""
     if not plan.rank_in_engine_core:
@@ -202,14 +215,7 @@ def plan_table(plan: Plan) -> str:
         f"{sizing.kv_layout}",
         "",
         *table,
-        *(
-            [
-                f"overhead per rank: runtime {plan.rank_overhead_bytes / GiB:.2f} GiB, oneDNN's packed embeddings "
-                f"{plan.packed_embeddings_bytes / GiB:.2f} GiB"
-            ]
-            if plan.packed_embeddings_bytes
-            else []
-        ),
+        *_overhead_lines(plan),
         "",
         f"pod     {plan.cpu} CPU, memory {plan.memory_limit_bytes / GiB:.2f} GiB: the ranks above, vLLM's HTTP "
         f"front end {plan.server_overhead_bytes / GiB:.2f}"

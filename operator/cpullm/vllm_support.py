@@ -94,6 +94,9 @@ MTP_ARCHITECTURES = frozenset(
     {"MiMoForCausalLM", "MiMoV2FlashForCausalLM", "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM"}
 )
 
+# The --max-lora-rank values vLLM accepts (its config/lora.py MaxLoRARanks, read in 0.32.0).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
 
 def speculative_methods(version: str | None) -> frozenset[str]:
     """The speculative methods (spec.speculative.method) a vLLM version the table knows runs on CPU (none for one it

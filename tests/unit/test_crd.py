@@ -140,6 +140,12 @@ def _nested(depth: int) -> dict:
     return value
 
 
+def _adapters(*changes: dict) -> dict:
+    """A spec of org/model with one adapter per change, each a valid adapter with those fields changed."""
+    valid = {"name": "tuned", "source": "org/tuned-lora", "rank": 16}
+    return {"model": {"name": "org/model"}, "adapters": [{**valid, **change} for change in changes]}
+
+
 def _keda(address: str) -> dict:
     return {"autoscaling": {"kind": "keda", "maxReplicas": 2, "prometheusAddress": address}}
 
@@ -167,6 +173,15 @@ def _keda(address: str) -> dict:
         (_keda("http://localhost:9090"), "must not name a loopback or link-local host"),
         (_keda("http://admin:sk-1@prometheus:9090"), "prometheusAddress: String should match pattern"),
         (_keda("file:///etc/passwd"), "prometheusAddress: String should match pattern"),
+        ({"extraArgs": ["--enable-lora"]}, "extraArgs --enable-lora (set spec.adapters)"),
+        ({"extraArgs": ["--lora_modules", "a=/x"]}, "extraArgs --lora-modules (set spec.adapters)"),
+        ({"env": [{"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "1"}]}, "loads adapters on request"),
+        ({**_adapters({"name": "gpt2"}), "model": {"name": "gpt2"}}, "cannot be the base model's name"),
+        (_adapters({}, {}), "two adapters have the same name"),
+        (_adapters({"source": "a/b,c"}), "adapters.0.source: String should match pattern"),
+        (_adapters({"source": "relative/path/x"}), "adapters.0.source: String should match pattern"),
+        (_adapters({"rank": 1024}), "adapters.0.rank: Input should be less than or equal to 512"),
+        (_adapters({"name": "-x"}), "adapters.0.name: String should match pattern"),
     ],
     ids=[
         "underscored-flag",
@@ -189,6 +204,15 @@ def _keda(address: str) -> dict:
         "keda-localhost",
         "keda-credentials",
         "keda-file",
+        "lora-flag",
+        "lora-modules-flag",
+        "lora-at-run-time",
+        "adapter-named-as-the-model",
+        "adapters-of-one-name",
+        "adapter-source-with-a-comma",
+        "adapter-source-relative",
+        "adapter-rank-too-high",
+        "adapter-name-pattern",
     ],
 )
 def test_what_a_spec_may_not_set_is_refused_with_why(spec, message):

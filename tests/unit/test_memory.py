@@ -19,7 +19,7 @@ def model(**config):
 
 
 def budget_of(sized, shard_bytes=0, tp=1, in_engine_core=False, packed=False):
-    return memory_budget(sized, tp, shard_bytes, 1, rank_in_engine_core=in_engine_core, embeddings_packed=packed)
+    return memory_budget(sized, tp, shard_bytes, 1, None, rank_in_engine_core=in_engine_core, embeddings_packed=packed)
 
 
 def test_the_limit_is_its_parts_rounded_up_to_a_mib():

@@ -62,7 +62,14 @@ def test_throughput_runs_one_tp1_server_per_numa_node(
     assert plan.weight_shard_bytes == model.weights_bytes
     assert plan.rank_in_engine_core and plan.engine_core_forked  # one rank per pod, the launcher's fix, on x86
     budget = memory_budget(
-        model, 1, model.weights_bytes, 1, rank_in_engine_core=True, engine_core_forked=True, embeddings_packed=True
+        model,
+        1,
+        model.weights_bytes,
+        1,
+        None,
+        rank_in_engine_core=True,
+        engine_core_forked=True,
+        embeddings_packed=True,
     )  # the pool's nodes have AMX
     assert plan.memory_limit_bytes == budget.limit_bytes
     assert plan.memory_limit_bytes <= 256 * GiB // numa  # one pod fits one NUMA node's memory
@@ -173,7 +180,7 @@ def test_tensor_parallel_is_one_pod_per_node_and_never_caps_replicas(fields, mod
     assert plan.placement_note is not None and plan.placement_note.startswith(waiting)
     assert plan.rank_in_engine_core == plan.engine_core_forked == (tp == 1)
     budget = memory_budget(
-        sized, tp, plan.weight_shard_bytes, plan.kv_cache_gi_b,
+        sized, tp, plan.weight_shard_bytes, plan.kv_cache_gi_b, None,
         rank_in_engine_core=tp == 1, engine_core_forked=tp == 1, embeddings_packed=True,
     )  # fmt: skip
     assert plan.memory_limit_bytes == budget.limit_bytes

@@ -64,7 +64,9 @@ def test_the_packed_embeddings_follow_the_nodes_isa_and_the_dtype(flags, dtype, 
 def test_memory_plan_fields():
     """The plan carries the memory model's parts (core/memory.py; tests/unit/test_memory.py holds the formula)."""
     plan = plan_service(spec(), llama_8b(), [node(numa=2, cpu="96", memory="512Gi")])
-    budget = memory_budget(llama_8b(), 2, plan.weight_shard_bytes, 4, rank_in_engine_core=False, embeddings_packed=True)
+    budget = memory_budget(
+        llama_8b(), 2, plan.weight_shard_bytes, 4, None, rank_in_engine_core=False, embeddings_packed=True
+    )
     assert plan.memory_limit_bytes == budget.limit_bytes
     assert (plan.rank_overhead_bytes, plan.server_overhead_bytes) == (budget.rank_runtime_bytes, budget.server_bytes)
     assert plan.packed_embeddings_bytes == budget.packed_embeddings_bytes > 0  # AMX: oneDNN builds bf16 matmuls
@@ -371,7 +373,7 @@ def test_the_rank_runs_in_the_engine_core_only_where_the_launchers_fix_does_it(
     plan = plan_service(spec(**fields), llama_8b(), [node(numa=numa, cpu="64", memory="1Ti", arch=arch, flags=flags)])
     assert (plan.rank_in_engine_core, plan.engine_core_forked) == (in_engine_core, forked)
     budget = memory_budget(
-        llama_8b(), plan.tensor_parallel_size, plan.weight_shard_bytes, plan.kv_cache_gi_b,
+        llama_8b(), plan.tensor_parallel_size, plan.weight_shard_bytes, plan.kv_cache_gi_b, None,
         rank_in_engine_core=in_engine_core, engine_core_forked=forked, embeddings_packed=arch == "arm64",
     )  # fmt: skip  # x86 here has AVX2 alone: bf16 falls back to torch's linear
     assert plan.memory_limit_bytes == budget.limit_bytes

@@ -242,6 +242,11 @@ class Plan(_Model):
         "fp16 with AVX-512 or AVX-NE-CONVERT; arm64); 0 where vLLM falls back to torch's linear (bf16 and fp16 on "
         "AVX2).",
     )
+    adapter_bytes: int = Field(
+        default=0,
+        description="Memory per rank for spec.adapters: vLLM's LoRA slots at the highest rank, and each adapter's "
+        "weights in its CPU cache.",
+    )
     server_overhead_bytes: int = Field(
         default=0,
         description="Memory of the API server and engine core processes (measured: a base and a share per "
@@ -363,8 +368,9 @@ class Plan(_Model):
 
     @property
     def rank_extra_bytes(self) -> int:
-        """What a rank holds beside its weight shard and KV cache: its runtime and the packed embeddings."""
-        return self.rank_overhead_bytes + self.packed_embeddings_bytes
+        """What a rank holds beside its weight shard and KV cache: its runtime, the packed embeddings and the
+        adapters."""
+        return self.rank_overhead_bytes + self.packed_embeddings_bytes + self.adapter_bytes
 
     def rank_numa_nodes(self) -> list[int] | None:
         """The NUMA node each tensor-parallel rank binds to, where the plan knows it: one rank per NUMA node of the

@@ -19,7 +19,7 @@ from pydantic.alias_generators import to_camel, to_snake
 
 from cpullm.api.isa import lscpu_name, typo_of
 from cpullm.errors import InvalidSpec
-from cpullm.vllm_support import GUARD_METRICS_ENV, REPORT_ENV
+from cpullm.vllm_support import GUARD_METRICS_ENV, LORA_RANKS, REPORT_ENV
 
 GROUP = "cpullm.io"
 VERSION = "v1alpha1"
@@ -178,6 +178,34 @@ class ModelSource(_Model):
         description="Who sizes the model: auto, the operator's formulas, and vLLM's own build on the meta device (a "
         "sizing Job in the service's vLLM image) for a family they do not know; vllm, vLLM's build for every model, "
         "the formulas' weights kept in the plan's notes as a check. weightsBytes overrides both.",
+    )
+
+
+# An adapter's name (the model a request names) and source (a Hub repository id, or an absolute path in the container).
+ADAPTER_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+ADAPTER_SOURCE = r"^(/[^,\s]*|[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*)$"
+MAX_ADAPTERS = 16
+MAX_ADAPTER_RANK = LORA_RANKS[-1]  # vLLM's largest --max-lora-rank
+
+
+class Adapter(_Model):
+    """A LoRA adapter of the model, served under its own name (docs/adapters.md)."""
+
+    name: str = Field(
+        max_length=64,
+        pattern=ADAPTER_NAME,
+        description="The model name requests use for it (the request's 'model'); not the base model's name.",
+    )
+    source: str = Field(
+        max_length=1024,
+        pattern=ADAPTER_SOURCE,
+        description="A Hugging Face repository id (org/name), downloaded by the server, or an absolute path in the "
+        "container (the model cache is mounted at /models).",
+    )
+    rank: int = Field(
+        ge=1,
+        le=MAX_ADAPTER_RANK,
+        description="The adapter's LoRA rank (r in its adapter_config.json): what the plan counts its memory by.",
     )
 
 
@@ -916,11 +944,18 @@ OWNED_FLAGS = {
     "--api-key": "apiKeySecret",
     "--speculative-config": "speculative",
     "-sc": "speculative",
+    "--enable-lora": "adapters",
+    "--lora-modules": "adapters",
+    "--max-loras": "adapters",
+    "--max-lora-rank": "adapters",
+    "--max-cpu-loras": "adapters",
 }
 # What spec.env and spec.extraArgs may not set at all, with why: each opens a way around the plan or the API key.
 REFUSED_ENV = {
     "HUGGING_FACE_HUB_TOKEN": "a token in the Deployment's text: set spec.hfTokenSecret",
     "VLLM_SERVER_DEV_MODE": "adds development routes the API key does not guard",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "loads adapters on request, in memory the plan does not count: list them "
+    "in spec.adapters",
 }
 REFUSED_FLAGS = {
     "--config": "a file of flags the operator cannot check: give each flag in extraArgs",
@@ -997,6 +1032,10 @@ _CEL_OWNED_FLAGS: dict[str, JsonValue] = {
 }
 # With apiKeySecret the operator puts the key guard's directory first on PYTHONPATH and the user's PYTHONPATH after it,
 # in one variable (core/children/deployment.py): a PYTHONPATH from valueFrom has no text to join, and would be lost.
+_CEL_ADAPTER_NOT_THE_MODEL: dict[str, JsonValue] = {
+    "rule": "!has(self.adapters) || self.adapters.all(a, a.name != self.model.name)",
+    "message": "an adapter's name is the model requests name: it cannot be the base model's name (spec.model.name)",
+}
 _CEL_PYTHONPATH_WITH_KEY: dict[str, JsonValue] = {
     "rule": "!has(self.apiKeySecret) || !has(self.env) || self.env.all(e, e.name != 'PYTHONPATH' || has(e.value))",
     "message": "with apiKeySecret, env PYTHONPATH must be a value, not valueFrom: the operator joins it after the "
@@ -1006,7 +1045,14 @@ _CEL_PYTHONPATH_WITH_KEY: dict[str, JsonValue] = {
 
 class CpuLLMServiceSpec(_Model):
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [_CEL_OWNED_ENV, _CEL_OWNED_FLAGS, _CEL_PYTHONPATH_WITH_KEY]}
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                _CEL_OWNED_ENV,
+                _CEL_OWNED_FLAGS,
+                _CEL_PYTHONPATH_WITH_KEY,
+                _CEL_ADAPTER_NOT_THE_MODEL,
+            ]
+        }
     )
 
     model: ModelSource = Field(description="The model to serve, and where its config comes from.")
@@ -1123,6 +1169,13 @@ class CpuLLMServiceSpec(_Model):
     service: ServiceSettings = Field(
         default_factory=ServiceSettings, description="The Service in front of the vLLM pods."
     )
+    adapters: list[Adapter] | None = Field(
+        default=None,
+        max_length=MAX_ADAPTERS,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        description="LoRA adapters served beside the model, each under its own name (vLLM's --lora-modules). The "
+        "plan counts their memory; LoRA turns vLLM's compilation off on CPU, which the prediction counts too.",
+    )
     speculative: Speculative = Field(
         default_factory=Speculative,
         description="Speculative decoding (vLLM's --speculative-config), chosen by the plan's prediction by default.",
@@ -1169,6 +1222,11 @@ class CpuLLMServiceSpec(_Model):
             raise ValueError("sets what the operator owns or refuses: " + "; ".join(collisions))
         if self.api_key_secret is not None and any(e.name == "PYTHONPATH" and e.value is None for e in self.env):
             raise ValueError(str(_CEL_PYTHONPATH_WITH_KEY["message"]))
+        names = [a.name for a in self.adapters or []]
+        if self.model.name in names:
+            raise ValueError(str(_CEL_ADAPTER_NOT_THE_MODEL["message"]))
+        if len(set(names)) < len(names):
+            raise ValueError("adapters: two adapters have the same name")
         return self
 
 

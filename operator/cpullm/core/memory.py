@@ -11,9 +11,12 @@ measured it, and the working set's share of the limit they left (0.80-0.95).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from cpullm.api.spec import Adapter
 from cpullm.core import constants as c
+from cpullm.core.adapters import adapter_bytes
 from cpullm.core.sizing import ModelSize
 
 # API server + engine core + launcher, measured: 1,108 MiB of anonymous memory with a 447-entry vocabulary, and
@@ -96,6 +99,7 @@ class MemoryBudget:
     kv_bytes: int
     rank_runtime_bytes: int
     packed_embeddings_bytes: int
+    adapter_bytes: int  # LoRA adapters' slots and cached weights (core/adapters.py)
     page_cache_bytes: int
     shm_bytes: int  # what the limit counts of /dev/shm
 
@@ -104,6 +108,7 @@ class MemoryBudget:
         """What one rank needs on its NUMA node: its weight shard, KV cache, runtime and packed embeddings, with the
         margin."""
         held = self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes + self.packed_embeddings_bytes
+        held += self.adapter_bytes
         return math.ceil(held * (1 + MARGIN_FRACTION))
 
     @property
@@ -119,13 +124,14 @@ def memory_budget(
     tp: int,
     shard_bytes: int,
     kv_gib: int,
+    adapters: Sequence[Adapter] | None,
     *,
     rank_in_engine_core: bool,
     engine_core_forked: bool = False,
     embeddings_packed: bool,
 ) -> MemoryBudget:
     """`rank_in_engine_core`, `engine_core_forked`: what the launcher's fix 3 does for the server (Plan's fields);
-    `embeddings_packed`: onednn_packs_embeddings on the node."""
+    `embeddings_packed`: onednn_packs_embeddings on the node; `adapters`: spec.adapters."""
     anatomy = model.anatomy
     vocabulary = anatomy.vocabulary or UNKNOWN_VOCABULARY
     shared_process = ENGINE_CORE_PROCESS_BYTES if rank_in_engine_core else 0
@@ -141,6 +147,7 @@ def memory_budget(
             if embeddings_packed
             else 0
         ),
+        adapter_bytes=adapter_bytes(model, adapters, tp),
         page_cache_bytes=PAGE_CACHE_BYTES,
         shm_bytes=SHM_CHARGED_BASE_BYTES + (tp * SHM_CHARGED_PER_RANK_BYTES if tp > 1 else 0),
     )

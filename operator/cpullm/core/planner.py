@@ -455,7 +455,9 @@ def _one_server_fits_a_numa_node(
     except KVCacheTooSmall:
         return False
     processes = _server_processes(spec, 1, shape.node.arch, fixes)
-    budget = memory_budget(model, 1, model.weights_bytes, kv.gib, **processes, **_kernels(spec, shape.node))
+    budget = memory_budget(
+        model, 1, model.weights_bytes, kv.gib, spec.adapters, **processes, **_kernels(spec, shape.node)
+    )
     return budget.limit_bytes <= shape.numa_memory_bytes
 
 
@@ -601,9 +603,14 @@ def _fitted(
     tp = layout.tensor_parallel_size
     shard = math.ceil(model.weights_bytes / tp)
     processes, kernels = _server_processes(spec, tp, node.arch, server.fixes), _kernels(spec, node)
-    _check_fits(memory_budget(model, tp, shard, 0, **processes, **kernels), layout, where, "the weights alone need")
+    _check_fits(
+        memory_budget(model, tp, shard, 0, spec.adapters, **processes, **kernels),
+        layout,
+        where,
+        "the weights alone need",
+    )
     kv = _kv_cache(spec, model, tp, node.isa)
-    budget = memory_budget(model, tp, shard, kv.gib, **processes, **kernels)
+    budget = memory_budget(model, tp, shard, kv.gib, spec.adapters, **processes, **kernels)
     _check_fits(budget, layout, where, "needs")
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
     threads = _rank_threads(node, layout.cpus_per_rank, reserved, omp)
@@ -720,6 +727,7 @@ def _plan_for_shape(
         kv_bytes_per_token=kv.layout.bytes_per_token(1),
         rank_overhead_bytes=budget.rank_runtime_bytes,
         packed_embeddings_bytes=budget.packed_embeddings_bytes,
+        adapter_bytes=budget.adapter_bytes,
         server_overhead_bytes=budget.server_bytes,
         page_cache_bytes=budget.page_cache_bytes,
         shm_bytes=shm_size_bytes(tp),

@@ -9,6 +9,7 @@ from typing import Any
 from cpullm.api.plan import Plan, ServerSecurity
 from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType, MetricsAccess
 from cpullm.core import constants as c
+from cpullm.core.adapters import lora_args
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
 from cpullm.core.children.drain import drain_hook, grace_seconds
 from cpullm.core.children.launcher import (
@@ -51,6 +52,7 @@ def vllm_args(spec: CpuLLMServiceSpec, plan: Plan) -> list[str]:
         args += ["--max-num-seqs", str(plan.max_num_seqs)]
     if plan.speculative is not None and plan.speculative.vllm_config:
         args += ["--speculative-config", plan.speculative.vllm_config]
+    args += lora_args(spec.adapters)
     args += ["--host", "0.0.0.0", "--port", str(spec.service.port)]
     if spec.api_key_secret is not None:
         args += ["--middleware", c.API_KEY_GUARD_MIDDLEWARE]
