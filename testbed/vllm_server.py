@@ -343,9 +343,12 @@ class LocalServer:
         )
         self.measured.oom_kills = self.cgroup.oom_kills()
 
-    def complete(self, prompt: str | list[str] | list[int], max_tokens: int, timeout: float = 600) -> dict[str, Any]:
+    def complete(
+        self, prompt: str | list[str] | list[int], max_tokens: int, timeout: float = 600, model: str | None = None
+    ) -> dict[str, Any]:
+        """A greedy completion from the served model, or from `model` (an adapter's name)."""
         body = {
-            "model": self.served_model(),
+            "model": model or self.served_model(),
             "prompt": prompt,
             "max_tokens": max_tokens,
             "temperature": 0.0,
@@ -365,9 +368,13 @@ class LocalServer:
         """The server's Prometheus metrics: one value per series (name and labels as printed)."""
         return scrape(f"http://127.0.0.1:{self.port}/metrics")
 
-    def served_model(self) -> str:
+    def models(self) -> list[str]:
+        """What /v1/models lists: the model first, then its adapters."""
         with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/v1/models", timeout=10) as response:
-            return str(json.loads(response.read())["data"][0]["id"])
+            return [str(entry["id"]) for entry in json.loads(response.read())["data"]]
+
+    def served_model(self) -> str:
+        return self.models()[0]
 
     def version(self) -> str:
         """The vLLM version the server says it is (its /version route)."""
@@ -424,7 +431,8 @@ def server_for_container(
     # The server's report of its fixes, which a pod writes to its termination message (vllm_support.REPORT_PATH).
     env[REPORT_ENV] = str(workdir / REPORT_FILE)
     env.update(extra_env or {})
-    command = [*map(local, container["command"]), *substitute(container["args"], str(model), port)]
+    # Every pod path in the args too (an adapter's source under /models), before --model is the local model's.
+    command = [*map(local, container["command"]), *substitute(list(map(local, container["args"])), str(model), port)]
     limit = container["resources"]["limits"]["memory"]
     return LocalServer(
         command=[*taskset, *command],

@@ -100,3 +100,13 @@ def test_cpullm_plan_prints_the_adapters_memory(tmp_path, capsys):
     assert per_rank == adapter_bytes(llama_8b(), adapters(16), planned["tensorParallelSize"])
     assert main(args) == 0
     assert f"LoRA adapters {per_rank / GiB:.2f} GiB" in capsys.readouterr().out
+
+
+def test_with_adapters_the_plan_predicts_slower_decoding_for_lora_s_uncompiled_layers():
+    base = {"model": {"name": "meta-llama/Llama-3.1-8B", "config": LLAMA_8B}, "kvCacheGiB": 4}
+    tuned = {**base, "adapters": [{"name": "support-bot", "source": "org/support-lora", "rank": 16}]}
+    nodes = [node("n1", numa=2, memory="512Gi")]
+    without, with_adapter = (plan_service(parse_spec(s), llama_8b(), nodes).predicted for s in (base, tuned))
+    assert without is not None and with_adapter is not None
+    assert with_adapter.decode_tokens_per_second < without.decode_tokens_per_second
+    assert with_adapter.throughput_tokens_per_second < without.throughput_tokens_per_second

@@ -45,6 +45,10 @@ REQUEST_PYTHON_MULTIPLE = 4.0
 # - per layer and step, the small kernels (norms, rotary, activation, residual adds), in multiples of the probe's
 #   small kernel;
 LAYER_SMALL_KERNELS = 2.0
+# - per layer and step with LoRA on (spec.adapters), more of them: vLLM's CPU backend turns compilation off, so the
+#   elementwise kernels torch.compile fuses run apart (about 5), and each wrapped projection adds the adapters' shrink
+#   and expand products (2 per slice: q, k, v, o, gate, up, down: 14); counted, not yet fitted;
+LORA_LAYER_SMALL_KERNELS = 19.0
 # - per all-reduce (two per layer and step at TP > 1), likewise;
 ALLREDUCE_SMALL_KERNELS = 6.5
 # - at TP > 1 without a CPU kept for them, the server's processes that keep a core busy beside the ranks (the engine
@@ -193,6 +197,7 @@ class Serving:
     # No CPU kept off the ranks' threads (reservedCpusPerRank 0): at TP > 1 the engine core, a process of its own
     # that polls its workers, runs on the ranks' cores.
     shares_cores: bool = False
+    lora: bool = False  # LoRA adapters on (spec.adapters): compilation off, the adapters' products per layer
 
     @property
     def sharing(self) -> float:
@@ -319,7 +324,7 @@ def decode_step(
     return StepTime(
         weights=step_bytes(model, tp).at(rows) / matrix_rate(numa, serving, rows) * shared,
         attention=batch * attention_layers * per_sequence * shared,
-        small_kernels=layers * LAYER_SMALL_KERNELS * small * shared,
+        small_kernels=layers * (LAYER_SMALL_KERNELS + LORA_LAYER_SMALL_KERNELS * serving.lora) * small * shared,
         allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small * shared) if tp > 1 else 0.0,
         python=STEP_PYTHON_MULTIPLE * node.python_seconds,
     )
