@@ -134,6 +134,8 @@ class StubKube:
         self.unlisted: set[tuple[str, str]] = set()  # what exists though list_owned misses it
         self.reads: list[tuple[str, str, str]] = []
         self.owners: dict[tuple[str, str, str], Ownership] = {}  # objects that exist, by kind, namespace, name
+        self.ownership_reads: list[tuple[str, str, str]] = []  # the reads before a write
+        self.applied_over: list[Ownership | None] = []  # what each apply was told the child is
 
     def list_owned(self, kind, namespaces):
         """Markers as applied (this stub stores what it is given: no uid, no generation) unless changed."""
@@ -145,9 +147,11 @@ class StubKube:
 
     def apply(self, manifest, over):
         self.applied.append(manifest)
+        self.applied_over.append(over)
         return manifest
 
     def ownership(self, api_version, kind, namespace, name):
+        self.ownership_reads.append((kind, namespace, name))
         return self.owners.get((kind, namespace, name))
 
     def read_namespace(self, namespace):

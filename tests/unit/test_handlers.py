@@ -13,13 +13,14 @@ from kopf._core.engines.indexing import Index as KopfIndex  # Kopf's index, to t
 from kopf._core.reactor import observation  # Kopf's handler of CRD events, which configure() wraps
 
 from cpullm.controller import discovery_wait, dispatch, handlers, kopf_settings
-from cpullm.controller.indexes import KopfIndexes, indexed
+from cpullm.controller.indexes import KopfIndexes, indexed, seen_index
 from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
+from cpullm.core.children import WATCHED_KINDS
 from cpullm.core.node_facts import NODE_FACT_SOURCES
-from cpullm.core.observation import ClusterView
+from cpullm.core.observation import ChildSeen, ClusterView
 from cpullm.core.rollout import TEMPLATE_DIGEST
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
@@ -110,6 +111,7 @@ OTHER_INDEXES: dict[str, Any] = {
     "server_replicasets": {},
     "daemonset_pods": {},
     **{source.index: {} for source in NODE_FACT_SOURCES},
+    **{seen_index(kind.plural): {} for kind in WATCHED_KINDS},
 }
 INDEXES = {"node_profiles": {}, **OTHER_INDEXES}
 INSUFFICIENT = {"status": "False", "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu."}
@@ -965,3 +967,24 @@ def test_each_node_fact_source_is_indexed_and_watched(source):
 
     assert [h.id for h in registry._indexing.get_all_handlers() if selects(h)] == [source.index]
     assert any(selects(h) for h in registry._watching.get_all_handlers())
+
+
+def test_the_watches_file_each_child_under_its_service_with_its_controller_for_the_reconcile():
+    """The seen_children index (one per watched kind) keeps what a write needs to know of a child, filed by its
+    service label; the reconcile's view holds that service's, whoever controls them (the reconcile checks)."""
+    meta = {
+        "uid": "cm-1",
+        "resourceVersion": "42",
+        "ownerReferences": [{"kind": "CpuLLMService", "name": "a", "uid": "uid-a", "controller": True}],
+    }
+    resource = kopf.Resource("", "v1", "configmaps", kind="ConfigMap")
+    labels = {"cpullm.io/service": "a"}
+    filed = asyncio.run(
+        handlers.seen_children(resource=resource, namespace="ns", name="a-launcher", labels=labels, meta=meta)
+    )
+    assert filed == {("ns", "a"): ChildSeen("ConfigMap", "ns", "a-launcher", "cm-1", "uid-a", "42")}
+    unlabelled = asyncio.run(handlers.seen_children(resource=resource, namespace="ns", name="x", labels={}, meta=meta))
+    assert unlabelled == {}
+    indexes = kopf_indexes({seen_index("configmaps"): {key: [value] for key, value in filed.items()}})
+    assert indexes.snapshot().view(("ns", "a")).children == (filed[("ns", "a")],)
+    assert indexes.snapshot().view(("ns", "b")).children == ()

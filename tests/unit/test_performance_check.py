@@ -12,11 +12,12 @@ import pytest
 from cpullm.api.plan import Plan
 from cpullm.api.spec import NetworkPolicyPeer
 from cpullm.controller import performance
-from cpullm.controller.indexes import KopfIndexes
+from cpullm.controller.indexes import KopfIndexes, seen_index
 from cpullm.controller.memory import OperatorMemory
 from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
+from cpullm.core.children import WATCHED_KINDS
 from cpullm.core.children.common import Owner
 from cpullm.core.children.network_policy import admit_operator, build_servers_network_policy
 from cpullm.core.node_facts import NODE_FACT_SOURCES
@@ -230,6 +231,7 @@ def indexes(service: dict[str, Any], addresses: dict[Any, Any]) -> KopfIndexes:
         {
             **empty,
             **{s.index: {} for s in NODE_FACT_SOURCES},
+            **{seen_index(kind.plural): {} for kind in WATCHED_KINDS},
             "services": {("ns", "svc"): [service]},
             # each address a pod of the service's Deployment's ReplicaSet (KopfIndexes.owned_pods)
             "server_addresses": {key: [("rs-svc", a) for a in store] for key, store in addresses.items()},

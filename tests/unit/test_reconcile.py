@@ -1,6 +1,7 @@
 """The reconcile path with the one API module stubbed (tests against a real API server live in e2e/)."""
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 from cpullm.controller.dispatch import find_drifted
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.observation import ClusterView, OperatorPolicy
+from cpullm.core.observation import ChildSeen, ClusterView, OperatorPolicy
 from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
 from cpullm.io.kube import Ownership
@@ -188,6 +189,34 @@ def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
     assert isinstance(outcome, PermissionDenied)
     assert kube.status_patches[0]["conditions"][0]["reason"] == "PermissionDenied"
     assert retry_delay(outcome, 0) == 10
+
+
+def test_a_child_the_watches_show_controlled_by_the_service_is_written_over_without_a_read():
+    """After a restart (nothing applied by this process yet) every child is written again: over what the watches
+    show, carrying their resourceVersion, with no read; a child they show controlled by another object is read,
+    and refused as any object the service does not control."""
+    rec, kube = reconciler()
+    rec.reconcile(service({}), ClusterView(nodes=NODES))
+    created = [(m["kind"], m["metadata"]["namespace"], m["metadata"]["name"]) for m in kube.applied]
+    assert sorted(kube.ownership_reads) == sorted(created)  # the first writes: each child read first
+    watched = [ChildSeen(kind, ns, name, f"uid-{name}", "u1", "7") for kind, ns, name in created]
+
+    restarted = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+    kube.applied.clear(), kube.applied_over.clear(), kube.ownership_reads.clear()
+    restarted.reconcile(service({}), ClusterView(nodes=NODES, children=watched))
+    assert kube.ownership_reads == []
+    assert [over.resource_version for over in kube.applied_over if over] == ["7"] * len(created)
+
+    again = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+    kube.applied.clear(), kube.ownership_reads.clear()
+    deployment = next(c for c in watched if c.kind == "Deployment")
+    theirs = replace(deployment, controller_uid="someone-else")
+    kube.owners[("Deployment", theirs.namespace, theirs.name)] = Ownership(theirs.uid, "someone-else", "8")
+    others = [c for c in watched if c.kind != "Deployment"]
+    again.reconcile(service({}), ClusterView(nodes=NODES, children=[*others, theirs]))
+    assert kube.ownership_reads == [("Deployment", theirs.namespace, theirs.name)]  # read: not the service's
+    assert kube.applied == []  # refused before anything is written
+    assert "exists and is not controlled by this CpuLLMService" in str(kube.status_patches[-1])
 
 
 def test_forgetting_a_deleted_service_releases_its_memory():

@@ -27,7 +27,7 @@ import kopf
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION, copy_json
 from cpullm.controller import dispatch, kopf_settings, performance
-from cpullm.controller.indexes import KopfIndexes
+from cpullm.controller.indexes import KopfIndexes, seen_index
 from cpullm.controller.state import ControllerState
 from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import (
@@ -39,6 +39,7 @@ from cpullm.core.children.common import (
 )
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_facts import NODE_FACT_SOURCES, SOURCE_OF_PLURAL
+from cpullm.core.observation import ChildSeen
 from cpullm.core.performance_check import ServerAddress, ready_server_address
 from cpullm.core.pod_troubles import PodTrouble, declared_by_container, pod_trouble
 from cpullm.core.rollout import server_deployment_facts
@@ -280,8 +281,29 @@ async def child_changed(
     await dispatch.child_changed(_state(memo), child, KopfIndexes.of(indexes))
 
 
+async def seen_children(
+    resource: kopf.Resource, namespace: str, name: str, labels: Mapping[str, str], meta: Mapping[str, Any], **_: Any
+) -> dict[tuple[str, str], ChildSeen]:
+    """Each watched child as its watch shows it, keyed by the service its label names: which object it is and
+    which controls it, so a reconcile writes over a child the operator controls without reading it first. The
+    label only files it: what counts is its controller, as the API server showed it."""
+    owner = labels.get(SERVICE_LABEL)
+    if not owner:
+        return {}
+    seen = ChildSeen(
+        resource.kind,
+        namespace,
+        name,
+        str(meta.get("uid") or ""),
+        controller_reference(meta).get("uid"),
+        str(meta.get("resourceVersion") or ""),
+    )
+    return {(namespace, owner): seen}
+
+
 for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CHILD_KINDS)
     kopf.on.event(*_resource, labels=CHILD_LABELS)(child_changed)
+    kopf.index(*_resource, labels=CHILD_LABELS, id=seen_index(_resource[2]))(seen_children)
 
 
 @kopf.on.event(*POD_RESOURCE, labels=CHILD_LABELS)

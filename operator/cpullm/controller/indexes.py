@@ -11,12 +11,18 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from cpullm.core.children import WATCHED_KINDS
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact, refine_profiles
-from cpullm.core.observation import ClusterView
+from cpullm.core.observation import ChildSeen, ClusterView
 from cpullm.core.topology import NodeProfile
 
 Index = Mapping[Any, Any]  # a Kopf index: key -> store of values
+
+
+def seen_index(plural: str) -> str:
+    """The index of a watched child kind's objects (handlers.py's seen_children), by the kind's plural."""
+    return f"seen_{plural}"
 
 
 def indexed(index: Index) -> list[Any]:
@@ -42,6 +48,7 @@ class KopfIndexes:
     server_exits: Index
     server_addresses: Index
     server_replicasets: Index
+    seen_children: Mapping[str, Index]  # per watched child kind's index name
 
     @classmethod
     def of(cls, kwargs: Mapping[str, Any]) -> KopfIndexes:
@@ -57,6 +64,7 @@ class KopfIndexes:
             server_exits=kwargs["server_exits"],
             server_addresses=kwargs["server_addresses"],
             server_replicasets=kwargs["server_replicasets"],
+            seen_children={seen_index(k.plural): kwargs[seen_index(k.plural)] for k in WATCHED_KINDS},
         )
 
     def without_deployments(self, keys: set[tuple[str, str]]) -> KopfIndexes:
@@ -71,6 +79,10 @@ class KopfIndexes:
         if not uid:
             return []
         return [fact for rs, fact in index.get(key, ()) if first(self.server_replicasets, (key[0], rs)) == uid]
+
+    def children(self, key: tuple[str, str]) -> tuple[ChildSeen, ...]:
+        """A service's watched children (filed by their service label) as the watches last showed them."""
+        return tuple(seen for index in self.seen_children.values() for seen in index.get(key, ()))
 
     def service(self, key: tuple[str, str]) -> list[Any]:
         """The service of that (namespace, name), as a list of none or one."""
@@ -116,4 +128,5 @@ class Snapshot:
             installed_crds=self.crds,
             pod_trouble=next(iter(self._indexes.owned_pods(self._indexes.pod_troubles, key)), None),
             server_exits=tuple(self._indexes.owned_pods(self._indexes.server_exits, key)),
+            children=self._indexes.children(key),
         )

@@ -24,7 +24,14 @@ from cpullm.controller.pacing import RolloutPacer, ServiceKey
 from cpullm.controller.vllm_sizing import SizingJobs
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.decision import Decision, decide, regarding
-from cpullm.core.observation import DEFAULT_POLICY, ClusterView, NamespaceFacts, Observed, OperatorPolicy
+from cpullm.core.observation import (
+    DEFAULT_POLICY,
+    ChildSeen,
+    ClusterView,
+    NamespaceFacts,
+    Observed,
+    OperatorPolicy,
+)
 from cpullm.core.rollout import is_servers_deployment
 from cpullm.errors import (
     ChildConflict,
@@ -131,12 +138,17 @@ class Reconciler:
             self._locks.pop((namespace, name), None)
         self._cluster.drop(namespace)
 
-    def _writes(self, children: Sequence[Mapping[str, Any]], owner_uid: str) -> list[_Write]:
-        """The children to write, each read just before: one whose manifest this process last applied for this
-        very service (its uid) unchanged is not written again; every other is read, whatever this process applied
-        before under its name (another service's child of the same name), and must be absent or controlled by the
-        service. Any that is not is a conflict before anything is written: an object someone else made, or that
-        another service owns, is never adopted or overwritten."""
+    def _writes(
+        self, children: Sequence[Mapping[str, Any]], owner_uid: str, watched: Sequence[ChildSeen] = ()
+    ) -> list[_Write]:
+        """The children to write, each with what it is known to be: one whose manifest this process last applied for
+        this very service (its uid) unchanged is not written again; one the watches show controlled by the service
+        is written over as they show it; every other is read, whatever this process applied before under its name
+        (another service's child of the same name), and must be absent or controlled by the service. Any that is
+        not is a conflict before anything is written: an object someone else made, or that another service owns,
+        is never adopted or overwritten. A write over what the watches showed carries their resourceVersion: if
+        the object changed since, the API server refuses it, and the retry reads the watches' newer view."""
+        seen = {(c.kind, c.namespace, c.name): c for c in watched if c.controller_uid == owner_uid}
         writes = []
         for child in children:
             meta = child["metadata"]
@@ -144,7 +156,10 @@ class Reconciler:
             digest = _digest(child)
             if self.memory.unchanged(key, digest, owner_uid):
                 continue
-            found = self.kube.ownership(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+            if (shown := seen.get(key)) is not None:
+                found: Ownership | None = Ownership(shown.uid, shown.controller_uid, shown.resource_version)
+            else:
+                found = self.kube.ownership(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
             if found is not None and found.controller_uid != owner_uid:
                 raise ChildConflict(
                     f"{child['kind']} {meta['namespace']}/{meta['name']} exists and is not controlled by this "
@@ -226,7 +241,7 @@ class Reconciler:
             )
             decision = self._admitted(decide(observed, self.clock()), observed, key)
             try:
-                writes = self._writes(decision.children, uid)
+                writes = self._writes(decision.children, uid, view.children)
                 self._delete(decision.obsolete_deleted(before_writes=True), uid)
                 for write in writes:
                     stored = self._apply(write, uid)

@@ -58,6 +58,18 @@ DEFAULT_POLICY = OperatorPolicy()
 
 
 @dataclass(frozen=True)
+class ChildSeen:
+    """A child as the operator's watch last showed it: which object (uid, resourceVersion) and which controls it."""
+
+    kind: str
+    namespace: str
+    name: str
+    uid: str
+    controller_uid: str | None
+    resource_version: str
+
+
+@dataclass(frozen=True)
 class ClusterView:
     """What the cluster shows one reconcile, read whole at its entrance: Kopf's indexes for the operator
     (controller/dispatch.py), files for the CLI (commands.py). `nodes` are the nodes' profiles from their labels,
@@ -66,7 +78,8 @@ class ClusterView:
     seen (its generation, template digest, replicas and status); `installed_crds` the optional APIs' CRDs installed
     (None: unknown, assume all); `pod_trouble` why one of the service's pods cannot start or keep running;
     `server_exits` its server pods' last ends that report fixes not loaded; `performance` the last verdict on its
-    servers' speed (core/performance_check.py)."""
+    servers' speed (core/performance_check.py); `children` its watched children (of the kinds watched) as the
+    watches last showed them, which spares the read before a write (controller/reconcile.py)."""
 
     nodes: Sequence[NodeProfile] = ()
     node_facts: Sequence[NodeFact] = ()
@@ -76,6 +89,7 @@ class ClusterView:
     pod_trouble: PodTrouble | None = None
     server_exits: Sequence[ServerExit] = ()
     performance: PerformanceVerdict | None = None  # the servers' speed against the plan's, last judged
+    children: Sequence[ChildSeen] = ()
 
 
 @dataclass(frozen=True)
