@@ -55,6 +55,7 @@ STREAM_PROMPT = 64
 DECODE_PROMPT, SHORT, LONG = 448, 16, 144
 TTFT_PROMPT = 1024
 NODE = "localhost"  # this machine's Node in the harness's nodes file
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -72,6 +73,7 @@ class Case:
     config: dict[str, Any] = field(default_factory=dict)
     threads: int = 0
     shares_cores: bool = False
+    adapter_rank: int = 0  # with a LoRA adapter of this rank, every request naming it (0: none)
 
 
 def probe(python: Path, seconds: float) -> dict[str, Any]:
@@ -91,21 +93,21 @@ def median(values: list[float]) -> float:
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
-def decode_rate(server: LocalServer, vocab: int, rounds: int) -> float:
+def decode_rate(server: LocalServer, vocab: int, rounds: int, model: str | None = None) -> float:
     prompt = prompt_ids(DECODE_PROMPT, vocab, random.Random(1))
-    server.complete(prompt, 8)  # warm-up, and the prompt's prefix cached for the timed runs
+    server.complete(prompt, 8, model=model)  # warm-up, and the prompt's prefix cached for the timed runs
     rates = []
     for _ in range(rounds):
         times = []
         for tokens in (SHORT, LONG):
             started = time.monotonic()
-            server.complete(prompt, tokens)
+            server.complete(prompt, tokens, model=model)
             times.append(time.monotonic() - started)
         rates.append((LONG - SHORT) / (times[1] - times[0]))
     return median(rates)
 
 
-def throughput(server: LocalServer, vocab: int, streams: int, rounds: int) -> float:
+def throughput(server: LocalServer, vocab: int, streams: int, rounds: int, model: str | None = None) -> float:
     """Generated tok/s of `streams` sequences decoding together: `streams` requests at once of STREAM_PROMPT-token
     prompts, with SHORT and then LONG tokens out; the difference of the two rounds' times cancels the prefill and
     the requests' own costs (the median of `rounds`)."""
@@ -116,20 +118,20 @@ def throughput(server: LocalServer, vocab: int, streams: int, rounds: int) -> fl
         for tokens in (SHORT, LONG):
             started = time.monotonic()
             with ThreadPoolExecutor(streams) as pool:
-                done = list(pool.map(lambda prompt, n=tokens: server.complete(prompt, n), prompts))
+                done = list(pool.map(lambda prompt, n=tokens: server.complete(prompt, n, model=model), prompts))
             seconds.append(time.monotonic() - started)
             assert all(r["usage"]["completion_tokens"] == tokens for r in done)
         rates.append(streams * (LONG - SHORT) / (seconds[1] - seconds[0]))
     return median(rates)
 
 
-def first_token_seconds(server: LocalServer, vocab: int, rounds: int) -> float:
+def first_token_seconds(server: LocalServer, vocab: int, rounds: int, model: str | None = None) -> float:
     """The median of `rounds` distinct 1,024-token prompts' first token (no prefix cache helps)."""
     seconds = []
     for index in range(rounds):
         prompt = prompt_ids(TTFT_PROMPT, vocab, random.Random(200 + index))
         started = time.monotonic()
-        server.complete(prompt, 1)
+        server.complete(prompt, 1, model=model)
         seconds.append(time.monotonic() - started)
     return median(seconds)
 
@@ -143,7 +145,9 @@ def predict_case(case: Case) -> None:
     """What core/performance.py predicts for the case's request shapes, on its probe (the plan's own `predicted` is
     the same model at its maxNumSeqs)."""
     size = size_model(case.config, "bfloat16")
-    serving = Serving(case.tp, case.threads, *kernel_of(size), shares_cores=case.shares_cores)
+    serving = Serving(
+        case.tp, case.threads, *kernel_of(size), shares_cores=case.shares_cores, lora=bool(case.adapter_rank)
+    )
     node = parse_performance(case.probe)
     kv = size.kv_bytes_per_token_per_rank(case.tp)
     for streams in (1, *STREAMS):
@@ -160,6 +164,13 @@ def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int,
     spec: dict[str, Any] = {"kvCacheGiB": None, "maxModelLen": 2048, "maxNumSeqs": max(STREAMS)}
     if case.tp > 1:
         spec["env"] = SIM_MULTI_NUMA
+    adapter = None
+    if case.adapter_rank:
+        adapter = "tuned"
+        built = workdir / "models" / "adapters" / adapter  # the pod's /models (testbed/vllm_server.pod_mounts)
+        make = ROOT / "tests" / "vllm" / "make_adapter.py"
+        subprocess.run([str(python), str(make), str(model), str(built), str(case.adapter_rank)], check=True)
+        spec["adapters"] = [{"name": adapter, "source": f"/models/adapters/{adapter}", "rank": case.adapter_rank}]
     plan, container = render_service(workdir, model, case.tp, node_facts=[performance], **spec)
     case.plan_predicted = plan.get("predicted") or {}
     case.probe, case.config = performance, config
@@ -171,10 +182,10 @@ def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int,
         server.start(timeout=3600)
         case.start_s = server.measured.startup_seconds
         vocab = config["vocab_size"]
-        case.measured["decode"] = decode_rate(server, vocab, rounds)
+        case.measured["decode"] = decode_rate(server, vocab, rounds, adapter)
         for streams in STREAMS:
-            case.measured[f"{streams} streams"] = throughput(server, vocab, streams, rounds)
-        case.measured["TTFT"] = first_token_seconds(server, vocab, 2 * rounds + 1)
+            case.measured[f"{streams} streams"] = throughput(server, vocab, streams, rounds, adapter)
+        case.measured["TTFT"] = first_token_seconds(server, vocab, 2 * rounds + 1, adapter)
     except (OSError, RuntimeError, TimeoutError) as err:
         case.error = str(err).splitlines()[0][:200]
     finally:
@@ -183,10 +194,11 @@ def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int,
 
 def table(cases: list[Case]) -> str:
     columns = ("decode", *(f"{s} streams" for s in STREAMS), "TTFT")
-    head = f"{'model':<14}{'format':<11}{'TP':>3}" + "".join(f"{c + ' pred / meas':>30}" for c in columns)
+    head = f"{'model':<20}{'format':<11}{'TP':>3}" + "".join(f"{c + ' pred / meas':>30}" for c in columns)
     lines = [head, "-" * len(head)]
     for case in cases:
-        line = f"{case.model:<14}{case.fmt:<11}{case.tp:>3}"
+        model = case.model + (f"+lora{case.adapter_rank}" if case.adapter_rank else "")
+        line = f"{model:<20}{case.fmt:<11}{case.tp:>3}"
         if case.error:
             lines.append(line + f"  {case.error}")
             continue
@@ -204,6 +216,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--formats", nargs="+", default=["bf16", "w8a8-int8"])
     parser.add_argument("--tp", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--adapter-rank", type=int, default=0, help="serve a LoRA adapter of this rank, and ask it")
     parser.add_argument("--probe", type=Path, help="a NodePerformance of this machine (default: probed for each case)")
     parser.add_argument("--probe-seconds", type=float, default=0.5, help="the probe's seconds per point")
     parser.add_argument("--json", type=Path, help="also write every figure here")
@@ -218,7 +231,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     python = vllm_python()
     given = json.loads(args.probe.read_text()) if args.probe else None
-    cases = [Case(m, f, tp) for m in args.models for f in args.formats for tp in args.tp]
+    cases = [
+        Case(m, f, tp, adapter_rank=args.adapter_rank) for m in args.models for f in args.formats for tp in args.tp
+    ]
     tmp = Path(tempfile.mkdtemp(prefix="cpullm-predict-"))  # kept: each case's plan, probe and server log
     for index, case in enumerate(cases):
         workdir = tmp / f"{index}-{case.model}-{case.fmt}-tp{case.tp}"

@@ -56,6 +56,6 @@ def test_a_replay_predicts_each_case_again_beside_its_measurements(tmp_path: Pat
     serving = Serving(1, 2, *kernel_of(size), shares_cores=True)
     decode = predict(size, serving, parse_performance(PROBE), 1, size.kv_bytes_per_token_per_rank(1), context=528)
     now = decode.throughput_tokens_per_second
-    assert lines[2].startswith("qwen2.5-0.5b  bf16         1")
+    assert lines[2].startswith("qwen2.5-0.5b        bf16         1")
     assert f"{now:.2f} / 11.00 ({now / 11.0:.2f})" in lines[2]  # the model's figure now, not the one saved
     assert lines[3].endswith("server did not start")
