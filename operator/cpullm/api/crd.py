@@ -139,10 +139,57 @@ def status_schema() -> dict[str, Any]:
     }
 
 
+Column = tuple[str, str, str, int]  # a printer column: name, type, JSON path, priority
+
+
+def _crd(
+    kind: str,
+    plural: str,
+    singular: str,
+    scope: str,
+    properties: dict[str, Any],
+    columns: list[Column],
+    *,
+    rules: list[dict[str, Any]] | None = None,
+    subresources: dict[str, Any] | None = None,
+    names: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """A CRD of ours at VERSION (served and stored): an object schema whose spec is required, its printer columns,
+    and `names` beside kind, listKind, plural and singular (short names, categories)."""
+    schema: dict[str, Any] = {"type": "object", "required": ["spec"]}
+    if rules:
+        schema["x-kubernetes-validations"] = rules
+    schema["properties"] = {
+        "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
+        "kind": {"type": "string", "description": kind},
+        # The API server takes nothing but a type here ("must not specify anything other than name and
+        # generateName"): kubectl explain describes metadata itself.
+        "metadata": {"type": "object"},
+        **properties,
+    }
+    version: dict[str, Any] = {"name": VERSION, "served": True, "storage": True, "schema": {"openAPIV3Schema": schema}}
+    if subresources:
+        version["subresources"] = subresources
+    version["additionalPrinterColumns"] = [
+        {"name": n, "type": t, "jsonPath": p, **({"priority": prio} if prio else {})} for n, t, p, prio in columns
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": kind, "listKind": f"{kind}List", "plural": plural, "singular": singular, **(names or {})},
+            "scope": scope,
+            "versions": [version],
+        },
+    }
+
+
 def build_crd() -> dict[str, Any]:
     spec = model_schema(CpuLLMServiceSpec)
     spec["description"] = "A model served by vLLM's CPU backend, planned for the cluster's CPU topology."
-    columns = [
+    columns: list[Column] = [
         ("Model", "string", ".spec.model.name", 0),
         ("Placement", "string", ".status.plan.placement", 0),
         ("TP", "integer", ".status.plan.tensorParallelSize", 0),
@@ -155,114 +202,40 @@ def build_crd() -> dict[str, Any]:
         # The plan's one-line summary: the strategy, and why TP, KV, binding and memory are what they are.
         ("Plan", "string", '.status.conditions[?(@.type=="Planned")].message', 1),
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": SINGULAR,
-                "shortNames": [SHORT_NAME],
-                "categories": ["all"],
-            },
-            "scope": "Namespaced",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "required": ["spec"],
-                            "x-kubernetes-validations": [
-                                {
-                                    "rule": f"self.metadata.name.matches('{NAME_PATTERN}') && "
-                                    f"size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-                                    "message": NAME_RULE,
-                                }
-                            ],
-                            "properties": {
-                                "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
-                                "kind": {"type": "string", "description": KIND},
-                                # The API server takes nothing but a type here ("must not specify anything
-                                # other than name and generateName"): kubectl explain describes metadata itself.
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                                "status": status_schema(),
-                            },
-                        }
-                    },
-                    "subresources": {
-                        "status": {},
-                        "scale": {
-                            "specReplicasPath": ".spec.replicas",
-                            "statusReplicasPath": ".status.replicas",
-                            "labelSelectorPath": ".status.selector",
-                        },
-                    },
-                    "additionalPrinterColumns": [
-                        {"name": n, "type": t, "jsonPath": p, **({"priority": prio} if prio else {})}
-                        for n, t, p, prio in columns
-                    ],
-                }
-            ],
-        },
+    name_rule = {
+        "rule": f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        "message": NAME_RULE,
     }
+    scale = {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    properties = {"spec": spec, "status": status_schema()}
+    return _crd(
+        KIND,
+        PLURAL,
+        SINGULAR,
+        "Namespaced",
+        properties,
+        columns,
+        rules=[name_rule],
+        subresources={"status": {}, "scale": scale},
+        names={"shortNames": [SHORT_NAME], "categories": ["all"]},
+    )
 
 
 def build_performance_crd() -> dict[str, Any]:
     """NodePerformance: cluster-scoped, one per node and named after it; what `cpullm probe` measured."""
     spec = model_schema(performance.NodePerformanceSpec)
     spec["description"] = "What `cpullm probe` measured of the node's cores, per NUMA node (docs/performance.md)."
-    columns = [
+    columns: list[Column] = [
         ("CPU", "string", ".spec.cpu.model", 0),
         ("vLLM", "string", ".spec.vllm", 0),
         ("Measured", "string", ".spec.measuredAt", 0),
         ("Age", "date", ".metadata.creationTimestamp", 0),
     ]
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{performance.PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "names": {
-                "kind": performance.KIND,
-                "listKind": f"{performance.KIND}List",
-                "plural": performance.PLURAL,
-                "singular": performance.SINGULAR,
-            },
-            "scope": "Cluster",
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string", "description": f"{GROUP}/{VERSION}"},
-                                "kind": {"type": "string", "description": performance.KIND},
-                                "metadata": {"type": "object"},
-                                "spec": spec,
-                            },
-                        }
-                    },
-                    "additionalPrinterColumns": [
-                        {"name": n, "type": t, "jsonPath": p, **({"priority": prio} if prio else {})}
-                        for n, t, p, prio in columns
-                    ],
-                }
-            ],
-        },
-    }
+    return _crd(performance.KIND, performance.PLURAL, performance.SINGULAR, "Cluster", {"spec": spec}, columns)
 
 
 @functools.cache

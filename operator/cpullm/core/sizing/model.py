@@ -5,9 +5,9 @@ sizes and CPUs it can run on."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Concatenate, ParamSpec
 
 from cpullm.api.spec import DType
 from cpullm.core import constants as c
@@ -19,6 +19,8 @@ from cpullm.core.sizing.families import anatomy_of
 from cpullm.core.sizing.quantization import AMX, BF16_ARITHMETIC, WeightFormat, weight_format
 from cpullm.core.sizing.vllm_report import VllmSizer, anatomy_from_report
 from cpullm.errors import NotSizedHere, UnsupportedModel
+
+P = ParamSpec("P")
 
 # A safetensors index's total_size beyond this (4 EiB) is no checkpoint.
 MAX_CHECKPOINT_BYTES = 2**62
@@ -305,35 +307,27 @@ class ModelSize:
         return f"{self.weights_source}{quantized}"
 
 
+def _with_drafter_facts(
+    sizer: Callable[Concatenate[Mapping[str, Any], DType, P], ModelSize],
+) -> Callable[Concatenate[Mapping[str, Any], DType, P], ModelSize]:
+    """The sizer's ModelSize with what vLLM's MTP drafter keys on beside: the config's MTP layers, model_type and
+    first architecture, however the weights were sized."""
+
+    def sized(config: Mapping[str, Any], dtype: DType, /, *args: P.args, **options: P.kwargs) -> ModelSize:
+        found = sizer(config, dtype, *args, **options)
+        return replace(
+            found,
+            mtp_layers=mtp_layers(config),
+            model_type=model_type(config) or "",
+            architecture=architecture(config) or "",
+        )
+
+    sized.__doc__, sized.__name__ = sizer.__doc__, sizer.__name__
+    return sized
+
+
+@_with_drafter_facts
 def size_model(
-    config: Mapping[str, Any],
-    dtype: DType,
-    *,
-    weights_bytes: int | None = None,
-    checkpoint_total_bytes: int | None = None,
-    tensors: CheckpointTensors | None = None,
-    vllm: VllmSizer | None = None,
-    always_vllm: bool = False,
-) -> ModelSize:
-    """Size a model (_sized), with what vLLM's MTP drafter keys on beside."""
-    sized = _sized(
-        config,
-        dtype,
-        weights_bytes=weights_bytes,
-        checkpoint_total_bytes=checkpoint_total_bytes,
-        tensors=tensors,
-        vllm=vllm,
-        always_vllm=always_vllm,
-    )
-    return replace(
-        sized,
-        mtp_layers=mtp_layers(config),
-        model_type=model_type(config) or "",
-        architecture=architecture(config) or "",
-    )
-
-
-def _sized(
     config: Mapping[str, Any],
     dtype: DType,
     *,
