@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cpullm.api.crd import build_crd, build_performance_crd, known_fields, parse_stored_spec
+from cpullm.api.crd import _log_dropped, build_crd, build_performance_crd, known_fields, parse_stored_spec
 from cpullm.api.spec import IMAGE_REFERENCE_PATTERN, CpuLLMServiceSpec, parse_spec
 from cpullm.errors import InvalidSpec
 
@@ -357,13 +357,21 @@ def test_a_stored_spec_keeps_what_this_versions_schema_knows(stored, kept, dropp
     assert known_fields(stored, SPEC_SCHEMA) == (kept, dropped)
 
 
-def test_a_newer_crds_field_is_dropped_from_a_stored_spec_and_refused_in_a_file():
+def test_a_newer_crds_field_is_dropped_from_a_stored_spec_and_refused_in_a_file(caplog):
     """The API server prunes what its CRD does not know, so a field this version does not know, in a stored spec, is
     a newer CRD's: shown with its default while an upgrade rolls (the CRD is applied before the operator), or after
     a downgrade of the operator alone. The operator reads the spec without it (before: InvalidSpec for every such
     service); a spec from a file still refuses it, naming the closest field."""
     newer = {"model": {"name": "m", "sizedByVllmVersion": "0.33"}, "apiKeySecret": {"name": "k", "rotation": "1h"}}
-    assert parse_stored_spec(newer).api_key_secret.name == "k"  # type: ignore[union-attr]
+    _log_dropped.cache_clear()  # said once per process: this test's process may have said it already
+    with caplog.at_level("INFO", logger="cpullm.api.crd"):
+        assert parse_stored_spec(newer).api_key_secret.name == "k"  # type: ignore[union-attr]
+        parse_stored_spec(newer)  # every reconcile reads it: said once
+    said = [r.getMessage() for r in caplog.records if "does not know" in r.getMessage()]
+    assert said == [
+        "stored specs carry fields this operator does not know (a newer CRD's), left out: "
+        "apiKeySecret.rotation, model.sizedByVllmVersion"
+    ]
     with pytest.raises(InvalidSpec, match=r"spec\.model\.sizedByVllmVersion: no such field"):
         parse_spec(newer)
     deep: dict[str, object] = {}

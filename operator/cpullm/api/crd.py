@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,8 @@ from cpullm.api.spec import (
 )
 
 _DROP = {"title", "$defs"}
+
+log = logging.getLogger(__name__)
 
 
 def _openapi(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
@@ -275,5 +278,13 @@ def parse_stored_spec(raw: Mapping[str, Any] | None) -> CpuLLMServiceSpec:
     bounded first."""
     if too_deep(raw):
         return parse_spec(raw)  # refused, before a recursive walk
-    kept, _ = known_fields(raw or {}, _spec_schema())
+    kept, dropped = known_fields(raw or {}, _spec_schema())
+    if dropped:
+        _log_dropped(tuple(sorted(dropped)))
     return parse_spec(kept)
+
+
+@functools.cache
+def _log_dropped(paths: tuple[str, ...]) -> None:
+    """Once per process for each set of fields: every reconcile of every such service reads them."""
+    log.info("stored specs carry fields this operator does not know (a newer CRD's), left out: %s", ", ".join(paths))
