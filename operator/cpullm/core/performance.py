@@ -45,10 +45,14 @@ REQUEST_PYTHON_MULTIPLE = 4.0
 # - per layer and step, the small kernels (norms, rotary, activation, residual adds), in multiples of the probe's
 #   small kernel;
 LAYER_SMALL_KERNELS = 2.0
-# - per layer and step with LoRA on (spec.adapters), more of them: vLLM's CPU backend turns compilation off, so the
-#   elementwise kernels torch.compile fuses run apart (about 5), and each wrapped projection adds the adapters' shrink
-#   and expand products (2 per slice: q, k, v, o, gate, up, down: 14); counted, not yet fitted;
-LORA_LAYER_SMALL_KERNELS = 19.0
+# - with LoRA adapters on (spec.adapters), per wrapped projection (each of q, k, v, o, gate, up, down of every layer)
+#   and step: a fixed cost, and one per row the step runs (a token decoded, or of a prefill chunk). vLLM's CPU backend
+#   runs the adapters' shrink and expand as torch ops and compiles nothing with LoRA on: a rank-16 adapter on all seven
+#   projections of Qwen2.5-0.5B's shape cost 118 ms per decode step plus 8.2 ms per row (decode 4.98 tok/s against
+#   13.36 without, 32 streams 66 against 307, a 1,024-token prompt 12.3 s against 1.3; bench/predict_bench.py
+#   --adapter-rank 16, 2 vCPUs of an Emerald Rapids guest, vLLM 0.32.0, 2026-11-30);
+LORA_SLICE_SMALL_KERNELS = 17.6
+LORA_SLICE_ROW_SMALL_KERNELS = 1.22
 # - per all-reduce (two per layer and step at TP > 1), likewise;
 ALLREDUCE_SMALL_KERNELS = 6.5
 # - at TP > 1 without a CPU kept for them, the server's processes that keep a core busy beside the ranks (the engine
@@ -324,10 +328,18 @@ def decode_step(
     return StepTime(
         weights=step_bytes(model, tp).at(rows) / matrix_rate(numa, serving, rows) * shared,
         attention=batch * attention_layers * per_sequence * shared,
-        small_kernels=layers * (LAYER_SMALL_KERNELS + LORA_LAYER_SMALL_KERNELS * serving.lora) * small * shared,
+        small_kernels=(layers * LAYER_SMALL_KERNELS + lora_small_kernels(model, rows) * serving.lora) * small * shared,
         allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small * shared) if tp > 1 else 0.0,
         python=STEP_PYTHON_MULTIPLE * node.python_seconds,
     )
+
+
+def lora_small_kernels(model: ModelSize, rows: int) -> float:
+    """A step's LoRA cost with adapters on, in small kernels: per wrapped projection slice (an expert layer's
+    projections count once per layer: the MoE kernel runs the experts together), a fixed cost and one per row."""
+    experts = max(1, model.anatomy.experts or 1)
+    slices = sum(linear.count // (experts if linear.expert else 1) for linear in model.anatomy.linears)
+    return slices * (LORA_SLICE_SMALL_KERNELS + rows * LORA_SLICE_ROW_SMALL_KERNELS)
 
 
 def prefill_efficiency(model: ModelSize) -> float:
