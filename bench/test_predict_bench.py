@@ -11,17 +11,9 @@ from bench import predict_bench
 from cpullm.core.performance import Serving, kernel_of, parse_performance, predict
 from cpullm.core.sizing import size_model
 
-CONFIG = {
-    "model_type": "qwen2",
-    "hidden_size": 896,
-    "intermediate_size": 4864,
-    "num_hidden_layers": 24,
-    "num_attention_heads": 14,
-    "num_key_value_heads": 2,
-    "vocab_size": 151936,
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 32768,
-}
+# A small Llama: what the replay sizes and predicts from.
+CONFIG = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6}
+CONFIG |= {"num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 4096}
 
 
 def threads(count: int, read: float) -> dict[str, object]:
