@@ -18,12 +18,11 @@ from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import ControllerState
 from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core.children.common import Owner
-from cpullm.core.observation import ClusterView, NamespaceFacts, Observed
+from cpullm.core.observation import ClusterView, NamespaceFacts, Observed, Ownership
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelFiles, size_model
 from cpullm.errors import ModelConfigUnavailable
 from cpullm.io.files import load_nodes
-from cpullm.io.kube import Ownership
 from cpullm.settings import Settings
 
 from .builders import LLAMA_8B, llama_8b, node, spec

@@ -20,7 +20,7 @@ from cpullm.controller.workers import ReconcileWorkers
 from cpullm.core import node_topology
 from cpullm.core.children import WATCHED_KINDS
 from cpullm.core.node_facts import NODE_FACT_SOURCES
-from cpullm.core.observation import ChildSeen, ClusterView
+from cpullm.core.observation import ChildSeen, ClusterView, Ownership
 from cpullm.core.rollout import TEMPLATE_DIGEST
 from cpullm.errors import TransientApiError
 from cpullm.settings import Settings
@@ -982,7 +982,7 @@ def test_the_watches_file_each_child_under_its_service_with_its_controller_for_t
     filed = asyncio.run(
         handlers.seen_children(resource=resource, namespace="ns", name="a-launcher", labels=labels, meta=meta)
     )
-    assert filed == {("ns", "a"): ChildSeen("ConfigMap", "ns", "a-launcher", "cm-1", "uid-a", "42")}
+    assert filed == {("ns", "a"): ChildSeen("ConfigMap", "ns", "a-launcher", Ownership("cm-1", "uid-a", "42"))}
     unlabelled = asyncio.run(handlers.seen_children(resource=resource, namespace="ns", name="x", labels={}, meta=meta))
     assert unlabelled == {}
     indexes = kopf_indexes({seen_index("configmaps"): {key: [value] for key, value in filed.items()}})

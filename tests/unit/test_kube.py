@@ -13,9 +13,9 @@ from kubernetes import client
 
 from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NODE_FACT_SOURCES
-from cpullm.core.observation import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts, Ownership
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
-from cpullm.io.kube import REQUEST_TIMEOUT, Kube, Ownership
+from cpullm.io.kube import REQUEST_TIMEOUT, Kube
 
 from .fake_api import RESET, FakeTransport, kube
 

@@ -10,10 +10,9 @@ import pytest
 from cpullm.controller.dispatch import find_drifted
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
-from cpullm.core.observation import ChildSeen, ClusterView, OperatorPolicy
+from cpullm.core.observation import ChildSeen, ClusterView, OperatorPolicy, Ownership
 from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
 from cpullm.io.hub import HubClient
-from cpullm.io.kube import Ownership
 
 from .builders import LLAMA_8B, node
 from .support import StubHub, StubKube, service, state_of
@@ -199,7 +198,7 @@ def test_a_child_the_watches_show_controlled_by_the_service_is_written_over_with
     rec.reconcile(service({}), ClusterView(nodes=NODES))
     created = [(m["kind"], m["metadata"]["namespace"], m["metadata"]["name"]) for m in kube.applied]
     assert sorted(kube.ownership_reads) == sorted(created)  # the first writes: each child read first
-    watched = [ChildSeen(kind, ns, name, f"uid-{name}", "u1", "7") for kind, ns, name in created]
+    watched = [ChildSeen(kind, ns, name, Ownership(f"uid-{name}", "u1", "7")) for kind, ns, name in created]
 
     restarted = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
     kube.applied.clear(), kube.applied_over.clear(), kube.ownership_reads.clear()
@@ -210,8 +209,8 @@ def test_a_child_the_watches_show_controlled_by_the_service_is_written_over_with
     again = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
     kube.applied.clear(), kube.ownership_reads.clear()
     deployment = next(c for c in watched if c.kind == "Deployment")
-    theirs = replace(deployment, controller_uid="someone-else")
-    kube.owners[("Deployment", theirs.namespace, theirs.name)] = Ownership(theirs.uid, "someone-else", "8")
+    theirs = replace(deployment, ownership=replace(deployment.ownership, controller_uid="someone-else"))
+    kube.owners[("Deployment", theirs.namespace, theirs.name)] = Ownership(theirs.ownership.uid, "someone-else", "8")
     others = [c for c in watched if c.kind != "Deployment"]
     again.reconcile(service({}), ClusterView(nodes=NODES, children=[*others, theirs]))
     assert kube.ownership_reads == [("Deployment", theirs.namespace, theirs.name)]  # read: not the service's

@@ -26,10 +26,9 @@ from cpullm.core.children.sizing_job import (
     sizing_job_name,
     sizing_request,
 )
-from cpullm.core.observation import ClusterView
+from cpullm.core.observation import ClusterView, Ownership
 from cpullm.core.sizing.vllm_report import parse_report, report_from_text
 from cpullm.errors import ChildConflict, SizingWithVllm, UnsupportedModel, VllmSizingFailed
-from cpullm.io.kube import Ownership
 from cpullm.meta_size import REPORT, REPORT_LIMIT, _fitted, main
 
 from .builders import LLAMA_8B, node

@@ -39,7 +39,7 @@ from cpullm.core.children.common import (
 )
 from cpullm.core.daemonsets import DaemonPods, DaemonSetUnreadable, parse_daemonset
 from cpullm.core.node_facts import NODE_FACT_SOURCES, SOURCE_OF_PLURAL
-from cpullm.core.observation import ChildSeen
+from cpullm.core.observation import ChildSeen, Ownership
 from cpullm.core.performance_check import ServerAddress, ready_server_address
 from cpullm.core.pod_troubles import PodTrouble, declared_by_container, pod_trouble
 from cpullm.core.rollout import server_deployment_facts
@@ -290,15 +290,10 @@ async def seen_children(
     owner = labels.get(SERVICE_LABEL)
     if not owner:
         return {}
-    seen = ChildSeen(
-        resource.kind,
-        namespace,
-        name,
-        str(meta.get("uid") or ""),
-        controller_reference(meta).get("uid"),
-        str(meta.get("resourceVersion") or ""),
+    shown = Ownership(
+        str(meta.get("uid") or ""), controller_reference(meta).get("uid"), str(meta.get("resourceVersion") or "")
     )
-    return {(namespace, owner): seen}
+    return {(namespace, owner): ChildSeen(resource.kind, namespace, name, shown)}
 
 
 for _resource in CHILD_RESOURCES:  # each watched child kind (core/children's CHILD_KINDS)

@@ -31,6 +31,7 @@ from cpullm.core.observation import (
     NamespaceFacts,
     Observed,
     OperatorPolicy,
+    Ownership,
 )
 from cpullm.core.rollout import is_servers_deployment
 from cpullm.errors import (
@@ -42,7 +43,6 @@ from cpullm.errors import (
     PlanRefusal,
     TransientApiError,
 )
-from cpullm.io.kube import Ownership
 from cpullm.metrics import PLAN_REFUSALS, RECONCILE_SECONDS, RECONCILES
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,7 @@ class Reconciler:
         not is a conflict before anything is written: an object someone else made, or that another service owns,
         is never adopted or overwritten. A write over what the watches showed carries their resourceVersion: if
         the object changed since, the API server refuses it, and the retry reads the watches' newer view."""
-        seen = {(c.kind, c.namespace, c.name): c for c in watched if c.controller_uid == owner_uid}
+        seen = {(c.kind, c.namespace, c.name): c.ownership for c in watched if c.ownership.controller_uid == owner_uid}
         writes = []
         for child in children:
             meta = child["metadata"]
@@ -156,10 +156,9 @@ class Reconciler:
             digest = _digest(child)
             if self.memory.unchanged(key, digest, owner_uid):
                 continue
-            if (shown := seen.get(key)) is not None:
-                found: Ownership | None = Ownership(shown.uid, shown.controller_uid, shown.resource_version)
-            else:
-                found = self.kube.ownership(child["apiVersion"], child["kind"], meta["namespace"], meta["name"])
+            found = seen.get(key) or self.kube.ownership(
+                child["apiVersion"], child["kind"], meta["namespace"], meta["name"]
+            )
             if found is not None and found.controller_uid != owner_uid:
                 raise ChildConflict(
                     f"{child['kind']} {meta['namespace']}/{meta['name']} exists and is not controlled by this "

@@ -58,15 +58,23 @@ DEFAULT_POLICY = OperatorPolicy()
 
 
 @dataclass(frozen=True)
+class Ownership:
+    """An existing object as the operator reads it before writing it (or its watch last showed it): which object
+    (uid, resourceVersion) and which object controls it."""
+
+    uid: str
+    controller_uid: str | None
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
 class ChildSeen:
-    """A child as the operator's watch last showed it: which object (uid, resourceVersion) and which controls it."""
+    """A child as the operator's watch last showed it."""
 
     kind: str
     namespace: str
     name: str
-    uid: str
-    controller_uid: str | None
-    resource_version: str
+    ownership: Ownership
 
 
 @dataclass(frozen=True)

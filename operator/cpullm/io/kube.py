@@ -18,7 +18,6 @@ import logging
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -33,7 +32,7 @@ from cpullm.core.children import CHILD_KIND, marker
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, controller_reference
 from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NodeFactSource
-from cpullm.core.observation import NamespaceFacts
+from cpullm.core.observation import NamespaceFacts, Ownership
 from cpullm.core.pod_troubles import pod_trouble
 from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.metrics import API_ERRORS
@@ -346,16 +345,6 @@ class Kube:
 
 
 _TRANSIENT_STATUS = frozenset({409, 429})
-
-
-@dataclass(frozen=True)
-class Ownership:
-    """An existing object as the operator reads it before writing it: which object (uid, resourceVersion) and
-    which object controls it."""
-
-    uid: str
-    controller_uid: str | None
-    resource_version: str = ""
 
 
 def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
