@@ -1034,7 +1034,8 @@ _CEL_OWNED_FLAGS: dict[str, JsonValue] = {
 # in one variable (core/children/deployment.py): a PYTHONPATH from valueFrom has no text to join, and would be lost.
 _CEL_ADAPTER_NOT_THE_MODEL: dict[str, JsonValue] = {
     "rule": "!has(self.adapters) || self.adapters.all(a, a.name != self.model.name)",
-    "message": "an adapter's name is the model requests name: it cannot be the base model's name (spec.model.name)",
+    "message": "an adapter's name is the model name requests use for it: it cannot be the base model's name "
+    "(spec.model.name)",
 }
 _CEL_PYTHONPATH_WITH_KEY: dict[str, JsonValue] = {
     "rule": "!has(self.apiKeySecret) || !has(self.env) || self.env.all(e, e.name != 'PYTHONPATH' || has(e.value))",

@@ -105,10 +105,15 @@ class MemoryBudget:
 
     @property
     def per_rank_bytes(self) -> int:
-        """What one rank needs on its NUMA node: its weight shard, KV cache, runtime and packed embeddings, with the
-        margin."""
-        held = self.shard_bytes + self.kv_bytes + self.rank_runtime_bytes + self.packed_embeddings_bytes
-        held += self.adapter_bytes
+        """What one rank needs on its NUMA node: its weight shard, KV cache, runtime, packed embeddings and
+        adapters, with the margin."""
+        held = (
+            self.shard_bytes
+            + self.kv_bytes
+            + self.rank_runtime_bytes
+            + self.packed_embeddings_bytes
+            + self.adapter_bytes
+        )
         return math.ceil(held * (1 + MARGIN_FRACTION))
 
     @property

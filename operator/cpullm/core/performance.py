@@ -325,10 +325,11 @@ def decode_step(
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
     per_sequence = _kv_scale(model, kv_bytes_per_token) / numa.attention_decode_rate(cores, context)
     shared, rows = serving.sharing, batch * max(1, queries)
+    lora = lora_small_kernels(model, rows) if serving.lora else 0.0
     return StepTime(
         weights=step_bytes(model, tp).at(rows) / matrix_rate(numa, serving, rows) * shared,
         attention=batch * attention_layers * per_sequence * shared,
-        small_kernels=(layers * LAYER_SMALL_KERNELS + lora_small_kernels(model, rows) * serving.lora) * small * shared,
+        small_kernels=(layers * LAYER_SMALL_KERNELS + lora) * small * shared,
         allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small * shared) if tp > 1 else 0.0,
         python=STEP_PYTHON_MULTIPLE * node.python_seconds,
     )
