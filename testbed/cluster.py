@@ -25,6 +25,12 @@ SERVICE_CIDR = "10.96.0.0/16"
 # With real_node, KWOK's controller manages only nodes with this annotation (examples/nodes.yaml has it), so
 # a real kubelet's node (testbed/realnode.py) and its pods are left to the kubelet.
 FAKE_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+# KWOK starts every pod at once (kwokctl's default "fast" stages: Ready within a second), except the pods whose name
+# starts with SLOW_READY_PREFIX, the pods of a CpuLLMService of that name (its Deployment bears its name): they turn
+# Ready SLOW_READY_SECONDS after they are bound, as a CPU server takes a while to start, so a rollout of such a
+# service takes real time (e2e/test_upgrade.py's pacing test needs one tenant's rollouts to last).
+SLOW_READY_PREFIX = "slow-ready-"
+SLOW_READY_SECONDS = 15
 
 
 def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
@@ -59,7 +65,101 @@ def create_args(tools: dict[str, Path], kubeconfig: Path) -> list[str]:
     ]
 
 
-def real_node_config() -> dict[str, object]:
+def slow_ready_stage() -> dict[str, Any]:
+    """KWOK's pod-ready step for the pods named SLOW_READY_PREFIX...: a Stage like kwokctl's default pod-ready one
+    (which matches these pods too, at weight 0: this one, at weight 1, is chosen), delayed by SLOW_READY_SECONDS.
+    kwokctl keeps its default stages only when its --config carries no Stage at all (then it writes them into the
+    controller's own config), so this one reaches KWOK's controller as a second --config file of its own
+    (kwokctl_config); KWOK's controller reads every file it is given."""
+    status = """\
+{{ $now := Now | Quote }}
+phase: Running
+startTime: {{ $now }}
+conditions:
+- {type: Initialized, status: "True", lastTransitionTime: {{ $now }}}
+- {type: ContainersReady, status: "True", lastTransitionTime: {{ $now }}}
+- {type: Ready, status: "True", lastTransitionTime: {{ $now }}}
+{{ range .spec.readinessGates }}
+- {type: {{ .conditionType | Quote }}, status: "True", lastTransitionTime: {{ $now }}}
+{{ end }}
+containerStatuses:
+{{ range .spec.containers }}
+- {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, started: true, restartCount: 0,
+   state: {running: {startedAt: {{ $now }}}}}
+{{ end }}
+initContainerStatuses:
+{{ range .spec.initContainers }}
+{{ if eq .restartPolicy "Always" }}
+- {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, started: true, restartCount: 0,
+   state: {running: {startedAt: {{ $now }}}}}
+{{ else }}
+- {name: {{ .name | Quote }}, image: {{ .image | Quote }}, ready: true, restartCount: 0,
+   state: {terminated: {exitCode: 0, reason: Completed, startedAt: {{ $now }}, finishedAt: {{ $now }}}}}
+{{ end }}
+{{ end }}
+{{ with NodeIPsWith .spec.nodeName }}
+hostIP: {{ index . 0 | Quote }}
+hostIPs:
+{{ range . }}
+- {ip: {{ . | Quote }}}
+{{ end }}
+{{ end }}
+{{ $hostNetwork := or .spec.hostNetwork false }}
+{{ with PodIPsWith .spec.nodeName $hostNetwork .metadata.uid .metadata.name .metadata.namespace }}
+podIP: {{ index . 0 | Quote }}
+podIPs:
+{{ range . }}
+- {ip: {{ . | Quote }}}
+{{ end }}
+{{ end }}
+"""
+    return {
+        "apiVersion": "kwok.x-k8s.io/v1alpha1",
+        "kind": "Stage",
+        "metadata": {"name": "pod-ready-slow"},
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {
+                "matchExpressions": [
+                    {
+                        "key": f'.metadata.name | startswith("{SLOW_READY_PREFIX}")',
+                        "operator": "In",
+                        "values": ["true"],
+                    },
+                    {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+                    {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+                    {
+                        "key": '.status.conditions.[] | select(.type == "Ready") | .status',
+                        "operator": "NotIn",
+                        "values": ["True"],
+                    },
+                ]
+            },
+            "weight": 1,
+            "delay": {"durationMilliseconds": SLOW_READY_SECONDS * 1000},
+            "next": {"statusTemplate": status},
+        },
+    }
+
+
+def kwokctl_config(stages: Path, real_node: bool) -> dict[str, Any]:
+    """The kwokctl --config document: KWOK's controller also reads `stages` (slow_ready_stage), and with real_node
+    the changes real_node_config makes."""
+    config: dict[str, Any] = (
+        real_node_config()
+        if real_node
+        else {
+            "apiVersion": "config.kwok.x-k8s.io/v1alpha1",
+            "kind": "KwokctlConfiguration",
+            "componentsPatches": [{"name": "kwok-controller", "extraArgs": []}],
+        }
+    )
+    (kwok,) = [p for p in config["componentsPatches"] if p["name"] == "kwok-controller"]
+    kwok["extraArgs"].append({"key": "config", "value": str(stages)})  # after kwokctl's own --config, not over it
+    return config
+
+
+def real_node_config() -> dict[str, Any]:
     """A kwokctl --config document for a cluster a real kubelet joins (testbed/realnode.py):
 
     - KWOK's controller manages only nodes annotated kwok.x-k8s.io/node=fake. kwokctl's binary runtime starts it
@@ -135,10 +235,11 @@ class LocalCluster:
         )
         cluster.delete()  # a cluster left over by an interrupted run
         args = create_args(tools, kubeconfig)
-        if real_node:
-            config = workdir / "kwokctl-real-node.yaml"
-            config.write_text(yaml.safe_dump(real_node_config()))
-            args += ["--config", str(config)]
+        stages = workdir / "kwok-stages.yaml"
+        stages.write_text(yaml.safe_dump(slow_ready_stage(), sort_keys=False))
+        config = workdir / "kwokctl.yaml"
+        config.write_text(yaml.safe_dump(kwokctl_config(stages, real_node), sort_keys=False))
+        args += ["--config", str(config)]
         if audit_policy is not None:
             policy = workdir / "audit-policy.yaml"
             policy.write_text(yaml.safe_dump(audit_policy, sort_keys=False))
