@@ -244,10 +244,19 @@ def test_heterogeneous_pool_prefers_a_shape_with_room_for_every_replica_then_the
     # Throughput per CPU: AMX's two ranks on 96 CPUs; one sequence's speed: four NUMA nodes' memory.
     one = plan_service(spec(), llama_8b(), pool)
     assert (one.tensor_parallel_size, one.eligible_nodes) == (2, ["amx-0", "amx-1"])
-    fast = plan_service(spec(objective="latency"), llama_8b(), pool)
+    plain = {"objective": "latency", "speculative": {"method": "off"}}
+    fast = plan_service(spec(**plain), llama_8b(), pool)
     assert (fast.tensor_parallel_size, fast.eligible_nodes) == (4, ["big-0"])
     assert fast.predicted and one.predicted
     assert fast.predicted.decode_tokens_per_second > one.predicted.decode_tokens_per_second
+    # With speculation left to the plan, AMX checks n-gram's proposals at about a plain step's cost and big-0's
+    # AVX-512 (no bf16 matrix instructions) does not: the fastest single stream is AMX's, with n-gram.
+    spec_fast = plan_service(spec(objective="latency"), llama_8b(), pool)
+    assert spec_fast.eligible_nodes == ["amx-0", "amx-1"] and spec_fast.speculative
+    assert spec_fast.speculative.method == "ngram"
+    assert (
+        spec_fast.predicted and spec_fast.predicted.decode_tokens_per_second > fast.predicted.decode_tokens_per_second
+    )
     # Room for every replica first, whatever the prediction.
     two = plan_service(spec(replicas=2, objective="latency"), llama_8b(), pool)
     assert (two.tensor_parallel_size, two.eligible_nodes) == (2, ["amx-0", "amx-1"])

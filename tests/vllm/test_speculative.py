@@ -1,7 +1,8 @@
 """A speculative plan on real vLLM: the tests' trained tiny model, its container rendered with n-gram speculation
 (spec.speculative.method ngram), serves under a memory cgroup at the plan's limit; vLLM's metrics count the proposed
 and accepted tokens, and each completion is the one the same plan without speculation gives (greedy decoding checks
-every proposal against the model's own choice, so speculation changes the speed and never the text)."""
+every proposal against the model's own choice, so speculation changes the speed and never the text); the proposer's
+numba loop runs in numba's own thread pool, off the OpenMP runtime torch uses."""
 
 from __future__ import annotations
 
@@ -38,6 +39,19 @@ def served(server: LocalServer) -> list[str]:
     return texts + [choice["text"] for choice in sorted(together, key=lambda c: c["index"])]
 
 
+def numba_layers(server: LocalServer) -> set[str]:
+    """The numba threading layers the server's processes have loaded (their memory maps)."""
+    assert server.cgroup is not None
+    found: set[str] = set()
+    for pid in server.cgroup.pids():
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:  # gone since the listing
+            continue
+        found |= {layer for layer in ("omppool", "tbbpool", "workqueue") if f"numba/np/ufunc/{layer}" in maps}
+    return found
+
+
 def test_an_ngram_speculative_plan_serves_the_plain_plans_text_within_its_memory_limit(
     vllm_python: Path, tiny_model: Path, tmp_path: Path
 ):
@@ -64,6 +78,9 @@ def test_an_ngram_speculative_plan_serves_the_plain_plans_text_within_its_memory
         for method, server in servers.items():
             outputs[method] = served(server)
             metrics[method] = server.metrics()
+        # The proposer ran numba's loop in numba's own thread pool, not its OpenMP layer, which would have cut
+        # torch's threads in the runtime they share (api/spec.py SPECULATIVE_ENV).
+        assert numba_layers(servers["ngram"]) == {"workqueue"}
     finally:
         for server in servers.values():
             server.stop()

@@ -910,6 +910,13 @@ class Autoscaling(_Model):
         return self
 
 
+# The env a server gets with a speculative method on, by method. vLLM's n-gram proposer (v1/spec_decode/
+# ngram_proposer.py in 0.31.0-0.33.0) runs a numba parallel loop; where the image has no TBB, numba starts its OpenMP
+# layer, whose start sets the OpenMP thread count of the calling thread to numba's and turns nested regions on, in
+# the Intel OpenMP runtime torch shares (the x86 image preloads it): torch's matrices then ran on one thread of two
+# and a 1.5B model decoded at half speed (docs/speculative.md). Numba's own thread pool leaves torch's threads alone.
+SPECULATIVE_ENV: dict[str, dict[str, str]] = {SpeculativeMethod.NGRAM.value: {"NUMBA_THREADING_LAYER": "workqueue"}}
+
 # What the operator renders itself, each with the spec field that sets it: a spec.env entry or spec.extraArgs flag
 # of these names would silently override the plan (the KV size, the binding, the port the probes call, ...).
 OWNED_ENV = {
@@ -924,6 +931,7 @@ OWNED_ENV = {
     "VLLM_USE_AOT_COMPILE": "modelCache",
     "TORCHINDUCTOR_CACHE_DIR": "modelCache",
     "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "cpu.cpusPerRank",
+    **{name: "speculative" for env in SPECULATIVE_ENV.values() for name in env},
     "HF_TOKEN": "hfTokenSecret",
     "VLLM_API_KEY": "apiKeySecret",
     REPORT_ENV: "cpu.launcher",

@@ -35,12 +35,10 @@ from cpullm.errors import SpeculationRefused
 NGRAM, MTP = SpeculativeMethod.NGRAM.value, SpeculativeMethod.MTP.value
 # n-gram's proposals: the tokens that followed the last 2 to 4 tokens where they occurred before in the sequence.
 NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX = 2, 4
-# How much longer a decode step takes with speculation on in vLLM 0.32's CPU path, whatever was proposed: a 1.5B-shape
-# random-weight model decoded 3.0 tok/s with n-gram on (nothing proposed: random text repeats nothing) against 4.5
-# tok/s without, the two servers up at once and measured in turns (bench/spec_bench.py, 2 AMX vCPUs, 2026-11-29;
-# 0.70 in a second run); the tiny model paid 1.04x. Where in vLLM it goes is not known yet (docs/speculative.md);
-# the larger model's figure is the one applied.
-SPECULATIVE_STEP_FACTOR = 1.45
+# What a speculative step's bookkeeping adds (proposing, the rejection sampler, scheduling the drafts), in multiples
+# of the probe's fixed piece of engine Python: 1.02 ms a step with n-gram on the tiny model against the probe's 5.25
+# ms (bench/spec_bench.py, 2 AMX vCPUs, 2026-11-30). It counts only where a step takes milliseconds.
+SPECULATION_PYTHON_MULTIPLE = 0.2
 # Auto turns speculation on where the objective's figure is predicted at least this much better: the acceptance
 # below is a typical rate, not this service's, so a smaller predicted gain could be a loss.
 MIN_GAIN = 1.1
@@ -189,8 +187,10 @@ def gains(
         plain = decode_step(model, serving, node, batch, context, kv_bytes_per_token).seconds
         checking = decode_step(model, serving, node, batch, context, kv_bytes_per_token, queries=tokens + 1).seconds
         # Never cheaper than the plain step: a probe's kernel may stream faster at a few rows than at one, which
-        # speeds every step alike, not the checking one alone.
-        checking = max(checking, plain) * SPECULATIVE_STEP_FACTOR
+        # speeds every step alike, not the checking one alone. Then its bookkeeping: with nothing proposed, an n-gram
+        # server decoded as fast as a plain one once numba kept off torch's OpenMP threads (api/spec.py
+        # SPECULATIVE_ENV; docs/speculative.md).
+        checking = max(checking, plain) + SPECULATION_PYTHON_MULTIPLE * node.python_seconds
         return yielded * plain / (checking + _proposing(model, serving, node, batch, method, tokens))
 
     return Gains(ratio(1), ratio(streams))

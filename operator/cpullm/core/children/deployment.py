@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from cpullm.api.plan import Plan, ServerSecurity
-from cpullm.api.spec import CpuLLMServiceSpec, KVCacheDType, MetricsAccess
+from cpullm.api.spec import SPECULATIVE_ENV, CpuLLMServiceSpec, KVCacheDType, MetricsAccess
 from cpullm.core import constants as c
 from cpullm.core.adapters import lora_args
 from cpullm.core.children.common import PORT_NAME, Owner, binary_quantity, labels, metadata, selector
@@ -91,6 +91,8 @@ def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     env += [{"name": name, "value": value} for name, value in c.COMPILE_CACHE_ENV.items()]
     env.append({"name": c.AOT_COMPILE_ENV, "value": "1" if plan.aot_compile_cache else "0"})
     env.append({"name": "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "value": str(plan.step_timeout_seconds)})
+    if plan.speculative is not None and plan.speculative.vllm_config:
+        env += [{"name": k, "value": v} for k, v in SPECULATIVE_ENV.get(plan.speculative.method, {}).items()]
     for name, ref in (("HF_TOKEN", spec.hf_token_secret), ("VLLM_API_KEY", spec.api_key_secret)):
         if ref is not None:
             env.append({"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
