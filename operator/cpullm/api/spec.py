@@ -911,7 +911,7 @@ class Autoscaling(_Model):
 
 
 # The env a server gets with a speculative method on, by method. vLLM's n-gram proposer (v1/spec_decode/
-# ngram_proposer.py in 0.31.0-0.33.0) runs a numba parallel loop; where the image has no TBB, numba starts its OpenMP
+# ngram_proposer.py, read in 0.32.0) runs a numba parallel loop; where the image has no TBB, numba starts its OpenMP
 # layer, whose start sets the OpenMP thread count of the calling thread to numba's and turns nested regions on, in
 # the Intel OpenMP runtime torch shares (the x86 image preloads it): torch's matrices then ran on one thread of two
 # and a 1.5B model decoded at half speed (docs/speculative.md). Numba's own thread pool leaves torch's threads alone.

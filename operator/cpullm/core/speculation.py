@@ -37,7 +37,8 @@ NGRAM, MTP = SpeculativeMethod.NGRAM.value, SpeculativeMethod.MTP.value
 NGRAM_LOOKUP_MIN, NGRAM_LOOKUP_MAX = 2, 4
 # What a speculative step's bookkeeping adds (proposing, the rejection sampler, scheduling the drafts), in multiples
 # of the probe's fixed piece of engine Python: 1.02 ms a step with n-gram on the tiny model against the probe's 5.25
-# ms (bench/spec_bench.py, 2 AMX vCPUs, 2026-11-30). It counts only where a step takes milliseconds.
+# ms (bench/spec_bench.py, 2 AMX vCPUs, 2026-11-30; 1.56 ms in a second run: rough). It counts only where a step
+# takes milliseconds.
 SPECULATION_PYTHON_MULTIPLE = 0.2
 # Auto turns speculation on where the objective's figure is predicted at least this much better: the acceptance
 # below is a typical rate, not this service's, so a smaller predicted gain could be a loss.
