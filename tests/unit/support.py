@@ -111,12 +111,13 @@ def offline_and_operator(
     return rendered, plan, kube
 
 
-def direct_plan(example: Path) -> dict:
-    """The plan computed without the CLI: the planner on the parsed spec, the sized model and parsed nodes."""
+def direct_plan(example: Path, current: dict | None = None) -> dict:
+    """The plan computed without the CLI: the planner on the parsed spec, the sized model and parsed nodes;
+    `current`: the plan the service runs (status.plan)."""
     spec = parse_spec(yaml.safe_load(example.read_text())["spec"])
     assert spec.model.config is not None  # every example sizes from its inline config
     model = size_model(spec.model.config, spec.model.dtype, weights_bytes=spec.model.weights_bytes)
-    plan = plan_service(spec, model, load_nodes(NODES, pytest.fail))
+    plan = plan_service(spec, model, load_nodes(NODES, pytest.fail), current)
     return plan.model_dump(by_alias=True, mode="json", exclude_none=True)
 
 

@@ -13,6 +13,7 @@ from cpullm.errors import (
 )
 
 from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, llama_8b, node, spec
+from .support import EXAMPLES, direct_plan
 
 LLAMA_SHARD_TP1 = 8_030_261_248 * 2
 
@@ -299,6 +300,32 @@ def test_the_shape_a_service_runs_on_stays_while_it_is_good_enough():
     assert kept.eligible_nodes == ["a0", "a1"]
     moved = plan_service(spec(replicas=3), llama_8b(), running_pool + leaner_pool, current)
     assert moved.eligible_nodes == ["b0", "b1", "b2"]  # only the other shape has room for 3 replicas
+
+
+def test_speculation_kept_off_for_servers_planned_before_it_holds_on_their_shape_alone():
+    """A plan from an operator that did not choose speculation (no status.plan.speculative) keeps auto off where its
+    servers run, rather than restart them for it; a shape they do not run on is weighed as a fresh plan (n-gram on
+    AMX for latency), since moving there restarts them anyway."""
+    latency = spec(objective="latency")
+    amx = [node("amx-0", numa=2, cpu="96", memory="512Gi")]
+    other = [node("amx-wide-0", numa=2, cpu="128", memory="512Gi")]
+    fresh = plan_service(latency, llama_8b(), amx)
+    assert fresh.speculative is not None and fresh.speculative.method == "ngram"
+    older = {k: v for k, v in fresh.model_dump(by_alias=True, mode="json").items() if k != "speculative"}
+    kept = plan_service(latency, llama_8b(), amx + other, older)
+    assert kept.eligible_nodes == ["amx-0"]
+    assert kept.speculative is not None and (kept.speculative.method, kept.speculative.kept_off) == ("off", True)
+    moved = plan_service(latency, llama_8b(), other, older)
+    assert moved.speculative is not None and moved.speculative.method == "ngram" and not moved.speculative.kept_off
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_a_running_service_is_planned_again_exactly_as_first(example):
+    """The operator plans a running service again with its status.plan; on unchanged nodes that plan must read as
+    the first did, and as `cpullm plan` prints it: what the running servers keep (their speculation) is weighed
+    on their shape alone, not lent to the shapes passed over (a kind run found passedOver's reason changed)."""
+    first = direct_plan(example)
+    assert direct_plan(example, current=first) == first
 
 
 @pytest.mark.parametrize(

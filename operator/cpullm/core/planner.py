@@ -145,17 +145,24 @@ class _Before:
 
     keep_off: bool = False
     speculating: tuple[str, int] | None = None
+    shape: NodeShape | None = None  # the node shape they run on
+
+    def on(self, shape: NodeShape) -> _Before:
+        """What a plan on `shape` keeps: nothing where the servers do not run on it (moving there restarts them
+        anyway), so a shape passed over is weighed as a fresh plan would weigh it, offline and in the operator."""
+        return self if shape == self.shape else _Before()
 
 
 def _planned_before(current: Mapping[str, Any] | None) -> _Before:
     if current is None or "tensorParallelSize" not in current:
         return _Before()
+    shape = running_shape(current)
     speculative = current.get("speculative")
     if not isinstance(speculative, Mapping):
-        return _Before(keep_off=speculative is None)
+        return _Before(keep_off=speculative is None, shape=shape)
     method, tokens = speculative.get("method"), speculative.get("tokens")
     speculating = (method, tokens) if isinstance(method, str) and isinstance(tokens, int) else None
-    return _Before(keep_off=speculative.get("keptOff") is True, speculating=speculating)
+    return _Before(keep_off=speculative.get("keptOff") is True, speculating=speculating, shape=shape)
 
 
 def _unfit_lookalikes(plan: Plan, shape: Shape, eligible: Sequence[NodeProfile]) -> list[NodeProfile]:
@@ -662,7 +669,7 @@ def _plan_for_shape(
         router_image = spec.routing.router.image or default_router_image
     node, where = shape.node, shape.describe()
     fitted = _fitted(spec, model, shape, strategy, explicit_tp, server)
-    speculation = _speculation(spec, model, shape, fitted, server.version, before)
+    speculation = _speculation(spec, model, shape, fitted, server.version, before.on(node.shape))
     if speculation.mtp_bytes:  # the MTP layers are loaded and cache too: the pod is laid out with them
         fitted = _fitted(spec, with_mtp(model), shape, strategy, explicit_tp, server)
     layout, kv, budget, processes = fitted.layout, fitted.kv, fitted.budget, fitted.processes
