@@ -3,7 +3,7 @@ dense GQA (Llama), MoE (Qwen3-MoE), hybrid sliding-window attention (Gemma 3), M
 latent (DeepSeek-V2), a GPTQ int4 Llama with random packed weights, and the hybrids: Mamba2 layers with an
 attention layer (Granite 4.0-H), gated DeltaNet with gated attention (Qwen3-Next), chunked local attention
 with a NoPE layer and experts (Llama 4), Mamba2, MLP and attention layers (Nemotron-H), and short convolutions with
-an attention layer (LFM2). transformers (in the vLLM environment)
+an attention layer (LFM2); and DeepSeek-V3 with an MTP layer, for speculation. transformers (in the vLLM environment)
 lays out the floating point ones under their real tensor names; nothing is downloaded. Runs in the vLLM environment:
 python make_models.py KIND OUT_DIR
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -181,6 +181,18 @@ CONFIGS |= {
     },
 }
 GPTQ = {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True}
+# DeepSeek-V3 (MLA, sigmoid-scored experts) with one multi-token-prediction layer after its two decoder layers, laid
+# out as DeepSeek-V3's checkpoint holds it: model.layers.2 is a decoder layer with enorm, hnorm, eh_proj, a
+# shared_head (norm and LM head) and its own embed_tokens (vLLM's deepseek_mtp.py loads it as the drafter).
+MTP = {
+    **CONFIGS["mla"],
+    "model_type": "deepseek_v3",
+    "architectures": ["DeepseekV3ForCausalLM"],
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+    "routed_scaling_factor": 1.0,
+    "norm_topk_prob": True,
+}
 
 
 def build_transformers(kind: str, out: Path) -> None:
@@ -191,6 +203,26 @@ def build_transformers(kind: str, out: Path) -> None:
         for parameter in model.parameters():
             parameter.normal_(0, 0.02)
     model.save_pretrained(out)
+
+
+def build_mtp(out: Path) -> None:
+    """MTP's checkpoint: transformers (which drops MTP layers) builds one decoder layer more, which then gets the MTP
+    layer's own tensors, and the config counts it as num_nextn_predict_layers."""
+    layers = MTP["num_hidden_layers"]
+    CONFIGS["mtp"] = {**MTP, "num_hidden_layers": layers + 1}
+    build_transformers("mtp", out)
+    tensors = load_file(str(out / "model.safetensors"))
+    hidden, prefix = MTP["hidden_size"], f"model.layers.{layers}"
+    generator = torch.Generator().manual_seed(1)
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"{prefix}.{norm}.weight"] = torch.ones(hidden, dtype=torch.bfloat16)
+    eh_proj = torch.randn(hidden, 2 * hidden, generator=generator) * 0.02
+    tensors[f"{prefix}.eh_proj.weight"] = eh_proj.to(torch.bfloat16)
+    tensors[f"{prefix}.shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    tensors[f"{prefix}.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "num_hidden_layers": layers, "num_nextn_predict_layers": 1}))
 
 
 def build_gptq(out: Path) -> None:
@@ -220,6 +252,8 @@ def main(kind: str, out_dir: str) -> None:
     out = Path(out_dir)
     if kind == "gptq":
         build_gptq(out)
+    elif kind == "mtp":
+        build_mtp(out)
     else:
         build_transformers(kind, out)
     build_tokenizer(out, VOCAB, pad_to=VOCAB)

@@ -1,12 +1,15 @@
-"""A speculative plan on real vLLM: the tests' trained tiny model, its container rendered with n-gram speculation
-(spec.speculative.method ngram), serves under a memory cgroup at the plan's limit; vLLM's metrics count the proposed
-and accepted tokens, and each completion is the one the same plan without speculation gives (greedy decoding checks
-every proposal against the model's own choice, so speculation changes the speed and never the text); the proposer's
-numba loop runs in numba's own thread pool, off the OpenMP runtime torch uses."""
+"""Speculative plans on real vLLM, each served beside the same plan without speculation under memory cgroups at
+the plans' limits: n-gram on the tests' trained tiny model, MTP on a tiny DeepSeek-V3 with an MTP layer. vLLM's
+metrics count the proposed (and accepted) tokens, and each completion is the one the plan without speculation gives
+(greedy decoding checks every proposal against the model's own choice, so speculation changes the speed and never
+the text); the n-gram proposer's numba loop runs in numba's own thread pool, off the OpenMP runtime torch uses."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,48 +55,65 @@ def numba_layers(server: LocalServer) -> set[str]:
     return found
 
 
-def test_an_ngram_speculative_plan_serves_the_plain_plans_text_within_its_memory_limit(
-    vllm_python: Path, tiny_model: Path, tmp_path: Path
-):
-    outputs: dict[str, list[str]] = {}
-    metrics: dict[str, dict[str, float]] = {}
-    plans: dict[str, dict[str, Any]] = {}
-    servers: dict[str, LocalServer] = {}
-    for method in ("off", "ngram"):
-        workdir = tmp_path / method
+@dataclass
+class Served:
+    """Each plan's (speculation off, and on) rendered plan, completions and final metrics, served at once."""
+
+    plans: dict[str, dict[str, Any]] = field(default_factory=dict)
+    outputs: dict[str, list[str]] = field(default_factory=dict)
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    numba: dict[str, set[str]] = field(default_factory=dict)  # the numba threading layers each server loaded
+    servers: dict[str, LocalServer] = field(default_factory=dict)
+
+
+def serve_off_and(method: str, model: Path, vllm_python: Path, tmp_path: Path) -> Served:
+    """The plan without speculation and the plan with `method`, each rendered and served under a memory cgroup at
+    its limit, both started at once (a start is mostly one thread's work); PROMPTS completed by each, then both
+    stopped. Checks what holds for every method: the rendered flag is the plan's, no OOM kill, the peak within the
+    limit, the same text with and without speculation."""
+    run = Served()
+    for chosen in ("off", method):
+        workdir = tmp_path / chosen
         workdir.mkdir()
-        plan, container = render_service(workdir, tiny_model, 1, speculative={"method": method})
-        plans[method] = plan
+        plan, container = render_service(workdir, model, 1, speculative={"method": chosen})
+        run.plans[chosen] = plan
         args = container["args"]
-        if method == "off":
+        if chosen == "off":
             assert "--speculative-config" not in args
         else:
             assert args[args.index("--speculative-config") + 1] == plan["speculative"]["vllmConfig"]
-            assert '"method":"ngram"' in plan["speculative"]["vllmConfig"]
-        servers[method] = server_for_container(container, workdir=workdir, python=vllm_python, model=tiny_model)
+            assert f'"method":"{method}"' in plan["speculative"]["vllmConfig"]
+        run.servers[chosen] = server_for_container(container, workdir=workdir, python=vllm_python, model=model)
     try:
-        # Both start at once (each in a memory cgroup of its own): a start is mostly one thread's work.
-        with ThreadPoolExecutor(len(servers)) as pool:
-            list(pool.map(LocalServer.start, servers.values()))
-        for method, server in servers.items():
-            outputs[method] = served(server)
-            metrics[method] = server.metrics()
-        # The proposer ran numba's loop in numba's own thread pool, not its OpenMP layer, which would have cut
-        # torch's threads in the runtime they share (api/spec.py SPECULATIVE_ENV).
-        assert numba_layers(servers["ngram"]) == {"workqueue"}
+        with ThreadPoolExecutor(len(run.servers)) as pool:
+            list(pool.map(LocalServer.start, run.servers.values()))
+        for chosen, server in run.servers.items():
+            run.outputs[chosen] = served(server)
+            run.metrics[chosen] = server.metrics()
+            run.numba[chosen] = numba_layers(server)
     finally:
-        for server in servers.values():
+        for server in run.servers.values():
             server.stop()
-    for method, server in servers.items():
+    for chosen, server in run.servers.items():
         measured = server.measured
-        assert measured.oom_kills == 0, f"{method}: the kernel OOM-killed {measured.oom_kills} process(es)"
-        assert measured.limit_bytes == plans[method]["memoryLimitBytes"]
-        assert measured.peak_working_set_bytes < plans[method]["memoryLimitBytes"], method
+        assert measured.oom_kills == 0, f"{chosen}: the kernel OOM-killed {measured.oom_kills} process(es)"
+        assert measured.limit_bytes == run.plans[chosen]["memoryLimitBytes"]
+        assert measured.peak_working_set_bytes < run.plans[chosen]["memoryLimitBytes"], chosen
+    assert run.plans[method]["speculative"]["method"] == method and run.plans["off"]["speculative"]["method"] == "off"
+    assert run.outputs[method] == run.outputs["off"]
+    assert all(run.outputs["off"]), run.outputs
+    assert metric_total(run.metrics["off"], DRAFTS) == 0
+    return run
 
-    assert plans["ngram"]["speculative"]["method"] == "ngram" and plans["off"]["speculative"]["method"] == "off"
-    assert outputs["ngram"] == outputs["off"]
-    assert all(outputs["off"]), outputs
-    spec = metrics["ngram"]
+
+def test_an_ngram_speculative_plan_serves_the_plain_plans_text_within_its_memory_limit(
+    vllm_python: Path, tiny_model: Path, tmp_path: Path
+):
+    run = serve_off_and("ngram", tiny_model, vllm_python, tmp_path)
+    # The proposer ran numba's loop in numba's own thread pool, not its OpenMP layer, which would have cut torch's
+    # threads in the runtime they share (api/spec.py SPECULATIVE_ENV).
+    assert run.numba["ngram"] == {"workqueue"}
+    spec = run.metrics["ngram"]
     drafts, proposed, accepted = (
         metric_total(spec, DRAFTS),
         metric_total(spec, DRAFT_TOKENS),
@@ -103,4 +123,37 @@ def test_an_ngram_speculative_plan_serves_the_plain_plans_text_within_its_memory
     # The repeating prompt's continuation is in the prompt: most of its proposals are the model's own tokens.
     assert 0 < accepted <= proposed
     assert accepted / proposed > 0.3, (accepted, proposed)
-    assert metric_total(metrics["off"], DRAFTS) == 0
+
+
+@pytest.fixture(scope="module")
+def mtp_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny DeepSeek-V3 (MLA, experts) with one MTP layer, random weights (tests/vllm/make_models.py mtp)."""
+    out = tmp_path_factory.mktemp("models") / "tiny-deepseek-v3-mtp"
+    script = Path(__file__).parent / "make_models.py"
+    subprocess.run([str(vllm_python), str(script), "mtp", str(out)], check=True, capture_output=True)
+    return out
+
+
+def mtp_layer_bytes(model: Path) -> int:
+    """The checkpoint's bytes of its MTP layer (model.layers.<num_hidden_layers>.*), from the safetensors header."""
+    config = json.loads((model / "config.json").read_text())
+    path = model / "model.safetensors"
+    with path.open("rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+    prefix = f"model.layers.{config['num_hidden_layers']}."
+    return sum(t["data_offsets"][1] - t["data_offsets"][0] for name, t in header.items() if name.startswith(prefix))
+
+
+def test_an_mtp_speculative_plan_drafts_from_the_checkpoints_layer_within_its_memory_limit(
+    vllm_python: Path, mtp_model: Path, tmp_path: Path
+):
+    """vLLM's CPU backend drafts from a DeepSeek-V3 checkpoint's MTP layer with the rendered --speculative-config
+    (MLA attention, experts): it serves the plain plan's text, within the limit that counts the MTP layer's weights.
+    Random weights accept next to nothing: the acceptance is the DeepSeek-V3 report's (docs/speculative.md)."""
+    run = serve_off_and("mtp", mtp_model, vllm_python, tmp_path)
+    plan = run.plans["mtp"]
+    assert plan["speculative"]["weightsBytes"] >= mtp_layer_bytes(mtp_model) > 0  # counted high, never short
+    assert plan["memoryLimitBytes"] > run.plans["off"]["memoryLimitBytes"]
+    tokens = plan["speculative"]["tokens"]
+    drafts, proposed = metric_total(run.metrics["mtp"], DRAFTS), metric_total(run.metrics["mtp"], DRAFT_TOKENS)
+    assert drafts > 0 and proposed == drafts * tokens, run.metrics["mtp"]
