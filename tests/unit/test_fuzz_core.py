@@ -152,6 +152,9 @@ def _plan_or_refuse(service: CpuLLMServiceSpec, size: ModelSize) -> None:
     event("planned")
     assert isinstance(plan, Plan)
     assert plan.memory_limit_bytes >= 1 and plan.kv_tokens_per_rank >= 0
+    # Planned again as the operator does once the servers run (status.plan as `current`), on the same nodes: the
+    # same plan, so the status a user reads matches `cpullm plan` and nothing rolls.
+    assert plan_service(service, size, NODES, plan.model_dump(by_alias=True, mode="json")) == plan
 
 
 @fuzz(max_examples=150)

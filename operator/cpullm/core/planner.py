@@ -122,9 +122,8 @@ def plan_service(
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
         terms = shape_node_terms(shape.members, spec.cpu.required_isa, _unfit_lookalikes(plan, shape, eligible))
-        others = sorted(
-            (p for p, _ in plans if p is not plan), key=lambda p: _preference(p, spec, running), reverse=True
-        )
+        # Listed in the order a fresh plan lists them (the running shape aside), offline and in the operator alike.
+        others = sorted((p for p, _ in plans if p is not plan), key=lambda p: _preference(p, spec, None), reverse=True)
         passed_over = [
             f"{_describe(p)}: {_why_passed_over(plan, p, spec, running)}" for p in others[:PASSED_OVER_SHOWN]
         ]
