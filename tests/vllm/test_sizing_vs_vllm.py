@@ -18,7 +18,9 @@ import io
 import json
 import re
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import redirect_stdout
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,15 +37,33 @@ PROBE = ROOT / "tests" / "vllm" / "probe"
 TOLERANCE = 0.05
 HAS_AVX512 = "avx512f" in machine.cpu_flags()
 NO_COMPILE = ["--optimization-level", "0"]
-KINDS = ("dense", "moe", "hybrid", "mla", "gptq", "mamba2", "gated_deltanet", "chunked", "nemotron_h", "short_conv")
+# Each kind's context (max_model_len) and the KV layout its plan names.
+CASES = {
+    "dense": (1024, "2 full + 0 sliding layers, 2 KV heads x 64"),
+    "moe": (1024, "2 full + 0 sliding layers, 2 KV heads x 64"),
+    # 4096 tokens exceed the 256-token window plus the 2048 tokens in flight: the window bites.
+    "hybrid": (4096, "2 full + 2 sliding (window 256) layers, 2 KV heads x 64"),
+    "mla": (1024, "2 MLA layers, latent 576"),
+    "gptq": (1024, "4 full + 0 sliding layers, 2 KV heads x 64"),
+    # The hybrids: a state per sequence padded to a page, a chunk of 256 tokens that 4096 exceeds.
+    "mamba2": (4096, "1 full + 3 mamba2 state layers, 2 KV heads x 64"),
+    "gated_deltanet": (4096, "1 full + 3 gated_deltanet state layers, 2 KV heads x 64"),
+    "chunked": (4096, "3 chunked (chunk 256) + 1 full layers, 2 KV heads x 64"),
+    "nemotron_h": (4096, "1 full + 3 mamba2 state layers, 2 KV heads x 64"),
+    "short_conv": (4096, "1 full + 3 short_conv state layers, 2 KV heads x 64"),
+}
+KINDS = tuple(CASES)
 
 
 @pytest.fixture(scope="session")
 def models(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("sizing-models")
-    for kind in KINDS:
-        script = ROOT / "tests" / "vllm" / "make_models.py"
+    out, script = tmp_path_factory.mktemp("sizing-models"), ROOT / "tests" / "vllm" / "make_models.py"
+
+    def build(kind: str) -> None:
         subprocess.run([str(vllm_python), str(script), kind, str(out / kind)], check=True, capture_output=True)
+
+    with ThreadPoolExecutor(2) as pool:  # each build is mostly one thread's work
+        list(pool.map(build, KINDS))
     return {kind: out / kind for kind in KINDS}
 
 
@@ -89,58 +109,77 @@ def within(planned: int, served: int) -> bool:
     return abs(planned - served) <= TOLERANCE * served
 
 
-@pytest.mark.parametrize(
-    ("kind", "max_model_len", "layout"),
-    [
-        ("dense", 1024, "2 full + 0 sliding layers, 2 KV heads x 64"),
-        ("moe", 1024, "2 full + 0 sliding layers, 2 KV heads x 64"),
-        # 4096 tokens exceed the 256-token window plus the 2048 tokens in flight: the window bites.
-        ("hybrid", 4096, "2 full + 2 sliding (window 256) layers, 2 KV heads x 64"),
-        ("mla", 1024, "2 MLA layers, latent 576"),
-        ("gptq", 1024, "4 full + 0 sliding layers, 2 KV heads x 64"),
-        # The hybrids: a state per sequence padded to a page, a chunk of 256 tokens that 4096 exceeds.
-        ("mamba2", 4096, "1 full + 3 mamba2 state layers, 2 KV heads x 64"),
-        ("gated_deltanet", 4096, "1 full + 3 gated_deltanet state layers, 2 KV heads x 64"),
-        ("chunked", 4096, "3 chunked (chunk 256) + 1 full layers, 2 KV heads x 64"),
-        ("nemotron_h", 4096, "1 full + 3 mamba2 state layers, 2 KV heads x 64"),
-        ("short_conv", 4096, "1 full + 3 short_conv state layers, 2 KV heads x 64"),
-    ],
-)
-def test_plan_matches_what_vllm_serves(kind, max_model_len, layout, models, vllm_python: Path, tmp_path: Path):
+@dataclass(frozen=True)
+class Served:
+    """A kind's plans (from its inline config and from its checkpoint's headers) and what its server reported."""
+
+    plan: dict[str, Any]
+    from_headers: dict[str, Any]
+    loaded: int
+    tokens: int
+    startup_seconds: float
+
+
+@pytest.fixture(scope="module")
+def served(models, vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Served | Exception]:
+    """Every kind this machine serves, rendered (one at a time: the CLI prints to this process's stdout), then
+    started, asked for 4 tokens and stopped, two servers at a time (a start is mostly one thread's work: the ten
+    took 6 minutes one by one); a kind's failure is its own test's."""
+    kinds = [kind for kind in CASES if kind != "gptq" or HAS_AVX512]
+    rendered = {}
+    for kind in kinds:
+        workdir = tmp_path_factory.mktemp(kind)
+        max_model_len = CASES[kind][0]
+        plan, container = render_service(workdir, models[kind], 1, maxModelLen=max_model_len, extraArgs=NO_COMPILE)
+        rendered[kind] = (workdir, plan, container, plan_from_headers(workdir, models[kind], max_model_len))
+
+    def serve(kind: str) -> Served | Exception:
+        workdir, plan, container, from_headers = rendered[kind]
+        server = server_for_container(
+            container, workdir=workdir, python=vllm_python, model=models[kind], extra_env={"PYTHONPATH": str(PROBE)}
+        )
+        try:
+            server.start(timeout=900)
+            assert server.complete("The quick brown fox", max_tokens=4)["usage"]["completion_tokens"] == 4
+        except Exception as failed:  # reported by this kind's test
+            return failed
+        finally:
+            server.stop()
+        loaded, tokens = vllm_reports(server.log.read_text(errors="replace"))
+        return Served(plan, from_headers, loaded, tokens, server.measured.startup_seconds)
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip(kinds, pool.map(serve, kinds), strict=True))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_plan_matches_what_vllm_serves(kind: str, served: dict[str, Served | Exception]):
     if kind == "gptq" and not HAS_AVX512:
         pytest.skip("no AVX-512 here: the planner refuses 4-bit layers (the test below checks vLLM agrees)")
-    model = models[kind]
-    plan, container = render_service(tmp_path, model, 1, maxModelLen=max_model_len, extraArgs=NO_COMPILE)
-    from_headers = plan_from_headers(tmp_path, model, max_model_len)
-    assert plan["sizing"]["kvLayout"].startswith(layout)
+    result = served[kind]
+    if isinstance(result, Exception):
+        raise result
+    plan, from_headers = result.plan, result.from_headers
+    assert plan["sizing"]["kvLayout"].startswith(CASES[kind][1])
     assert from_headers["sizing"]["weightsSource"].startswith("safetensors headers (1 file, ")
-    server = server_for_container(
-        container, workdir=tmp_path, python=vllm_python, model=model, extra_env={"PYTHONPATH": str(PROBE)}
-    )
-    try:
-        server.start(timeout=900)
-        assert server.complete("The quick brown fox", max_tokens=4)["usage"]["completion_tokens"] == 4
-    finally:
-        server.stop()
-    loaded, tokens = vllm_reports(server.log.read_text(errors="replace"))
     SIZES[kind] = {
-        "vLLM loaded bytes": loaded,
+        "vLLM loaded bytes": result.loaded,
         "formula bytes": plan["weightsBytes"],
         "header bytes": from_headers["weightsBytes"],
-        "vLLM KV tokens": tokens,
+        "vLLM KV tokens": result.tokens,
         "plan KV tokens": plan["kvTokensPerRank"],
-        "start-up s": round(server.measured.startup_seconds),
+        "start-up s": round(result.startup_seconds),
     }
-    assert within(plan["weightsBytes"], loaded), SIZES[kind]
-    assert within(from_headers["weightsBytes"], loaded), SIZES[kind]
-    assert plan["kvTokensPerRank"] == tokens, SIZES[kind]  # vLLM's blocks, exactly
+    assert within(plan["weightsBytes"], result.loaded), SIZES[kind]
+    assert within(from_headers["weightsBytes"], result.loaded), SIZES[kind]
+    assert plan["kvTokensPerRank"] == result.tokens, SIZES[kind]  # vLLM's blocks, exactly
     if kind in (
         "dense",
         "moe",
         "mla",
         "gptq",
     ):  # every layer keeps every token: KV bytes per token is the KV space over its tokens
-        assert within(plan["kvBytesPerToken"], 2**30 // tokens), SIZES[kind]
+        assert within(plan["kvBytesPerToken"], 2**30 // result.tokens), SIZES[kind]
 
 
 @pytest.mark.skipif(HAS_AVX512, reason="this machine has AVX-512: the GPTQ model is served above")
