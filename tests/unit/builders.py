@@ -7,6 +7,7 @@ from typing import Any
 from testbed.objects import topology_object as topology_object  # the e2e suite makes them too
 
 from cpullm.api.spec import CpuLLMServiceSpec
+from cpullm.core.children.common import Owner
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.core.topology import NodeProfile, parse_node
@@ -183,3 +184,28 @@ def probe_object(name: str = "n1", numa: int = 1, cpus: int = 32, scale: float =
             ],
         },
     }
+
+
+# The service "llama" in namespace "serving" whose children the manifest tests build: its owner, its children's
+# labels and the metadata each child carries.
+LLAMA_OWNER = Owner(name="llama", namespace="serving", uid="uid-1")
+LLAMA_LABELS = {
+    "app.kubernetes.io/name": "vllm",
+    "app.kubernetes.io/instance": "llama",
+    "app.kubernetes.io/managed-by": "cpullm-operator",
+    "cpullm.io/service": "llama",
+}
+LLAMA_OWNER_REFERENCE = {
+    "apiVersion": "cpullm.io/v1alpha1",
+    "kind": "CpuLLMService",
+    "name": "llama",
+    "uid": "uid-1",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+LLAMA_METADATA = {
+    "name": "llama",
+    "namespace": "serving",
+    "labels": LLAMA_LABELS,
+    "ownerReferences": [LLAMA_OWNER_REFERENCE],
+}

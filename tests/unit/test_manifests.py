@@ -13,31 +13,12 @@ from cpullm.core.constants import API_KEY_GUARD_FILE, LAUNCHER_FILE
 from cpullm.core.planner import plan_service
 from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
 
+from .builders import LLAMA_LABELS as LABELS
+from .builders import LLAMA_METADATA as METADATA
+from .builders import LLAMA_OWNER as OWNER
 from .builders import NFD, llama_8b, node, spec
 
 TCMALLOC_X86 = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1")
-LABELS = {
-    "app.kubernetes.io/name": "vllm",
-    "app.kubernetes.io/instance": "llama",
-    "app.kubernetes.io/managed-by": "cpullm-operator",
-    "cpullm.io/service": "llama",
-}
-METADATA = {
-    "name": "llama",
-    "namespace": "serving",
-    "labels": LABELS,
-    "ownerReferences": [
-        {
-            "apiVersion": "cpullm.io/v1alpha1",
-            "kind": "CpuLLMService",
-            "name": "llama",
-            "uid": "uid-1",
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ],
-}
 
 
 def test_deployment_whole_manifest():

@@ -22,32 +22,19 @@ from cpullm.core.planner import plan_service
 from cpullm.errors import ChildRejected, InvalidSpec, NoEligibleNode, PermissionDenied
 
 from . import support
+from .builders import LLAMA_METADATA as METADATA
+from .builders import LLAMA_OWNER as OWNER
+from .builders import LLAMA_OWNER_REFERENCE as OWNER_REFERENCE
 from .builders import llama_8b, node, spec
 from .support import StubHub, service
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 T0_TEXT = "2026-01-01T12:00:00Z"
-OWNER = Owner(name="llama", namespace="serving", uid="uid-1")
 NODES = (node("n1", numa=2, memory="512Gi"),)
 PROMETHEUS = "http://prometheus.monitoring:9090"
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 SCALEDOBJECT_CRD = "scaledobjects.keda.sh"
 ALL_CRDS = frozenset({PODMONITOR_CRD, SCALEDOBJECT_CRD})
-LABELS = {
-    "app.kubernetes.io/name": "vllm",
-    "app.kubernetes.io/instance": "llama",
-    "app.kubernetes.io/managed-by": "cpullm-operator",
-    "cpullm.io/service": "llama",
-}
-OWNER_REFERENCE = {
-    "apiVersion": "cpullm.io/v1alpha1",
-    "kind": "CpuLLMService",
-    "name": "llama",
-    "uid": "uid-1",
-    "controller": True,
-    "blockOwnerDeletion": True,
-}
-METADATA = {"name": "llama", "namespace": "serving", "labels": LABELS, "ownerReferences": [OWNER_REFERENCE]}
 TARGET = {"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "name": "llama"}
 WAITING_QUERY = 'sum(vllm:num_requests_waiting{namespace="serving",cpullm_service="llama"})'
 KV_QUERY = 'avg(vllm:kv_cache_usage_perc{namespace="serving",cpullm_service="llama"})'
