@@ -105,19 +105,18 @@ def plan_service(
 
     plans: list[tuple[Plan, Shape]] = []
     refusals: list[tuple[Shape, PlanRefusal]] = []
+    running = running_shape(current)
+    before = _planned_before(current, running)
     for shape in shapes_of(eligible, daemons):
         for strategy in _strategies(spec, model, shape, explicit_tp, vllm_images):
             try:
-                plan = _plan_for_shape(
-                    spec, model, shape, strategy, explicit_tp, router_image, vllm_images, _planned_before(current)
-                )
+                plan = _plan_for_shape(spec, model, shape, strategy, explicit_tp, router_image, vllm_images, before)
             except PlanRefusal as refusal:
                 refusals.append((shape, refusal))
                 rejections.update(dict.fromkeys(shape.names, refusal.message))
                 continue
             plans.append((plan, shape))
     if plans:
-        running = running_shape(current)
         plan, shape = max(plans, key=lambda candidate: _preference(candidate[0], spec, running))
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
@@ -152,10 +151,10 @@ class _Before:
         return self if shape == self.shape else _Before()
 
 
-def _planned_before(current: Mapping[str, Any] | None) -> _Before:
+def _planned_before(current: Mapping[str, Any] | None, shape: NodeShape | None) -> _Before:
+    """What the running servers' plan (`current`, on node shape `shape`) chose that a new plan keeps."""
     if current is None or "tensorParallelSize" not in current:
         return _Before()
-    shape = running_shape(current)
     speculative = current.get("speculative")
     if not isinstance(speculative, Mapping):
         return _Before(keep_off=speculative is None, shape=shape)
