@@ -6,6 +6,7 @@ inline (core/children/launcher.py), so it holds data and the standard library on
 docs/vllm-versions.md is this table for people (tests/unit/test_vllm_support.py keeps the two equal).
 """
 
+import functools
 import re
 
 # The env variable (spec.env) that names fixes to leave out, comma-separated.
@@ -150,8 +151,10 @@ def fix_applies(fix: str, version: str | None) -> bool:
     return key is not None and start is not None and start <= key and (end is None or key < end)
 
 
+@functools.lru_cache(maxsize=64)
 def fixes_for(version: str | None) -> frozenset[str]:
-    """The fixes that apply to a version the table knows (none for a version it does not: the conservative plan)."""
+    """The fixes that apply to a version the table knows (none for a version it does not: the conservative plan).
+    Kept per version: the planner asks for every node shape it weighs."""
     if version is None or version not in RELEASES:
         return frozenset()
     return frozenset(fix for fix in FIX_VERSIONS if fix_applies(fix, version))

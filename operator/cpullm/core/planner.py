@@ -103,32 +103,40 @@ def plan_service(
     if not eligible:
         raise NoEligibleNode(rejections)
 
-    plans: list[tuple[Plan, Shape]] = []
+    plans: list[tuple[Plan, Shape, _Fitted]] = []
     refusals: list[tuple[Shape, PlanRefusal]] = []
     running = running_shape(current)
     before = _planned_before(current, running)
     for shape in shapes_of(eligible, daemons):
         for strategy in _strategies(spec, model, shape, explicit_tp, vllm_images):
             try:
-                plan = _plan_for_shape(spec, model, shape, strategy, explicit_tp, router_image, vllm_images, before)
+                plan, fitted = _plan_for_shape(
+                    spec, model, shape, strategy, explicit_tp, router_image, vllm_images, before
+                )
             except PlanRefusal as refusal:
                 refusals.append((shape, refusal))
                 rejections.update(dict.fromkeys(shape.names, refusal.message))
                 continue
-            plans.append((plan, shape))
+            plans.append((plan, shape, fitted))
     if plans:
-        plan, shape = max(plans, key=lambda candidate: _preference(candidate[0], spec, running))
+        plan, shape, fitted = max(plans, key=lambda candidate: _preference(candidate[0], spec, running))
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
         terms = shape_node_terms(shape.members, spec.cpu.required_isa, _unfit_lookalikes(plan, shape, eligible))
         # Listed in the order a fresh plan lists them (the running shape aside), offline and in the operator alike.
-        others = sorted((p for p, _ in plans if p is not plan), key=lambda p: _preference(p, spec, None), reverse=True)
+        others = sorted(
+            (p for p, _, _ in plans if p is not plan), key=lambda p: _preference(p, spec, None), reverse=True
+        )
         passed_over = [
             f"{_describe(p)}: {_why_passed_over(plan, p, spec, running)}" for p in others[:PASSED_OVER_SHOWN]
         ]
         if len(others) > PASSED_OVER_SHOWN:
             passed_over.append(f"and {len(others) - PASSED_OVER_SHOWN} more node shapes")
-        return plan.model_copy(update={"node_selector_terms": terms, "passed_over": passed_over or None})
+        chosen: dict[str, Any] = {"node_selector_terms": terms, "passed_over": passed_over or None}
+        if plan.predicted is not None:
+            faster = _faster_formats(model, shape, fitted)
+            chosen["predicted"] = plan.predicted.model_copy(update={"faster_formats": faster})
+        return plan.model_copy(update=chosen)
     if len({type(refusal) for _, refusal in refusals}) == 1:
         # Every shape refused for the same reason: say that, for the shape that came closest (most memory).
         raise max(refusals, key=lambda item: (item[0].memory_bytes, item[0].node.cpus))[1]
@@ -412,14 +420,19 @@ def _predicted(model: ModelSize, shape: Shape, fitted: _Fitted, speculation: Spe
         basis=figures.basis,
         source=figures.source,
         cost_per_million_tokens=cost,
-        faster_formats=[
-            FasterFormat(
-                checkpoint=f.checkpoint, decode_speedup=f.decode_speedup, throughput_speedup=f.throughput_speedup
-            )
-            for f in faster_formats(model, serving, shape.performance, streams, shape.node.isa, kv_bytes)
-        ]
-        or None,
     )
+
+
+def _faster_formats(model: ModelSize, shape: Shape, fitted: _Fitted) -> list[FasterFormat] | None:
+    """The checkpoints predicted much faster than the model's own on the chosen plan's servers: worked out for the
+    chosen plan alone (three predictions each, they were half the planner's time when made for every shape)."""
+    found = faster_formats(
+        model, fitted.serving, shape.performance, fitted.streams, shape.node.isa, fitted.kv_bytes_per_token
+    )
+    return [
+        FasterFormat(checkpoint=f.checkpoint, decode_speedup=f.decode_speedup, throughput_speedup=f.throughput_speedup)
+        for f in found
+    ] or None
 
 
 @dataclass(frozen=True)
@@ -659,7 +672,7 @@ def _plan_for_shape(
     default_router_image: str,
     vllm_images: Mapping[str, str],
     before: _Before = _Before(),
-) -> Plan:
+) -> tuple[Plan, _Fitted]:
     server = _server(spec, shape.node.arch, vllm_images)
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
     if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
@@ -692,7 +705,7 @@ def _plan_for_shape(
         f"{binding} binding, {layout.cpus_per_rank * tp} CPU, "
         f"{_gib(budget.limit_bytes)} GiB on {len(shape.members)} {where}"
     )
-    return Plan(
+    plan = Plan(
         placement=strategy.name,
         replicas=replicas,
         capacity=capacity,
@@ -765,6 +778,7 @@ def _plan_for_shape(
         eligible_nodes=shape.names,
         summary=summary,
     )
+    return plan, fitted
 
 
 def _published_image(arch: str) -> str:

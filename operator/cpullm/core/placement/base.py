@@ -4,7 +4,6 @@ what vLLM's CPU backend allows for tensor parallelism."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -12,6 +11,7 @@ from typing import Protocol
 from cpullm.api.plan import NodeShape
 from cpullm.api.spec import CpuLLMServiceSpec, RoutingMode
 from cpullm.core.daemonsets import NO_ROOM, DaemonPods, Room, rooms_on
+from cpullm.core.memo import cached
 from cpullm.core.performance import NodePerformance, estimated_performance
 from cpullm.core.sizing import ModelSize
 from cpullm.core.topology import NodeProfile
@@ -26,7 +26,7 @@ class Shape:
     members: tuple[NodeProfile, ...]
     room: Room = NO_ROOM
 
-    @functools.cached_property
+    @cached
     def node(self) -> NodeProfile:
         """The first member, with the room left for DaemonSets taken out of its CPUs (whole ones) and memory."""
         first, room = self.members[0], self.room
@@ -39,7 +39,7 @@ class Shape:
     def memory_bytes(self) -> int:
         return max(0, min(n.memory_bytes for n in self.members) - self.room.memory_bytes)
 
-    @functools.cached_property
+    @cached
     def performance(self) -> NodePerformance:
         """What its cores do: the slowest probe among its members', else an estimate by their ISA class."""
         measured = [n.performance for n in self.members if n.performance is not None]

@@ -4,7 +4,6 @@ sizes and CPUs it can run on."""
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Concatenate, ParamSpec
@@ -12,6 +11,7 @@ from typing import Any, Concatenate, ParamSpec
 from cpullm.api.spec import DType
 from cpullm.core import constants as c
 from cpullm.core.constants import DTYPE_BYTES, UNSUPPORTED_TENSOR_PARALLEL_SIZES
+from cpullm.core.memo import cached
 from cpullm.core.sizing.anatomy import SSM_DTYPE_BYTES, Anatomy, KVGroup, LayerKind, Split, StateShape
 from cpullm.core.sizing.checkpoint import CheckpointTensors
 from cpullm.core.sizing.config import architecture, model_type, mtp_layers, show
@@ -73,14 +73,14 @@ class KVLayout:
     temporal_bytes: int = 2
     attention_block: int = c.KV_BLOCK_TOKENS  # tokens per block where no state widens it
 
-    @functools.cached_property
+    @cached
     def _counts(self) -> dict[LayerKind, int]:
         counts: dict[LayerKind, int] = {}
         for g in self.groups:
             counts[g.kind] = counts.get(g.kind, 0) + g.layers
         return counts
 
-    @functools.cached_property
+    @cached
     def group_size(self) -> int:
         """Layers per KV cache group."""
         counts = self._counts.values()
@@ -89,7 +89,7 @@ class KVLayout:
         small, large = min(counts), max(counts)
         return large if large < 1.5 * small else small
 
-    @functools.cached_property
+    @cached
     def _slots(self) -> dict[LayerKind, int]:
         """Layers per kind as allocated: padded to whole groups when kinds are mixed."""
         if len(self._counts) < 2:
@@ -108,7 +108,7 @@ class KVLayout:
             default=0,
         )
 
-    @functools.cached_property
+    @cached
     def _states(self) -> tuple[StateShape, ...]:
         return tuple(g.state for g in self.groups if g.state is not None)
 
