@@ -33,6 +33,11 @@ CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 # weights; 256 and 1,024 are prefill chunks, where the cores' arithmetic bounds it.
 BATCHES = (1, 8, 32, 256, 1024)
 STREAMED_BATCHES = (1, 8, 32)  # over weights larger than the caches; the rest over one matrix (compute-bound)
+# The compute-bound points are timed in this many passes over every kernel's points, each pass a share of their
+# budget, so each point's samples span the whole window rather than a second of it: on a 2-vCPU guest one thread's
+# 1,024-row product ran at 250-930 GFLOP/s from one second to the next, the slow spells lasting seconds, and two
+# probes minutes apart read 0.34 and 0.75 GB/s of weights for the same point (docs/benchmarks.md).
+COMPUTE_PASSES = 4
 HIDDEN = 4096  # the matrices' width: an 8B model's
 MiB = 1 << 20
 
@@ -91,6 +96,23 @@ def typical_seconds(run: Any, budget: float) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def spread_seconds(runs: dict[str, Any], budget: float, passes: int = COMPUTE_PASSES) -> dict[str, float]:
+    """Each run's median time, its samples taken in `passes` rounds over all the runs (`budget` seconds per run
+    in all, at least two samples a round, after one warm-up each)."""
+    for run in runs.values():
+        run()
+    times: dict[str, list[float]] = {key: [] for key in runs}
+    for _ in range(passes):
+        for key, run in runs.items():
+            started, taken = time.perf_counter(), 0
+            while taken < 2 or time.perf_counter() - started < budget / passes:
+                begun = time.perf_counter()
+                run()
+                times[key].append(time.perf_counter() - begun)
+                taken += 1
+    return {key: sorted(samples)[len(samples) // 2] for key, samples in times.items()}
+
+
 def median_seconds(run: Any, rounds: int) -> float:
     """The median of `rounds` timed runs, after a few untimed ones."""
     for _ in range(10):
@@ -135,9 +157,17 @@ def measure(threads: int, size: int, budget: float) -> dict[str, Any]:
     # about a dozen per layer (norms, rotary, activations, the matrices of a small model).
     small, vector = torch.randn(256, 256, dtype=torch.bfloat16), torch.randn(1, 256, dtype=torch.bfloat16)
     out["smallKernelSeconds"] = median_seconds(lambda: torch.nn.functional.linear(vector, small), 300)
-    for fmt, kernel in kernels(torch).items():
+    found = kernels(torch)
+    compute_bound: dict[str, Any] = {}
+    for fmt, kernel in found.items():
         out[f"{fmt}WeightBytesPerSecond"] = kernel_rates(torch, kernel, size, budget)
         out[f"{fmt}Kernel"] = kernel.name
+        compute_bound.update(
+            {f"{fmt} {batch}": _product(torch, kernel, batch) for batch in BATCHES if batch not in STREAMED_BATCHES}
+        )
+    for key, seconds in spread_seconds(compute_bound, budget).items():
+        fmt, batch = key.split()
+        out[f"{fmt}WeightBytesPerSecond"][batch] = round(HIDDEN * HIDDEN * found[fmt].bytes_per_weight / seconds)
     out.update(attention(torch, budget))
     return out
 
@@ -233,21 +263,26 @@ def read_rate(torch: Any, size: int, budget: float) -> int:
 
 
 def kernel_rates(torch: Any, kernel: _Kernel, size: int, budget: float) -> dict[str, int]:
-    """Weight bytes per second at each of BATCHES: over a chain of matrices larger than the caches where the batch
-    streams them, over one matrix where the arithmetic bounds it."""
+    """Weight bytes per second at each of STREAMED_BATCHES, over a chain of matrices larger than the caches (the
+    compute-bound batches are timed over one matrix, in measure())."""
     matrix_bytes = HIDDEN * HIDDEN * kernel.bytes_per_weight
     chain = [kernel.weight(torch) for _ in range(max(1, size // matrix_bytes))]
     rates = {}
-    for batch in BATCHES:
-        weights = chain if batch in STREAMED_BATCHES else chain[:1]
+    for batch in STREAMED_BATCHES:
         x = torch.randn(batch, HIDDEN, dtype=torch.bfloat16)
 
-        def run(weights: list[Any] = weights, x: Any = x) -> None:
-            for w in weights:
+        def run(x: Any = x) -> None:
+            for w in chain:
                 kernel.multiply(x, w)
 
-        rates[str(batch)] = round(len(weights) * matrix_bytes / typical_seconds(run, budget))
+        rates[str(batch)] = round(len(chain) * matrix_bytes / typical_seconds(run, budget))
     return rates
+
+
+def _product(torch: Any, kernel: _Kernel, batch: int) -> Any:
+    """One HIDDEN x HIDDEN product at `batch` rows."""
+    w, x = kernel.weight(torch), torch.randn(batch, HIDDEN, dtype=torch.bfloat16)
+    return lambda: kernel.multiply(x, w)
 
 
 class _Kernel:

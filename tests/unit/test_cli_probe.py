@@ -1,6 +1,6 @@
 """What the chart's probe Job runs of `cpullm probe` in the operator's image: the probe's script saved for the vLLM
 image's python, and what the script printed published as the node's NodePerformance, or refused in one line when the
-planner could not read it or there is no cluster."""
+planner could not read it or there is no cluster; and how the script samples what it times."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from cpullm import perf_probe
 from cpullm.cli import main
 from cpullm.io.kube import Kube
 
@@ -77,3 +78,14 @@ def test_saving_the_script_and_publishing_are_one_or_the_other(tmp_path, capsys)
     with pytest.raises(SystemExit) as exited:
         main(["probe", "--save-script", str(tmp_path / "s.py"), "--publish", "-"])
     assert exited.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_compute_bound_points_are_sampled_in_rounds_over_every_point():
+    """A slow spell of the host's lasts seconds: each point's samples come from every round, not one stretch."""
+    order: list[str] = []
+    runs = {key: (lambda key=key: order.append(key)) for key in ("bf16 256", "bf16 1024", "int8 1024")}
+    seconds = perf_probe.spread_seconds(runs, budget=0.0, passes=3)
+    assert set(seconds) == set(runs) and all(s >= 0 for s in seconds.values())
+    warm_up, timed = order[:3], order[3:]
+    assert warm_up == list(runs)
+    assert timed == [key for _ in range(3) for key in runs for _ in range(2)]  # two samples a round at least

@@ -133,6 +133,19 @@ def test_tp_2_decodes_faster_on_a_large_model_and_pays_its_all_reduces_on_a_smal
     assert speeds(small, tp=2).decode_tokens_per_second < 1.6 * speeds(small).decode_tokens_per_second
 
 
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_the_engine_core_on_the_ranks_cores_slows_decode_steps_at_tp_above_1_but_not_a_prefill(tp):
+    model, probe = llama_8b(), parse_performance(probe_object(numa=2))
+    kv = model.kv_bytes_per_token_per_rank(tp)
+    own, shared = (
+        predict(model, Serving(tp, 2, BF16, 1.0, shares_cores=shares), probe, 8, kv) for shares in (False, True)
+    )
+    slower = (tp * 2 + perf.BUSY_SERVER_PROCESSES) / (tp * 2) if tp > 1 else 1.0
+    assert own.time_to_first_token_seconds == shared.time_to_first_token_seconds
+    # Every term of a decode step but the engine's Python is on the ranks' cores.
+    assert own.decode_tokens_per_second / shared.decode_tokens_per_second == pytest.approx(slower, rel=0.05)
+
+
 def test_the_probes_object_is_read_and_says_where_it_came_from():
     node = parse_performance(probe_object("n7", numa=2))
     assert (node.node, len(node.numa), node.basis) == ("n7", 2, "probe")

@@ -56,7 +56,9 @@ LORA_SLICE_ROW_SMALL_KERNELS = 1.22
 # - per all-reduce (two per layer and step at TP > 1), likewise;
 ALLREDUCE_SMALL_KERNELS = 6.5
 # - at TP > 1 without a CPU kept for them, the server's processes that keep a core busy beside the ranks (the engine
-#   core, polling its workers' replies);
+#   core, polling its workers' replies) in a decode step; not in a prefill's long steps, where the poller, which
+#   calls sched_yield, gives way to the ranks (TP 2 at one core a rank answered 1,024-token prompts in 0.75-1.13 s in
+#   two runs where the factor predicted 1.84-2.49 s; docs/benchmarks.md);
 BUSY_SERVER_PROCESSES = 1
 # - a prefill chunk's matrix products reach the probe's 4096 x 4096 matrix's rate at the same batch from layers this
 #   wide, and (width / this) ** PREFILL_WIDTH_EXPONENT of it from narrower ones (their blocks fill the kernel's less).
@@ -205,7 +207,7 @@ class Serving:
 
     @property
     def sharing(self) -> float:
-        """How much longer a step takes for the processes beside the ranks on their cores."""
+        """How much longer a decode step takes for the processes beside the ranks on their cores."""
         if not self.shares_cores or self.tensor_parallel_size <= 1:
             return 1.0
         threads = self.tensor_parallel_size * self.cores_per_rank
@@ -354,7 +356,8 @@ def prefill_seconds(
 ) -> float:
     """A prompt alone, in chunks of PREFILL_CHUNK_TOKENS: each chunk's matrix products at its batch (at
     prefill_efficiency of the probe's), its attention's arithmetic (each query against the keys before it) at
-    the probe's attention rate, and a step's other costs."""
+    the probe's attention rate, and a step's other costs; the ranks' cores are theirs (BUSY_SERVER_PROCESSES)."""
+    serving = dataclasses.replace(serving, shares_cores=False)
     numa, tp, cores = node.slowest(), serving.tensor_parallel_size, serving.cores_per_rank
     width = _attention_width(model, tp)
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
@@ -365,9 +368,9 @@ def prefill_seconds(
         streamed = step_bytes(model, tp)
         # The decoder layers at the chunk's batch; the LM head only for the sequence's last token.
         layers = streamed.layers(chunk) / matrix_rate(numa, serving, chunk) / prefill_efficiency(model)
-        matrices = (layers + streamed.lm_head / matrix_rate(numa, serving, 1)) * serving.sharing
+        matrices = layers + streamed.lm_head / matrix_rate(numa, serving, 1)
         flops = 4 * chunk * (done + chunk / 2) * width * attention_layers
-        attention = flops / numa.attention_prefill_flops(cores) * serving.sharing
+        attention = flops / numa.attention_prefill_flops(cores)
         total += matrices + attention + step.small_kernels + step.allreduce
         total += step.python
         done += chunk
