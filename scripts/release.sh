@@ -3,7 +3,7 @@
 # (.github/workflows/release.yml, keyless against ghcr.io) and by CI here against a registry on localhost
 # (e2e/test_release.py). docs/releasing.md is its guide.
 #
-#   scripts/release.sh VERSION --registry REGISTRY [--key cosign.key | --keyless] [--base REF]
+#   scripts/release.sh VERSION --registry REGISTRY [--key cosign.key | --keyless | --unsigned] [--base REF]
 #                      [--platforms linux/amd64,linux/arm64] [--out DIR] [--plain-http] [--allow-unreleased]
 #
 # 1. checks that VERSION is the version of pyproject.toml, of the chart (version and appVersion) and the newest
@@ -12,17 +12,17 @@
 #    installs the target's wheels: nothing is emulated), on BASE (the Dockerfile's default unless --base: a
 #    multi-platform image),
 #    and pushes the index as REGISTRY/cpullm-operator:VERSION; the index's digest is what everything names;
-# 3. writes an SPDX SBOM of each platform's image (syft) and attaches it to that image as a signed attestation;
+# 3. writes an SPDX SBOM of each platform's image (syft);
 # 4. packages the chart with the image's repository and digest in its values and pushes it as the OCI artifact
 #    oci://REGISTRY/charts/cpullm-operator, version VERSION;
 # 5. renders install.yaml from that chart (scripts/render-install.sh), so it names the image by digest;
-# 6. signs the image's index and the chart by digest with cosign, and install.yaml as a blob (its bundle
-#    install.yaml.sigstore.json beside it): with the key pair's private half (--key, its password in COSIGN_PASSWORD;
-#    no transparency log), or keyless (--keyless: the workflow's OIDC identity, recorded in Sigstore's public
-#    transparency log).
-# The assets (install.yaml and its bundle, the chart's .tgz, the SBOMs, digests.env) go to DIR (default:
-# dist/VERSION), and the
-# last lines printed are RELEASE_IMAGE=, RELEASE_CHART= and RELEASE_CHART_DIGEST=.
+# 6. signs it all by digest with scripts/sign-release.sh (each SBOM as an attestation on its platform's image, the
+#    image's index, the chart, install.yaml as a blob): with the key pair's private half (--key, its password in
+#    COSIGN_PASSWORD; no transparency log), or keyless (--keyless: the workflow's OIDC identity, recorded in
+#    Sigstore's public transparency log); --unsigned leaves that step to a run of sign-release.sh on DIR (the hosted
+#    workflow's signing job, the only one its OIDC token is granted to).
+# The assets (install.yaml and its bundle, the chart's .tgz, the SBOMs, digests.env, platforms.txt) go to DIR
+# (default: dist/VERSION), and the last lines printed are RELEASE_IMAGE=, RELEASE_CHART= and RELEASE_CHART_DIGEST=.
 # Needs root or rootless buildah, and Go for cosign, syft and helm (scripts/build-tools.sh builds them once).
 # --plain-http: the registry speaks HTTP (a registry on localhost).
 set -euo pipefail
@@ -36,12 +36,13 @@ quiet() { # CMD...: runs it with its output kept, shown only if it fails
 }
 
 version=${1:-}; [[ -n $version && $version != -* ]] || usage; shift
-registry="" key="" keyless=0 base="" platforms=linux/amd64,linux/arm64 out="" plain_http=0 allow_unreleased=0
+registry="" key="" keyless=0 unsigned=0 base="" platforms=linux/amd64,linux/arm64 out="" plain_http=0 allow_unreleased=0
 while (($#)); do
   case $1 in
     --registry) registry=$2; shift 2 ;;
     --key) key=$2; shift 2 ;;
     --keyless) keyless=1; shift ;;
+    --unsigned) unsigned=1; shift ;;
     --base) base=$2; shift 2 ;;
     --platforms) platforms=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -51,7 +52,8 @@ while (($#)); do
   esac
 done
 [[ -n $registry ]] || usage
-[[ -n $key || $keyless == 1 ]] || die "sign with --key FILE (a cosign key pair) or --keyless (an OIDC identity)"
+[[ -n $key || $keyless == 1 || $unsigned == 1 ]] ||
+  die "sign with --key FILE (a cosign key pair) or --keyless (an OIDC identity), or leave it: --unsigned"
 [[ -z $key || -r $key ]] || die "cannot read the signing key $key"
 out=${out:-dist/$version}
 
@@ -66,11 +68,11 @@ if [[ $newest != "$version" ]] && ! [[ $newest == Unreleased && $allow_unrelease
   die "CHANGELOG.md's newest heading is '$newest': give it '## [$version]' first"
 fi
 
-eval "$(scripts/build-tools.sh helm cosign syft | grep _BIN_DIR=)"
-helm=$HELM_BIN_DIR/helm cosign=$COSIGN_BIN_DIR/cosign syft=$SYFT_BIN_DIR/syft
-tls=() helm_http=() cosign_http=()
+eval "$(scripts/build-tools.sh helm syft | grep _BIN_DIR=)"
+helm=$HELM_BIN_DIR/helm syft=$SYFT_BIN_DIR/syft
+tls=() helm_http=()
 if ((plain_http)); then
-  tls=(--tls-verify=false) helm_http=(--plain-http) cosign_http=(--allow-http-registry --allow-insecure-registry)
+  tls=(--tls-verify=false) helm_http=(--plain-http)
   export SYFT_REGISTRY_INSECURE_USE_HTTP=true
 fi
 work=$(mktemp -d /tmp/cpullm-release-XXXXXX)
@@ -96,21 +98,19 @@ bah manifest push --quiet --all --format oci "${tls[@]}" --digestfile "$work/ima
 digest=$(cat "$work/image.digest")
 say "pushed $image:$version as $digest"
 
-# 3. An SBOM of each platform's image, attached to it.
+# 3. An SBOM of each platform's image (attached to it when signed: step 6).
 # Each platform's manifest as the registry holds it (the push compressed the layers: new digests), read back.
 bah manifest create published >/dev/null
 bah manifest add --all "${tls[@]}" published "docker://$image@$digest" >/dev/null
 index=$(bah manifest inspect published)
+python3 -c 'import json, sys
+for m in json.load(sys.stdin)["manifests"]:
+    print(m["platform"]["architecture"], m["digest"])' <<<"$index" >"$out/platforms.txt"
 while read -r arch platform_digest; do
   sbom=$out/sbom-$arch.spdx.json
   quiet "$syft" scan "registry:$image@$platform_digest" -o "spdx-json=$sbom"
   say "SBOM of linux/$arch ($platform_digest): $sbom"
-  sign_args=("${cosign_http[@]}" --type spdxjson --predicate "$sbom")
-  if [[ -n $key ]]; then sign_args+=(--key "$key" --use-signing-config=false --tlog-upload=false); fi
-  quiet "$cosign" attest --yes "${sign_args[@]}" "$image@$platform_digest"
-done < <(python3 -c 'import json, sys
-for m in json.load(sys.stdin)["manifests"]:
-    print(m["platform"]["architecture"], m["digest"])' <<<"$index")
+done <"$out/platforms.txt"
 
 # 4. The chart, naming the image by digest.
 chart=$work/chart/cpullm-operator
@@ -133,17 +133,16 @@ say "pushed oci://$registry/charts/cpullm-operator:$version as $chart_digest"
 # 5. install.yaml from that chart.
 scripts/render-install.sh "$chart" "$out/install.yaml"
 
-# 6. Signatures by digest.
-for ref in "$image@$digest" "$registry/charts/cpullm-operator@$chart_digest"; do
-  sign_args=("${cosign_http[@]}")
-  if [[ -n $key ]]; then sign_args+=(--key "$key" --use-signing-config=false --tlog-upload=false); fi
-  quiet "$cosign" sign --yes "${sign_args[@]}" "$ref"
-  say "signed $ref"
-done
-blob_args=(--bundle "$out/install.yaml.sigstore.json")
-if [[ -n $key ]]; then blob_args+=(--key "$key" --use-signing-config=false --tlog-upload=false); fi
-quiet "$cosign" sign-blob --yes "${blob_args[@]}" "$out/install.yaml"
-say "signed $out/install.yaml: $out/install.yaml.sigstore.json"
-
 printf 'RELEASE_IMAGE=%s\nRELEASE_CHART=%s\nRELEASE_CHART_DIGEST=%s\n' \
-  "$image@$digest" "oci://$registry/charts/cpullm-operator" "$chart_digest" | tee "$out/digests.env"
+  "$image@$digest" "oci://$registry/charts/cpullm-operator" "$chart_digest" >"$out/digests.env"
+
+# 6. Signatures by digest.
+if ((unsigned)); then
+  say "not signed (--unsigned): scripts/sign-release.sh $out signs it"
+else
+  signing=()
+  if [[ -n $key ]]; then signing+=(--key "$key"); else signing+=(--keyless); fi
+  if ((plain_http)); then signing+=(--plain-http); fi
+  scripts/sign-release.sh "$out" "${signing[@]}"
+fi
+cat "$out/digests.env"
