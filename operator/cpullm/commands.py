@@ -18,7 +18,7 @@ from cpullm.api.performance import KIND as PERFORMANCE_KIND
 from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
 from cpullm.api.plan import Plan
 from cpullm.api.spec import GROUP, VERSION, Placement
-from cpullm.controller.gather import ModelConfigSource, gather
+from cpullm.controller.gather import AdapterConfigSource, ModelConfigSource, gather
 from cpullm.core.children import owned_kinds_document
 from cpullm.core.children.model_cache import stale_node_cache
 from cpullm.core.constants import LAUNCHER_FILE, GiB
@@ -99,16 +99,23 @@ def _hub(settings: Settings) -> HubClient:
 
 
 class EnvironmentToken:
-    """Offline, the Hub is read with $HF_TOKEN where the spec names no hfTokenSecret (said on stderr when used)."""
+    """Offline, the Hub is read with $HF_TOKEN where the spec names no hfTokenSecret (said on stderr when used), for
+    the model and its adapters' ranks."""
 
-    def __init__(self, hub: ModelConfigSource, token: str | None) -> None:
+    def __init__(self, hub: HubClient, token: str | None) -> None:
         self.hub, self.token = hub, token
 
     def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+        return self.hub.fetch(name, revision, self._token(name, token))
+
+    def adapter_rank(self, source: str, token: str | None) -> int | None:
+        return self.hub.adapter_rank(source, self._token(source, token))
+
+    def _token(self, name: str, token: str | None) -> str | None:
         if token is None and self.token:
             print(f"cpullm: reading {name} from the Hub with $HF_TOKEN", file=sys.stderr)
-            token = self.token
-        return self.hub.fetch(name, revision, token)
+            return self.token
+        return token
 
 
 class InlineConfig:
@@ -138,12 +145,13 @@ def decide_from_files(
     settings = Settings()
     service = load_service(service_path)
     models: ModelConfigSource
+    adapters: AdapterConfigSource | None = None  # read where the Hub is: offline, the spec's ranks stand
     if model_config:
         models = ConfigFile(model_config)
     elif ((service.get("spec") or {}).get("model") or {}).get("config"):
         models = InlineConfig()
     else:
-        models = EnvironmentToken(_hub(settings), settings.hf_token)
+        models = adapters = EnvironmentToken(_hub(settings), settings.hf_token)
     nodes, daemons, facts = _nodes(nodes_path)
     observed = gather(
         service,
@@ -151,6 +159,7 @@ def decide_from_files(
         last_status={},
         cluster=OfflineCluster(settings.hf_token),
         models=models,
+        adapters=adapters,
         policy=settings.policy(),
         vllm=_vllm_sizer(vllm_python),
     )

@@ -218,3 +218,64 @@ def test_an_object_without_status_or_namespace_gets_defaults():
     obs = observe(obj, cluster)
     assert (obs.owner, obs.generation, obs.status) == (Owner("bare", "default", None), 0, {})
     assert cluster.reads == [("namespace", "default")]
+
+
+class Adapters:
+    """Adapter ranks by source (absent: cannot be told); records each read with its token."""
+
+    def __init__(self, ranks: dict[str, int]) -> None:
+        self.ranks = ranks
+        self.reads: list[tuple[str, str | None]] = []
+
+    def adapter_rank(self, source: str, token: str | None) -> int | None:
+        self.reads.append((source, token))
+        return self.ranks.get(source)
+
+
+ADAPTERS = [
+    {"name": "support", "source": "org/support-lora", "rank": 16},
+    {"name": "sql", "source": "/m/sql", "rank": 8},
+]
+
+
+@pytest.mark.parametrize(
+    ("ranks", "message"),
+    [
+        pytest.param({"org/support-lora": 16}, None, id="as-stated"),
+        pytest.param({"org/support-lora": 8}, None, id="lower-counted-high-is-safe"),
+        pytest.param({}, None, id="cannot-be-told-the-spec-stands"),
+        pytest.param(
+            {"org/support-lora": 64},
+            "spec.adapters[0] (support): rank 16, but its adapter_config.json says r=64: set rank: 64",
+            id="higher-refused",
+        ),
+        pytest.param(
+            {"/m/sql": 32},
+            "spec.adapters[1] (sql): rank 8, but its adapter_config.json says r=32: set rank: 32",
+            id="second-refused",
+        ),
+    ],
+)
+def test_an_adapter_whose_file_gives_a_higher_rank_than_the_spec_is_an_invalid_spec(ranks, message):
+    """vLLM refuses an adapter above --max-lora-rank, or holds more memory for it than the plan counts."""
+    raw = {"model": {"name": "org/m"}, "kvCacheGiB": 1, "hfTokenSecret": {"name": "hf"}, "adapters": ADAPTERS}
+    adapters = Adapters(ranks)
+    obs = gather(
+        service(raw),
+        ClusterView(nodes=[node("n1")]),
+        last_status=None,
+        cluster=Cluster(SECRET),
+        models=Source(),
+        adapters=adapters,
+    )
+    if message is None:
+        assert obs.model == size_model(LLAMA_8B, spec().model.dtype)
+    else:
+        assert isinstance(obs.model, InvalidSpec) and obs.model.message == message
+    assert adapters.reads[:1] == [("org/support-lora", "hf_secret")]  # with the spec's token, as the model
+
+
+def test_without_an_adapter_source_the_ranks_are_not_read():
+    raw = {"model": {"name": "org/m"}, "kvCacheGiB": 1, "adapters": ADAPTERS}
+    obs = observe(service(raw))
+    assert obs.model == size_model(LLAMA_8B, spec().model.dtype)

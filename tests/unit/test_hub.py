@@ -109,6 +109,10 @@ FILES: dict[str, bytes] = {
         ]
         for file, body in [("config.json", json.dumps(CONFIG).encode()), ("model.safetensors", body)]
     },
+    "/org/lora16/resolve/main/adapter_config.json": json.dumps({"peft_type": "LORA", "r": 16}).encode(),
+    "/org/lorabool/resolve/main/adapter_config.json": json.dumps({"r": True}).encode(),
+    "/org/loralist/resolve/main/adapter_config.json": b"[16]",
+    "/org/lorabig/resolve/main/adapter_config.json": b'{"r": 8, "x": "' + b"x" * (2 * 2**20) + b'"}',
 }
 
 
@@ -336,6 +340,33 @@ def test_headers_beyond_the_caps_are_refused(endpoint, caps, name, message):
 def test_hub_answers_that_are_not_a_model_are_typed(endpoint, name, message):
     with pytest.raises(ModelConfigUnavailable, match=re.escape(message)):
         HubClient(endpoint=endpoint, allow_http=True).fetch(name, None, None)
+
+
+@pytest.mark.parametrize(
+    ("source", "rank"),
+    [
+        ("org/lora16", 16),  # adapter_config.json's r
+        ("org/noadapterfile", None),  # no adapter_config.json: the spec's rank stands
+        ("org/lorabool", None),  # r is no positive integer
+        ("org/loralist", None),  # not an object
+        ("/models/adapters/sql", None),  # a path in the container: the server reads it
+        ("private/lora16", None),  # not served to a request without the token: as the Hub answers, 404
+    ],
+)
+def test_an_adapters_rank_is_read_from_its_adapter_config_where_it_can_be(endpoint, source, rank):
+    assert HubClient(endpoint=endpoint, allow_http=True).adapter_rank(source, None) == rank
+
+
+def test_an_adapters_rank_is_cached_by_credential_and_its_failures_are_typed(endpoint):
+    hub = HubClient(endpoint=endpoint, allow_http=True)
+    Hub.requests.clear()
+    assert hub.adapter_rank("private/lora16", TOKEN) == 16
+    assert hub.adapter_rank("private/lora16", TOKEN) == 16
+    assert len(Hub.requests) == 1
+    with pytest.raises(ModelConfigUnavailable, match="gated or private"):
+        hub.adapter_rank("gated/lora", None)
+    with pytest.raises(ModelConfigUnavailable, match="larger than 1 MiB"):  # config.json's cap
+        hub.adapter_rank("org/lorabig", None)
 
 
 @pytest.mark.parametrize("name", ["org/with space", "org/new\nline", "a/b/c", "org/" + "x" * 200])

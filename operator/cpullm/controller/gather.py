@@ -39,6 +39,25 @@ class ModelConfigSource(Protocol):
     def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles: ...
 
 
+class AdapterConfigSource(Protocol):
+    """Where a LoRA adapter's rank is read (its adapter_config.json on the Hub); None: it cannot be told."""
+
+    def adapter_rank(self, source: str, token: str | None) -> int | None: ...
+
+
+def check_adapter_ranks(spec: CpuLLMServiceSpec, token: str | None, adapters: AdapterConfigSource) -> None:
+    """Refuses an adapter whose adapter_config.json gives a rank above the spec's: vLLM would refuse it (over the
+    rendered --max-lora-rank), or hold more memory for it than the plan counts. A lower one is counted high, which
+    is safe; one that cannot be read is taken as the spec says (docs/adapters.md)."""
+    for index, adapter in enumerate(spec.adapters or []):
+        rank = adapters.adapter_rank(adapter.source, token)
+        if rank is not None and rank > adapter.rank:
+            raise InvalidSpec(
+                f"spec.adapters[{index}] ({adapter.name}): rank {adapter.rank}, but its adapter_config.json says "
+                f"r={rank}: set rank: {rank}"
+            )
+
+
 def resolve_model(
     spec: CpuLLMServiceSpec,
     namespace: str,
@@ -50,13 +69,7 @@ def resolve_model(
     always = model.sized_by == SizedBy.VLLM
     if model.config is not None:
         return size_model(model.config, model.dtype, weights_bytes=model.weights_bytes, vllm=vllm, always_vllm=always)
-    token = None
-    if spec.hf_token_secret is not None:
-        ref = spec.hf_token_secret
-        token = cluster.read_secret_key(namespace, ref.name, ref.key)
-        if token is None:
-            raise ModelConfigUnavailable(f"secret {namespace}/{ref.name} has no key {ref.key}")
-    files = models.fetch(model.name, model.revision, token)
+    files = models.fetch(model.name, model.revision, hf_token(spec, namespace, cluster))
     return size_model(
         files.config,
         model.dtype,
@@ -68,6 +81,17 @@ def resolve_model(
     )
 
 
+def hf_token(spec: CpuLLMServiceSpec, namespace: str, cluster: ClusterFacts) -> str | None:
+    """The token of spec.hfTokenSecret, None where the spec names none."""
+    if spec.hf_token_secret is None:
+        return None
+    ref = spec.hf_token_secret
+    token = cluster.read_secret_key(namespace, ref.name, ref.key)
+    if token is None:
+        raise ModelConfigUnavailable(f"secret {namespace}/{ref.name} has no key {ref.key}")
+    return token
+
+
 def gather(
     service: Mapping[str, Any],
     view: ClusterView,
@@ -75,6 +99,7 @@ def gather(
     last_status: Mapping[str, Any] | None,
     cluster: ClusterFacts,
     models: ModelConfigSource,
+    adapters: AdapterConfigSource | None = None,
     policy: OperatorPolicy = DEFAULT_POLICY,
     vllm: VllmSizer | None = None,
     sizing_jobs: SizingJobs | None = None,
@@ -83,7 +108,8 @@ def gather(
     """The observation of one service in the cluster as `view` shows it. `last_status` is what the operator last
     wrote (None: use the object's own); errors that are about this service (bad spec, model unavailable) are
     observations, not raised. A model the formulas do not know is sized by `vllm` (the CLI's --vllm-python), else
-    by a sizing Job where `sizing_jobs` reads them (the operator: controller/vllm_sizing.py). Each node's profile
+    by a sizing Job where `sizing_jobs` reads them (the operator: controller/vllm_sizing.py); the adapters' ranks
+    are checked where `adapters` reads them. Each node's profile
     from its labels is refined by what the view's other sources say of it (core/node_facts.py). `read_spec`: a
     file's spec refuses a field it does not know (parse_spec); the operator's drops a newer CRD's
     (api/crd.py parse_stored_spec)."""
@@ -108,6 +134,8 @@ def gather(
             vllm = job_sizer = JobSizer(owner, spec, previous, nodes, sizing_jobs, policy.vllm_images)
         try:
             model = resolve_model(spec, owner.namespace, cluster, models, vllm)
+            if adapters is not None and spec.adapters:
+                check_adapter_ranks(spec, hf_token(spec, owner.namespace, cluster), adapters)
         except CpuLLMError as err:
             model = err
         except Exception as err:  # a bug on some input: this service reports it, the others go on

@@ -75,7 +75,13 @@ def controller_state(config: Settings) -> ControllerState:
     policy = config.policy()
     memory, pacer = OperatorMemory(), RolloutPacer(policy.max_concurrent_rollouts)
     reconciler = Reconciler(
-        kube, hub, namespace_cache_seconds=config.namespace_cache_seconds, policy=policy, memory=memory, pacer=pacer
+        kube,
+        hub,
+        namespace_cache_seconds=config.namespace_cache_seconds,
+        policy=policy,
+        memory=memory,
+        pacer=pacer,
+        adapters=hub,  # the Hub tells a LoRA adapter's rank too
     )
     return ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers), memory, pacer, kube)
 

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 from cpullm.api.crd import parse_stored_spec
 from cpullm.api.plan import Plan
-from cpullm.controller.gather import ClusterFacts, ModelConfigSource, gather
+from cpullm.controller.gather import AdapterConfigSource, ClusterFacts, ModelConfigSource, gather
 from cpullm.controller.memory import ChildKey, OperatorMemory
 from cpullm.controller.pacing import RolloutPacer, ServiceKey
 from cpullm.controller.vllm_sizing import SizingJobs
@@ -117,9 +117,11 @@ class Reconciler:
         policy: OperatorPolicy = DEFAULT_POLICY,
         memory: OperatorMemory | None = None,
         pacer: RolloutPacer | None = None,
+        adapters: AdapterConfigSource | None = None,
     ) -> None:
         self.kube = kube
         self.hub = hub
+        self.adapters = adapters
         self.policy = policy
         self.clock = clock
         self.pacer = pacer if pacer is not None else RolloutPacer(policy.max_concurrent_rollouts)
@@ -234,6 +236,7 @@ class Reconciler:
                 last_status=self.memory.written(uid),
                 cluster=self._cluster,
                 models=self.hub,
+                adapters=self.adapters,
                 policy=self.policy,
                 sizing_jobs=self.kube,
                 read_spec=parse_stored_spec,

@@ -37,6 +37,7 @@ from cpullm.errors import InvalidSpec, ModelConfigUnavailable
 LIBRARY = "cpullm-operator"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT LoRA adapter's: its rank is `r`
 MAX_SHARDS = 4096
 HEADER_READERS = 8  # safetensors headers read at once by the client (a 163-shard checkpoint in ~20 round trips)
 HEADER_PROBE_BYTES = 100_000  # a shard's first read; as huggingface_hub's, it holds 97% of headers whole
@@ -62,9 +63,19 @@ class _Transient(ModelConfigUnavailable):
 
 
 @dataclass(frozen=True)
+class _AdapterConfig:
+    """What an adapter's adapter_config.json says of its rank (None: no such file, or no rank in it)."""
+
+    rank: int | None
+
+
+_Answer = ModelFiles | _AdapterConfig | ModelConfigUnavailable
+
+
+@dataclass(frozen=True)
 class _Cached:
     stamp: float
-    answer: ModelFiles | ModelConfigUnavailable
+    answer: _Answer
     size: int  # bytes it holds, as far as the cache budget is concerned
 
 
@@ -119,7 +130,7 @@ class HubClient:
         answer = self._recall(key)
         if isinstance(answer, ModelConfigUnavailable):
             raise ModelConfigUnavailable(answer.message)  # a new one: raising the cached one would grow its traceback
-        if answer is not None:
+        if isinstance(answer, ModelFiles):
             return answer
         try:
             files = _Fetch(self, name, key[1], token).files()
@@ -132,7 +143,38 @@ class HubClient:
         self._remember(key, files, size)
         return files
 
-    def _recall(self, key: tuple[str, str, str]) -> ModelFiles | ModelConfigUnavailable | None:
+    def adapter_rank(self, source: str, token: str | None) -> int | None:
+        """A LoRA adapter's rank, `r` in its adapter_config.json on the Hub; None where that cannot be told: a path
+        in the container (the server reads it), a repository without the file, or a rank that is not a positive
+        integer. A repository the Hub does not serve to this token is a failure, as a model's is."""
+        if source.startswith("/"):
+            return None
+        try:
+            validate_repo_id(source)
+        except HFValidationError:
+            return None  # the spec's pattern admits only repo ids here: nothing to read
+        token = checked_token(token)
+        key = (source, ADAPTER_CONFIG, hashlib.sha256(token.encode()).hexdigest() if token else "")
+        answer = self._recall(key)
+        if isinstance(answer, ModelConfigUnavailable):
+            raise ModelConfigUnavailable(answer.message)
+        if isinstance(answer, _AdapterConfig):
+            return answer.rank
+        try:
+            config = _Fetch(self, source, "main", token).json(
+                ADAPTER_CONFIG, required=False, limit=self.max_config_bytes
+            )
+        except _Transient:
+            raise
+        except ModelConfigUnavailable as err:
+            self._remember(key, ModelConfigUnavailable(err.message), sys.getsizeof(err.message))
+            raise
+        rank = config.get("r") if isinstance(config, dict) else None
+        found = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else None
+        self._remember(key, _AdapterConfig(found), 64)
+        return found
+
+    def _recall(self, key: tuple[str, str, str]) -> _Answer | None:
         with self._lock:
             cached = self._cache.get(key)
             if cached is None:
@@ -144,7 +186,7 @@ class HubClient:
             self._cache.move_to_end(key)
             return cached.answer
 
-    def _remember(self, key: tuple[str, str, str], answer: ModelFiles | ModelConfigUnavailable, size: int) -> None:
+    def _remember(self, key: tuple[str, str, str], answer: _Answer, size: int) -> None:
         """Least recently used out first, down to cache_entries and cache_bytes; an answer larger than
         cache_bytes on its own is not kept."""
         with self._lock:
