@@ -28,12 +28,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() { sed -n '6,7p' "$0" | sed 's/^# *//' >&2; exit 2; }
-die() { echo "release.sh: $*" >&2; exit 1; }
-say() { echo "release.sh [$((SECONDS / 60))m$((SECONDS % 60))s] $*" >&2; }
-quiet() { # CMD...: runs it with its output kept, shown only if it fails
-  local output
-  output=$("$@" 2>&1) || { echo "$output" >&2; die "failed: ${*:1:2} ..."; }
-}
+source "$(dirname "${BASH_SOURCE[0]}")/release-common.sh"
 
 version=${1:-}; [[ -n $version && $version != -* ]] || usage; shift
 registry="" key="" keyless=0 unsigned=0 base="" platforms=linux/amd64,linux/arm64 out="" plain_http=0 allow_unreleased=0

@@ -16,12 +16,7 @@
 
 set -euo pipefail
 usage() { sed -n '6p' "$0" | sed 's/^# *//' >&2; exit 2; }
-die() { echo "sign-release.sh: $*" >&2; exit 1; }
-say() { echo "sign-release.sh [$((SECONDS / 60))m$((SECONDS % 60))s] $*" >&2; }
-quiet() { # CMD...: runs it with its output kept, shown only if it fails
-  local output
-  output=$("$@" 2>&1) || { echo "$output" >&2; die "failed: ${*:1:2} ..."; }
-}
+source "$(dirname "${BASH_SOURCE[0]}")/release-common.sh"
 
 dir=${1:-}; [[ -n $dir && $dir != -* ]] || usage; shift
 key="" keyless=0 plain_http=0
