@@ -109,10 +109,9 @@ def gather(
     wrote (None: use the object's own); errors that are about this service (bad spec, model unavailable) are
     observations, not raised. A model the formulas do not know is sized by `vllm` (the CLI's --vllm-python), else
     by a sizing Job where `sizing_jobs` reads them (the operator: controller/vllm_sizing.py); the adapters' ranks
-    are checked where `adapters` reads them. Each node's profile
-    from its labels is refined by what the view's other sources say of it (core/node_facts.py). `read_spec`: a
-    file's spec refuses a field it does not know (parse_spec); the operator's drops a newer CRD's
-    (api/crd.py parse_stored_spec)."""
+    are checked where `adapters` reads them. Each node's profile from its labels is refined by what the view's
+    other sources say of it (core/node_facts.py). `read_spec`: a file's spec refuses a field it does not know
+    (parse_spec); the operator's drops a newer CRD's (api/crd.py parse_stored_spec)."""
     meta = service["metadata"]
     raw_spec = service.get("spec") or {}
     owner = Owner(name=meta["name"], namespace=meta.get("namespace") or "default", uid=meta.get("uid"))
