@@ -57,8 +57,8 @@ LORA_SLICE_ROW_SMALL_KERNELS = 1.22
 ALLREDUCE_SMALL_KERNELS = 6.5
 # - at TP > 1 without a CPU kept for them, the server's processes that keep a core busy beside the ranks (the engine
 #   core, polling its workers' replies) in a decode step; not in a prefill's long steps, where the poller, which
-#   calls sched_yield, gives way to the ranks (TP 2 at one core a rank answered 1,024-token prompts in 0.75-1.13 s in
-#   two runs where the factor predicted 1.84-2.49 s; docs/benchmarks.md);
+#   calls sched_yield, gives way to the ranks (five TP 2 first tokens at one core a rank: 0.59-1.74x the measurement
+#   without it, centred; 0.88-2.61x with it, high; docs/benchmarks.md);
 BUSY_SERVER_PROCESSES = 1
 # - a prefill chunk's matrix products reach the probe's 4096 x 4096 matrix's rate at the same batch from layers this
 #   wide, and (width / this) ** PREFILL_WIDTH_EXPONENT of it from narrower ones (their blocks fill the kernel's less).
