@@ -357,6 +357,17 @@ def test_an_adapters_rank_is_read_from_its_adapter_config_where_it_can_be(endpoi
     assert HubClient(endpoint=endpoint, allow_http=True).adapter_rank(source, None) == rank
 
 
+def test_adapters_ranks_do_not_push_a_models_answer_out_of_the_cache(endpoint):
+    """A tenant's service names up to 16 adapters: their answers are kept apart from the models'."""
+    hub = HubClient(endpoint=endpoint, allow_http=True, cache_entries=1)
+    hub.fetch("org/configonly", None, None)
+    for index in range(20):
+        hub.adapter_rank(f"org/adapter{index}", None)
+    Hub.requests.clear()
+    hub.fetch("org/configonly", None, None)
+    assert Hub.requests == []
+
+
 def test_an_adapters_rank_is_cached_by_credential_and_its_failures_are_typed(endpoint):
     hub = HubClient(endpoint=endpoint, allow_http=True)
     Hub.requests.clear()

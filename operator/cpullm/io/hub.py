@@ -99,10 +99,13 @@ class HubClient:
     # DeepSeek-V3's 163 headers: ~92,000 tensors at ~140 bytes, ~12 MiB; an int4 Qwen3-Next's ~300,000: ~40 MiB.
     max_headers_bytes: int = 64 * 2**20
     cache_entries: int = 64
+    # Adapters' ranks, in a cache of their own: a tenant's 16 adapters a service must not push models' answers out.
+    adapter_cache_entries: int = 1024
     cache_bytes: int = 32 * 2**20  # a parsed config.json holds ~3-8 times its text: ~115 MiB for a 14.8 MiB one
     allow_http: bool = False
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _cache: OrderedDict[tuple[str, str, str], _Cached] = field(default_factory=OrderedDict, init=False, repr=False)
+    _adapters: OrderedDict[tuple[str, str, str], _Cached] = field(default_factory=OrderedDict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _header_readers: threading.Semaphore = field(
         default_factory=lambda: threading.Semaphore(HEADER_READERS), init=False, repr=False
@@ -155,7 +158,7 @@ class HubClient:
             return None  # the spec's pattern admits only repo ids here: nothing to read
         token = checked_token(token)
         key = (source, ADAPTER_CONFIG, hashlib.sha256(token.encode()).hexdigest() if token else "")
-        answer = self._recall(key)
+        answer = self._recall(key, self._adapters)
         if isinstance(answer, ModelConfigUnavailable):
             raise ModelConfigUnavailable(answer.message)
         if isinstance(answer, _AdapterConfig):
@@ -167,35 +170,41 @@ class HubClient:
         except _Transient:
             raise
         except ModelConfigUnavailable as err:
-            self._remember(key, ModelConfigUnavailable(err.message), sys.getsizeof(err.message))
+            self._remember(key, ModelConfigUnavailable(err.message), sys.getsizeof(err.message), self._adapters)
             raise
         rank = config.get("r") if isinstance(config, dict) else None
         found = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else None
-        self._remember(key, _AdapterConfig(found), 64)
+        self._remember(key, _AdapterConfig(found), 64, self._adapters)
         return found
 
-    def _recall(self, key: tuple[str, str, str]) -> _Answer | None:
+    def _recall(self, key: tuple[str, str, str], store: OrderedDict[Any, _Cached] | None = None) -> _Answer | None:
+        store = self._cache if store is None else store
         with self._lock:
-            cached = self._cache.get(key)
+            cached = store.get(key)
             if cached is None:
                 return None
             lifetime = FAILURE_SECONDS if isinstance(cached.answer, ModelConfigUnavailable) else self.cache_seconds
             if self.clock() - cached.stamp >= lifetime:
-                del self._cache[key]
+                del store[key]
                 return None
-            self._cache.move_to_end(key)
+            store.move_to_end(key)
             return cached.answer
 
-    def _remember(self, key: tuple[str, str, str], answer: _Answer, size: int) -> None:
-        """Least recently used out first, down to cache_entries and cache_bytes; an answer larger than
-        cache_bytes on its own is not kept."""
+    def _remember(
+        self, key: tuple[str, str, str], answer: _Answer, size: int, store: OrderedDict[Any, _Cached] | None = None
+    ) -> None:
+        """Least recently used out first, down to cache_entries and cache_bytes (adapter_cache_entries for the
+        adapters'); an answer larger than cache_bytes on its own is not kept."""
+        models = store is None
+        store = self._cache if store is None else store
+        entries = self.cache_entries if models else self.adapter_cache_entries
         with self._lock:
-            self._cache.pop(key, None)
+            store.pop(key, None)
             if size > self.cache_bytes:
                 return
-            self._cache[key] = _Cached(self.clock(), answer, size)
-            while len(self._cache) > self.cache_entries or self.cached_bytes > self.cache_bytes:
-                self._cache.popitem(last=False)
+            store[key] = _Cached(self.clock(), answer, size)
+            while len(store) > entries or (models and self.cached_bytes > self.cache_bytes):
+                store.popitem(last=False)
 
     @property
     def cached_bytes(self) -> int:
