@@ -129,21 +129,14 @@ class HubClient:
                 "absolute path"
             ) from err
         token = checked_token(token)
-        key = (name, revision or "main", hashlib.sha256(token.encode()).hexdigest() if token else "")
-        answer = self._recall(key)
-        if isinstance(answer, ModelConfigUnavailable):
-            raise ModelConfigUnavailable(answer.message)  # a new one: raising the cached one would grow its traceback
-        if isinstance(answer, ModelFiles):
-            return answer
-        try:
-            files = _Fetch(self, name, key[1], token).files()
-        except _Transient:
-            raise
-        except ModelConfigUnavailable as err:
-            self._remember(key, ModelConfigUnavailable(err.message), sys.getsizeof(err.message))  # no traceback held
-            raise
-        size = _footprint((files.config, files.tensors and files.tensors.elements), self.cache_bytes)
-        self._remember(key, files, size)
+        revision = revision or "main"
+
+        def read() -> tuple[ModelFiles, int]:
+            files = _Fetch(self, name, revision, token).files()
+            return files, _footprint((files.config, files.tensors and files.tensors.elements), self.cache_bytes)
+
+        files = self._answer((name, revision, _credential(token)), self._cache, read)
+        assert isinstance(files, ModelFiles), "the models' cache holds models' answers"
         return files
 
     def adapter_rank(self, source: str, token: str | None) -> int | None:
@@ -157,28 +150,40 @@ class HubClient:
         except HFValidationError:
             return None  # the spec's pattern admits only repo ids here: nothing to read
         token = checked_token(token)
-        key = (source, ADAPTER_CONFIG, hashlib.sha256(token.encode()).hexdigest() if token else "")
-        answer = self._recall(key, self._adapters)
-        if isinstance(answer, ModelConfigUnavailable):
-            raise ModelConfigUnavailable(answer.message)
-        if isinstance(answer, _AdapterConfig):
-            return answer.rank
-        try:
+
+        def read() -> tuple[_AdapterConfig, int]:
             config = _Fetch(self, source, "main", token).json(
                 ADAPTER_CONFIG, required=False, limit=self.max_config_bytes
             )
+            rank = config.get("r") if isinstance(config, dict) else None
+            positive = isinstance(rank, int) and not isinstance(rank, bool) and rank > 0
+            return _AdapterConfig(rank if positive else None), 64
+
+        answer = self._answer((source, "main", _credential(token)), self._adapters, read)
+        assert isinstance(answer, _AdapterConfig), "the adapters' cache holds adapters' answers"
+        return answer.rank
+
+    def _answer(
+        self, key: tuple[str, str, str], store: OrderedDict[Any, _Cached], read: Callable[[], tuple[_Answer, int]]
+    ) -> _Answer:
+        """`store`'s answer for `key`, else `read`'s (an answer and the bytes it holds), kept there: a failure a
+        reconcile would meet again is answered again, a _Transient one is not kept."""
+        answer = self._recall(key, store)
+        if isinstance(answer, ModelConfigUnavailable):
+            raise ModelConfigUnavailable(answer.message)  # a new one: raising the cached one would grow its traceback
+        if answer is not None:
+            return answer
+        try:
+            answer, size = read()
         except _Transient:
             raise
         except ModelConfigUnavailable as err:
-            self._remember(key, ModelConfigUnavailable(err.message), sys.getsizeof(err.message), self._adapters)
+            self._remember(key, ModelConfigUnavailable(err.message), sys.getsizeof(err.message), store)  # no traceback
             raise
-        rank = config.get("r") if isinstance(config, dict) else None
-        found = rank if isinstance(rank, int) and not isinstance(rank, bool) and rank > 0 else None
-        self._remember(key, _AdapterConfig(found), 64, self._adapters)
-        return found
+        self._remember(key, answer, size, store)
+        return answer
 
-    def _recall(self, key: tuple[str, str, str], store: OrderedDict[Any, _Cached] | None = None) -> _Answer | None:
-        store = self._cache if store is None else store
+    def _recall(self, key: tuple[str, str, str], store: OrderedDict[Any, _Cached]) -> _Answer | None:
         with self._lock:
             cached = store.get(key)
             if cached is None:
@@ -191,12 +196,11 @@ class HubClient:
             return cached.answer
 
     def _remember(
-        self, key: tuple[str, str, str], answer: _Answer, size: int, store: OrderedDict[Any, _Cached] | None = None
+        self, key: tuple[str, str, str], answer: _Answer, size: int, store: OrderedDict[Any, _Cached]
     ) -> None:
         """Least recently used out first, down to cache_entries and cache_bytes (adapter_cache_entries for the
         adapters'); an answer larger than cache_bytes on its own is not kept."""
-        models = store is None
-        store = self._cache if store is None else store
+        models = store is self._cache
         entries = self.cache_entries if models else self.adapter_cache_entries
         with self._lock:
             store.pop(key, None)
@@ -209,6 +213,11 @@ class HubClient:
     @property
     def cached_bytes(self) -> int:
         return sum(cached.size for cached in self._cache.values())
+
+
+def _credential(token: str | None) -> str:
+    """What a cache key holds of a token: its digest (answers differ by who asks; the token itself is not kept)."""
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
 def summarize_headers(headers: Sequence[Any]) -> CheckpointTensors:
