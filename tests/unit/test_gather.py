@@ -259,12 +259,12 @@ ADAPTERS = [
 def test_an_adapter_whose_file_gives_a_higher_rank_than_the_spec_is_an_invalid_spec(ranks, message):
     """vLLM refuses an adapter above --max-lora-rank, or holds more memory for it than the plan counts."""
     raw = {"model": {"name": "org/m"}, "kvCacheGiB": 1, "hfTokenSecret": {"name": "hf"}, "adapters": ADAPTERS}
-    adapters = Adapters(ranks)
+    adapters, cluster = Adapters(ranks), Cluster(SECRET)
     obs = gather(
         service(raw),
         ClusterView(nodes=[node("n1")]),
         last_status=None,
-        cluster=Cluster(SECRET),
+        cluster=cluster,
         models=Source(),
         adapters=adapters,
     )
@@ -273,6 +273,7 @@ def test_an_adapter_whose_file_gives_a_higher_rank_than_the_spec_is_an_invalid_s
     else:
         assert isinstance(obs.model, InvalidSpec) and obs.model.message == message
     assert adapters.reads[:1] == [("org/support-lora", "hf_secret")]  # with the spec's token, as the model
+    assert [read for read in cluster.reads if read[0] == "secret"] == [("secret", "serving", "hf", "HF_TOKEN")]
 
 
 def test_without_an_adapter_source_the_ranks_are_not_read():

@@ -64,21 +64,30 @@ def resolve_model(
     cluster: ClusterFacts,
     models: ModelConfigSource,
     vllm: VllmSizer | None = None,
+    adapters: AdapterConfigSource | None = None,
 ) -> ModelSize:
+    """The model's size; where `adapters` reads them, the adapters' ranks are checked too (one read of the token
+    secret serves both)."""
     model = spec.model
     always = model.sized_by == SizedBy.VLLM
+    checked = adapters if spec.adapters else None
+    token = hf_token(spec, namespace, cluster) if model.config is None or checked is not None else None
     if model.config is not None:
-        return size_model(model.config, model.dtype, weights_bytes=model.weights_bytes, vllm=vllm, always_vllm=always)
-    files = models.fetch(model.name, model.revision, hf_token(spec, namespace, cluster))
-    return size_model(
-        files.config,
-        model.dtype,
-        weights_bytes=model.weights_bytes,
-        checkpoint_total_bytes=files.checkpoint_total_bytes,
-        tensors=files.tensors,
-        vllm=vllm,
-        always_vllm=always,
-    )
+        size = size_model(model.config, model.dtype, weights_bytes=model.weights_bytes, vllm=vllm, always_vllm=always)
+    else:
+        files = models.fetch(model.name, model.revision, token)
+        size = size_model(
+            files.config,
+            model.dtype,
+            weights_bytes=model.weights_bytes,
+            checkpoint_total_bytes=files.checkpoint_total_bytes,
+            tensors=files.tensors,
+            vllm=vllm,
+            always_vllm=always,
+        )
+    if checked is not None:
+        check_adapter_ranks(spec, token, checked)
+    return size
 
 
 def hf_token(spec: CpuLLMServiceSpec, namespace: str, cluster: ClusterFacts) -> str | None:
@@ -132,9 +141,7 @@ def gather(
         if vllm is None and sizing_jobs is not None:
             vllm = job_sizer = JobSizer(owner, spec, previous, nodes, sizing_jobs, policy.vllm_images)
         try:
-            model = resolve_model(spec, owner.namespace, cluster, models, vllm)
-            if adapters is not None and spec.adapters:
-                check_adapter_ranks(spec, hf_token(spec, owner.namespace, cluster), adapters)
+            model = resolve_model(spec, owner.namespace, cluster, models, vllm, adapters)
         except CpuLLMError as err:
             model = err
         except Exception as err:  # a bug on some input: this service reports it, the others go on
