@@ -10,9 +10,10 @@ from __future__ import annotations
 import difflib
 import functools
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
 from pydantic.alias_generators import to_camel, to_snake
@@ -54,6 +55,8 @@ def name_problem(name: str) -> str | None:
         return f"metadata.name {name[:80]!r}: {NAME_RULE}"
     return None
 
+
+M = TypeVar("M", bound=BaseModel)
 
 # The API server stores integers as int64; a larger one can only come from a file the CLI reads, and would
 # overflow the planner's float arithmetic (GiB in messages) or the YAML and JSON it writes.
@@ -1280,23 +1283,29 @@ def copy_json(value: Any) -> Any:
 
 def parse_spec(raw: Mapping[str, Any] | None) -> CpuLLMServiceSpec:
     """Validate a spec as the API server stored it; errors become one InvalidSpec naming each field."""
+    return parse_model(CpuLLMServiceSpec, raw)
+
+
+def parse_model(model: type[M], raw: Mapping[str, Any] | None) -> M:
+    """Validate the spec of one of our kinds (`model`, its spec model); errors become one InvalidSpec naming each
+    field, nothing of a field's value but its type."""
     if too_deep(raw):
         raise InvalidSpec(f"spec: nested more than {MAX_SPEC_DEPTH} levels deep (no field of a spec needs that)")
     try:
-        return CpuLLMServiceSpec.model_validate(raw or {})
+        return model.model_validate(raw or {})
     except ValidationError as err:
-        raise InvalidSpec("; ".join(_problem(e) for e in err.errors())) from err
+        raise InvalidSpec("; ".join(_problem(e, model) for e in err.errors())) from err
 
 
-def _problem(error: Any) -> str:
+def _problem(error: Any, spec: type[BaseModel]) -> str:
     """One validation error as a person reads it: the field's path, and for a field the spec does not have, the
     closest one it does (a misspelling the API server would have pruned silently)."""
     where = "spec." + ".".join(str(p) for p in error["loc"]) if error["loc"] else "spec"
     if error["type"] == "extra_forbidden" and error["loc"]:
-        guess = difflib.get_close_matches(str(error["loc"][-1]), _field_names(), n=1, cutoff=0.7)
+        guess = difflib.get_close_matches(str(error["loc"][-1]), _field_names(spec), n=1, cutoff=0.7)
         return f"{where}: no such field" + (f" (did you mean {guess[0]}?)" if guess else "")
     if error["type"] == "model_type":  # pydantic names its class ("a valid dictionary or instance of SecretKeyRef")
-        model = globals().get((error.get("ctx") or {}).get("class_name", ""))
+        model = vars(sys.modules[spec.__module__]).get((error.get("ctx") or {}).get("class_name", ""))
         fields: list[str] = []
         if isinstance(model, type) and issubclass(model, BaseModel):
             fields = [f.alias or name for name, f in model.model_fields.items()]
@@ -1306,7 +1315,7 @@ def _problem(error: Any) -> str:
 
 
 @functools.cache
-def _field_names() -> tuple[str, ...]:
+def _field_names(spec: type[BaseModel]) -> tuple[str, ...]:
     """Every field name (as spelt in YAML) anywhere in the spec."""
     names: set[str] = set()
 
@@ -1319,5 +1328,5 @@ def _field_names() -> tuple[str, ...]:
             for value in node:
                 walk(value)
 
-    walk(CpuLLMServiceSpec.model_json_schema(by_alias=True))
+    walk(spec.model_json_schema(by_alias=True))
     return tuple(sorted(names))

@@ -1,0 +1,245 @@
+"""The CpuLLMGateway's HAProxy as its pod runs it (testbed/gateway_pod.py: the image's root filesystem, the rendered
+ConfigMap and start script, the teams' keys as mounted Secrets), in front of two stand-in OpenAI servers on this
+machine: each team reaches exactly its models, a wrong key is 401, an ungranted model 403, an unknown one 404, a team
+over its rate 429 with Retry-After, GET /v1/models lists the team's models, a service's own key is sent in place of
+the team's, a stream passes unbuffered, and a key rotated under steady traffic drops no request. Pytest marker
+`kind` (root: a mount namespace, an overlay and chroot), run with the kind tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from testbed.gateway_pod import GatewayPod
+from testbed.tools import eventually, free_port
+
+from cpullm.api.gateway import parse_gateway_spec
+from cpullm.core.gateway import GatewayOwner, config_files, routes
+
+pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace and chroot need root")]
+NAMESPACE = "teams"
+STREAM_PAUSE = 0.3  # between a stand-in server's streamed chunks
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """An OpenAI server's shape: echoes the model and the Authorization it was sent; streams when asked."""
+
+    protocol_version = "HTTP/1.1"
+    server: ThreadingHTTPServer
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        seen = {"server": self.server.name, "model": body.get("model"), "auth": self.headers.get("authorization")}  # type: ignore[attr-defined]
+        if body.get("stream"):
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for chunk in (f"data: {json.dumps(seen)}\n\n", "data: [DONE]\n\n"):
+                data = chunk.encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                time.sleep(STREAM_PAUSE)
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        out = json.dumps(seen).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+class StandInServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the gateway closing an idle connection: nothing to print
+
+
+def stand_in(name: str) -> ThreadingHTTPServer:
+    server = StandInServer(("127.0.0.1", free_port()), StandIn)
+    server.name = name  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def service(name: str, model: str, port: int, adapters: tuple[str, ...] = (), key: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"name": model, "config": {}},
+        "adapters": [{"name": a, "source": "org/adapter", "rank": 8} for a in adapters],
+        "service": {"port": port},
+    }
+    if key:
+        spec["apiKeySecret"] = {"name": key}
+    return {"metadata": {"name": name}, "spec": spec, "status": {"plan": {"maxNumSeqs": 4}}}
+
+
+class Gateway:
+    def __init__(self, port: int) -> None:
+        self.url = f"http://127.0.0.1:{port}"
+
+    def up(self) -> bool:
+        try:
+            return self.call("key-b", "/v1/models")[0] == 200
+        except urllib.error.URLError:
+            return False
+
+    def call(self, key: str | None, path: str, body: dict[str, Any] | None = None) -> tuple[int, Message, Any]:
+        headers = {"content-type": "application/json", **({"authorization": f"Bearer {key}"} if key else {})}
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(self.url + path, data=data, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status, answer.headers, json.loads(answer.read())
+        except urllib.error.HTTPError as err:
+            return err.code, err.headers, json.loads(err.read())
+
+
+@pytest.fixture(scope="module")
+def gateway() -> Iterator[tuple[Gateway, GatewayPod]]:
+    chat, code = stand_in("chat"), stand_in("code")
+    port = free_port()
+    spec = parse_gateway_spec(
+        {
+            "services": ["chat", "code"],
+            "port": port,
+            "replicas": 1,
+            "teams": [
+                {
+                    "name": "team-a",
+                    "keySecret": {"name": "a"},
+                    "models": ["tiny", "tiny-lora"],
+                },
+                {"name": "team-b", "keySecret": {"name": "b"}, "priority": 5},
+                {"name": "team-r", "keySecret": {"name": "r"}, "models": ["tiny"], "requestsPerMinute": 30},
+            ],
+        }
+    )
+    services = {
+        "chat": service("chat", "tiny", chat.server_port, adapters=("tiny-lora",)),
+        "code": service("code", "org/coder", code.server_port, key="code-key"),
+    }
+    files = config_files(GatewayOwner("front", NAMESPACE), spec, routes(spec, services))
+    for name in ("chat", "code"):  # the services' addresses, here on this machine
+        files["haproxy.cfg"] = files["haproxy.cfg"].replace(f"{name}.{NAMESPACE}.svc.cluster.local", "127.0.0.1")
+    pod = GatewayPod(
+        files,
+        {"team-a": "key-a\n", "team-b": "key-b", "team-r": "key-r"},
+        env={"CPULLM_SERVICE_KEY_1": "the-servers-key"},
+    )
+    pod.start()
+    front = Gateway(port)
+    try:
+        eventually(front.up, timeout=30, what="the gateway answering")
+        yield front, pod
+    finally:
+        pod.stop()
+        for server in (chat, code):
+            server.shutdown()
+            server.server_close()
+
+
+def test_each_team_reaches_exactly_its_models(gateway: tuple[Gateway, GatewayPod]):
+    front, _ = gateway
+    status, _, seen = front.call(
+        "key-a", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "tiny-lora"}
+    )
+    assert (status, seen["server"], seen["model"], seen["auth"]) == (200, "chat", "tiny-lora", None)
+    status, _, seen = front.call("key-b", "/v1/completions", {"model": "org/coder", "prompt": "def"})
+    # The service's own guard: the gateway sends its key, never the team's.
+    assert (status, seen["server"], seen["auth"]) == (200, "code", "Bearer the-servers-key")
+    status, _, error = front.call("key-a", "/v1/completions", {"model": "org/coder", "prompt": "def"})
+    assert (status, error["error"]["code"]) == (403, "model_not_allowed")
+    status, _, error = front.call("key-b", "/v1/completions", {"model": "gpt-4", "prompt": "x"})
+    assert (status, error["error"]["code"]) == (404, "model_not_found")
+    status, _, error = front.call("key-b", "/v1/completions", {"prompt": "x"})
+    assert (status, error["error"]["code"]) == (400, "model_missing")
+    for key in (None, "key-c", "KEY-A", ""):
+        status, _, error = front.call(key, "/v1/completions", {"model": "tiny", "prompt": "x"})
+        assert (status, error["error"]["code"]) == (401, "invalid_api_key"), key
+    assert [m["id"] for m in front.call("key-a", "/v1/models")[2]["data"]] == ["tiny", "tiny-lora"]
+    assert [m["id"] for m in front.call("key-b", "/v1/models")[2]["data"]] == ["org/coder", "tiny", "tiny-lora"]
+
+
+def test_a_body_over_the_limit_is_refused(gateway: tuple[Gateway, GatewayPod]):
+    front, _ = gateway
+    status, _, error = front.call("key-b", "/v1/completions", {"model": "tiny", "prompt": "x" * (300 * 1024)})
+    assert (status, error["error"]["code"]) == (413, "request_too_large")
+
+
+def test_a_stream_passes_chunk_by_chunk(gateway: tuple[Gateway, GatewayPod]):
+    front, _ = gateway
+    body = json.dumps({"model": "tiny", "prompt": "x", "stream": True}).encode()
+    request = urllib.request.Request(
+        front.url + "/v1/completions",
+        data=body,
+        headers={"authorization": "Bearer key-b", "content-type": "application/json"},
+    )
+    started = time.monotonic()
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        first = answer.readline()
+        first_at = time.monotonic() - started
+        rest = answer.read()
+    assert first.startswith(b"data: {") and b"[DONE]" in rest
+    assert first_at < 2 * STREAM_PAUSE, f"the first chunk came after {first_at:.2f} s: buffered"
+
+
+def test_a_team_over_its_rate_waits(gateway: tuple[Gateway, GatewayPod]):
+    front, _ = gateway
+    answers = [front.call("key-r", "/v1/completions", {"model": "tiny", "prompt": "x"}) for _ in range(35)]
+    statuses = [a[0] for a in answers]
+    assert statuses[:30] == [200] * 30 and statuses[30:] == [429] * 5, statuses
+    assert answers[-1][1].get("Retry-After") == "2" and answers[-1][2]["error"]["code"] == "rate_limit_exceeded"
+    # Another team is not held by it.
+    assert front.call("key-b", "/v1/completions", {"model": "tiny", "prompt": "x"})[0] == 200
+
+
+def test_a_key_rotates_under_traffic_without_a_failed_request(gateway: tuple[Gateway, GatewayPod]):
+    front, pod = gateway
+    failures: list[Any] = []
+    done, moving = threading.Event(), threading.Event()
+    counts = {"old": 0, "new": 0}
+
+    def traffic() -> None:  # team-b's requests: the old key, then the new one once the clients are told to move
+        while not done.is_set():
+            key = "key-b2" if moving.is_set() else "key-b"
+            try:
+                status, _, _ = front.call(key, "/v1/completions", {"model": "tiny", "prompt": "x"})
+            except Exception as err:  # a cut connection is a failure too
+                failures.append(repr(err))
+                continue
+            if status == 200:
+                counts["new" if key == "key-b2" else "old"] += 1
+            else:
+                failures.append((key, status))
+
+    threads = [threading.Thread(target=traffic) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    try:
+        eventually(lambda: counts["old"] > 20, timeout=30, what="steady traffic")
+        pod.rotate("team-b", "key-b\nkey-b2\n")  # the new key beside the old, while the clients move to it
+        eventually(lambda: front.call("key-b2", "/v1/models")[0] == 200, timeout=30, what="the new key admitted")
+        moving.set()
+        eventually(lambda: counts["new"] > 20, timeout=30, what="traffic on the new key")
+        pod.rotate("team-b", "key-b2\n")  # then the old one goes
+        eventually(lambda: front.call("key-b", "/v1/models")[0] == 401, timeout=30, what="the old key refused")
+        settled = counts["new"]
+        eventually(lambda: counts["new"] > settled + 20, timeout=30, what="traffic after the old key went")
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join()
+    assert failures == [], failures
+    assert "keys changed, reloading" in pod.output()

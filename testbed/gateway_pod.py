@@ -1,0 +1,79 @@
+"""A CpuLLMGateway pod's container, run on this machine as its image runs it (root): the files of the gateway's
+ConfigMap at /etc/cpullm-gateway, the teams' keys at /var/run/cpullm-gateway/keys, the image's own root filesystem
+(testbed.images HAPROXY_ROOTFS: Debian's haproxy, the router's and gateway's image here) under an overlay, so its
+/bin/sh, sha256sum and haproxy run the start script, all in a mount namespace of their own and on this machine's
+network. The keys directory is bind-mounted from the host, so a test rotates a key as the kubelet does: a new
+file renamed over the old one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from testbed.images import HAPROXY_ROOTFS
+
+CONFIG_DIR, KEYS_DIR, RUN_DIR = "etc/cpullm-gateway", "run/cpullm-gateway/keys", "run/cpullm-gateway"
+
+
+class GatewayPod:
+    """`files`: the ConfigMap's data; `keys`: team -> key; `env`: the container's environment (services' keys)."""
+
+    def __init__(self, files: Mapping[str, str], keys: Mapping[str, str], env: Mapping[str, str] | None = None) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="cpullm-gateway-"))
+        self.keys = self.dir / "keys"
+        self.keys.mkdir()
+        upper = self.dir / "upper"
+        (upper / CONFIG_DIR).mkdir(parents=True)
+        (upper / KEYS_DIR).mkdir(parents=True)
+        for name, text in files.items():
+            (upper / CONFIG_DIR / name).write_text(text)
+        shutil.copy("/etc/resolv.conf", upper / "etc" / "resolv.conf")
+        for team, key in keys.items():
+            self.rotate(team, key)
+        self.env = dict(env or {})
+        self.log = self.dir / "gateway.log"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def rotate(self, team: str, key: str) -> None:
+        """The team's key file replaced at once (a rename), as the kubelet swaps a Secret's files."""
+        fresh = self.keys / f".{team}.new"
+        fresh.write_text(key)
+        fresh.rename(self.keys / team)
+
+    def start(self) -> None:
+        rootfs, merged, work = HAPROXY_ROOTFS.build(), self.dir / "merged", self.dir / "work"
+        merged.mkdir()
+        work.mkdir()
+        script = (
+            f"mount -t overlay overlay -o lowerdir={rootfs},upperdir={self.dir / 'upper'},workdir={work} {merged}"
+            f" && mount --bind {self.keys} {merged / KEYS_DIR}"
+            f" && exec chroot {merged} /bin/sh /{CONFIG_DIR}/start.sh"
+        )
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **self.env}
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
