@@ -70,6 +70,7 @@ def cluster_ready(kubectl: Kubectl) -> Kubectl:
     """CRD installed and established; sample nodes Ready."""
     kubectl.run("apply", "--server-side", "-f", str(ROOT / "crds"))
     kubectl.wait_established("cpullmservices.cpullm.io")
+    kubectl.wait_established("cpullmgateways.cpullm.io")
     kubectl.apply(*sample_nodes())
     for node in sample_nodes():
         eventually(lambda n=node: node_ready(kubectl, n["metadata"]["name"]), timeout=60, what="sample node Ready")

@@ -472,7 +472,7 @@ REFUSED_CHANGE = "the cpullm-operator may change only its own children"
             ("label", "configmap", "child", "app.kubernetes.io/managed-by-"),
             None,
             "may leave only its own children (labelled app.kubernetes.io/managed-by=cpullm-operator, controlled by a"
-            " CpuLLMService): configmaps {tenant}/child would not be one",
+            " CpuLLMService or CpuLLMGateway): configmaps {tenant}/child would not be one",
             id="relabel-a-child-away",
         ),
         pytest.param(
@@ -577,7 +577,8 @@ def test_the_operator_serves_under_its_write_policy(
         kubectl.run("label", "service", "served", "-n", tenant, "app.kubernetes.io/managed-by-")
         kubectl.run("patch", "service", "served", "-n", tenant, "-p", '{"spec":{"selector":{"app":"elsewhere"}}}')
         relabelled = (
-            f"{REFUSED_CHANGE} (labelled {MANAGED_BY}, controlled by a CpuLLMService): services {tenant}/served"
+            f"{REFUSED_CHANGE} (labelled {MANAGED_BY}, controlled by a CpuLLMService or CpuLLMGateway):"
+            f" services {tenant}/served"
         )
         eventually(lambda: denied(tenant, "served", relabelled), timeout=60, what="the relabelled child refused")
         kubectl.run("label", "service", "served", "-n", tenant, MANAGED_BY)
@@ -885,7 +886,10 @@ def changed(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
 
 
 UNPRIVILEGED = "containers are unprivileged, never escalate, add no capability but SYS_NICE and keep a seccomp profile"
-VOLUMES = f"pods mount emptyDir, configMap and persistentVolumeClaim volumes, and hostPaths under {CACHE_DIR}/"
+VOLUMES = (
+    "pods mount emptyDir, configMap, persistentVolumeClaim and projected Secret volumes (the team keys of a gateway),"
+    f" and hostPaths under {CACHE_DIR}/"
+)
 
 
 @pytest.mark.parametrize(
@@ -921,6 +925,20 @@ VOLUMES = f"pods mount emptyDir, configMap and persistentVolumeClaim volumes, an
         pytest.param(changed("volumes.2.hostPath.path", "/etc"), VOLUMES, id="a-host-path-elsewhere"),
         pytest.param(changed("volumes.2.hostPath.path", f"{CACHE_DIR}-x/m"), VOLUMES, id="a-host-path-beside"),
         pytest.param(changed("volumes.3", {"name": "s", "secret": {"secretName": "any"}}), VOLUMES, id="a-secret"),
+        # A gateway's team keys: Secrets projected, nothing else in the projection.
+        pytest.param(
+            changed("volumes.3", {"name": "k", "projected": {"sources": [{"secret": {"name": "team-key"}}]}}),
+            None,
+            id="projected-secrets",
+        ),
+        pytest.param(
+            changed(
+                "volumes.3",
+                {"name": "k", "projected": {"sources": [{"serviceAccountToken": {"path": "token"}}]}},
+            ),
+            VOLUMES,
+            id="a-projected-token",
+        ),
         pytest.param(
             changed("containers.0.image", "evil.example/miner:1"),
             f"images are those of its chart (docker.io/library/haproxy:3.2, {PUBLISHED}",

@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 help="leave out the ConfigMap carrying the in-pod launcher's source (what remains is easier to read)",
             )
     crd = commands.add_parser("crd", help="print a CustomResourceDefinition")
-    crd.add_argument("--kind", choices=("CpuLLMService", "NodePerformance"), default="CpuLLMService")
+    crd.add_argument("--kind", choices=("CpuLLMService", "CpuLLMGateway", "NodePerformance"), default="CpuLLMService")
     commands.add_parser(
         "chart-kinds",
         help="print the kinds the operator owns as the chart's RBAC and policies read them (files/owned-kinds.json)",

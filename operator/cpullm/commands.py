@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from cpullm.api.crd import build_crd, build_performance_crd
+from cpullm.api.crd import build_crd, build_gateway_crd, build_performance_crd
 from cpullm.api.performance import KIND as PERFORMANCE_KIND
 from cpullm.api.performance import PLURAL as PERFORMANCE_PLURAL
 from cpullm.api.plan import Plan
@@ -304,7 +304,9 @@ def run_command(args: argparse.Namespace) -> int:
     """The parsed command, run: 0, or 1 for a refusal (one line on stderr), 2 for a file or cluster problem."""
     try:
         if args.command == "crd":
-            built = build_crd() if args.kind == "CpuLLMService" else build_performance_crd()
+            built = {"CpuLLMService": build_crd, "CpuLLMGateway": build_gateway_crd}.get(
+                args.kind, build_performance_crd
+            )()
             sys.stdout.write(yaml.safe_dump(built, sort_keys=False))
         elif args.command == "chart-kinds":
             sys.stdout.write(json.dumps(owned_kinds_document(), indent=2) + "\n")

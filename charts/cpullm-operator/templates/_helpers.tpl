@@ -45,10 +45,17 @@ with the fix, rather than at pull time; a local build loaded into every node say
 - apiGroups: [cpullm.io]
   resources: [cpullmservices/status]
   verbs: [patch]
+# CpuLLMGateways: watched, their status written (controller/gateway.py).
+- apiGroups: [cpullm.io]
+  resources: [cpullmgateways]
+  verbs: [list, watch]
+- apiGroups: [cpullm.io]
+  resources: [cpullmgateways/status]
+  verbs: [patch]
 # Children carry blockOwnerDeletion: where OwnerReferencesPermissionEnforcement runs (OpenShift), setting it needs
 # update on the owner's finalizers.
 - apiGroups: [cpullm.io]
-  resources: [cpullmservices/finalizers]
+  resources: [cpullmservices/finalizers, cpullmgateways/finalizers]
   verbs: [update]
 # DaemonSets, read only: a whole-node plan leaves their pods' requests free on each node they run on.
 - apiGroups: [apps]

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from cpullm.api import performance
+from cpullm.api import gateway, performance
 from cpullm.api.plan import Plan
 from cpullm.api.spec import (
     GROUP,
@@ -75,12 +75,13 @@ def model_schema(model: type[Any]) -> dict[str, Any]:
     return _openapi(raw, raw.get("$defs", {}))
 
 
-def status_schema() -> dict[str, Any]:
-    condition = {
+def condition_schema(types: str) -> dict[str, Any]:
+    """A metav1.Condition; `types` says which types there are."""
+    return {
         "type": "object",
         "required": ["type", "status", "reason", "message", "lastTransitionTime"],
         "properties": {
-            "type": {"type": "string", "description": "Planned, Ready, Monitoring or Autoscaling."},
+            "type": {"type": "string", "description": types},
             "status": {
                 "type": "string",
                 "enum": ["True", "False", "Unknown"],
@@ -100,6 +101,10 @@ def status_schema() -> dict[str, Any]:
             },
         },
     }
+
+
+def status_schema() -> dict[str, Any]:
+    condition = condition_schema("Planned, Ready, Monitoring or Autoscaling.")
     return {
         "type": "object",
         "description": "What the operator planned and observed; written by the operator only.",
@@ -239,6 +244,61 @@ def build_performance_crd() -> dict[str, Any]:
         ("Age", "date", ".metadata.creationTimestamp", 0),
     ]
     return _crd(performance.KIND, performance.PLURAL, performance.SINGULAR, "Cluster", {"spec": spec}, columns)
+
+
+def build_gateway_crd() -> dict[str, Any]:
+    """CpuLLMGateway: namespaced; one OpenAI endpoint in front of CpuLLMServices, a key per team (docs/gateway.md)."""
+    spec = model_schema(gateway.CpuLLMGatewaySpec)
+    spec["description"] = "One OpenAI endpoint for several CpuLLMServices, with a key per team (docs/gateway.md)."
+    status = {
+        "type": "object",
+        "description": "What the gateway routes and whether it serves; written by the operator only.",
+        "properties": {
+            "observedGeneration": {"type": "integer", "format": "int64", "description": "The spec's generation seen."},
+            "endpoint": {"type": "string", "description": "The gateway's address inside the cluster."},
+            "readyReplicas": {"type": "integer", "description": "Ready gateway pods."},
+            "routes": {
+                "type": "array",
+                "description": "Each model name the gateway routes, and the service that serves it.",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "model": {"type": "string", "description": "The name requests give ('model')."},
+                        "service": {"type": "string", "description": "The CpuLLMService serving it."},
+                    },
+                },
+            },
+            "conditions": {
+                "type": "array",
+                "items": condition_schema("Routed or Ready."),
+                "description": "Routed (every listed service found and routed) and Ready (a gateway pod serves).",
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+        },
+    }
+    columns: list[Column] = [
+        ("Endpoint", "string", ".status.endpoint", 0),
+        ("Ready", "integer", ".status.readyReplicas", 0),
+        ("Status", "string", '.status.conditions[?(@.type=="Routed")].reason', 0),
+        ("Age", "date", ".metadata.creationTimestamp", 0),
+        ("Routes", "string", '.status.conditions[?(@.type=="Routed")].message', 1),
+    ]
+    name_rule = {
+        "rule": f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        "message": NAME_RULE.replace("CpuLLMService", "CpuLLMGateway"),
+    }
+    return _crd(
+        gateway.KIND,
+        gateway.PLURAL,
+        gateway.SINGULAR,
+        "Namespaced",
+        {"spec": spec, "status": status},
+        columns,
+        rules=[name_rule],
+        subresources={"status": {}},
+        names={"shortNames": [gateway.SHORT_NAME], "categories": ["all"]},
+    )
 
 
 @functools.cache

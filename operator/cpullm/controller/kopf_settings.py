@@ -10,6 +10,7 @@ from typing import cast
 import kopf
 
 from cpullm.controller import discovery_wait
+from cpullm.controller.gateway import GatewayReconciler
 from cpullm.controller.memory import OperatorMemory
 from cpullm.controller.pacing import RolloutPacer
 from cpullm.controller.reconcile import Reconciler
@@ -83,7 +84,9 @@ def controller_state(config: Settings) -> ControllerState:
         pacer=pacer,
         adapters=hub,  # the Hub tells a LoRA adapter's rank too
     )
-    return ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers), memory, pacer, kube)
+    state = ControllerState(reconciler, ReconcileWorkers(config.reconcile_workers), memory, pacer, kube)
+    state.gateways = GatewayReconciler(kube, policy.router_image)
+    return state
 
 
 def _optional_node_facts_unresolved(record: logging.LogRecord) -> bool:

@@ -14,7 +14,7 @@ import asyncio
 import operator
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from cpullm.api.plan import Plan
 from cpullm.controller.memory import OperatorMemory
@@ -27,6 +27,9 @@ from cpullm.core.pod_troubles import PodTrouble
 from cpullm.core.server_exits import ServerExit
 from cpullm.core.topology import NodeState, node_state_changed
 from cpullm.metrics import Prediction
+
+if TYPE_CHECKING:
+    from cpullm.controller.gateway import GatewayReconciler
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -143,6 +146,8 @@ class ControllerState:
     resync: asyncio.Task[None] | None = None
     performance: PerformanceWatch = field(default_factory=PerformanceWatch)
     performance_check: asyncio.Task[None] | None = None
+    gateways: GatewayReconciler | None = None  # the CpuLLMGateways' (controller/gateway.py)
+    gateway_resync: asyncio.Task[None] | None = None
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         """Drop what each owner keeps of a deleted service (its children go by garbage collection)."""

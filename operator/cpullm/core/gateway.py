@@ -510,19 +510,18 @@ def decide_gateway(
     now: datetime,
 ) -> GatewayDecision:
     """Children, status and events for a gateway: `services` are its namespace's CpuLLMServices by name,
-    `deployment_status` its Deployment's status (None: absent), `previous` its status as last written."""
+    `deployment_status` its Deployment's status (None: absent), `previous` its status as last written, `image` the
+    operator's router image (a spec that names none)."""
     before = previous.get("conditions") or []
     if isinstance(spec, CpuLLMError):
         conditions = [
             condition(ROUTED, False, spec.reason, spec.message, owner.generation, now, before),
-            condition(
-                READY, False, spec.reason, "the spec is invalid: nothing is served", owner.generation, now, before
-            ),
+            condition(READY, False, spec.reason, f"nothing is served: {spec.message}", owner.generation, now, before),
         ]
         status = {"observedGeneration": owner.generation, "conditions": conditions}
         return GatewayDecision((), status, _events(before, conditions))
     routed = routes(spec, services)
-    children = build_children(owner, spec, routed, image)
+    children = build_children(owner, spec, routed, spec.image or image)
     count = f"{len(routed.model_service)} model(s) of {len(routed.services)} service(s)"
     routed_condition = (
         condition(ROUTED, True, "Routed", f"routes {count}", owner.generation, now, before)

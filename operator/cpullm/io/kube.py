@@ -292,10 +292,14 @@ class Kube:
         return NamespaceFacts(labels=labels, terminating=terminating, uid=ns.metadata.uid if ns.metadata else None)
 
     def patch_service_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-        """Merge-patch status; a service deleted meanwhile is not an error (its children go with it)."""
-        with _api_errors(f"patch {PLURAL}/status {namespace}/{name}", absent_ok=True):
+        self.patch_status(PLURAL, namespace, name, status)
+
+    def patch_status(self, plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+        """Merge-patch the status of one of our kinds (`plural`); one deleted meanwhile is not an error (its
+        children go with it)."""
+        with _api_errors(f"patch {plural}/status {namespace}/{name}", absent_ok=True):
             self.custom.patch_namespaced_custom_object_status(
-                GROUP, VERSION, namespace, PLURAL, name, {"status": dict(status)}, _content_type=MERGE
+                GROUP, VERSION, namespace, plural, name, {"status": dict(status)}, _content_type=MERGE
             )
 
     def read_secret_key(self, namespace: str, name: str, key: str) -> str | None:
