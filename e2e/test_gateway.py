@@ -116,18 +116,15 @@ def test_a_gateway_never_takes_over_and_puts_back_what_was_deleted(
     eventually(lambda: kubectl.get("deployment", "front-gateway", namespace) is not None, timeout=60, what="applied")
     assert kubectl.get("poddisruptionbudget", "front-gateway", namespace) is None  # one replica: no budget
 
-    kubectl.run("delete", "service", "front-gateway", "-n", namespace)
-    kubectl.run(
-        "patch", "cpullmgateway", "front", "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {"port": 8002}})
-    )
-    eventually(
-        lambda: (
-            (kubectl.get("service", "front-gateway", namespace) or {}).get("spec", {}).get("ports", [{}])[0].get("port")
-            == 8002
-        ),
-        timeout=60,
-        what="the Service made again",
-    )
+    uid = kubectl.get("service", "front-gateway", namespace)["metadata"]["uid"]
+    kubectl.run("delete", "service", "front-gateway", "-n", namespace)  # someone deletes it: it comes back
+
+    def made_again() -> bool:
+        service = kubectl.get("service", "front-gateway", namespace)
+        assert service is not None and service["metadata"]["uid"] != uid, service
+        return bool(service["spec"]["ports"][0]["port"] == 8001)
+
+    eventually(made_again, timeout=60, what="the Service made again")
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import yaml
 
 from cpullm.api.crd import build_gateway_crd
 from cpullm.api.gateway import CpuLLMGatewaySpec, parse_gateway_spec
-from cpullm.controller.gateway import GatewayReconciler, fronts, gateway_deployment_key, namespace_services
+from cpullm.controller.gateway import GatewayReconciler, controlling_gateway, fronts, namespace_services
 from cpullm.core.gateway import (
     GATEWAY_SCRIPT,
     GatewayOwner,
@@ -460,7 +460,7 @@ def test_an_invalid_gateway_is_reported_without_writing_children():
 
 
 def test_the_controller_finds_a_gateways_facts():
-    assert gateway_deployment_key(
+    assert controlling_gateway(
         "teams",
         {
             "ownerReferences": [
@@ -469,7 +469,7 @@ def test_the_controller_finds_a_gateways_facts():
         },
     ) == ("teams", "front")
     assert (
-        gateway_deployment_key(
+        controlling_gateway(
             "teams",
             {
                 "ownerReferences": [

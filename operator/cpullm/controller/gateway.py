@@ -143,8 +143,8 @@ def _without_times(status: Mapping[str, Any]) -> Any:
     return {**status, "conditions": conditions}
 
 
-def gateway_deployment_key(namespace: str, meta: Mapping[str, Any]) -> Key | None:
-    """The gateway controlling a Deployment (by its owner reference), or None."""
+def controlling_gateway(namespace: str, meta: Mapping[str, Any]) -> Key | None:
+    """(namespace, name) of the gateway controlling an object (by its owner reference), or None."""
     ref = controller_reference(meta)
     if ref.get("kind") != KIND or not str(ref.get("apiVersion", "")).startswith("cpullm.io/"):
         return None

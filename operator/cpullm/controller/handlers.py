@@ -183,7 +183,7 @@ async def gateway_deployments(
     namespace: str, meta: Mapping[str, Any], status: Mapping[str, Any], **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """Each gateway's Deployment status, keyed by the gateway controlling it (its owner reference)."""
-    key = gateway.gateway_deployment_key(namespace, meta)
+    key = gateway.controlling_gateway(namespace, meta)
     return {key: dict(status)} if key else {}
 
 
@@ -206,7 +206,7 @@ async def gateway_changed(
 @kopf.on.event("apps", "v1", "deployments", labels={**CHILD_LABELS, GATEWAY_LABEL: kopf.PRESENT})
 async def gateway_deployment_changed(namespace: str, meta: Mapping[str, Any], memo: kopf.Memo, **indexes: Any) -> None:
     """A gateway's Deployment changed (its readiness, or someone else's edit): the gateway is reconciled."""
-    key = gateway.gateway_deployment_key(namespace, meta)
+    key = gateway.controlling_gateway(namespace, meta)
     found = indexes["gateways"].get(key) if key else None
     if found:
         await gateway.reconcile_gateways(_state(memo), list(found), gateway.gather_indexes(indexes))
@@ -333,7 +333,13 @@ async def child_changed(
     **indexes: Any,
 ) -> None:
     """A child changed or vanished: reconcile its owner when the event can change what the operator wrote or
-    reports."""
+    reports. A gateway's child deleted is applied again at once (its other changes wait for the resync)."""
+    owner = gateway.controlling_gateway(namespace, meta)
+    if owner is not None:
+        found = indexes.get("gateways", {}).get(owner)
+        if type == "DELETED" and found:
+            await gateway.reconcile_gateways(_state(memo), list(found), gateway.gather_indexes(indexes), force=True)
+        return
     child = dispatch.ChildEvent(resource.kind, namespace, name, type, meta, body)
     await dispatch.child_changed(_state(memo), child, KopfIndexes.of(indexes))
 
