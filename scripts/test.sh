@@ -56,6 +56,7 @@ prepare fetch
 .venv/bin/ruff format --check operator tests e2e testbed bench
 .venv/bin/mypy
 .venv/bin/lint-imports  # the layer contract (pyproject.toml, [tool.importlinter])
+# Each later stage prints its eight slowest tests (--durations): where the run's time goes.
 # Unit tests, and the benches' own (bench/test_*.py): warnings are errors (pyproject.toml); line+branch coverage must stay at 90% or more (92% now: the in-pod probe and sizing scripts run only with vLLM).
 stage "unit tests"
 .venv/bin/python -m pytest tests bench -q --cov --cov-report=term:skip-covered --cov-fail-under=90
@@ -67,14 +68,14 @@ prepared
 prepare build
 if wanted CPULLM_SKIP_E2E && wanted CPULLM_SKIP_KIND; then # the whole suite runs on kind below: here, what it skips
   stage "e2e suite on a local control plane: the tests of a local operator process (marker local_operator)"
-  .venv/bin/python -m pytest e2e -q -p no:logging -m local_operator
+  .venv/bin/python -m pytest e2e -q -p no:logging -m local_operator --durations=8
 elif wanted CPULLM_SKIP_E2E; then
   stage "e2e suite on a local control plane"
-  .venv/bin/python -m pytest e2e -q -p no:logging
+  .venv/bin/python -m pytest e2e -q -p no:logging --durations=8
 fi
 if wanted CPULLM_SKIP_VLLM; then # needs only what `fetch` installed: `build` goes on beside it
   stage "real-vLLM tests but those of the memory cgroup's peak"
-  .venv/bin/python -m pytest tests/vllm -m 'vllm and not memory_peak' -q -p no:logging
+  .venv/bin/python -m pytest tests/vllm -m 'vllm and not memory_peak' -q -p no:logging --durations=8
 fi
 prepared
 if [[ -n $prepare_log ]]; then
@@ -83,16 +84,17 @@ if [[ -n $prepare_log ]]; then
 fi
 if wanted CPULLM_SKIP_VLLM; then # with nothing beside them (pyproject.toml, marker memory_peak)
   stage "real-vLLM tests of the memory cgroup's peak"
-  .venv/bin/python -m pytest tests/vllm -m 'vllm and memory_peak' -q -p no:logging
+  .venv/bin/python -m pytest tests/vllm -m 'vllm and memory_peak' -q -p no:logging --durations=8
 fi
 if wanted CPULLM_SKIP_NODE; then
   stage "real-node tests"
-  .venv/bin/python -m pytest e2e/test_node.py -m node -q -p no:logging
+  .venv/bin/python -m pytest e2e/test_node.py -m node -q -p no:logging --durations=8
 fi
 if wanted CPULLM_SKIP_KIND; then
   stage "kind tests"
-  .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py e2e/test_release.py -m kind -q -p no:logging
+  .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py e2e/test_release.py e2e/test_gateway_proxy.py -m kind -q \
+    -p no:logging --durations=8
   stage "e2e suite on kind (testbed/kind/run.sh)"
-  testbed/kind/run.sh
+  testbed/kind/run.sh --durations=8
 fi
 stage "done"
