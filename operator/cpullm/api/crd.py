@@ -194,6 +194,14 @@ def _crd(
     }
 
 
+def _name_rule(kind: str) -> dict[str, Any]:
+    """Its children take the object's name: a DNS-1035 label (checked on metadata.name by CEL)."""
+    return {
+        "rule": f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {MAX_NAME_LENGTH}",
+        "message": NAME_RULE.replace("CpuLLMService", kind),
+    }
+
+
 def build_crd() -> dict[str, Any]:
     spec = model_schema(CpuLLMServiceSpec)
     spec["description"] = "A model served by vLLM's CPU backend, planned for the cluster's CPU topology."
@@ -210,10 +218,6 @@ def build_crd() -> dict[str, Any]:
         # The plan's one-line summary: the strategy, and why TP, KV, binding and memory are what they are.
         ("Plan", "string", '.status.conditions[?(@.type=="Planned")].message', 1),
     ]
-    name_rule = {
-        "rule": f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-        "message": NAME_RULE,
-    }
     scale = {
         "specReplicasPath": ".spec.replicas",
         "statusReplicasPath": ".status.replicas",
@@ -227,7 +231,7 @@ def build_crd() -> dict[str, Any]:
         "Namespaced",
         properties,
         columns,
-        rules=[name_rule],
+        rules=[_name_rule(KIND)],
         subresources={"status": {}, "scale": scale},
         names={"shortNames": [SHORT_NAME], "categories": ["all"]},
     )
@@ -284,10 +288,6 @@ def build_gateway_crd() -> dict[str, Any]:
         ("Age", "date", ".metadata.creationTimestamp", 0),
         ("Routes", "string", '.status.conditions[?(@.type=="Routed")].message', 1),
     ]
-    name_rule = {
-        "rule": f"self.metadata.name.matches('{NAME_PATTERN}') && size(self.metadata.name) <= {MAX_NAME_LENGTH}",
-        "message": NAME_RULE.replace("CpuLLMService", "CpuLLMGateway"),
-    }
     return _crd(
         gateway.KIND,
         gateway.PLURAL,
@@ -295,7 +295,7 @@ def build_gateway_crd() -> dict[str, Any]:
         "Namespaced",
         {"spec": spec, "status": status},
         columns,
-        rules=[name_rule],
+        rules=[_name_rule(gateway.KIND)],
         subresources={"status": {}},
         names={"shortNames": [gateway.SHORT_NAME], "categories": ["all"]},
     )

@@ -20,12 +20,18 @@ from typing import Any
 
 from cpullm.api.crd import parse_stored_spec
 from cpullm.api.gateway import KIND, ROUTED_NAME, CpuLLMGatewaySpec
-from cpullm.api.spec import API_VERSION
 from cpullm.core import constants as c
-from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, Owner, binary_quantity, suffixed_name
+from cpullm.core.children.common import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    Owner,
+    binary_quantity,
+    owner_reference,
+    suffixed_name,
+)
 from cpullm.core.children.disruption import PDB_API_VERSION
 from cpullm.core.children.network_policy import NETWORK_POLICY_API_VERSION
-from cpullm.core.children.router import NOBODY
+from cpullm.core.children.router import PROXY_SECURITY_CONTEXT, apart
 from cpullm.core.status import READY, condition
 from cpullm.errors import CpuLLMError
 
@@ -161,16 +167,7 @@ def _metadata(owner: GatewayOwner) -> dict[str, Any]:
         },
     }
     if owner.uid:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": owner.name,
-                "uid": owner.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        meta["ownerReferences"] = [owner_reference(KIND, owner.name, owner.uid)]
     return meta
 
 
@@ -446,15 +443,7 @@ def _deployment(
             {"name": "keys", "mountPath": KEYS_DIR, "readOnly": True},
             {"name": "run", "mountPath": RUN_DIR},
         ],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": NOBODY,
-            "runAsGroup": NOBODY,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": PROXY_SECURITY_CONTEXT,
     }
     if env:
         container["env"] = env
@@ -468,19 +457,7 @@ def _deployment(
             {"name": "run", "emptyDir": {"medium": "Memory", "sizeLimit": "16Mi"}},
         ],
         "nodeSelector": {"kubernetes.io/os": "linux"},
-        "affinity": {
-            "podAntiAffinity": {
-                "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "weight": 100,
-                        "podAffinityTerm": {
-                            "labelSelector": {"matchLabels": pods},
-                            "topologyKey": "kubernetes.io/hostname",
-                        },
-                    }
-                ]
-            }
-        },
+        "affinity": apart(pods),
         "terminationGracePeriodSeconds": drain_seconds(routed.services) + c.DRAIN_SETTLE_SECONDS,
     }
     labels = {**_metadata(owner)["labels"]}

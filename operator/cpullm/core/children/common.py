@@ -52,19 +52,23 @@ def selector(owner: Owner) -> dict[str, str]:
     return {SERVICE_LABEL: owner.name}
 
 
+def owner_reference(kind: str, name: str, uid: str) -> dict[str, Any]:
+    """The controller owner reference of a child of one of our kinds: garbage-collected with it, and the mark of
+    whose child it is (the chart's write policy checks it)."""
+    return {
+        "apiVersion": API_VERSION,
+        "kind": kind,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
 def metadata(owner: Owner) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": owner.name, "namespace": owner.namespace, "labels": labels(owner)}
     if owner.uid:
-        meta["ownerReferences"] = [
-            {
-                "apiVersion": API_VERSION,
-                "kind": KIND,
-                "name": owner.name,
-                "uid": owner.uid,
-                "controller": True,
-                "blockOwnerDeletion": True,
-            }
-        ]
+        meta["ownerReferences"] = [owner_reference(KIND, owner.name, owner.uid)]
     return meta
 
 

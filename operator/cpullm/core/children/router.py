@@ -33,6 +33,26 @@ HEALTH_PORT_NAME = "health"
 MAX_SERVER_SLOTS = 1000
 # Nobody: HAProxy needs no user of its own when it neither chroots nor binds a port below 1024.
 NOBODY = 65534
+# HAProxy's container, the router's and a gateway's: no privilege, no capability, nothing written but its volumes.
+PROXY_SECURITY_CONTEXT: dict[str, Any] = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+    "runAsNonRoot": True,
+    "runAsUser": NOBODY,
+    "runAsGroup": NOBODY,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
+def apart(pods: dict[str, str]) -> dict[str, Any]:
+    """An affinity that places the pods `pods` selects on different nodes where it can."""
+    term = {"labelSelector": {"matchLabels": pods}, "topologyKey": "kubernetes.io/hostname"}
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": term}]
+        }
+    }
 
 
 def uses_router(plan: Plan) -> bool:
@@ -190,15 +210,7 @@ def build_router_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -
         "livenessProbe": {"httpGet": {**http, "path": "/live"}, "periodSeconds": 10, "failureThreshold": 3},
         "volumeMounts": [{"name": "config", "mountPath": CONFIG_MOUNT, "readOnly": True}],
         "lifecycle": {"preStop": {"sleep": {"seconds": c.DRAIN_SETTLE_SECONDS}}},
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "readOnlyRootFilesystem": True,
-            "runAsNonRoot": True,
-            "runAsUser": NOBODY,
-            "runAsGroup": NOBODY,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": PROXY_SECURITY_CONTEXT,
     }
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,
@@ -207,19 +219,7 @@ def build_router_deployment(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -
         "volumes": [{"name": "config", "configMap": {"name": router_name(owner)}}],
         "nodeSelector": {"kubernetes.io/os": "linux"},
         # Replicas apart: each node leaves room for one router pod (core/routing.py).
-        "affinity": {
-            "podAntiAffinity": {
-                "preferredDuringSchedulingIgnoredDuringExecution": [
-                    {
-                        "weight": 100,
-                        "podAffinityTerm": {
-                            "labelSelector": {"matchLabels": router_selector(owner)},
-                            "topologyKey": "kubernetes.io/hostname",
-                        },
-                    }
-                ]
-            }
-        },
+        "affinity": apart(router_selector(owner)),
         # A stopping router leaves the endpoints first, then finishes what it holds: HAProxy stops softly on the
         # image's stop signal (SIGUSR1 in HAProxy's images), at most drainSeconds later (hard-stop-after).
         "terminationGracePeriodSeconds": grace_seconds(plan),
