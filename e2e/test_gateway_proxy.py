@@ -14,6 +14,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,7 +24,7 @@ from testbed.gateway_pod import GatewayPod
 from testbed.tools import eventually, free_port
 
 from cpullm.api.gateway import parse_gateway_spec
-from cpullm.core.gateway import GatewayOwner, config_files, routes
+from cpullm.core.gateway import HEALTH_PORT, GatewayOwner, config_files, routes
 
 pytestmark = [pytest.mark.kind, pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace and chroot need root")]
 NAMESPACE = "teams"
@@ -31,27 +32,36 @@ STREAM_PAUSE = 0.3  # between a stand-in server's streamed chunks
 
 
 class StandIn(BaseHTTPRequestHandler):
-    """An OpenAI server's shape: echoes the model and the Authorization it was sent; streams when asked."""
+    """An OpenAI server's shape: echoes the model and the Authorization it was sent, with a usage (prompt tokens: the
+    prompt's characters; generated: max_tokens, else 7) that it also counts, as vLLM counts its tokens; streams when
+    asked, the usage in a last chunk where the request asked stream_options.include_usage."""
 
     protocol_version = "HTTP/1.1"
-    server: ThreadingHTTPServer
+    server: StandInServer
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        seen = {"server": self.server.name, "model": body.get("model"), "auth": self.headers.get("authorization")}  # type: ignore[attr-defined]
+        seen = {"server": self.server.name, "model": body.get("model"), "auth": self.headers.get("authorization")}
+        usage = {"prompt_tokens": len(str(body.get("prompt", ""))), "completion_tokens": body.get("max_tokens", 7)}
+        with self.server.lock:
+            self.server.tokens[0] += usage["prompt_tokens"]
+            self.server.tokens[1] += usage["completion_tokens"]
         if body.get("stream"):
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("transfer-encoding", "chunked")
             self.end_headers()
-            for chunk in (f"data: {json.dumps(seen)}\n\n", "data: [DONE]\n\n"):
+            chunks = [f"data: {json.dumps(seen)}\n\n"]
+            if (body.get("stream_options") or {}).get("include_usage"):
+                chunks.append(f"data: {json.dumps({'choices': [], 'usage': usage})}\n\n")
+            for chunk in (*chunks, "data: [DONE]\n\n"):
                 data = chunk.encode()
                 self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
                 self.wfile.flush()
                 time.sleep(STREAM_PAUSE)
             self.wfile.write(b"0\r\n\r\n")
             return
-        out = json.dumps(seen).encode()
+        out = json.dumps({**seen, "usage": {**usage, "total_tokens": sum(usage.values())}}).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(out)))
@@ -63,13 +73,16 @@ class StandIn(BaseHTTPRequestHandler):
 
 
 class StandInServer(ThreadingHTTPServer):
+    def __init__(self, name: str) -> None:
+        super().__init__(("127.0.0.1", free_port()), StandIn)
+        self.name, self.lock, self.tokens = name, threading.Lock(), [0, 0]  # prompt, generated
+
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # the gateway closing an idle connection: nothing to print
 
 
-def stand_in(name: str) -> ThreadingHTTPServer:
-    server = StandInServer(("127.0.0.1", free_port()), StandIn)
-    server.name = name  # type: ignore[attr-defined]
+def stand_in(name: str) -> StandInServer:
+    server = StandInServer(name)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -86,8 +99,14 @@ def service(name: str, model: str, port: int, adapters: tuple[str, ...] = (), ke
 
 
 class Gateway:
-    def __init__(self, port: int) -> None:
-        self.url = f"http://127.0.0.1:{port}"
+    def __init__(self, port: int, health: int) -> None:
+        self.url, self.health = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{health}"
+
+    def usage(self) -> dict[str, float]:
+        """GET /usage on the health port: each counter by its name and labels."""
+        with urllib.request.urlopen(self.health + "/usage", timeout=10) as answer:
+            text = answer.read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
 
     def up(self) -> bool:
         try:
@@ -106,10 +125,17 @@ class Gateway:
             return err.code, err.headers, json.loads(err.read())
 
 
+@dataclass(frozen=True)
+class Bed:
+    front: Gateway
+    pod: GatewayPod
+    servers: tuple[StandInServer, ...]
+
+
 @pytest.fixture(scope="module")
-def gateway() -> Iterator[tuple[Gateway, GatewayPod]]:
+def gateway() -> Iterator[Bed]:
     chat, code = stand_in("chat"), stand_in("code")
-    port = free_port()
+    port, health = free_port(), free_port()
     spec = parse_gateway_spec(
         {
             "services": ["chat", "code"],
@@ -131,6 +157,7 @@ def gateway() -> Iterator[tuple[Gateway, GatewayPod]]:
         "code": service("code", "org/coder", code.server_port, key="code-key"),
     }
     files = config_files(GatewayOwner("front", NAMESPACE), spec, routes(spec, services))
+    files["haproxy.cfg"] = files["haproxy.cfg"].replace(f"bind :{HEALTH_PORT}", f"bind :{health}")
     for name in ("chat", "code"):  # the services' addresses, here on this machine
         files["haproxy.cfg"] = files["haproxy.cfg"].replace(f"{name}.{NAMESPACE}.svc.cluster.local", "127.0.0.1")
     pod = GatewayPod(
@@ -139,10 +166,10 @@ def gateway() -> Iterator[tuple[Gateway, GatewayPod]]:
         env={"CPULLM_SERVICE_KEY_1": "the-servers-key"},
     )
     pod.start()
-    front = Gateway(port)
+    front = Gateway(port, health)
     try:
         eventually(front.up, timeout=30, what="the gateway answering")
-        yield front, pod
+        yield Bed(front, pod, (chat, code))
     finally:
         pod.stop()
         for server in (chat, code):
@@ -150,8 +177,8 @@ def gateway() -> Iterator[tuple[Gateway, GatewayPod]]:
             server.server_close()
 
 
-def test_each_team_reaches_exactly_its_models(gateway: tuple[Gateway, GatewayPod]):
-    front, _ = gateway
+def test_each_team_reaches_exactly_its_models(gateway: Bed):
+    front = gateway.front
     status, _, seen = front.call(
         "key-a", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "model": "tiny-lora"}
     )
@@ -172,14 +199,14 @@ def test_each_team_reaches_exactly_its_models(gateway: tuple[Gateway, GatewayPod
     assert [m["id"] for m in front.call("key-b", "/v1/models")[2]["data"]] == ["org/coder", "tiny", "tiny-lora"]
 
 
-def test_a_body_over_the_limit_is_refused(gateway: tuple[Gateway, GatewayPod]):
-    front, _ = gateway
+def test_a_body_over_the_limit_is_refused(gateway: Bed):
+    front = gateway.front
     status, _, error = front.call("key-b", "/v1/completions", {"model": "tiny", "prompt": "x" * (300 * 1024)})
     assert (status, error["error"]["code"]) == (413, "request_too_large")
 
 
-def test_a_stream_passes_chunk_by_chunk(gateway: tuple[Gateway, GatewayPod]):
-    front, _ = gateway
+def test_a_stream_passes_chunk_by_chunk(gateway: Bed):
+    front = gateway.front
     body = json.dumps({"model": "tiny", "prompt": "x", "stream": True}).encode()
     request = urllib.request.Request(
         front.url + "/v1/completions",
@@ -195,8 +222,8 @@ def test_a_stream_passes_chunk_by_chunk(gateway: tuple[Gateway, GatewayPod]):
     assert first_at < 2 * STREAM_PAUSE, f"the first chunk came after {first_at:.2f} s: buffered"
 
 
-def test_a_team_over_its_rate_waits(gateway: tuple[Gateway, GatewayPod]):
-    front, _ = gateway
+def test_a_team_over_its_rate_waits(gateway: Bed):
+    front = gateway.front
     answers = [front.call("key-r", "/v1/completions", {"model": "tiny", "prompt": "x"}) for _ in range(35)]
     statuses = [a[0] for a in answers]
     assert statuses[:30] == [200] * 30 and statuses[30:] == [429] * 5, statuses
@@ -205,8 +232,59 @@ def test_a_team_over_its_rate_waits(gateway: tuple[Gateway, GatewayPod]):
     assert front.call("key-b", "/v1/completions", {"model": "tiny", "prompt": "x"})[0] == 200
 
 
-def test_a_key_rotates_under_traffic_without_a_failed_request(gateway: tuple[Gateway, GatewayPod]):
-    front, pod = gateway
+def test_usage_per_team_equals_what_the_servers_counted(gateway: Bed):
+    front = gateway.front
+    before, counted = front.usage(), [list(server.tokens) for server in gateway.servers]
+    for max_tokens in (3, 11, 40):
+        assert (
+            front.call("key-a", "/v1/completions", {"model": "tiny", "prompt": "x" * 17, "max_tokens": max_tokens})[0]
+            == 200
+        )
+    assert front.call("key-b", "/v1/completions", {"model": "org/coder", "prompt": "def f():"})[0] == 200
+    streamed = {"model": "tiny", "prompt": "abc", "max_tokens": 5, "stream": True}
+    for options in ({"include_usage": True}, {}):  # a stream counts its tokens where it asked for its usage
+        body = json.dumps({**streamed, "stream_options": options}).encode()
+        headers = {"authorization": "Bearer key-b", "content-type": "application/json"}
+        with urllib.request.urlopen(
+            urllib.request.Request(front.url + "/v1/completions", data=body, headers=headers)
+        ) as answer:
+            answer.read()
+    assert front.call("key-a", "/v1/completions", {"model": "org/coder", "prompt": "x"})[0] == 403  # not counted
+    after = front.usage()
+
+    def grown(name: str, team: str, model: str) -> float:
+        key = f'cpullm_gateway_{name}{{team="{team}",model="{model}"}}'
+        return after.get(key, 0) - before.get(key, 0)
+
+    assert [grown("requests_total", "team-a", "tiny"), grown("requests_total", "team-b", "tiny")] == [3, 2]
+    assert grown("requests_total", "team-b", "org/coder") == 1 and grown("requests_total", "team-a", "org/coder") == 0
+    assert grown("unmetered_requests_total", "team-b", "tiny") == 1  # the stream that did not ask
+    assert (
+        grown("prompt_tokens_total", "team-a", "tiny") == 3 * 17
+        and grown("generation_tokens_total", "team-a", "tiny") == 54
+    )
+    assert (grown("prompt_tokens_total", "team-b", "tiny"), grown("generation_tokens_total", "team-b", "tiny")) == (
+        3,
+        5,
+    )
+    # What the gateway counted is what the servers counted, but the unmetered stream's (3 prompt, 5 generated).
+    served = [
+        [now - then for now, then in zip(server.tokens, was, strict=True)]
+        for server, was in zip(gateway.servers, counted, strict=True)
+    ]
+    metered = [
+        sum(
+            grown(f"{name}_tokens_total", team, model)
+            for team in ("team-a", "team-b")
+            for model in ("tiny", "org/coder")
+        )
+        for name in ("prompt", "generation")
+    ]
+    assert [sum(s[0] for s in served) - 3, sum(s[1] for s in served) - 5] == metered
+
+
+def test_a_key_rotates_under_traffic_without_a_failed_request(gateway: Bed):
+    front, pod = gateway.front, gateway.pod
     failures: list[Any] = []
     done, moving = threading.Event(), threading.Event()
     counts = {"old": 0, "new": 0}

@@ -22,6 +22,7 @@ from cpullm.core.gateway import (
     memory_bytes,
     routes,
 )
+from cpullm.core.gateway_usage import USAGE_LUA
 from cpullm.core.observation import Ownership
 from cpullm.errors import InvalidSpec
 
@@ -238,6 +239,23 @@ def test_haproxys_configuration_follows_each_option(
     assert text.count("del-header authorization") + text.count("set-header authorization") == len(services)
 
 
+def test_usage_is_counted_for_routed_requests_and_served_on_the_metrics_port():
+    lines = cfg_lines(gateway_spec())
+    files = config_files(OWNER, gateway_spec(), routes(gateway_spec(), SERVICES))
+    assert files["usage.lua"] == USAGE_LUA
+    assert "  lua-load /etc/cpullm-gateway/usage.lua" in lines and "  nbthread 1" in lines
+    assert lines.index("  filter lua.usage") > lines.index("frontend api")
+    health = lines[lines.index("frontend health") : lines.index("frontend api")]
+    assert "  http-request use-service lua.usage if { path /usage }" in health
+    # Only what passed every check is counted: the flag is set just before the backend is chosen.
+    assert (
+        lines.index("  http-request set-var(txn.routed) bool(true)")
+        == lines.index("  use_backend %[var(txn.backend)]") - 1
+    )
+    # The listening sockets pass to the new worker on a reload.
+    assert "  stats socket /run/cpullm-gateway/haproxy.sock mode 600 level user expose-fd listeners" in lines
+
+
 def test_the_refusals_come_in_order_each_in_openais_error_shape():
     lines = cfg_lines(gateway_spec(teams=[{"name": "team-a", "keySecret": {"name": "a"}, "requestsPerMinute": 10}]))
     api = lines[lines.index("frontend api") :]
@@ -302,6 +320,7 @@ def test_options_reach_the_children():
         replicas=1,
         image="registry.local/haproxy:2.8",
         allowedFrom=[{"namespaceSelector": {"matchLabels": {"team": "ml"}}}],
+        metricsFrom=[{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
     )
     services = {**SERVICES, "code": service("code", "org/code", key="code-key")}
     children = by_kind(decide_gateway(OWNER, spec, services, None, {}, IMAGE, T0))
@@ -311,8 +330,15 @@ def test_options_reach_the_children():
     assert container["env"] == [
         {"name": "CPULLM_SERVICE_KEY_1", "valueFrom": {"secretKeyRef": {"name": "code-key", "key": "token"}}}
     ]
-    assert children["NetworkPolicy"]["spec"]["ingress"][0]["from"] == [
-        {"namespaceSelector": {"matchLabels": {"team": "ml"}}}
+    assert children["NetworkPolicy"]["spec"]["ingress"] == [
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"team": "ml"}}}],
+            "ports": [{"protocol": "TCP", "port": 8000}],
+        },
+        {
+            "from": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
+            "ports": [{"protocol": "TCP", "port": 8404}],
+        },
     ]
 
 

@@ -126,6 +126,12 @@ class CpuLLMGatewaySpec(_Model):
         description="Who may reach the gateway (a NetworkPolicy's from peers). Default: every pod of the cluster "
         "(the keys guard it).",
     )
+    metrics_from: list[NetworkPolicyPeer] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Who may scrape the gateway's metrics port (HAProxy's /metrics, the usage per team at /usage), "
+        "e.g. Prometheus' namespace. Default: no one through the NetworkPolicy.",
+    )
     cluster_domain: str = Field(
         default="cluster.local",
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",

@@ -32,6 +32,7 @@ from cpullm.core.children.common import (
 from cpullm.core.children.disruption import PDB_API_VERSION
 from cpullm.core.children.network_policy import NETWORK_POLICY_API_VERSION
 from cpullm.core.children.router import PROXY_SECURITY_CONTEXT, apart
+from cpullm.core.gateway_usage import USAGE_FILE, USAGE_LUA, USAGE_PATH
 from cpullm.core.status import READY, condition
 from cpullm.errors import CpuLLMError
 
@@ -208,6 +209,13 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
         f"  maxconn {spec.max_connections}",
         f"  tune.bufsize {spec.max_request_bytes + HEADER_ROOM}",
         f"  hard-stop-after {seconds}s",
+        f"  lua-load {CONFIG_DIR}/{USAGE_FILE}",
+        # The listening sockets pass to the new worker on a reload: no connection waiting to be accepted is lost.
+        f"  stats socket {RUN_DIR}/haproxy.sock mode 600 level user expose-fd listeners",
+        # One thread: plenty for requests that each take seconds of a server, and the usage filter's Lua state is
+        # never shared (with two, HAProxy 2.6.12's Lua filter failed calls after a reload: "attempt to index a
+        # thread value").
+        "  nbthread 1",
         "defaults",
         "  mode http",
         "  option http-buffer-request",
@@ -226,8 +234,10 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
         "  monitor-uri /ready",
         "  http-request return status 200 if { path /live }",
         "  http-request use-service prometheus-exporter if { path /metrics }",
+        f"  http-request use-service lua.usage if {{ path {USAGE_PATH} }}",
         "frontend api",
         f"  bind :{spec.port}",
+        "  filter lua.usage",
         '  http-request set-var(txn.key) req.hdr(authorization),regsub("^[Bb]earer +","")',
         f"  http-request set-var(txn.team) var(txn.key),sha2(256),hex,lower,map({RUN_DIR}/keys.map)",
         "  "
@@ -275,7 +285,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
             lines.append(
                 f"  http-request set-priority-class int({-team.priority}) if {{ var(txn.team) -m str {team.name} }}"
             )
-    lines += ["  use_backend %[var(txn.backend)]", ""]
+    lines += ["  http-request set-var(txn.routed) bool(true)", "  use_backend %[var(txn.backend)]", ""]
     for index, service in enumerate(routed.services):
         host = f"{service.name}.{owner.namespace}.svc.{spec.cluster_domain}"
         seqs = f" maxconn {service.capacity}" if service.capacity else ""
@@ -344,6 +354,7 @@ def config_files(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes) -
         "models.map": "".join(f"{m} {backend_name(s)}\n" for m, s in sorted(routed.model_service.items())),
         "grants.map": "".join(f"{team}/{m} 1\n" for team, models in sorted(allowed.items()) for m in models),
         "start.sh": GATEWAY_SCRIPT,
+        USAGE_FILE: USAGE_LUA,
     }
     files.update({f"models-{team}.json": models_document(models) for team, models in allowed.items()})
     return files
@@ -387,14 +398,15 @@ def build_children(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes,
 
 
 def _network_policy(meta: Mapping[str, Any], spec: CpuLLMGatewaySpec, pods: Mapping[str, str]) -> dict[str, Any]:
-    """Requests from allowedFrom (default: every pod of the cluster) on the API port; the kubelet's probes come
-    from the node, which NetworkPolicy always admits."""
-    peers = (
-        [{"namespaceSelector": {}}]
-        if spec.allowed_from is None
-        else [p.model_dump(by_alias=True, exclude_defaults=True) for p in spec.allowed_from]
-    )
-    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": spec.port}]}] if peers else []
+    """Requests from allowedFrom (default: every pod of the cluster) on the API port, scrapes from metricsFrom on the
+    metrics port; the kubelet's probes come from the node, which NetworkPolicy always admits."""
+
+    def dump(peers: Sequence[Any]) -> list[dict[str, Any]]:
+        return [p.model_dump(by_alias=True, exclude_defaults=True) for p in peers]
+
+    callers = [{"namespaceSelector": {}}] if spec.allowed_from is None else dump(spec.allowed_from)
+    rules = [(callers, spec.port), (dump(spec.metrics_from), HEALTH_PORT)]
+    ingress = [{"from": peers, "ports": [{"protocol": "TCP", "port": port}]} for peers, port in rules if peers]
     return {
         "apiVersion": NETWORK_POLICY_API_VERSION,
         "kind": "NetworkPolicy",
