@@ -32,15 +32,17 @@ STREAM_PAUSE = 0.3  # between a stand-in server's streamed chunks
 
 
 class StandIn(BaseHTTPRequestHandler):
-    """An OpenAI server's shape: echoes the model and the Authorization it was sent, with a usage (prompt tokens: the
-    prompt's characters; generated: max_tokens, else 7) that it also counts, as vLLM counts its tokens; streams when
-    asked, the usage in a last chunk where the request asked stream_options.include_usage."""
+    """An OpenAI server's shape (taking `seconds` to answer): echoes the model and the Authorization it was sent, with
+    a usage (prompt tokens: the prompt's characters; generated: max_tokens, else 7) that it also counts, as vLLM
+    counts its tokens; streams when asked, the usage in a last chunk where the request asked
+    stream_options.include_usage."""
 
     protocol_version = "HTTP/1.1"
     server: StandInServer
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        time.sleep(float(body.get("seconds", 0)))  # a request that holds the server this long
         seen = {"server": self.server.name, "model": body.get("model"), "auth": self.headers.get("authorization")}
         usage = {"prompt_tokens": len(str(body.get("prompt", ""))), "completion_tokens": body.get("max_tokens", 7)}
         with self.server.lock:
@@ -230,6 +232,26 @@ def test_a_team_over_its_rate_waits(gateway: Bed):
     assert answers[-1][1].get("Retry-After") == "2" and answers[-1][2]["error"]["code"] == "rate_limit_exceeded"
     # Another team is not held by it.
     assert front.call("key-b", "/v1/completions", {"model": "tiny", "prompt": "x"})[0] == 200
+
+
+def test_a_flooding_team_waits_behind_the_others_when_the_servers_are_full(gateway: Bed):
+    """The chat service runs 4 at once (maxNumSeqs 4, one replica); three teams may use it, each a share of 2. Team B
+    (priority 5) sends 8 requests of a second each: 4 run, and its 4 beyond its share wait in the gateway. Team A
+    (priority 0) asks once meanwhile: it runs in the first slot that frees, before B's waiting ones, where B's
+    priority alone would have put it after them (done after about 2 s, not 3)."""
+    front = gateway.front
+    slow = {"model": "tiny", "prompt": "x", "seconds": 1}
+    flood = [threading.Thread(target=front.call, args=("key-b", "/v1/completions", slow)) for _ in range(8)]
+    for thread in flood:
+        thread.start()
+    time.sleep(0.3)  # the flood is in: 4 running, 4 waiting
+    started = time.monotonic()
+    status, _, _ = front.call("key-a", "/v1/completions", slow)
+    waited = time.monotonic() - started
+    for thread in flood:
+        thread.join()
+    assert status == 200
+    assert waited < 2.4, f"team A's request took {waited:.2f} s: it waited behind team B's flood"
 
 
 def test_usage_per_team_equals_what_the_servers_counted(gateway: Bed):

@@ -21,6 +21,7 @@ from cpullm.core.gateway import (
     gateway_name,
     memory_bytes,
     routes,
+    shares,
 )
 from cpullm.core.gateway_usage import USAGE_LUA
 from cpullm.core.observation import Ownership
@@ -254,6 +255,38 @@ def test_usage_is_counted_for_routed_requests_and_served_on_the_metrics_port():
     )
     # The listening sockets pass to the new worker on a reload.
     assert "  stats socket /run/cpullm-gateway/haproxy.sock mode 600 level user expose-fd listeners" in lines
+
+
+@pytest.mark.parametrize(
+    ("teams", "expected"),
+    [
+        # Two teams may use both services: half of each service's capacity each.
+        (
+            [{"name": "a", "keySecret": {"name": "a"}}, {"name": "b", "keySecret": {"name": "b"}}],
+            {("a", "chat"): 4, ("b", "chat"): 4, ("a", "code"): 2, ("b", "code"): 2},
+        ),
+        # By weight; a team that may not use a service has no share of it, nor counts against the others.
+        (
+            [
+                {"name": "a", "keySecret": {"name": "a"}, "weight": 3},
+                {"name": "b", "keySecret": {"name": "b"}},
+                {"name": "c", "keySecret": {"name": "c"}, "models": ["org/code"]},
+            ],
+            {("a", "chat"): 6, ("b", "chat"): 2, ("a", "code"): 3, ("b", "code"): 1, ("c", "code"): 1},
+        ),
+    ],
+)
+def test_each_team_has_a_share_of_each_service_it_uses_by_weight(teams: list[Any], expected: dict[Any, int]):
+    services = {"chat": service("chat", "org/chat", seqs=8), "code": service("code", "org/code", seqs=4)}
+    spec = gateway_spec(teams=teams)
+    assert shares(spec, routes(spec, services)) == expected
+    lines = cfg_lines(spec, services)
+    over = [line for line in lines if "set-priority-class int(2047)" in line]
+    assert len(over) == len(expected)
+    assert "{ var(txn.team) -m str a } { var(txn.backend) -m str svc-chat } { sc_conn_cur(0) gt" in over[0]
+    assert lines.index(over[0]) > max(i for i, line in enumerate(lines) if "return status 403" in line)
+    # Without a capacity (no plan yet), nothing waits in the gateway and there are no shares.
+    assert shares(spec, routes(spec, SERVICES)) == {}
 
 
 def test_the_refusals_come_in_order_each_in_openais_error_shape():

@@ -71,6 +71,13 @@ class GatewayTeam(_Model):
         description="The most requests a minute the team may send; over it, 429 with Retry-After. Shared out among "
         "the gateway's replicas (each admits its part). Unset: no limit.",
     )
+    weight: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="The team's share of each service it uses, against the other teams' weights: when the servers "
+        "are full, its requests beyond its share of what they run at once wait after everyone else's.",
+    )
     priority: int = Field(
         default=0,
         ge=-MAX_PRIORITY,

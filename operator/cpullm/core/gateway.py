@@ -49,6 +49,8 @@ BASE_MEMORY = 64 * 2**20  # HAProxy's own memory beside its buffers
 CPU_REQUEST = "100m"
 # How long a request may run, where no fronted service's plan says (the router's bound, core/routing.py).
 DEFAULT_DRAIN_SECONDS = c.DRAIN_MAX_SECONDS
+# HAProxy's last priority class: where a request over its team's share waits.
+LAST_CLASS = 2047
 # The environment variable that carries a fronted service's API key into HAProxy's configuration.
 SERVICE_KEY_ENV = "CPULLM_SERVICE_KEY_{index}"
 
@@ -193,6 +195,32 @@ def models_document(models: Sequence[str]) -> str:
     return json.dumps({"object": "list", "data": data}, separators=(",", ":"))
 
 
+def shares(spec: CpuLLMGatewaySpec, routed: Routes) -> dict[tuple[str, str], int]:
+    """Each team's share of what each service's servers run at once (its capacity), by weight among the teams that
+    may use the service: (team, service) -> requests in flight, at least one. Services of unknown capacity have none."""
+    allowed = team_models(spec, routed.model_service)
+    found: dict[tuple[str, str], int] = {}
+    for service in routed.services:
+        if not service.capacity:
+            continue
+        users = [t for t in spec.teams if any(routed.model_service[m] == service.name for m in allowed[t.name])]
+        total = sum(t.weight for t in users)
+        for team in users:
+            found[(team.name, service.name)] = max(1, math.ceil(service.capacity * team.weight / total))
+    return found
+
+
+def _over_share(spec: CpuLLMGatewaySpec, routed: Routes) -> list[str]:
+    """A request that takes its team over its share of a service's capacity (its in-flight requests, tracked in
+    team_rates) waits after every other, whatever the team's priority: when the servers are full, a flooding team
+    queues behind the others' requests, not in front of them."""
+    return [
+        f"  http-request set-priority-class int({LAST_CLASS}) if {{ var(txn.team) -m str {team} }}"
+        f" {{ var(txn.backend) -m str {backend_name(service)} }} {{ sc_conn_cur(0) gt {share} }}"
+        for (team, service), share in sorted(shares(spec, routed).items())
+    ]
+
+
 def drain_seconds(found: Sequence[Fronted]) -> int:
     """The longest a request through the gateway may run: the longest of the fronted services' plans."""
     return max((s.drain_seconds or DEFAULT_DRAIN_SECONDS for s in found), default=DEFAULT_DRAIN_SECONDS)
@@ -203,7 +231,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
     from the team's list; the team's rate or 429; the body's `model` or 400 (413 over maxRequestBytes); a model
     no service serves 404, one the team may not use 403; then the service's backend, where requests over what its
     servers run at once wait, highest priority first."""
-    seconds = max(drain_seconds(routed.services), 1)
+    seconds, entries = max(drain_seconds(routed.services), 1), max(len(spec.teams) * 2, 16)
     lines = [
         "global",
         f"  maxconn {spec.max_connections}",
@@ -228,7 +256,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
         "  parse-resolv-conf",
         "  hold valid 5s",
         "backend team_rates",
-        f"  stick-table type string len 64 size {max(len(spec.teams) * 2, 16)} expire 2m store http_req_rate(60s)",
+        f"  stick-table type string len 64 size {entries} expire 2m store http_req_rate(60s),conn_cur",
         "frontend health",
         f"  bind :{HEALTH_PORT}",
         "  monitor-uri /ready",
@@ -285,6 +313,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
             lines.append(
                 f"  http-request set-priority-class int({-team.priority}) if {{ var(txn.team) -m str {team.name} }}"
             )
+    lines += _over_share(spec, routed)
     lines += ["  http-request set-var(txn.routed) bool(true)", "  use_backend %[var(txn.backend)]", ""]
     for index, service in enumerate(routed.services):
         host = f"{service.name}.{owner.namespace}.svc.{spec.cluster_domain}"
