@@ -1,9 +1,9 @@
 """A CpuLLMGateway pod's container, run on this machine as its image runs it (root): the files of the gateway's
 ConfigMap at /etc/cpullm-gateway, the teams' keys at /var/run/cpullm-gateway/keys, the image's own root filesystem
 (testbed.images HAPROXY_ROOTFS: Debian's haproxy, the router's and gateway's image here) under an overlay, so its
-/bin/sh, sha256sum and haproxy run the start script, all in a mount namespace of their own and on this machine's
-network. The keys directory is bind-mounted from the host, so a test rotates a key as the kubelet does: a new
-file renamed over the old one.
+/bin/sh, sha256sum and haproxy run the start script as the pod's user (nobody), all in a mount namespace of their
+own and on this machine's network. The keys directory is bind-mounted from the host, so a test rotates a key as the
+kubelet does: a new file renamed over the old one.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 from testbed.images import HAPROXY_ROOTFS
 
 CONFIG_DIR, KEYS_DIR, RUN_DIR = "etc/cpullm-gateway", "run/cpullm-gateway/keys", "run/cpullm-gateway"
+NOBODY = 65534  # the user the gateway's container runs as (core/children/router.py)
 
 
 class GatewayPod:
@@ -34,6 +35,7 @@ class GatewayPod:
         for name, text in files.items():
             (upper / CONFIG_DIR / name).write_text(text)
         shutil.copy("/etc/resolv.conf", upper / "etc" / "resolv.conf")
+        (upper / RUN_DIR).chmod(0o777)  # an emptyDir: writable by the pod's user
         for team, key in keys.items():
             self.rotate(team, key)
         self.env = dict(env or {})
@@ -44,6 +46,7 @@ class GatewayPod:
         """The team's key file replaced at once (a rename), as the kubelet swaps a Secret's files."""
         fresh = self.keys / f".{team}.new"
         fresh.write_text(key)
+        fresh.chmod(0o644)  # a Secret volume's files: readable by the pod's user
         fresh.rename(self.keys / team)
 
     def start(self) -> None:
@@ -53,7 +56,7 @@ class GatewayPod:
         script = (
             f"mount -t overlay overlay -o lowerdir={rootfs},upperdir={self.dir / 'upper'},workdir={work} {merged}"
             f" && mount --bind {self.keys} {merged / KEYS_DIR}"
-            f" && exec chroot {merged} /bin/sh /{CONFIG_DIR}/start.sh"
+            f" && exec chroot --userspec={NOBODY}:{NOBODY} {merged} /bin/sh /{CONFIG_DIR}/start.sh"
         )
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **self.env}
         with self.log.open("wb") as log:
