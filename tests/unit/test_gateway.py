@@ -433,6 +433,7 @@ def test_an_invalid_spec_renders_nothing_and_says_why():
     decision = decide_gateway(OWNER, err, SERVICES, None, {}, IMAGE, T0)
     assert decision.children == ()
     assert conditions(decision) == {"Routed": ("False", "InvalidSpec"), "Ready": ("False", "InvalidSpec")}
+    assert (decision.status["routes"], decision.status["endpoint"]) == ([], None)  # what it routed before goes
     assert all(e.type == "Warning" for e in decision.events)
 
 

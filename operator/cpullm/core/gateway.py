@@ -536,7 +536,13 @@ def decide_gateway(
             condition(ROUTED, False, spec.reason, spec.message, owner.generation, now, before),
             condition(READY, False, spec.reason, f"nothing is served: {spec.message}", owner.generation, now, before),
         ]
-        status = {"observedGeneration": owner.generation, "conditions": conditions}
+        # Merge-patched: null and [] clear what an earlier status said it routed.
+        status: dict[str, Any] = {
+            "observedGeneration": owner.generation,
+            "endpoint": None,
+            "routes": [],
+            "conditions": conditions,
+        }
         return GatewayDecision((), status, _events(before, conditions))
     routed = routes(spec, services)
     children = build_children(owner, spec, routed, spec.image or image)
