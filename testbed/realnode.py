@@ -430,13 +430,16 @@ class RealNode:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _drain(self) -> None:
-        """Cordon, delete the node's pods and wait until the kubelet has stopped their sandboxes (so CNI releases
-        their network namespaces), then delete the Node."""
+        """Cordon, delete the DaemonSets and the node's pods and wait until the kubelet has stopped their sandboxes
+        (so CNI releases their network namespaces), then delete the Node."""
         api = self.api()
         with contextlib.suppress(AssertionError, subprocess.TimeoutExpired):
             if api.get("node", self.name) is None:
                 return
             api.run("cordon", self.name, check=False)
+            # A DaemonSet's pods ignore the cordon and come back as soon as they are deleted (the chart's NUMA
+            # seccomp profile's did: the wait below ran out its 90 s at every run's end): they go first.
+            api.run("delete", "daemonsets", "-A", "--all", "--wait=false", check=False)
             on_node = f"--field-selector=spec.nodeName={self.name}"
             api.run("delete", "pods", "-A", on_node, "--grace-period=1", "--wait=false", check=False)
             if "kubelet" in self._processes and self._processes["kubelet"].poll() is None:
