@@ -146,9 +146,8 @@ except Exception as error:
 OUTSIDER = "cpullm-e2e-outsider"
 
 
-def client_pod(kubectl: Kubectl, namespace: str, image: str) -> str:
+def client_pod(kubectl: Kubectl, namespace: str, image: str, name: str = "netpol-client") -> str:
     """A pod that only waits, for `probe` to run in: the released operator image (it has python3)."""
-    name = "netpol-client"
     container = {"name": "client", "image": image, "command": ["python3", "-c", "import signal; signal.pause()"]}
     kubectl.apply(
         {
@@ -237,6 +236,103 @@ def test_network_policies_admit_the_router_and_the_namespace_and_refuse_everyone
         patch_spec(kubectl, {"networkPolicy": None})
         kubectl.run("delete", "pod", inside, "-n", "default", "--wait=false", check=False)
         kubectl.run("delete", "namespace", OUTSIDER, "--wait=false", check=False)
+
+
+# A request from inside a client pod: prints the status and the body (an HTTP error's too).
+ASK = """import sys, urllib.error, urllib.request
+url, key, body = sys.argv[1:4]
+headers = {"content-type": "application/json", **({"authorization": "Bearer " + key} if key else {})}
+request = urllib.request.Request(url, data=body.encode() or None, headers=headers)
+try:
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        print(answer.status, answer.read().decode())
+except urllib.error.HTTPError as refused:
+    print(refused.code, refused.read().decode())
+"""
+
+
+def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_rotated_key(
+    quick_start: QuickStart,
+) -> None:
+    """A CpuLLMGateway in front of the router's service, its HAProxy the router's image, under the released chart's
+    write policy and kube-router's firewall: no key is 401, the team's key lists the model and gets a completion from
+    real vLLM through the router, the usage counts its tokens, and a key rotated in the Secret is admitted by the
+    same pod (the kubelet updates the file, the start script reloads HAProxy)."""
+    kubectl = quick_start.kubectl
+    model = deploy_spread(quick_start, 1, extraArgs=["--optimization-level", "0"])
+    eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
+    image = kubectl.get("cpullmservice", SPREAD, NAMESPACE)["spec"]["routing"]["router"]["image"]
+
+    def secret(keys: str) -> None:
+        made = kubectl.run(
+            "create",
+            "secret",
+            "generic",
+            "team-a-key",
+            "-n",
+            NAMESPACE,
+            f"--from-literal=api-key={keys}",
+            "--dry-run=client",
+            "-o",
+            "yaml",
+        )
+        kubectl.run("apply", "-f", "-", input=made.stdout)
+
+    secret("first-key")
+    gateway = {
+        "apiVersion": "cpullm.io/v1alpha1",
+        "kind": "CpuLLMGateway",
+        "metadata": {"name": "front", "namespace": NAMESPACE},
+        "spec": {
+            "services": [SPREAD],
+            "teams": [{"name": "team-a", "keySecret": {"name": "team-a-key"}}],
+            "image": image,
+            "replicas": 1,
+            "metricsFrom": [{"podSelector": {}}],
+        },
+    }
+    kubectl.apply(gateway)
+    client = client_pod(kubectl, NAMESPACE, quick_start.release.image, name="gateway-client")
+
+    def gateway_ready() -> bool:
+        status = (kubectl.get("cpullmgateway", "front", NAMESPACE) or {}).get("status") or {}
+        return status.get("readyReplicas") == 1
+
+    def ask(
+        key: str, path: str, body: str = "", at: str = f"front-gateway.{NAMESPACE}.svc.cluster.local:8000"
+    ) -> tuple[int, str]:
+        url = f"http://{at}{path}"
+        out = kubectl.run("exec", client, "-n", NAMESPACE, "--", "python3", "-c", ASK, url, key, body, timeout=180)
+        status, _, text = out.stdout.strip().partition(" ")
+        return int(status), text
+
+    try:
+        eventually(gateway_ready, timeout=180, interval=2, what="the gateway's pod ready")
+        (pod,) = kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/gateway": "front"})
+        assert ask("", "/v1/models")[0] == 401
+        status, listed = ask("first-key", "/v1/models")
+        assert status == 200 and [m["id"] for m in json.loads(listed)["data"]] == [model], listed
+        request = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 4})
+        status, answer = ask("first-key", "/v1/completions", request)
+        assert status == 200, answer
+        tokens = json.loads(answer)["usage"]  # the trained model may stop before max_tokens
+        status, usage = ask("", "/usage", at=f"{pod['status']['podIP']}:8404")  # metricsFrom: the namespace
+        counted = f'{{team="team-a",model="{model}"}}'
+        assert status == 200 and f"cpullm_gateway_requests_total{counted} 1" in usage, usage
+        assert f"cpullm_gateway_prompt_tokens_total{counted} {tokens['prompt_tokens']}" in usage, usage
+        assert f"cpullm_gateway_generation_tokens_total{counted} {tokens['completion_tokens']}" in usage, usage
+        secret("first-key\nsecond-key")  # the new key beside the old one, then the old one goes
+        eventually(lambda: ask("second-key", "/v1/models")[0] == 200, timeout=180, interval=2, what="the new key")
+        secret("second-key")
+        eventually(lambda: ask("first-key", "/v1/models")[0] == 401, timeout=180, interval=2, what="the old key gone")
+        (after,) = kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/gateway": "front"})
+        assert after["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert sum(c.get("restartCount", 0) for c in after["status"]["containerStatuses"]) == 0
+        log("gateway: 401 without a key, a completion through the router with it, a key rotated in the same pod")
+    finally:
+        kubectl.run("delete", "cpullmgateway", "front", "-n", NAMESPACE, "--wait=false", check=False)
+        kubectl.run("delete", "secret", "team-a-key", "-n", NAMESPACE, "--wait=false", check=False)
+        kubectl.run("delete", "pod", client, "-n", NAMESPACE, "--wait=false", check=False)
 
 
 def test_the_released_charts_probe_job_measures_a_worker_and_a_plan_on_it_reads_it(quick_start: QuickStart) -> None:
