@@ -75,6 +75,8 @@ class StandIn(BaseHTTPRequestHandler):
 
 
 class StandInServer(ThreadingHTTPServer):
+    block_on_close = False  # closing does not wait for the gateway's idle connections' threads
+
     def __init__(self, name: str) -> None:
         super().__init__(("127.0.0.1", free_port()), StandIn)
         self.name, self.lock, self.tokens = name, threading.Lock(), [0, 0]  # prompt, generated
