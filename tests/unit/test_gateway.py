@@ -542,3 +542,14 @@ def test_the_controller_finds_a_gateways_facts():
     assert fronts(body(), "chat") and not fronts(body(), "other") and not fronts({"spec": {"services": "chat"}}, "chat")
     index = {("teams", "chat"): [SERVICES["chat"]], ("other", "code"): [SERVICES["code"]]}
     assert namespace_services(index, "teams") == {"chat": SERVICES["chat"]}
+
+
+def test_only_what_a_gateway_reads_of_a_service_is_news_for_it():
+    reconciler = GatewayReconciler(FakeKube(), IMAGE, clock=lambda: T0)
+    chat = service("chat", "org/chat", seqs=4)
+    assert reconciler.service_news("teams", "chat", chat)  # first seen
+    patched = {**chat, "status": {**chat["status"], "readyReplicas": 1, "conditions": [{"type": "Ready"}]}}
+    assert not reconciler.service_news("teams", "chat", patched)  # its own status patch: not news
+    assert reconciler.service_news("teams", "chat", service("chat", "org/chat", ("lora",), seqs=4))  # an adapter
+    assert reconciler.service_news("teams", "chat", service("chat", "org/chat", ("lora",), seqs=8))  # capacity
+    assert reconciler.service_news("teams", "chat", None) and reconciler.service_news("teams", "chat", chat)

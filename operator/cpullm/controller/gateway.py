@@ -55,11 +55,25 @@ class GatewayReconciler:
         self._applied: dict[str, dict[tuple[str, str], str]] = {}
         self._status: dict[str, Mapping[str, Any]] = {}
         self._locks: dict[Key, threading.Lock] = {}
+        self._fronted: dict[Key, str] = {}  # what gateways read of each service, as its last event showed it
         self._guard = threading.Lock()
 
     def _lock(self, key: Key) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(key, threading.Lock())
+
+    def service_news(self, namespace: str, name: str, body: Mapping[str, Any] | None) -> bool:
+        """Whether a service's event changes what a gateway reads of it (its model and adapters' names, port, key,
+        replicas, and its plan's capacity and drain): its own status patches mostly do not, and every reconcile of
+        a fronted service patches it. None: the service went."""
+        key, inputs = (namespace, name), None if body is None else _front_inputs(body)
+        with self._guard:
+            news = self._fronted.get(key) != inputs
+            if inputs is None:
+                self._fronted.pop(key, None)
+            else:
+                self._fronted[key] = inputs
+        return news
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
         with self._guard:
@@ -135,6 +149,21 @@ class GatewayReconciler:
             if name is not None and (kind, name) not in kept and (force or (kind, name) in applied):
                 self.kube.delete(api_version, kind, owner.namespace, name, uid)
                 applied.pop((kind, name), None)
+
+
+def _front_inputs(body: Mapping[str, Any]) -> str:
+    """What core/gateway.py's `fronted` reads of a service, raw (no parsing): a change here is news for its gateways."""
+    spec, status = body.get("spec"), body.get("status")
+    spec = spec if isinstance(spec, Mapping) else {}
+    plan = status.get("plan") if isinstance(status, Mapping) else None
+    plan = plan if isinstance(plan, Mapping) else {}
+    model = spec.get("model")
+    picked = {
+        "model": model.get("name") if isinstance(model, Mapping) else model,
+        **{field: spec.get(field) for field in ("adapters", "service", "apiKeySecret", "replicas")},
+        **{field: plan.get(field) for field in ("maxNumSeqs", "drainSeconds")},
+    }
+    return json.dumps(picked, sort_keys=True, default=str)
 
 
 def _without_times(status: Mapping[str, Any]) -> Any:

@@ -292,7 +292,9 @@ async def service_changed(
     await dispatch.service_changed(_state(memo), type, namespace, name, uid, body, KopfIndexes.of(indexes))
     fronting = [g for (ns, _), bodies in indexes.get("gateways", {}).items() if ns == namespace for g in bodies]
     fronting = [g for g in fronting if gateway.fronts(g, name)]
-    if fronting:  # a gateway in front of it may route its model elsewhere now
+    reconciler = _state(memo).gateways
+    news = reconciler is not None and reconciler.service_news(namespace, name, None if type == "DELETED" else body)
+    if fronting and news:  # a gateway in front of it may route its model elsewhere now
         await gateway.reconcile_gateways(_state(memo), fronting, gateway.gather_indexes(indexes))
 
 
