@@ -47,6 +47,7 @@ from testbed.images import (
     build_pause,
     cached_image,
     digest_of,
+    file_key,
     go_module_dir,
     log,
     main,
@@ -160,7 +161,7 @@ def binary_image(name: str, ref: str, binaries: list[Path], base: Rootfs | None 
     (staging / "usr" / "local" / "bin").mkdir(parents=True)
     for binary in binaries:  # hard links: no copy of the ~100 MB binaries
         os.link(binary, staging / "usr" / "local" / "bin" / binary.name)
-    inputs = [f"{b.name}:{b.stat().st_size}:{b.stat().st_mtime_ns}" for b in binaries]
+    inputs = [file_key(b) for b in binaries]
     layers = [Layer(digest_of(*inputs)[:16], tar_command(staging, "./usr"), f"{name}: {' '.join(inputs)}")]
     if base is not None:
         root = base.build()
@@ -271,7 +272,7 @@ def build_kind_node(docker_env: dict[str, str]) -> str:
     images = node_images(tools, base_recipe, *manifests)
     binaries = [tools["kubeadm"] / "kubeadm", tools["kubelet"] / "kubelet", tools["kubernetes"] / "kubectl"]
     inputs = [ASSEMBLY, base.ref, *(f"{i.ref}={i.manifest}" for i in images), *(m.text for m in manifests)]
-    inputs += [f"{b.name}:{b.stat().st_size}:{b.stat().st_mtime_ns}" for b in binaries]
+    inputs += [file_key(b) for b in binaries]
     ref = f"localhost/cpullm-kind-node:{digest_of(*inputs)[:12]}"
     if _docker(docker_env, "image", "inspect", ref, check=False).returncode != 0:
         _assemble(docker_env, ref, base, binaries, images, manifests)
