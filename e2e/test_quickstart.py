@@ -14,6 +14,7 @@ import json
 import math
 import os
 import subprocess
+import time
 from typing import Any
 
 import pytest
@@ -321,10 +322,13 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
         assert status == 200 and f"cpullm_gateway_requests_total{counted} 1" in usage, usage
         assert f"cpullm_gateway_prompt_tokens_total{counted} {tokens['prompt_tokens']}" in usage, usage
         assert f"cpullm_gateway_generation_tokens_total{counted} {tokens['completion_tokens']}" in usage, usage
-        # The new key beside the old one: the kubelet updates the file (within its sync period, about a minute), the
-        # script reloads HAProxy. The old key's removal is the same path (e2e/test_gateway_proxy.py runs both).
+        # The new key beside the old one: the kubelet updates the file within a pod sync (a minute by default, 10 s
+        # on this cluster: testbed/spread.py), the script reloads HAProxy. The old key's removal is the same path
+        # (e2e/test_gateway_proxy.py runs both).
         secret("first-key\nsecond-key")
+        rotated = time.monotonic()
         eventually(lambda: ask("second-key", "/v1/models")[0] == 200, timeout=180, interval=2, what="the new key")
+        log(f"gateway: the added key admitted {time.monotonic() - rotated:.0f} s after the Secret's change")
         assert ask("first-key", "/v1/models")[0] == 200
         (after,) = kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/gateway": "front"})
         assert after["metadata"]["uid"] == pod["metadata"]["uid"]

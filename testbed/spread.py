@@ -53,9 +53,15 @@ class QuickStart:
     release: Release
 
 
+# The kubelets sync each pod every 10 s, not every minute: a Secret's change reaches a pod's files within a sync
+# (the gateway's key rotation in e2e/test_quickstart.py waited 60-90 s for it). The same path, only sooner.
+KUBELET_SYNC = json.dumps({"kind": "KubeletConfiguration", "syncFrequency": "10s"})
+
+
 def kind_config(path: Path) -> Path:
     config = cluster_config(NAME, 2, cgroup_v1=cgroup_v1_host(), lacks_cap=lacks_cap_sys_resource())
     config["containerdConfigPatches"] = [*config.get("containerdConfigPatches", []), REGISTRY_DIRECTORY]
+    config["kubeadmConfigPatches"].append(KUBELET_SYNC)
     path.write_text(json.dumps(config, indent=1))
     return path
 
