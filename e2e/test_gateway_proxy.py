@@ -1,9 +1,9 @@
 """The CpuLLMGateway's HAProxy as its pod runs it (testbed/gateway_pod.py: the image's root filesystem, the rendered
 ConfigMap and start script, the teams' keys as mounted Secrets), in front of two stand-in OpenAI servers on this
 machine: each team reaches exactly its models, a wrong key is 401, an ungranted model 403, an unknown one 404, a team
-over its rate 429 with Retry-After, GET /v1/models lists the team's models, a service's own key is sent in place of
-the team's, a stream passes unbuffered, and a key rotated under steady traffic drops no request. Pytest marker
-`kind` (root: a mount namespace, an overlay and chroot), run with the kind tests."""
+over its rate or its generated tokens a minute 429 with Retry-After, GET /v1/models lists the team's models, a
+service's own key is sent in place of the team's, a stream passes unbuffered, and a key rotated under steady traffic
+drops no request. Pytest marker `kind` (root: a mount namespace, an overlay and chroot), run with the kind tests."""
 
 from __future__ import annotations
 
@@ -153,6 +153,7 @@ def gateway() -> Iterator[Bed]:
                 },
                 {"name": "team-b", "keySecret": {"name": "b"}, "priority": 5},
                 {"name": "team-r", "keySecret": {"name": "r"}, "models": ["tiny"], "requestsPerMinute": 30},
+                {"name": "team-t", "keySecret": {"name": "t"}, "models": ["org/coder"], "generatedTokensPerMinute": 20},
             ],
         }
     )
@@ -166,7 +167,7 @@ def gateway() -> Iterator[Bed]:
         files["haproxy.cfg"] = files["haproxy.cfg"].replace(f"{name}.{NAMESPACE}.svc.cluster.local", "127.0.0.1")
     pod = GatewayPod(
         files,
-        {"team-a": "key-a\n", "team-b": "key-b", "team-r": "key-r"},
+        {"team-a": "key-a\n", "team-b": "key-b", "team-r": "key-r", "team-t": "key-t"},
         env={"CPULLM_SERVICE_KEY_1": "the-servers-key"},
     )
     pod.start()
@@ -234,6 +235,19 @@ def test_a_team_over_its_rate_waits(gateway: Bed):
     assert answers[-1][1].get("Retry-After") == "2" and answers[-1][2]["error"]["code"] == "rate_limit_exceeded"
     # Another team is not held by it.
     assert front.call("key-b", "/v1/completions", {"model": "tiny", "prompt": "x"})[0] == 200
+
+
+def test_a_team_over_its_generated_tokens_a_minute_waits(gateway: Bed):
+    """20 generated tokens a minute, 8 a request: admitted at 0, 8 and 16 tokens of the last minute, refused at 24
+    until the first request's second leaves the window; a stream's tokens count where its usage says them."""
+    front = gateway.front
+    asked = {"model": "org/coder", "prompt": "x", "max_tokens": 8}
+    statuses = [front.call("key-t", "/v1/completions", asked)[0] for _ in range(3)]
+    status, headers, error = front.call("key-t", "/v1/completions", asked)
+    assert (statuses, status, error["error"]["code"]) == ([200] * 3, 429, "rate_limit_exceeded")
+    assert 55 <= int(headers["Retry-After"]) <= 60, headers["Retry-After"]
+    # Another team is not held by it.
+    assert front.call("key-b", "/v1/completions", asked)[0] == 200
 
 
 def test_a_flooding_team_waits_behind_the_others_when_the_servers_are_full(gateway: Bed):

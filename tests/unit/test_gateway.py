@@ -23,7 +23,7 @@ from cpullm.core.gateway import (
     routes,
     shares,
 )
-from cpullm.core.gateway_usage import USAGE_LUA
+from cpullm.core.gateway_usage import GENERATED_ACTION, GENERATED_RETRY, USAGE_LUA
 from cpullm.core.observation import Ownership
 from cpullm.errors import InvalidSpec
 
@@ -200,6 +200,28 @@ def test_a_teams_models_are_its_list_or_every_routed_one():
             ["hdr Retry-After 1 content-type", "{ sc_http_req_rate(0) gt 600 }"],
             [],
         ),
+        # Generated tokens a minute, shared out the same way; no rule for a team without a limit, one refusal for all.
+        (
+            {
+                "teams": [
+                    {"name": "team-a", "keySecret": {"name": "a"}, "generatedTokensPerMinute": 1001},
+                    {"name": "team-b", "keySecret": {"name": "b"}},
+                ]
+            },
+            SERVICES,
+            [
+                "  http-request lua.generated_window 501 if { var(txn.team) -m str team-a }",
+                "hdr Retry-After %[var(txn.generated_retry)] content-type",
+                "if { var(txn.generated_retry) -m found }",
+            ],
+            ["lua.generated_window 501 if { var(txn.team) -m str team-b }"],
+        ),
+        (
+            {"teams": [{"name": "team-a", "keySecret": {"name": "a"}}]},
+            SERVICES,
+            [],
+            ["lua.generated_window", "txn.generated_retry"],
+        ),
         (
             {"teams": [{"name": "team-a", "keySecret": {"name": "a"}, "priority": 7}]},
             SERVICES,
@@ -244,6 +266,9 @@ def test_usage_is_counted_for_routed_requests_and_served_on_the_metrics_port():
     lines = cfg_lines(gateway_spec())
     files = config_files(OWNER, gateway_spec(), routes(gateway_spec(), SERVICES))
     assert files["usage.lua"] == USAGE_LUA
+    # The names the configuration calls are the ones the Lua registers and sets.
+    assert f'core.register_action("{GENERATED_ACTION}", {{"http-req"}}' in USAGE_LUA
+    assert f'txn:set_var("{GENERATED_RETRY}"' in USAGE_LUA
     assert "  lua-load /etc/cpullm-gateway/usage.lua" in lines and "  nbthread 1" in lines
     assert lines.index("  filter lua.usage") > lines.index("frontend api")
     health = lines[lines.index("frontend health") : lines.index("frontend api")]
@@ -290,10 +315,11 @@ def test_each_team_has_a_share_of_each_service_it_uses_by_weight(teams: list[Any
 
 
 def test_the_refusals_come_in_order_each_in_openais_error_shape():
-    lines = cfg_lines(gateway_spec(teams=[{"name": "team-a", "keySecret": {"name": "a"}, "requestsPerMinute": 10}]))
+    team = {"name": "team-a", "keySecret": {"name": "a"}, "requestsPerMinute": 10, "generatedTokensPerMinute": 99}
+    lines = cfg_lines(gateway_spec(teams=[team]))
     api = lines[lines.index("frontend api") :]
     codes = [int(line.split("status ")[1].split()[0]) for line in api if "http-request return status" in line]
-    assert codes == [401, 200, 429, 413, 400, 404, 403]  # 200: the team's GET /v1/models
+    assert codes == [401, 200, 429, 429, 413, 400, 404, 403]  # 200: the team's GET /v1/models
     refusals = [line for line in lines if "http-request return status 4" in line]
     for line in refusals:
         body = line.split("string '")[1].split("'")[0]

@@ -71,6 +71,14 @@ class GatewayTeam(_Model):
         description="The most requests a minute the team may send; over it, 429 with Retry-After. Shared out among "
         "the gateway's replicas (each admits its part). Unset: no limit.",
     )
+    generated_tokens_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="The most tokens a minute the services may generate for the team, as their answers' usage "
+        "says: while its last minute holds that many, 429 with Retry-After (a request admitted below it may end "
+        "above it). Shared out among the replicas. Unset: no limit.",
+    )
     weight: int = Field(
         default=1,
         ge=1,

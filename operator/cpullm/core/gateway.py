@@ -32,7 +32,7 @@ from cpullm.core.children.common import (
 from cpullm.core.children.disruption import PDB_API_VERSION
 from cpullm.core.children.network_policy import NETWORK_POLICY_API_VERSION
 from cpullm.core.children.router import PROXY_SECURITY_CONTEXT, apart
-from cpullm.core.gateway_usage import USAGE_FILE, USAGE_LUA, USAGE_PATH
+from cpullm.core.gateway_usage import GENERATED_ACTION, GENERATED_RETRY, USAGE_FILE, USAGE_LUA, USAGE_PATH
 from cpullm.core.status import READY, condition
 from cpullm.errors import CpuLLMError
 
@@ -221,6 +221,24 @@ def _over_share(spec: CpuLLMGatewaySpec, routed: Routes) -> list[str]:
     ]
 
 
+def _generated_limits(spec: CpuLLMGatewaySpec) -> list[str]:
+    """Each team's generatedTokensPerMinute, shared out among the replicas: the usage filter's counts of the last
+    minute (core/gateway_usage.py) at the limit, 429 with Retry-After until the oldest of them leave it."""
+    lines = []
+    for team in spec.teams:
+        if team.generated_tokens_per_minute is None:
+            continue
+        share = math.ceil(team.generated_tokens_per_minute / spec.replicas)
+        lines.append(f"  http-request lua.{GENERATED_ACTION} {share} if {{ var(txn.team) -m str {team.name} }}")
+    if lines:
+        refusal = _error(
+            429, "rate_limit_exceeded", "rate_limit_exceeded", "the team is over its generated tokens a minute"
+        )
+        retry = f" hdr Retry-After %[var({GENERATED_RETRY})] content-type"
+        lines.append(f"  {refusal.replace(' content-type', retry)} if {{ var({GENERATED_RETRY}) -m found }}")
+    return lines
+
+
 def drain_seconds(found: Sequence[Fronted]) -> int:
     """The longest a request through the gateway may run: the longest of the fronted services' plans."""
     return max((s.drain_seconds or DEFAULT_DRAIN_SECONDS for s in found), default=DEFAULT_DRAIN_SECONDS)
@@ -290,6 +308,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
             )
             + f" if {{ var(txn.team) -m str {team.name} }} {{ sc_http_req_rate(0) gt {share} }}"
         )
+    lines += _generated_limits(spec)
     limit = spec.max_request_bytes
     lines += [
         "  "

@@ -2,14 +2,19 @@
 end of each answer a service sends back for its `usage` (prompt and completion tokens, as vLLM reports them; a
 stream carries it in its last chunk when the request asked `stream_options.include_usage`), and whose service
 answers GET /usage on the health port in Prometheus' text format. Counters are per pod and start again at 0 when
-HAProxy reloads (a key rotation): Prometheus' rate() and increase() read resets as such.
-https://docs.haproxy.org/2.6/configuration.html#lua-load, HAProxy's Lua API (Filter class).
+HAProxy reloads (a key rotation): Prometheus' rate() and increase() read resets as such. The same counts, per team
+and second over the last minute, hold a team to its generatedTokensPerMinute (the action GENERATED_ACTION).
+https://docs.haproxy.org/2.6/configuration.html#lua-load, HAProxy's Lua API (Filter class, register_action).
 """
 
 from __future__ import annotations
 
 USAGE_FILE = "usage.lua"
 USAGE_PATH = "/usage"  # on the gateway's health port
+# `http-request lua.generated_window LIMIT`: sets txn.generated_retry (the seconds until the team's oldest counted
+# tokens leave the window) when the team's tokens generated in the last WINDOW seconds reach LIMIT.
+GENERATED_ACTION = "generated_window"
+GENERATED_RETRY = "txn.generated_retry"
 
 USAGE_LUA = r"""-- cpullm gateway: usage per team and model (core/gateway_usage.py).
 local counts = {}   -- "team model" -> {team, model, requests, prompt, generated, unmetered}
@@ -23,6 +28,28 @@ local function count(team, model)
     counts[key] = entry
   end
   return entry
+end
+
+local WINDOW = 60   -- seconds of generated tokens a team's generatedTokensPerMinute counts
+local generated = {} -- team -> {second -> tokens generated in that second}
+
+-- The team's seconds within the window (older ones dropped), their tokens and the oldest second.
+local function window(team, now)
+  local seconds = generated[team]
+  if seconds == nil then
+    seconds = {}
+    generated[team] = seconds
+  end
+  local total, oldest = 0, nil
+  for second, tokens in pairs(seconds) do
+    if second <= now - WINDOW then
+      seconds[second] = nil
+    else
+      total = total + tokens
+      if oldest == nil or second < oldest then oldest = second end
+    end
+  end
+  return seconds, total, oldest
 end
 
 local function last(text, field)
@@ -60,9 +87,22 @@ function Usage:http_end(txn, msg)
   else
     entry.prompt = entry.prompt + prompt
     entry.generated = entry.generated + generated
+    local now = core.now().sec
+    local seconds = window(team, now)
+    seconds[now] = (seconds[now] or 0) + generated
   end
   return filter.CONTINUE
 end
+
+core.register_action("generated_window", {"http-req"}, function(txn, limit)
+  local team = txn:get_var("txn.team")
+  if team == nil then return end
+  local now = core.now().sec
+  local _, total, oldest = window(team, now)
+  if total >= tonumber(limit) then
+    txn:set_var("txn.generated_retry", math.max(1, oldest + WINDOW - now))
+  end
+end, 1)
 
 core.register_filter("usage", Usage, function(usage, args) return usage end)
 
