@@ -12,12 +12,13 @@ import yaml
 
 from cpullm.api.crd import build_gateway_crd
 from cpullm.api.gateway import CpuLLMGatewaySpec, parse_gateway_spec
-from cpullm.controller.gateway import GatewayReconciler, controlling_gateway, fronts, namespace_services
+from cpullm.controller.gateway import GatewayReconciler, controlling_gateway, namespace_services
 from cpullm.core.gateway import (
     GATEWAY_SCRIPT,
     GatewayOwner,
     config_files,
     decide_gateway,
+    fronts,
     gateway_name,
     memory_bytes,
     routes,

@@ -39,9 +39,11 @@ class RecordingReconciler:
         self.topologies: list[Any] = []  # the NodeResourceTopologies each reconcile was handed
         self.exits: list[Any] = []  # the server exits each reconcile was handed
         self.forgotten: list[str] = []
+        self.gateways: list[Any] = []  # the gateways in front of the service, as each reconcile was handed them
 
     def reconcile(self, service: dict[str, Any], view: ClusterView, ticket: int | None = None) -> None:
         self.exits.append(view.server_exits)
+        self.gateways.append(view.gateways)
         self.calls.append((service["metadata"]["name"], sorted(n.name for n in view.nodes)))
         self.daemons.append(view.daemons)
         self.topologies.append(view.node_facts)
@@ -104,6 +106,7 @@ def handler_memo(reconciler: Any, workers: int = 2) -> kopf.Memo:
 # Kopf passes every index to every handler; these tests fill only the one they are about.
 OTHER_INDEXES: dict[str, Any] = {
     "owned_deployments": {},
+    "gateways": {},
     "installed_crds": {},
     "pod_troubles": {},
     "server_exits": {},
@@ -988,3 +991,22 @@ def test_the_watches_file_each_child_under_its_service_with_its_controller_for_t
     indexes = kopf_indexes({seen_index("configmaps"): {key: [value] for key, value in filed.items()}})
     assert indexes.snapshot().view(("ns", "a")).children == (filed[("ns", "a")],)
     assert indexes.snapshot().view(("ns", "b")).children == ()
+
+
+def test_a_gateway_that_comes_or_goes_reconciles_the_services_whose_allowed_from_narrows_their_callers():
+    """Their NetworkPolicies admit the gateways in front of them (core/decision.py); the other services admit their
+    namespace, the gateway's pods with it, and are not reconciled."""
+    narrowed = {"networkPolicy": {"allowedFrom": []}}
+    services = {
+        ("ns", "a"): [planned_service("a", **narrowed)],
+        ("ns", "b"): [planned_service("b")],
+        ("other", "c"): [planned_service("c", "other", **narrowed)],
+    }
+    front = {"metadata": {"name": "front", "namespace": "ns"}, "spec": {"services": ["a", "b"]}}
+    memo = handler_memo(RecordingReconciler())
+    for gateways in ({("ns", "front"): [front]}, {}):  # it came, then it went
+        asyncio.run(
+            dispatch.gateway_moved(memo["state"], "ns", kopf_indexes({"services": services, "gateways": gateways}))
+        )
+    assert [name for name, _ in memo["state"].reconciler.calls] == ["a", "a"]
+    assert memo["state"].reconciler.gateways == [("front",), ()]

@@ -10,10 +10,12 @@ import pytest
 from cpullm.api.spec import parse_spec
 from cpullm.core.children import build_children
 from cpullm.core.children.common import Owner
+from cpullm.core.decision import decide
 from cpullm.core.planner import plan_service
 from cpullm.errors import InvalidSpec
 
 from .builders import node, qwen_05b, spec
+from .support import T0, observed
 
 OWNER = Owner(name="chat", namespace="team-a", uid="u-1")
 QWEN = {"model": {"name": "Qwen/Qwen2.5-0.5B-Instruct"}, "kvCacheGiB": 1, "maxModelLen": 4096}
@@ -123,3 +125,42 @@ def test_a_peer_must_name_something():
 def test_an_ip_block_keeps_its_except():
     block = {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}
     assert policies(networkPolicy={"allowedFrom": [block]})["chat"]["ingress"] == [ingress([block], 8000)]
+
+
+FRONT = {"podSelector": {"matchExpressions": [{"key": "cpullm.io/gateway", "operator": "In", "values": ["a", "b"]}]}}
+
+
+@pytest.mark.parametrize(
+    ("fields", "gateways", "expected"),
+    [
+        # The namespace's pods are admitted already: a gateway in it needs no rule of its own.
+        pytest.param({}, ("b", "a"), {"chat": [ingress(NAMESPACE, 8000)]}, id="default-the-namespace-holds-them"),
+        pytest.param(
+            {"networkPolicy": {"allowedFrom": [GATEWAY]}},
+            ("b", "a"),
+            {"chat": [ingress([GATEWAY], 8000), ingress([FRONT], 8000)]},
+            id="narrowed-the-gateways-admitted",
+        ),
+        pytest.param(
+            {"networkPolicy": {"allowedFrom": []}},
+            (),
+            {"chat": []},
+            id="narrowed-no-gateway-nothing-added",
+        ),
+        pytest.param(
+            {**ROUTED, "networkPolicy": {"allowedFrom": [], "metricsFrom": [PROMETHEUS]}},
+            ("a", "b"),
+            {
+                "chat": [ingress([{"podSelector": ROUTER}], 8000), ingress([PROMETHEUS], 8000)],
+                "chat-router": [ingress([PROMETHEUS], 8404), ingress([FRONT], 8000)],
+            },
+            id="router-mode-the-router-admits-them",
+        ),
+    ],
+)
+def test_the_gateways_in_front_of_a_service_are_admitted_where_allowed_from_narrows_its_callers(
+    fields, gateways, expected
+):
+    decision = decide(observed(owner=OWNER, spec=spec(**{**QWEN, **fields}), model=qwen_05b(), gateways=gateways), T0)
+    found = {c["metadata"]["name"]: c["spec"]["ingress"] for c in decision.children if c["kind"] == "NetworkPolicy"}
+    assert found == expected

@@ -223,6 +223,7 @@ def indexes(service: dict[str, Any], addresses: dict[Any, Any]) -> KopfIndexes:
             "node_profiles",
             "daemonset_pods",
             "installed_crds",
+            "gateways",
             "pod_troubles",
             "server_exits",
         )

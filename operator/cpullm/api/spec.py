@@ -682,7 +682,8 @@ class NetworkPolicySettings(_Model):
         default=None,
         max_length=16,
         description="Who may send requests to the service (as a NetworkPolicy's from peers). Default: every pod "
-        "of the service's namespace. With routing inferencePool, include the Gateway's pods.",
+        "of the service's namespace. The CpuLLMGateways in front of it are admitted without being named; with "
+        "routing inferencePool, include the Gateway's pods.",
     )
     metrics_from: list[NetworkPolicyPeer] = Field(
         default_factory=list,

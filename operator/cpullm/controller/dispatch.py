@@ -162,6 +162,19 @@ async def service_changed(
         await reconcile_quietly(state, indexes.service((namespace, name)), indexes)
 
 
+async def gateway_moved(state: ControllerState, namespace: str, indexes: KopfIndexes) -> None:
+    """A CpuLLMGateway came, went or changed what it fronts: the namespace's services whose allowedFrom narrows who
+    may call them are reconciled, so their NetworkPolicies admit exactly the gateways in front of them now."""
+
+    def narrows(service: Mapping[str, Any]) -> bool:  # as stored: perhaps not a valid spec
+        policy = (service.get("spec") or {}).get("networkPolicy")
+        return isinstance(policy, Mapping) and policy.get("allowedFrom") is not None
+
+    narrowed = [s for (ns, _), bodies in indexes.services.items() if ns == namespace for s in bodies if narrows(s)]
+    if narrowed:
+        await reconcile_quietly(state, narrowed, indexes)
+
+
 async def node_changed(state: ControllerState, name: str, type: str | None, body: Any, indexes: KopfIndexes) -> None:
     """A node whose profile changed re-plans the services it can affect; one whose labels cannot be parsed is
     reported on the node. Kopf updates its indexes before event handlers run, so the index already holds this

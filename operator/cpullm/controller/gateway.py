@@ -180,12 +180,6 @@ def controlling_gateway(namespace: str, meta: Mapping[str, Any]) -> Key | None:
     return namespace, str(ref.get("name"))
 
 
-def fronts(gateway: Mapping[str, Any], service: str) -> bool:
-    spec = gateway.get("spec") or {}
-    services = spec.get("services") if isinstance(spec, Mapping) else None
-    return isinstance(services, list) and service in services
-
-
 def namespace_services(services: Mapping[Key, Any], namespace: str) -> dict[str, Mapping[str, Any]]:
     """The namespace's CpuLLMServices by name, from Kopf's index of them."""
     return {name: next(iter(bodies)) for (ns, name), bodies in services.items() if ns == namespace and bodies}

@@ -165,4 +165,5 @@ def gather(
         installed_crds=view.installed_crds,
         policy=policy,
         sizing=job_sizer.outcome if job_sizer is not None else VllmSizing(),
+        gateways=tuple(view.gateways),
     )

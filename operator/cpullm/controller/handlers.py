@@ -28,7 +28,7 @@ import kopf
 from cpullm.api.gateway import PLURAL as GATEWAY_PLURAL
 from cpullm.api.spec import GROUP, PLURAL, VERSION, copy_json
 from cpullm.controller import dispatch, gateway, kopf_settings, performance
-from cpullm.controller.indexes import KopfIndexes, seen_index
+from cpullm.controller.indexes import KopfIndexes, fronting_gateways, seen_index
 from cpullm.controller.state import ControllerState
 from cpullm.core.children import OPTIONAL_APIS, WATCHED_KINDS, crd_established
 from cpullm.core.children.common import (
@@ -197,10 +197,13 @@ async def gateway_changed(
     if type == "DELETED":
         if state.gateways is not None:
             state.gateways.forget(namespace, name, uid)
+        await dispatch.gateway_moved(state, namespace, KopfIndexes.of(indexes))
         return
     observed = (body.get("status") or {}).get("observedGeneration")
     if type in (None, "ADDED") or observed != body.metadata.get("generation"):
         await gateway.reconcile_gateways(state, [copy_json(dict(body))], gateway.gather_indexes(indexes))
+        if type is not None:  # the first listing reconciles every service anyway
+            await dispatch.gateway_moved(state, namespace, KopfIndexes.of(indexes))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels={**CHILD_LABELS, GATEWAY_LABEL: kopf.PRESENT})
@@ -290,8 +293,7 @@ async def service_changed(
     one more write per change and a copy of the whole object per event to compare with it, while the
     generation already says whether the spec changed."""
     await dispatch.service_changed(_state(memo), type, namespace, name, uid, body, KopfIndexes.of(indexes))
-    fronting = [g for (ns, _), bodies in indexes.get("gateways", {}).items() if ns == namespace for g in bodies]
-    fronting = [g for g in fronting if gateway.fronts(g, name)]
+    fronting = fronting_gateways(indexes.get("gateways", {}), (namespace, name))
     reconciler = _state(memo).gateways
     news = reconciler is not None and reconciler.service_news(namespace, name, None if type == "DELETED" else body)
     if fronting and news:  # a gateway in front of it may route its model elsewhere now

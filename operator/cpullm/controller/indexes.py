@@ -13,6 +13,7 @@ from typing import Any
 
 from cpullm.core.children import WATCHED_KINDS
 from cpullm.core.daemonsets import DaemonPods
+from cpullm.core.gateway import fronts
 from cpullm.core.node_facts import NODE_FACT_SOURCES, NodeFact, refine_profiles
 from cpullm.core.observation import ChildSeen, ClusterView
 from cpullm.core.topology import NodeProfile
@@ -34,6 +35,12 @@ def first(index: Index, key: Any) -> Any:
     return next(iter(index.get(key, ())), None)
 
 
+def fronting_gateways(gateways: Index, key: tuple[str, str]) -> list[Any]:
+    """The CpuLLMGateways of the service's namespace that list it, from Kopf's index of them."""
+    namespace, name = key
+    return [g for (ns, _), bodies in gateways.items() if ns == namespace for g in bodies if fronts(g, name)]
+
+
 @dataclass(frozen=True)
 class KopfIndexes:
     """Every index handlers.py declares, by its name there (core/node_facts.py's sources by their `index`)."""
@@ -43,6 +50,7 @@ class KopfIndexes:
     daemonset_pods: Index
     installed_crds: Index
     services: Index
+    gateways: Index
     owned_deployments: Index
     pod_troubles: Index  # these three: (ReplicaSet UID, fact) pairs by service; read through owned_pods
     server_exits: Index
@@ -59,6 +67,7 @@ class KopfIndexes:
             daemonset_pods=kwargs["daemonset_pods"],
             installed_crds=kwargs["installed_crds"],
             services=kwargs["services"],
+            gateways=kwargs["gateways"],
             owned_deployments=kwargs["owned_deployments"],
             pod_troubles=kwargs["pod_troubles"],
             server_exits=kwargs["server_exits"],
@@ -129,4 +138,5 @@ class Snapshot:
             pod_trouble=next(iter(self._indexes.owned_pods(self._indexes.pod_troubles, key)), None),
             server_exits=tuple(self._indexes.owned_pods(self._indexes.server_exits, key)),
             children=self._indexes.children(key),
+            gateways=tuple(sorted(g["metadata"]["name"] for g in fronting_gateways(self._indexes.gateways, key))),
         )

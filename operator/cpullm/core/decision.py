@@ -21,8 +21,9 @@ from cpullm.api.spec import API_VERSION, KIND, CpuLLMServiceSpec
 from cpullm.core.children import CHILD_KIND, OPTIONAL_APIS, build_children, child_of_ref, child_ref, kept_refs
 from cpullm.core.children.common import Owner
 from cpullm.core.children.model_cache import node_cache_paths
-from cpullm.core.children.network_policy import admit_operator
+from cpullm.core.children.network_policy import admit_callers, admit_operator
 from cpullm.core.children.sizing_job import STATUS_KEY, build_sizing_job
+from cpullm.core.gateway import gateway_peer
 from cpullm.core.observation import Observed
 from cpullm.core.planner import plan_service
 from cpullm.core.podsecurity import enforced_level, server_security
@@ -184,6 +185,8 @@ def decide(observed: Observed, now: datetime) -> Decision:
     if isinstance(outcome, Plan) and isinstance(observed.spec, CpuLLMServiceSpec):
         built = build_children(observed.owner, observed.spec, outcome)
         admit_operator(built, observed.owner, observed.spec.service.port, observed.policy.operator_peer)
+        if observed.gateways and observed.spec.network_policy.allowed_from is not None:  # else its namespace's pods
+            admit_callers(built, observed.owner, observed.spec, outcome, [gateway_peer(observed.gateways)])
         built, paced = _paced(observed, built)
         wanted, features, optional_kinds = _optional_parts(observed, built)
         features += [paced] if paced else []

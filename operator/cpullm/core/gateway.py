@@ -184,6 +184,19 @@ def _error(status: int, kind: str, code: str, message: str) -> str:
     return f"http-request return status {status} content-type application/json string '{body}'"
 
 
+def fronts(gateway: Mapping[str, Any], service: str) -> bool:
+    """Whether a CpuLLMGateway object (as stored, perhaps invalid) lists `service` among those it fronts."""
+    spec = gateway.get("spec") or {}
+    services = spec.get("services") if isinstance(spec, Mapping) else None
+    return isinstance(services, list) and service in services
+
+
+def gateway_peer(names: Sequence[str]) -> dict[str, Any]:
+    """A NetworkPolicy peer: the pods of these gateways (of the policy's namespace)."""
+    match = {"key": GATEWAY_LABEL, "operator": "In", "values": sorted(names)}
+    return {"podSelector": {"matchExpressions": [match]}}
+
+
 def team_models(spec: CpuLLMGatewaySpec, model_service: Mapping[str, str]) -> dict[str, list[str]]:
     """The models each team may use that the gateway routes (a team's empty list: all of them)."""
     return {t.name: sorted(m for m in (t.models or model_service) if m in model_service) for t in spec.teams}

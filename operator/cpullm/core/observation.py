@@ -87,7 +87,8 @@ class ClusterView:
     (None: unknown, assume all); `pod_trouble` why one of the service's pods cannot start or keep running;
     `server_exits` its server pods' last ends that report fixes not loaded; `performance` the last verdict on its
     servers' speed (core/performance_check.py); `children` its watched children (of the kinds watched) as the
-    watches last showed them, which spares the read before a write (controller/reconcile.py)."""
+    watches last showed them, which spares the read before a write (controller/reconcile.py); `gateways` the names
+    of the CpuLLMGateways that front it (their pods are admitted where allowedFrom narrows who may call it)."""
 
     nodes: Sequence[NodeProfile] = ()
     node_facts: Sequence[NodeFact] = ()
@@ -98,6 +99,7 @@ class ClusterView:
     server_exits: Sequence[ServerExit] = ()
     performance: PerformanceVerdict | None = None  # the servers' speed against the plan's, last judged
     children: Sequence[ChildSeen] = ()
+    gateways: Sequence[str] = ()
 
 
 @dataclass(frozen=True)
@@ -135,3 +137,5 @@ class Observed:
     rollout_held: bool = False
     # What vLLM's sizing of a model no formula knows gave this reconcile (controller/vllm_sizing.py).
     sizing: VllmSizing = field(default_factory=VllmSizing)
+    # The CpuLLMGateways in front of it (by name): admitted by its NetworkPolicies where allowedFrom is set.
+    gateways: Sequence[str] = ()

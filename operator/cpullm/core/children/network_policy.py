@@ -79,6 +79,17 @@ def build_router_network_policy(owner: Owner, spec: CpuLLMServiceSpec, plan: Pla
     return _policy(router_name(owner), owner, router_selector(owner), rules)
 
 
+def admit_callers(
+    children: list[dict[str, Any]], owner: Owner, spec: CpuLLMServiceSpec, plan: Plan, peers: list[dict[str, Any]]
+) -> None:
+    """The NetworkPolicy that admits the service's callers (the router's in router mode, else the servers') also
+    admits `peers` on the API port: the gateways in front of it, where allowedFrom narrows who else may call."""
+    name = router_name(owner) if uses_router(plan) else owner.name
+    for child in children:
+        if peers and child["kind"] == "NetworkPolicy" and child["metadata"]["name"] == name:
+            child["spec"]["ingress"].append({"from": peers, "ports": [{"protocol": "TCP", "port": spec.service.port}]})
+
+
 def admit_operator(children: list[dict[str, Any]], owner: Owner, port: int, peer: NetworkPolicyPeer | None) -> None:
     """The servers' NetworkPolicy among `children` also admits the operator's pods (`peer`, the admin's setting) on
     their API port, where the performance check reads /metrics (controller/performance.py); None: nothing added."""
