@@ -13,6 +13,8 @@ from testbed.objects import tiny_service
 from testbed.operator import InClusterOperator, Operator
 from testbed.tools import Kubectl, eventually
 
+from e2e.support import NodePool, pool
+
 GATEWAY_CHILDREN = ("configmap", "deployment", "service", "networkpolicy", "poddisruptionbudget")
 
 
@@ -125,6 +127,27 @@ def test_a_gateway_never_takes_over_and_puts_back_what_was_deleted(
         return bool(service["spec"]["ports"][0]["port"] == 8001)
 
     eventually(made_again, timeout=60, what="the Service made again")
+
+
+def test_a_service_whose_allowed_from_narrows_its_callers_admits_the_gateways_in_front_of_it(
+    kubectl: Kubectl, operator: Operator | InClusterOperator, nodes: NodePool, namespace: str
+):
+    """Its NetworkPolicy gains the gateway's pods when a gateway lists it, and loses them when the gateway goes."""
+    kubectl.apply(
+        tiny_service("code", namespace, nodeSelector=pool(nodes, namespace, 1), networkPolicy={"allowedFrom": []})
+    )
+    front = {"podSelector": {"matchExpressions": [{"key": "cpullm.io/gateway", "operator": "In", "values": ["front"]}]}}
+
+    def callers() -> list[Any]:
+        policy = kubectl.get("networkpolicy", "code", namespace)
+        assert policy is not None, "the service's NetworkPolicy"
+        return [peer for rule in policy["spec"].get("ingress") or [] for peer in rule["from"]]
+
+    eventually(lambda: callers() == [], timeout=60, what="the service planned, admitting no one")
+    kubectl.apply(gateway("front", namespace))
+    eventually(lambda: callers() == [front], timeout=60, what="the gateway's pods admitted")
+    kubectl.run("delete", "cpullmgateway", "front", "-n", namespace)
+    eventually(lambda: callers() == [], timeout=60, what="the gateway's pods no longer admitted")
 
 
 @pytest.mark.parametrize(
