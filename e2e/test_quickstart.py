@@ -258,7 +258,8 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
     """A CpuLLMGateway in front of the router's service, its HAProxy the router's image, under the released chart's
     write policy and kube-router's firewall: no key is 401, the team's key lists the model and gets a completion from
     real vLLM through the router, the usage counts its tokens, and a key added to the Secret is admitted by the same
-    pod (the kubelet updates the file, the start script reloads HAProxy)."""
+    pod (the kubelet updates the file, the start script reloads HAProxy). With the service's allowedFrom narrowed to
+    no one, its router refuses the namespace's pods and still admits the gateway's."""
     kubectl = quick_start.kubectl
     model = deploy_spread(quick_start, 1, extraArgs=["--optimization-level", "0"])
     eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
@@ -322,6 +323,17 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
         assert status == 200 and f"cpullm_gateway_requests_total{counted} 1" in usage, usage
         assert f"cpullm_gateway_prompt_tokens_total{counted} {tokens['prompt_tokens']}" in usage, usage
         assert f"cpullm_gateway_generation_tokens_total{counted} {tokens['completion_tokens']}" in usage, usage
+        # The service's callers narrowed to no one: its router refuses the namespace's pods, the gateway's it admits.
+        patch_spec(kubectl, {"networkPolicy": {"allowedFrom": []}})
+        router = f"http://{kubectl.get('service', SPREAD, NAMESPACE)['spec']['clusterIP']}:8000/health"
+        eventually(
+            lambda: (seen := probe(kubectl, NAMESPACE, client, router)) != "200" and seen,
+            timeout=90,
+            interval=2,
+            what="the router refusing a pod of its namespace",
+        )
+        status, answer = ask("first-key", "/v1/completions", request)
+        assert status == 200, answer
         # The new key beside the old one: the kubelet updates the file within a pod sync (a minute by default, 10 s
         # on this cluster: testbed/spread.py), the script reloads HAProxy. The old key's removal is the same path
         # (e2e/test_gateway_proxy.py runs both).
@@ -335,6 +347,7 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
         assert sum(c.get("restartCount", 0) for c in after["status"]["containerStatuses"]) == 0
         log("gateway: 401 without a key, a completion through the router with it, a key rotated in the same pod")
     finally:
+        patch_spec(kubectl, {"networkPolicy": None})
         kubectl.run("delete", "cpullmgateway", "front", "-n", NAMESPACE, "--wait=false", check=False)
         kubectl.run("delete", "secret", "team-a-key", "-n", NAMESPACE, "--wait=false", check=False)
         kubectl.run("delete", "pod", client, "-n", NAMESPACE, "--wait=false", check=False)
