@@ -39,153 +39,69 @@ def nameless_arch_node(name):
     return parse_node(raw)
 
 
-# The term of an amd64/arm64 node without SMT, CPU manager or topology manager labels (expressions sorted).
-def plain(numa_expressions, *, arch="amd64"):
-    return {
-        "matchExpressions": [absent(CPU_MANAGER), *numa_expressions, absent(TOPOLOGY), absent(SMT), is_(ARCH, arch)]
-    }
+# The term of a node with 2 NUMA nodes (its label) and no SMT, CPU manager or topology manager labels; each
+# expression given replaces the default of its key or adds one. Sorted by key, as the planner writes them.
+def term(*expressions, arch="amd64"):
+    defaults = (absent(CPU_MANAGER), is_(NUMA, "2"), absent(TOPOLOGY), absent(SMT), is_(ARCH, arch))
+    by_key = {expression["key"]: expression for expression in (*defaults, *expressions)}
+    return {"matchExpressions": sorted(by_key.values(), key=lambda expression: expression["key"])}
 
 
-NFD_NUMA_2 = {
-    "matchExpressions": [
-        absent(CPU_MANAGER),
-        absent(NUMA),
-        absent(TOPOLOGY),
-        absent(SMT),
-        is_(NFD_NUMA, "2"),
-        is_(ARCH, "amd64"),
-    ]
-}
+NFD_NUMA_2 = term(absent(NUMA), is_(NFD_NUMA, "2"))
 
 SHAPE_TERM_CASES = [
     pytest.param(
         [node("a", numa=2), node("b", numa=2)],
         [],
-        [plain([is_(NUMA, "2")])],
+        [term()],
         id="alike-nodes-give-one-term",
     ),
     pytest.param(
         [node("a", numa=None, labels={NFD_NUMA: "4"})],
         [],
-        [
-            {
-                "matchExpressions": [
-                    absent(CPU_MANAGER),
-                    absent(NUMA),
-                    absent(TOPOLOGY),
-                    absent(SMT),
-                    is_(NFD_NUMA, "4"),
-                    is_(ARCH, "amd64"),
-                ]
-            }
-        ],
+        [term(absent(NUMA), is_(NFD_NUMA, "4"))],
         id="numa-from-nfd-and-no-override",
     ),
     pytest.param(
         [node("a", numa=None)],
         [],
-        [
-            {
-                "matchExpressions": [
-                    absent(CPU_MANAGER),
-                    absent(NUMA),
-                    absent(TOPOLOGY),
-                    absent(SMT),
-                    absent(NFD_NUMA),
-                    is_(ARCH, "amd64"),
-                ]
-            }
-        ],
+        [term(absent(NUMA), absent(NFD_NUMA))],
         id="numa-from-neither-label",
     ),
     pytest.param(
         [node("a", numa=2, labels={NFD_NUMA: "2"})],
         [],
-        [plain([is_(NUMA, "2")])],
+        [term()],
         id="numa-label-wins-over-nfd",
     ),
     pytest.param(
         [node("a", numa=2)],
         ["amx_bf16"],
-        [
-            {
-                "matchExpressions": [
-                    absent(CPU_MANAGER),
-                    {"key": AMX_OVERRIDE, "operator": "NotIn", "values": ["false"]},
-                    is_(NUMA, "2"),
-                    absent(TOPOLOGY),
-                    is_(AMX_NFD, "true"),
-                    absent(SMT),
-                    is_(ARCH, "amd64"),
-                ]
-            }
-        ],
+        [term({"key": AMX_OVERRIDE, "operator": "NotIn", "values": ["false"]}, is_(AMX_NFD, "true"))],
         id="isa-from-nfd-guarded-against-override",
     ),
     pytest.param(
         [node("a", numa=2, flags=(), labels={AMX_OVERRIDE: "true"})],
         ["amx_bf16"],
-        [
-            {
-                "matchExpressions": [
-                    absent(CPU_MANAGER),
-                    is_(AMX_OVERRIDE, "true"),
-                    is_(NUMA, "2"),
-                    absent(TOPOLOGY),
-                    absent(SMT),
-                    is_(ARCH, "amd64"),
-                ]
-            }
-        ],
+        [term(is_(AMX_OVERRIDE, "true"))],
         id="isa-from-override",
     ),
     pytest.param(
         [node("a", numa=2, labels={AMX_OVERRIDE: "true"})],
         ["amx_bf16"],
-        [
-            {
-                "matchExpressions": [
-                    absent(CPU_MANAGER),
-                    is_(AMX_OVERRIDE, "true"),
-                    is_(NUMA, "2"),
-                    absent(TOPOLOGY),
-                    absent(SMT),
-                    is_(ARCH, "amd64"),
-                ]
-            }
-        ],
+        [term(is_(AMX_OVERRIDE, "true"))],
         id="override-true-wins-over-nfd",
     ),
     pytest.param(
         [node("a", numa=2, smt=True, policy="static", labels={TOPOLOGY: "single-numa-node"})],
         [],
-        [
-            {
-                "matchExpressions": [
-                    is_(CPU_MANAGER, "static"),
-                    is_(NUMA, "2"),
-                    is_(TOPOLOGY, "single-numa-node"),
-                    is_(SMT, "true"),
-                    is_(ARCH, "amd64"),
-                ]
-            }
-        ],
+        [term(is_(CPU_MANAGER, "static"), is_(TOPOLOGY, "single-numa-node"), is_(SMT, "true"))],
         id="smt-cpu-and-topology-manager-labels-present",
     ),
     pytest.param(
         [node("a", numa=2, smt=False, policy="none")],
         [],
-        [
-            {
-                "matchExpressions": [
-                    is_(CPU_MANAGER, "none"),
-                    is_(NUMA, "2"),
-                    absent(TOPOLOGY),
-                    is_(SMT, "false"),
-                    is_(ARCH, "amd64"),
-                ]
-            }
-        ],
+        [term(is_(CPU_MANAGER, "none"), is_(SMT, "false"))],
         id="smt-false-and-cpu-manager-none",
     ),
     pytest.param(
@@ -193,21 +109,21 @@ SHAPE_TERM_CASES = [
         [],
         [
             NFD_NUMA_2,  # sorts first: DoesNotExist < In on cpullm.io/numa-nodes
-            plain([is_(NUMA, "2")]),
+            term(),
         ],
         id="two-ways-of-labelling-give-two-terms",
     ),
     pytest.param(
         [node("a", numa=2, arch="arm64", flags=())],
         [],
-        [plain([is_(NUMA, "2")], arch="arm64")],
+        [term(arch="arm64")],
         id="arm64",
     ),
     pytest.param(
         [nameless_arch_node("z"), nameless_arch_node("y"), node("a", numa=2)],
         [],
         [
-            plain([is_(NUMA, "2")]),
+            term(),
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["y"]}]},
             {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["z"]}]},
         ],
@@ -329,8 +245,8 @@ def test_a_node_labelled_another_way_joining_adds_a_term():
     after = plan_service(
         service, llama_8b(), [node("a", numa=2), node("b", numa=2), node("c", numa=None, labels={NFD_NUMA: "2"})]
     )
-    assert before.node_selector_terms == [plain([is_(NUMA, "2")])]
-    assert after.node_selector_terms == [NFD_NUMA_2, plain([is_(NUMA, "2")])]
+    assert before.node_selector_terms == [term()]
+    assert after.node_selector_terms == [NFD_NUMA_2, term()]
 
 
 U1 = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
