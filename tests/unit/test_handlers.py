@@ -164,6 +164,12 @@ SERVICES = {
 }
 
 
+def kopf_call(handler: Any, memo: kopf.Memo, **given: Any) -> Any:
+    """An event handler's call as Kopf makes it: every index passed (the services SERVICES, the others empty), those
+    `given` filled, beside the event's own arguments."""
+    return handler(memo=memo, **{"services": SERVICES, **INDEXES, **given})
+
+
 def call_node_changed(
     memo: kopf.Memo, type_: str | None, obj: dict[str, Any], index: dict[str, list[Any]], topologies: Any = None
 ) -> None:
@@ -174,14 +180,15 @@ def call_node_changed(
         index.update(
             {n: [p] for n, p in (asyncio.run(handlers.node_profiles(name=name, body=kopf.Body(obj))) or {}).items()}
         )
-    run = handlers.node_changed(
+    topologies = {} if topologies is None else topologies
+    run = kopf_call(
+        handlers.node_changed,
+        memo,
         name=name,
         type=type_,
         body=kopf.Body(obj),
-        memo=memo,
         node_profiles=index,
-        services=SERVICES,
-        **{**OTHER_INDEXES, "node_topologies": {} if topologies is None else topologies},
+        node_topologies=topologies,
     )
     asyncio.run(run)
 
@@ -211,10 +218,7 @@ def call_daemonset_changed(
     if type_ != "DELETED":
         found = asyncio.run(handlers.daemonset_pods(namespace=key[0], name=key[1], body=kopf.Body(obj)))
         index.update({k: [v] for k, v in found.items()})
-    others = {k: v for k, v in INDEXES.items() if k != "daemonset_pods"}
-    run = handlers.daemonset_changed(
-        namespace=key[0], name=key[1], type=type_, memo=memo, daemonset_pods=index, services=SERVICES, **others
-    )
+    run = kopf_call(handlers.daemonset_changed, memo, namespace=key[0], name=key[1], type=type_, daemonset_pods=index)
     asyncio.run(run)
 
 
@@ -260,17 +264,8 @@ def test_child_events_reconcile_their_owner_only_when_the_memory_finds_the_event
     index = {"n1": [node("n1")]}
 
     def child_event(type_: str | None, name: str = "a", controller: Any = ("a", "uid-a"), kind: str = "CpuLLMService"):
-        call = handlers.child_changed(
-            namespace="ns",
-            type=type_,
-            memo=memo,
-            node_profiles=index,
-            services=SERVICES,
-            **OTHER_INDEXES,
-            **child(name, controller, kind),
-            resource=DEPLOYMENTS,
-        )
-        asyncio.run(call)
+        event = {"namespace": "ns", "type": type_, **child(name, controller, kind), "resource": DEPLOYMENTS}
+        asyncio.run(kopf_call(handlers.child_changed, memo, node_profiles=index, **event))
 
     child_event("MODIFIED")
     child_event("DELETED", controller=("other", "uid-o"))  # no such service
@@ -323,11 +318,7 @@ def test_a_pods_facts_reach_its_service_only_through_the_services_own_replicaset
     event = pod("a-1", INSUFFICIENT, owner)
     entry = asyncio.run(handlers.pod_troubles(**event)) or {}
     index = {key: [value] for key, value in entry.items()}
-    call = handlers.pod_changed(
-        **event, type="MODIFIED", memo=memo, services=SERVICES, node_profiles={},
-        **{**OTHER_INDEXES, **indexes, "pod_troubles": index},
-    )  # fmt: skip
-    asyncio.run(call)
+    asyncio.run(kopf_call(handlers.pod_changed, memo, **event, type="MODIFIED", **{**indexes, "pod_troubles": index}))
     found = memo["state"].reconciler.unschedulable  # what each reconcile the event caused saw (a forged pod's
     # event may still wake one: it changes nothing)
     assert found == [f"a pod cannot be scheduled: {INSUFFICIENT['message']}" if seen else None]
@@ -375,16 +366,8 @@ def test_an_event_triggered_reconcile_that_hit_a_transient_error_is_retried(monk
     memo = handler_memo(FlakyReconciler(failures=2))
 
     async def scenario() -> None:
-        await handlers.child_changed(
-            namespace="ns",
-            type="MODIFIED",
-            memo=memo,
-            node_profiles={"n1": [node("n1")]},
-            services=SERVICES,
-            **OTHER_INDEXES,
-            **child("a"),
-            resource=DEPLOYMENTS,
-        )
+        event = {"namespace": "ns", "type": "MODIFIED", **child("a"), "resource": DEPLOYMENTS}
+        await kopf_call(handlers.child_changed, memo, node_profiles={"n1": [node("n1")]}, **event)
         await retries_settled(memo)
 
     asyncio.run(scenario())
@@ -473,26 +456,21 @@ def test_a_node_event_replans_only_the_services_it_can_affect():
         ],
     }
     index = {"n1": [node("n1", labels={"pool": "a"})]}
-    call = handlers.node_changed(
-        name="n1",
-        type=None,
-        body=kopf.Body(node_object("n1", labels={"pool": "a"})),
-        memo=memo,
-        node_profiles=index,
-        services=services,
-        **OTHER_INDEXES,
+    listed = kopf.Body(node_object("n1", labels={"pool": "a"}))
+    call = kopf_call(
+        handlers.node_changed, memo, name="n1", type=None, body=listed, node_profiles=index, services=services
     )
     asyncio.run(call)  # the initial listing: remembered
     changed = node_object("n1", numa=2, labels={"pool": "a"})
     index["n1"] = [node("n1", numa=2, labels={"pool": "a"})]
-    call = handlers.node_changed(
+    call = kopf_call(
+        handlers.node_changed,
+        memo,
         name="n1",
         type="MODIFIED",
         body=kopf.Body(changed),
-        memo=memo,
         node_profiles=index,
         services=services,
-        **OTHER_INDEXES,
     )
     asyncio.run(call)
     # pool-a: n1 can run it; planned-on-n1: its plan runs there; needs-sve: n1 lacks the ISA, so it is left alone;
@@ -505,15 +483,7 @@ def pod_event(memo: kopf.Memo, type_: str | None, event: dict[str, Any], index_n
     first (the pod's entry; none once deleted), then pod_changed runs."""
     entry = asyncio.run(indexer(**event)) if type_ != "DELETED" else None
     index = {key: [value] for key, value in (entry or {}).items()}  # as Kopf keeps it
-    call = handlers.pod_changed(
-        **event,
-        type=type_,
-        memo=memo,
-        services=SERVICES,
-        node_profiles={},
-        **{**OTHER_INDEXES, **POD_OWNERS, index_name: index},
-    )
-    asyncio.run(call)
+    asyncio.run(kopf_call(handlers.pod_changed, memo, **event, type=type_, **{**POD_OWNERS, index_name: index}))
 
 
 def test_a_pod_the_scheduler_cannot_place_reconciles_its_service_with_the_schedulers_message():
@@ -573,20 +543,11 @@ def test_a_pod_whose_server_ended_without_a_fix_reconciles_its_service_with_that
 def test_a_child_that_changed_while_the_watch_was_down_is_found_in_the_relisting():
     """Kopf lists again (type None) after a watch failed; the first listing and unchanged children do nothing."""
     memo = handler_memo(RecordingReconciler())
-    listing = {
-        "namespace": "ns",
-        "type": None,
-        "memo": memo,
-        "node_profiles": {},
-        "services": SERVICES,
-        **OTHER_INDEXES,
-        **child("a"),
-        "resource": DEPLOYMENTS,
-    }
-    asyncio.run(handlers.child_changed(**listing))
+    listing = {"namespace": "ns", "type": None, **child("a"), "resource": DEPLOYMENTS}
+    asyncio.run(kopf_call(handlers.child_changed, memo, **listing))
     assert memo["state"].reconciler.calls == []
     memo["state"].memory.changed_while_away.add("a")
-    asyncio.run(handlers.child_changed(**listing))
+    asyncio.run(kopf_call(handlers.child_changed, memo, **listing))
     assert memo["state"].reconciler.calls == [("a", [])]
 
 
@@ -605,15 +566,8 @@ def test_a_pod_that_failed_while_the_watch_was_down_is_found_in_the_relisting():
     for type_, scheduled in [(None, {"status": "True"}), (None, INSUFFICIENT), (None, INSUFFICIENT)]:
         event = pod("a-1", scheduled)
         entry = asyncio.run(handlers.pod_troubles(**event)) or {}
-        call = handlers.pod_changed(
-            **event,
-            type=type_,
-            memo=memo,
-            services=SERVICES,
-            node_profiles={},
-            **{**OTHER_INDEXES, **POD_OWNERS, "pod_troubles": {key: [trouble] for key, trouble in entry.items()}},
-        )
-        asyncio.run(call)
+        troubles = {key: [trouble] for key, trouble in entry.items()}
+        asyncio.run(kopf_call(handlers.pod_changed, memo, **event, type=type_, **POD_OWNERS, pod_troubles=troubles))
     message = f"a pod cannot be scheduled: {INSUFFICIENT['message']}"
     assert memo["state"].reconciler.unschedulable == [message]  # once: when it changed
 
@@ -837,16 +791,14 @@ def call_topology_changed(
     name = obj["metadata"]["name"]
     entry = {} if type_ == "DELETED" else asyncio.run(handlers.node_facts(name=name, body=kopf.Body(obj), resource=NRT))
     topologies._replace((None, name, name), entry)
-    others = {k: v for k, v in OTHER_INDEXES.items() if k != "node_topologies"}
-    run = handlers.node_fact_changed(
+    run = kopf_call(
+        handlers.node_fact_changed,
+        memo,
         name=name,
         type=type_,
         resource=NRT,
-        memo=memo,
         node_profiles=nodes,
         node_topologies=topologies,
-        services=SERVICES,
-        **others,
     )
     asyncio.run(run)
 
