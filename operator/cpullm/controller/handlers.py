@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import kopf
@@ -61,12 +61,18 @@ POD_RESOURCE = ("", "v1", "pods")
 REPLICASET_RESOURCE = ("apps", "v1", "replicasets")
 
 
+def _settings(memo: kopf.Memo) -> Settings:
+    """What `cpullm run` put in the memo, else the environment's settings."""
+    config: Settings = memo.get("settings") or Settings()
+    return config
+
+
 @kopf.on.startup()
 def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     """Kopf's settings (controller/kopf_settings.py, each with its reason) and the operator's state, once."""
     kopf_settings.apply(settings, watched=(*CHILD_RESOURCES, POD_RESOURCE, REPLICASET_RESOURCE))
     if "state" not in memo:
-        memo["state"] = kopf_settings.controller_state(memo.get("settings") or Settings())
+        memo["state"] = kopf_settings.controller_state(_settings(memo))
         track_services(memo["state"].memory.readiness)
         track_predictions(memo["state"].performance.predictions)
 
@@ -76,37 +82,42 @@ def _state(memo: kopf.Memo) -> ControllerState:
     return state
 
 
+def _every(seconds: float, rounds: Callable[[float], Coroutine[Any, Any, None]]) -> asyncio.Task[None] | None:
+    """A task running `rounds(seconds)` (its rounds that many seconds apart) in the background; None where the
+    setting is 0, which turns them off."""
+    return asyncio.get_running_loop().create_task(rounds(seconds)) if seconds > 0 else None
+
+
 @kopf.on.startup()
 async def start_resync(memo: kopf.Memo, **indexes: Any) -> None:
     """Every `resync_seconds`, list the owned children and re-apply those that vanished or were changed unseen
     (dispatch.find_drifted): what a watch can miss for good, and what the kinds not watched never tell. One
     metadata-only list per served kind."""
-    config: Settings = memo.get("settings") or Settings()
-    if config.resync_seconds > 0:
-        _state(memo).resync = asyncio.get_running_loop().create_task(
-            dispatch.resync_forever(_state(memo), KopfIndexes.of(indexes), config.resync_seconds, config.namespaces)
-        )
+    config, state = _settings(memo), _state(memo)
+    state.resync = _every(
+        config.resync_seconds,
+        lambda every: dispatch.resync_forever(state, KopfIndexes.of(indexes), every, config.namespaces),
+    )
 
 
 @kopf.on.startup()
 async def start_performance_check(memo: kopf.Memo, **indexes: Any) -> None:
     """Every `performance_check_seconds`, read the ready servers' /metrics and judge their speed against their plan's
     (controller/performance.py)."""
-    config: Settings = memo.get("settings") or Settings()
-    if config.performance_check_seconds > 0:
-        _state(memo).performance_check = asyncio.get_running_loop().create_task(
-            performance.check_forever(_state(memo), KopfIndexes.of(indexes), config.performance_check_seconds)
-        )
+    config, state = _settings(memo), _state(memo)
+    state.performance_check = _every(
+        config.performance_check_seconds,
+        lambda every: performance.check_forever(state, KopfIndexes.of(indexes), every),
+    )
 
 
 @kopf.on.startup()
 async def start_gateway_resync(memo: kopf.Memo, **indexes: Any) -> None:
     """Every `resync_seconds`, every CpuLLMGateway's children applied again (controller/gateway.py)."""
-    config: Settings = memo.get("settings") or Settings()
-    if config.resync_seconds > 0:
-        _state(memo).gateway_resync = asyncio.get_running_loop().create_task(
-            gateway.resync_forever(_state(memo), gateway.gather_indexes(indexes), config.resync_seconds)
-        )
+    config, state = _settings(memo), _state(memo)
+    state.gateway_resync = _every(
+        config.resync_seconds, lambda every: gateway.resync_forever(state, gateway.gather_indexes(indexes), every)
+    )
 
 
 @kopf.on.cleanup()
