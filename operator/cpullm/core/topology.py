@@ -116,21 +116,12 @@ class NodeProfile:
 
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)([a-zA-Z]*)$")
+# Milli, the decimal multiples (powers of 1000) and the binary ones (powers of 1024).
 _SUFFIX = {
     "": Decimal(1),
     "m": Decimal("0.001"),
-    "k": Decimal(10) ** 3,
-    "M": Decimal(10) ** 6,
-    "G": Decimal(10) ** 9,
-    "T": Decimal(10) ** 12,
-    "P": Decimal(10) ** 15,
-    "E": Decimal(10) ** 18,
-    "Ki": Decimal(2) ** 10,
-    "Mi": Decimal(2) ** 20,
-    "Gi": Decimal(2) ** 30,
-    "Ti": Decimal(2) ** 40,
-    "Pi": Decimal(2) ** 50,
-    "Ei": Decimal(2) ** 60,
+    **{prefix: Decimal(1000) ** power for power, prefix in enumerate("kMGTPE", 1)},
+    **{prefix + "i": Decimal(1024) ** power for power, prefix in enumerate("KMGTPE", 1)},
 }
 
 
