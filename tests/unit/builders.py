@@ -16,14 +16,18 @@ NFD = "feature.node.kubernetes.io/"
 AMX_FLAGS = ("AVX2", "AVX512F", "AVX512BW", "AVX512VL", "AVX512BF16", "AMXTILE", "AMXBF16", "AMXINT8")
 AVX512_FLAGS = ("AVX2", "AVX512F", "AVX512BW", "AVX512VL", "AVX512BF16")
 
-LLAMA_8B = {
-    "model_type": "llama",
+# The layers Llama 3 8B and Mistral 7B v0.3 share.
+LAYERS_8B = {
     "hidden_size": 4096,
     "intermediate_size": 14336,
     "num_hidden_layers": 32,
     "num_attention_heads": 32,
     "num_key_value_heads": 8,
     "head_dim": 128,
+}
+LLAMA_8B = {
+    "model_type": "llama",
+    **LAYERS_8B,
     "vocab_size": 128256,
     "tie_word_embeddings": False,
     "max_position_embeddings": 131072,
@@ -67,12 +71,7 @@ QWEN3_06B = {
 }
 MISTRAL_7B_V03 = {
     "model_type": "mistral",
-    "hidden_size": 4096,
-    "intermediate_size": 14336,
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
+    **LAYERS_8B,
     "vocab_size": 32768,
     "tie_word_embeddings": False,
     "max_position_embeddings": 32768,
