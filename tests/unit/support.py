@@ -43,12 +43,14 @@ TOKEN = "hf_offline_test"
 
 
 class RecordingKube:
-    """The API as the reconciler sees it: every secret holds TOKEN; applies and status patches are recorded."""
+    """The API as the reconciler sees it: every secret holds TOKEN; applies and status patches are recorded, and
+    in `calls` the applies, deletes and events in their order."""
 
     def __init__(self) -> None:
         self.applied: list[dict[str, Any]] = []
         self.status_patches: list[dict[str, Any]] = []
         self.secret_reads: list[tuple[str, str, str]] = []
+        self.calls: list[tuple[str, ...]] = []
 
     def read_namespace(self, namespace: str) -> NamespaceFacts:
         return NamespaceFacts()
@@ -59,7 +61,11 @@ class RecordingKube:
 
     def apply(self, manifest: dict[str, Any], over: Any) -> dict[str, Any]:
         self.applied.append(manifest)
+        self.calls.append(("apply", manifest["apiVersion"], manifest["kind"]))
         return manifest
+
+    def delete(self, api_version: str, kind: str, namespace: str, name: str, owner_uid: str) -> None:
+        self.calls.append(("delete", api_version, kind, namespace, name))
 
     def ownership(self, api_version: str, kind: str, namespace: str, name: str) -> None:
         return None
@@ -68,7 +74,7 @@ class RecordingKube:
         self.status_patches.append(dict(status))
 
     def emit_event(self, regarding: Any, type_: str, reason: str, message: str) -> None:
-        pass
+        self.calls.append(("event", type_, reason))
 
 
 class ConfigHub:

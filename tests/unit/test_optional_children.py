@@ -4,7 +4,6 @@ and lists the ones to delete, and the reconciler deleting those once."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -26,9 +25,8 @@ from .builders import LLAMA_METADATA as METADATA
 from .builders import LLAMA_OWNER as OWNER
 from .builders import LLAMA_OWNER_REFERENCE as OWNER_REFERENCE
 from .builders import llama_8b, node, spec
-from .support import StubHub, service
+from .support import T0, RecordingKube, StubHub, service
 
-T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 T0_TEXT = "2026-01-01T12:00:00Z"
 NODES = (node("n1", numa=2, memory="512Gi"),)
 PROMETHEUS = "http://prometheus.monitoring:9090"
@@ -119,33 +117,21 @@ WAITING_2 = _hpa_metric("vllm_num_requests_waiting", "2")
             0,
             id="explicit",
         ),
-        pytest.param(
-            {**HPA, "maxKvCacheUsage": 0.8},
-            (1, 4),
-            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "800m")],
-            900,
-            id="kv-guard-0.8",
-        ),
-        pytest.param(
-            {**HPA, "maxKvCacheUsage": 0.57},
-            (1, 4),
-            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "570m")],
-            900,
-            id="kv-guard-0.57-no-float-truncation",
-        ),
-        pytest.param(
-            {**HPA, "maxKvCacheUsage": 0.01},
-            (1, 4),
-            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "10m")],
-            900,
-            id="kv-guard-minimum",
-        ),
-        pytest.param(
-            {**HPA, "maxKvCacheUsage": 1},
-            (1, 4),
-            [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", "1000m")],
-            900,
-            id="kv-guard-maximum",
+        # The KV cache guard's target, a quantity in thousandths (no float truncation: 0.57 is 570m).
+        *(
+            pytest.param(
+                {**HPA, "maxKvCacheUsage": usage},
+                (1, 4),
+                [WAITING_2, _hpa_metric("vllm_kv_cache_usage_perc", quantity)],
+                900,
+                id=case,
+            )
+            for usage, quantity, case in [
+                (0.8, "800m", "kv-guard-0.8"),
+                (0.57, "570m", "kv-guard-0.57-no-float-truncation"),
+                (0.01, "10m", "kv-guard-minimum"),
+                (1, "1000m", "kv-guard-maximum"),
+            ]
         ),
     ],
 )
@@ -587,36 +573,6 @@ def test_terminating_namespace_deletes_nothing():
 
 
 # --- reconcile -----------------------------------------------------------------------------------------------
-
-
-class RecordingKube:
-    """The reconciler's API gateway, recording the writes: apply, delete, status patches and events."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, ...]] = []
-        self.status_patches: list[dict[str, Any]] = []
-
-    def apply(self, manifest, over):
-        self.calls.append(("apply", manifest["apiVersion"], manifest["kind"]))
-        return manifest
-
-    def delete(self, api_version, kind, namespace, name, owner_uid):
-        self.calls.append(("delete", api_version, kind, namespace, name))
-
-    def ownership(self, api_version, kind, namespace, name):
-        return None
-
-    def read_namespace(self, namespace):
-        return NamespaceFacts()
-
-    def patch_service_status(self, namespace, name, status):
-        self.status_patches.append(dict(status))
-
-    def read_secret_key(self, namespace, name, key):
-        return None
-
-    def emit_event(self, regarding, type_, reason, message):
-        self.calls.append(("event", type_, reason))
 
 
 def reconciler() -> tuple[Reconciler, RecordingKube]:
