@@ -22,6 +22,7 @@ import psutil
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 from testbed.objects import fake_node, tiny_service
+from testbed.tools import parse_metrics
 
 from cpullm.api.spec import GROUP, PLURAL, VERSION
 from cpullm.core.children.common import MANAGED_BY, MANAGED_BY_LABEL, SERVICE_LABEL
@@ -429,13 +430,11 @@ class ResourceMonitor:
 
 def reconciles(metrics_text: str) -> dict[str, float]:
     """cpullm_reconciles_total by outcome, from the operator's /metrics."""
-    result: dict[str, float] = {}
-    for line in metrics_text.splitlines():
-        if line.startswith("cpullm_reconciles_total{"):
-            labels, value = line.rsplit(" ", 1)
-            outcome = labels.split('outcome="', 1)[1].split('"', 1)[0]
-            result[outcome] = float(value)
-    return result
+    return {
+        series.split('outcome="', 1)[1].split('"', 1)[0]: value
+        for series, value in parse_metrics(metrics_text).items()
+        if series.startswith("cpullm_reconciles_total{")
+    }
 
 
 def with_owner_uid(objects: Any, placeholder: str, uid: str) -> Any:

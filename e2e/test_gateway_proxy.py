@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from testbed.gateway_pod import GatewayPod
-from testbed.tools import eventually, free_port
+from testbed.tools import eventually, free_port, scrape
 
 from cpullm.api.gateway import parse_gateway_spec
 from cpullm.core.gateway import HEALTH_PORT, GatewayOwner, config_files, routes
@@ -108,9 +108,7 @@ class Gateway:
 
     def usage(self) -> dict[str, float]:
         """GET /usage on the health port: each counter by its name and labels."""
-        with urllib.request.urlopen(self.health + "/usage", timeout=10) as answer:
-            text = answer.read().decode()
-        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line[:1] != "#"}
+        return scrape(self.health + "/usage")
 
     def up(self) -> bool:
         try:
