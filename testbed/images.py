@@ -345,6 +345,12 @@ def drop_superseded(kept: Path) -> None:
                 other.unlink()
 
 
+def rootfs_layer(rootfs: Path, what: str, exclude: tuple[str, ...] = ()) -> Layer:
+    """A root filesystem Rootfs.build made, as one layer keyed by its directory's name (its recipe's key), without
+    its completion marker."""
+    return Layer(rootfs.name, tar_command(rootfs, ".", exclude=(*exclude, "./.complete")), what)
+
+
 def tar_command(directory: Path, *paths: str, exclude: tuple[str, ...] = ()) -> list[str]:
     """GNU tar of paths under directory, ownership and order normalised."""
     return [
@@ -544,9 +550,7 @@ def build_debian() -> Image:
     ref = f"localhost/cpullm-debian:{key}"
     out = CACHE / f"debian-{key}.tar"
     config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/bin/sh"]}
-    layers = [
-        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./opt/venv", "./.complete")), f"debian {SUITE} minbase")
-    ]
+    layers = [rootfs_layer(rootfs, f"debian {SUITE} minbase", exclude=("./opt/venv",))]
     return cached_image(out, ref, layers, config)
 
 
@@ -563,7 +567,7 @@ def build_haproxy() -> Image:
         "Cmd": ["haproxy", "-vv"],
         "StopSignal": "SIGUSR1",
     }
-    layers = [Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} + haproxy")]
+    layers = [rootfs_layer(rootfs, f"debian {SUITE} + haproxy")]
     return cached_image(CACHE / f"haproxy-{key}.tar", ref, layers, config)
 
 
@@ -600,7 +604,7 @@ def build_kube_router() -> Image:
         "Entrypoint": ["/usr/local/bin/kube-router"],
     }
     layers = [
-        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} + iptables, ipset"),
+        rootfs_layer(rootfs, f"debian {SUITE} + iptables, ipset"),
         Layer(binary_key, tar_command(staging, "./usr"), f"kube-router {binary.parent.name}"),
     ]
     image = cached_image(CACHE / f"kube-router-{key}.tar", ref, layers, config)
@@ -636,7 +640,7 @@ def build_python_base(architecture: str | None = None) -> Image:
         "Cmd": ["python3"],
     }
     layers = [
-        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"debian {SUITE} minbase + python3"),
+        rootfs_layer(rootfs, f"debian {SUITE} minbase + python3"),
         Layer(digest_of(HOST_CA_BUNDLE.read_bytes())[:16], tar_command(trust, "./etc"), "the host's CA bundle"),
     ]
     image = cached_image(out, ref, layers, config, architecture=architecture)

@@ -51,6 +51,7 @@ from testbed.images import (
     go_module_dir,
     log,
     main,
+    rootfs_layer,
     tar_command,
 )
 
@@ -134,7 +135,7 @@ def build_kind_base(rootfs_recipe: Rootfs | None = None) -> Image:
         "StopSignal": "SIGRTMIN+3",
     }
     layers = [
-        Layer(rootfs.name, tar_command(rootfs, ".", exclude=("./.complete",)), f"kind base: debian {SUITE}"),
+        rootfs_layer(rootfs, f"kind base: debian {SUITE}"),
         Layer(digest_of(RUNC_WRAPPER.read_bytes())[:16], tar_command(wrapper, "./kind"), "test-only runc wrapper"),
     ]
     image = cached_image(out, ref, layers, config, docker_loadable=True)
@@ -164,8 +165,7 @@ def binary_image(name: str, ref: str, binaries: list[Path], base: Rootfs | None 
     inputs = [file_key(b) for b in binaries]
     layers = [Layer(digest_of(*inputs)[:16], tar_command(staging, "./usr"), f"{name}: {' '.join(inputs)}")]
     if base is not None:
-        root = base.build()
-        layers.insert(0, Layer(root.name, tar_command(root, ".", exclude=("./.complete",)), f"{name}: base"))
+        layers.insert(0, rootfs_layer(base.build(), f"{name}: base"))
     key = digest_of(ref, *(layer.key for layer in layers))[:12]
     out = CACHE / f"kind-{name}-{key}.tar"
     image = cached_image(out, ref, layers, {"Env": [BIN_PATH], **config})
