@@ -16,13 +16,12 @@ from cpullm import metrics
 from cpullm.controller.reconcile import Reconciler
 from cpullm.controller.state import PerformanceWatch
 from cpullm.core.observation import ClusterView, NamespaceFacts
-from cpullm.core.sizing import ModelFiles
 from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
 from cpullm.io.kube import Kube
 
-from .builders import LLAMA_8B, node
+from .builders import node
 from .fake_api import RESET, FakeTransport, kube
-from .support import state_of
+from .support import StubHub, state_of
 
 NODES = [node("n1", numa=2, memory="512Gi")]
 READY = {"status": {"replicas": 1, "readyReplicas": 1}}
@@ -75,11 +74,6 @@ class StubKube:
 
     def emit_event(self, regarding, type_, reason, message):
         pass
-
-
-class StubHub:
-    def fetch(self, name, revision, token):
-        return ModelFiles(config=LLAMA_8B, checkpoint_total_bytes=None)
 
 
 def service(name: str = "llama", uid: str = "u1", **fields: Any) -> dict[str, Any]:
