@@ -1,5 +1,5 @@
 """An upgrade of the operator itself on the local control plane (KWOK nodes: enough to count what changes): the
-previous version's operator (its source from git, run as a process like the suite's) serves 50 services; then the
+previous version's operator (its source from git, run as a process like the suite's) serves 20 services; then the
 CRD is applied and the operator replaced by this tree's, as docs/releasing.md tells a user to upgrade; every server
 whose plan did not change must keep its pod template, since a changed template restarts that server (a CPU server
 takes minutes to come back: an upgrade that changed them all would be a fleet-wide outage), unless the in-pod files
@@ -253,7 +253,7 @@ class RollingWatch:
 def test_a_template_change_no_spec_asked_for_rolls_out_at_most_k_services_at_once(
     kubectl: Kubectl, operator: Operator, nodes: NodePool, namespace: str, workdir: Path
 ) -> None:
-    """An admin setting that changes every server's template (the vLLM image) reaches all 50 services at once;
+    """An admin setting that changes every server's template (the vLLM image) reaches all 20 services at once;
     the operator rolls at most rollouts.maxConcurrent of them at a time, the others wait with RolloutPaced."""
     operator.stop()
     images = json.dumps({"amd64": PACED_IMAGE, "arm64": PACED_IMAGE})
