@@ -1,4 +1,4 @@
-"""`cached`: a property computed once per instance, without a lock.
+"""`cached`: a property computed once per instance, without a lock; `Memo`: a pure function's recent values by key.
 
 Python 3.11's `functools.cached_property` takes one lock per property for every instance of the class while it
 computes (removed in 3.12: https://github.com/python/cpython/issues/87634). The planner makes many short-lived
@@ -9,7 +9,9 @@ on each other's unrelated objects. The values here are pure, so two threads that
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
@@ -39,3 +41,36 @@ class cached(Generic[T]):  # lower case: used as a decorator, like the property 
         value = self.compute(instance)
         instance.__dict__[self.name] = value
         return value
+
+
+K = TypeVar("K", bound=Hashable)
+
+
+class Memo(Generic[K, T]):
+    """The last `size` values of a pure function by their key, shared by threads (two that miss the same key both
+    compute it and get equal values). A function that raises is not remembered."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.values: OrderedDict[K, T] = OrderedDict()
+        self.lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, key: K, compute: Callable[[], T]) -> T:
+        with self.lock:
+            if key in self.values:
+                self.values.move_to_end(key)
+                self.hits += 1
+                return self.values[key]
+            self.misses += 1
+        value = compute()
+        with self.lock:
+            self.values[key] = value
+            if len(self.values) > self.size:
+                self.values.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        """Forget every value (a test that changes what the function reads, e.g. a module's constant)."""
+        with self.lock:
+            self.values.clear()

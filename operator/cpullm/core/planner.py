@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ from cpullm.core import constants as c
 from cpullm.core.cautions import Ranks, plan_cautions
 from cpullm.core.daemonsets import DaemonPods
 from cpullm.core.eligibility import Needs, node_rejection
+from cpullm.core.memo import Memo
 from cpullm.core.memory import MemoryBudget, memory_budget, onednn_packs_embeddings, shm_size_bytes
 from cpullm.core.node_selection import shape_node_terms
 from cpullm.core.performance import Serving, faster_formats, kernel_of, predict
@@ -107,11 +108,12 @@ def plan_service(
     refusals: list[tuple[Shape, PlanRefusal]] = []
     running = running_shape(current)
     before = _planned_before(current, running)
+    spec_key = spec.model_dump_json()
     for shape in shapes_of(eligible, daemons):
         for strategy in _strategies(spec, model, shape, explicit_tp, vllm_images):
             try:
                 plan, fitted = _plan_for_shape(
-                    spec, model, shape, strategy, explicit_tp, router_image, vllm_images, before
+                    spec, model, shape, strategy, explicit_tp, router_image, vllm_images, before, spec_key
                 )
             except PlanRefusal as refusal:
                 refusals.append((shape, refusal))
@@ -663,6 +665,12 @@ def _speculation(
     )
 
 
+# The plans of recent (spec, model, shape, ...) inputs: a service reconciled again (a pod's readiness, a resync) and
+# services of one spec on the same nodes plan each shape once. Measured in bench/scale_bench.py (100 services, 36
+# node shapes): each shape's plan took ~1 ms, the whole planner ~32 ms a reconcile.
+SHAPE_PLANS: Memo[Hashable, tuple[Plan, _Fitted]] = Memo(size=4096)
+
+
 def _plan_for_shape(
     spec: CpuLLMServiceSpec,
     model: ModelSize,
@@ -672,15 +680,44 @@ def _plan_for_shape(
     default_router_image: str,
     vllm_images: Mapping[str, str],
     before: _Before = _Before(),
+    spec_key: str | None = None,
 ) -> tuple[Plan, _Fitted]:
-    server = _server(spec, shape.node.arch, vllm_images)
+    """The plan on `shape`, from SHAPE_PLANS where `spec_key` (the spec's JSON) is given and it holds one made of the
+    same inputs: the shape after the router's room, and what the running servers keep on it."""
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
     if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
         shape, router_cpu = leave_router_room(spec, shape)
         router_image = spec.routing.router.image or default_router_image
+    kept = before.on(shape.node.shape)
+
+    def make() -> tuple[Plan, _Fitted]:
+        return _planned(spec, model, shape, strategy, explicit_tp, vllm_images, kept, router_cpu, router_image)
+
+    if spec_key is None:
+        return make()
+    images = tuple(sorted(vllm_images.items()))
+    # What a node profile's equality leaves out (its measured speed, price and labels) is the plan's input too.
+    facts = tuple((n.performance, n.price_per_hour, tuple(sorted(n.labels.items()))) for n in shape.members)
+    key = (spec_key, model, shape, facts, strategy, explicit_tp, images, kept, router_cpu, router_image)
+    return SHAPE_PLANS.get(key, make)
+
+
+def _planned(
+    spec: CpuLLMServiceSpec,
+    model: ModelSize,
+    shape: Shape,
+    strategy: PlacementStrategy,
+    explicit_tp: int | None,
+    vllm_images: Mapping[str, str],
+    kept: _Before,
+    router_cpu: int | None,
+    router_image: str | None,
+) -> tuple[Plan, _Fitted]:
+    server = _server(spec, shape.node.arch, vllm_images)
+    routing = routing_mode(spec, strategy)
     node, where = shape.node, shape.describe()
     fitted = _fitted(spec, model, shape, strategy, explicit_tp, server)
-    speculation = _speculation(spec, model, shape, fitted, server.version, before.on(node.shape))
+    speculation = _speculation(spec, model, shape, fitted, server.version, kept)
     if speculation.mtp_bytes:  # the MTP layers are loaded and cache too: the pod is laid out with them
         fitted = _fitted(spec, with_mtp(model), shape, strategy, explicit_tp, server)
     layout, kv, budget, processes = fitted.layout, fitted.kv, fitted.budget, fitted.processes
