@@ -178,10 +178,12 @@ def backend_name(service: str) -> str:
     return f"svc-{service}"
 
 
-def _error(status: int, kind: str, code: str, message: str) -> str:
-    """An `http-request return` of an OpenAI-shaped error (messages hold no single quote: HAProxy's quoting)."""
+def _error(status: int, kind: str, code: str, message: str, retry_after: str | None = None) -> str:
+    """An `http-request return` of an OpenAI-shaped error (messages hold no single quote: HAProxy's quoting), with a
+    Retry-After header where given (a log-format string: seconds, or a variable's %[...])."""
     body = json.dumps({"error": {"message": message, "type": kind, "code": code}}, separators=(",", ":"))
-    return f"http-request return status {status} content-type application/json string '{body}'"
+    header = f" hdr Retry-After {retry_after}" if retry_after is not None else ""
+    return f"http-request return status {status}{header} content-type application/json string '{body}'"
 
 
 def fronts(gateway: Mapping[str, Any], service: str) -> bool:
@@ -244,11 +246,9 @@ def _generated_limits(spec: CpuLLMGatewaySpec) -> list[str]:
         share = math.ceil(team.generated_tokens_per_minute / spec.replicas)
         lines.append(f"  http-request lua.{GENERATED_ACTION} {share} if {{ var(txn.team) -m str {team.name} }}")
     if lines:
-        refusal = _error(
-            429, "rate_limit_exceeded", "rate_limit_exceeded", "the team is over its generated tokens a minute"
-        )
-        retry = f" hdr Retry-After %[var({GENERATED_RETRY})] content-type"
-        lines.append(f"  {refusal.replace(' content-type', retry)} if {{ var({GENERATED_RETRY}) -m found }}")
+        message, retry = "the team is over its generated tokens a minute", f"%[var({GENERATED_RETRY})]"
+        refusal = _error(429, "rate_limit_exceeded", "rate_limit_exceeded", message, retry)
+        lines.append(f"  {refusal} if {{ var({GENERATED_RETRY}) -m found }}")
     return lines
 
 
@@ -314,13 +314,10 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
             continue
         share = math.ceil(team.requests_per_minute / spec.replicas)  # each replica admits its part
         retry = max(1, math.ceil(60 / share))
-        lines.append(
-            "  "
-            + _error(429, "rate_limit_exceeded", "rate_limit_exceeded", f"team {team.name} is over its rate").replace(
-                " content-type", f" hdr Retry-After {retry} content-type"
-            )
-            + f" if {{ var(txn.team) -m str {team.name} }} {{ sc_http_req_rate(0) gt {share} }}"
+        refusal = _error(
+            429, "rate_limit_exceeded", "rate_limit_exceeded", f"team {team.name} is over its rate", str(retry)
         )
+        lines.append(f"  {refusal} if {{ var(txn.team) -m str {team.name} }} {{ sc_http_req_rate(0) gt {share} }}")
     lines += _generated_limits(spec)
     limit = spec.max_request_bytes
     lines += [
