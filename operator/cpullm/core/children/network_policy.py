@@ -79,22 +79,24 @@ def build_router_network_policy(owner: Owner, spec: CpuLLMServiceSpec, plan: Pla
     return _policy(router_name(owner), owner, router_selector(owner), rules)
 
 
+def _admit(children: list[dict[str, Any]], policy: str, peers: list[dict[str, Any]], port: int) -> None:
+    """The NetworkPolicy named `policy` among `children` also admits `peers` on `port`."""
+    for child in children:
+        if child["kind"] == "NetworkPolicy" and child["metadata"]["name"] == policy:
+            child["spec"]["ingress"].append({"from": peers, "ports": [{"protocol": "TCP", "port": port}]})
+
+
 def admit_callers(
     children: list[dict[str, Any]], owner: Owner, spec: CpuLLMServiceSpec, plan: Plan, peers: list[dict[str, Any]]
 ) -> None:
     """The NetworkPolicy that admits the service's callers (the router's in router mode, else the servers') also
     admits `peers` on the API port: the gateways in front of it, where allowedFrom narrows who else may call."""
-    name = router_name(owner) if uses_router(plan) else owner.name
-    for child in children:
-        if peers and child["kind"] == "NetworkPolicy" and child["metadata"]["name"] == name:
-            child["spec"]["ingress"].append({"from": peers, "ports": [{"protocol": "TCP", "port": spec.service.port}]})
+    if peers:
+        _admit(children, router_name(owner) if uses_router(plan) else owner.name, peers, spec.service.port)
 
 
 def admit_operator(children: list[dict[str, Any]], owner: Owner, port: int, peer: NetworkPolicyPeer | None) -> None:
     """The servers' NetworkPolicy among `children` also admits the operator's pods (`peer`, the admin's setting) on
     their API port, where the performance check reads /metrics (controller/performance.py); None: nothing added."""
-    if peer is None:
-        return
-    for child in children:
-        if child["kind"] == "NetworkPolicy" and child["metadata"]["name"] == owner.name:
-            child["spec"]["ingress"].append({"from": _peers([peer]), "ports": [{"protocol": "TCP", "port": port}]})
+    if peer is not None:
+        _admit(children, owner.name, _peers([peer]), port)
