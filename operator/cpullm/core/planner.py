@@ -691,7 +691,7 @@ def _plan_for_shape(
     kept = before.on(shape.node.shape)
 
     def make() -> tuple[Plan, _Fitted]:
-        return _planned(spec, model, shape, strategy, explicit_tp, vllm_images, kept, router_cpu, router_image)
+        return _planned(spec, model, shape, strategy, explicit_tp, vllm_images, kept, routing, router_cpu, router_image)
 
     if spec_key is None:
         return make()
@@ -710,11 +710,11 @@ def _planned(
     explicit_tp: int | None,
     vllm_images: Mapping[str, str],
     kept: _Before,
+    routing: RoutingMode,
     router_cpu: int | None,
     router_image: str | None,
 ) -> tuple[Plan, _Fitted]:
     server = _server(spec, shape.node.arch, vllm_images)
-    routing = routing_mode(spec, strategy)
     node, where = shape.node, shape.describe()
     fitted = _fitted(spec, model, shape, strategy, explicit_tp, server)
     speculation = _speculation(spec, model, shape, fitted, server.version, kept)
