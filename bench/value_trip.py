@@ -221,7 +221,10 @@ class Operator:
         from cpullm.controller.reconcile import Reconciler
         from cpullm.controller.state import ControllerState
         from cpullm.controller.workers import ReconcileWorkers
+        from cpullm.core import planner
 
+        # A fresh operator's: a plan remembered from the last trip would hide this one's route (older trees: none).
+        getattr(planner, "forget_plans", lambda: None)()
         self.handlers, self.api = handlers, StoringApi()
         workers = ReconcileWorkers(1)
         workers._threads = InlineExecutor()  # type: ignore[assignment]

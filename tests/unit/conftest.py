@@ -1,4 +1,4 @@
-"""Each test plans from scratch: the planner's memo of recent plans (core/planner.py SHAPE_PLANS) is emptied before
+"""Each test plans from scratch: the planner's memos of recent plans (core/planner.py) are emptied before
 it, so a test that changes a constant the planner reads (monkeypatch) gets plans made under its value."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from cpullm.core.planner import SHAPE_PLANS
+from cpullm.core.planner import forget_plans
 
 
 @pytest.fixture(autouse=True)
 def fresh_plans() -> Iterator[None]:
-    SHAPE_PLANS.clear()
+    forget_plans()
     yield

@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from cpullm.api.spec import CpuLLMServiceSpec
 from cpullm.core import speculation
 from cpullm.core.children.deployment import vllm_args, vllm_env
-from cpullm.core.planner import SHAPE_PLANS, plan_service
+from cpullm.core.planner import forget_plans, plan_service
 from cpullm.core.sizing import ModelSize, size_model
 from cpullm.core.speculation import ACCEPTANCE, MTP, NGRAM, mtp_bytes
 from cpullm.errors import SpeculationRefused
@@ -192,12 +192,12 @@ def test_auto_keeps_what_the_running_servers_use_while_it_is_predicted_about_as_
     at_1 = plan_service(latency, v3, [AMX], running(1)).speculative
     assert at_1 and at_1.tokens == 3  # 1.34 < 0.95 x 1.50: the best count
     monkeypatch.setattr(speculation, "MIN_GAIN", 1.55)  # 1.50x no longer turns it on, but keeps it on (>= 1.4725)
-    SHAPE_PLANS.clear()  # the plans made under the constant as it was
+    forget_plans()  # the plans made under the constant as it was
     assert plan_service(latency, v3, [AMX]).speculative.method == "off"  # type: ignore[union-attr]
     kept = plan_service(latency, v3, [AMX], running(3)).speculative
     assert kept and (kept.method, kept.tokens) == (MTP, 3)
     monkeypatch.setattr(speculation, "MIN_GAIN", 1.6)  # under 1.52 = 1.6 x 0.95: off after all
-    SHAPE_PLANS.clear()
+    forget_plans()
     dropped = plan_service(latency, v3, [AMX], running(3)).speculative
     assert dropped and dropped.method == "off" and "under 1.52" in dropped.reason
 

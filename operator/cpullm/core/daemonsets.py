@@ -20,6 +20,7 @@ import pydantic
 
 from cpullm.api.spec import Affinity, Toleration
 from cpullm.core.eligibility import ELIGIBILITY_CHECKS, Needs, node_rejection
+from cpullm.core.memo import Hashed, cached
 from cpullm.core.topology import NodeProfile, parse_quantity
 
 # The checks that place a daemon pod: a DaemonSet's pods run on cordoned nodes too, whatever their image or ISA.
@@ -53,6 +54,17 @@ class DaemonPods:
 
     def runs_on(self, node: NodeProfile) -> bool:
         return not self.needs.checks or node_rejection(self.needs, node) is None
+
+    @cached  # it lives in the DaemonSet index: each reconcile's plan reads its key again
+    def planning_key(self) -> Hashed:
+        """Everything a plan reads of it, hashed once, for the planner's memo (its needs hold lists and mappings,
+        which do not hash; their checks follow from the rest)."""
+        needs = self.needs
+        terms = tuple(term.model_dump_json() for term in needs.required_terms)
+        tolerations = tuple(toleration.model_dump_json() for toleration in needs.tolerations)
+        selector = tuple(sorted(needs.node_selector.items()))
+        where = (needs.image, needs.required_isa, selector, terms, tolerations, needs.model, needs.fp8_kv_cache)
+        return Hashed((self.name, self.cpu_millis, self.memory_bytes, where))
 
 
 @dataclass(frozen=True)

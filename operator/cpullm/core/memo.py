@@ -1,4 +1,5 @@
-"""`cached`: a property computed once per instance, without a lock; `Memo`: a pure function's recent values by key.
+"""`cached`: a property computed once per instance, without a lock; `Memo`: a pure function's recent values by key;
+`Hashed`: a part of a memo's key with its hash worked out once.
 
 Python 3.11's `functools.cached_property` takes one lock per property for every instance of the class while it
 computes (removed in 3.12: https://github.com/python/cpython/issues/87634). The planner makes many short-lived
@@ -74,3 +75,23 @@ class Memo(Generic[K, T]):
         """Forget every value (a test that changes what the function reads, e.g. a module's constant)."""
         with self.lock:
             self.values.clear()
+
+
+class Hashed:
+    """A hashable value with its hash worked out once. A memo's key made of many parts (a node profile per node)
+    hashes every part again on each lookup; a part kept in a long-lived object (the node index's profile) is hashed
+    once this way, and compared at a hit by identity first."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: Hashable) -> None:
+        self.value = value
+        self.hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, Hashed) and self.hash == other.hash and self.value == other.value

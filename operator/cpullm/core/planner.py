@@ -85,7 +85,31 @@ def plan_service(
     """`current`: the plan the service runs (status.plan), so an equally good shape does not replace it;
     `daemons`: the DaemonSets whose pods' requests the eligible nodes leave room for; `router_image`: the
     operator's router image (settings.router_image), for a router whose spec names none; `vllm_images`: the
-    operator's vLLM image per arch (settings.vllm_images), for servers whose spec names none."""
+    operator's vLLM image per arch (settings.vllm_images), for servers whose spec names none. The same inputs
+    again (a service reconciled for a pod's readiness, services of one spec) give the plan from SERVICE_PLANS."""
+    running = running_shape(current)
+    before = _planned_before(current, running)
+    spec_key = spec.model_dump_json()
+    images = tuple(sorted(vllm_images.items()))
+    nodes_key = tuple(node.planning_key for node in nodes)
+    daemons_key = tuple(daemon.planning_key for daemon in daemons)
+    key = (spec_key, model, nodes_key, daemons_key, running, before, router_image, images)
+    return SERVICE_PLANS.get(
+        key, lambda: _plan_service(spec, model, nodes, running, before, spec_key, daemons, router_image, vllm_images)
+    )
+
+
+def _plan_service(
+    spec: CpuLLMServiceSpec,
+    model: ModelSize,
+    nodes: Sequence[NodeProfile],
+    running: NodeShape | None,
+    before: _Before,
+    spec_key: str,
+    daemons: Sequence[DaemonPods],
+    router_image: str,
+    vllm_images: Mapping[str, str],
+) -> Plan:
     explicit_tp = _explicit_tensor_parallel_size(spec)
     if explicit_tp is not None:
         problem = model.tensor_parallel_problem(explicit_tp)
@@ -106,9 +130,6 @@ def plan_service(
 
     plans: list[tuple[Plan, Shape, _Fitted]] = []
     refusals: list[tuple[Shape, PlanRefusal]] = []
-    running = running_shape(current)
-    before = _planned_before(current, running)
-    spec_key = spec.model_dump_json()
     for shape in shapes_of(eligible, daemons):
         for strategy in _strategies(spec, model, shape, explicit_tp, vllm_images):
             try:
@@ -669,6 +690,15 @@ def _speculation(
 # services of one spec on the same nodes plan each shape once. Measured in bench/scale_bench.py (100 services, 36
 # node shapes): each shape's plan took ~1 ms, the whole planner ~32 ms a reconcile.
 SHAPE_PLANS: Memo[Hashable, tuple[Plan, _Fitted]] = Memo(size=4096)
+# Whole plans by their inputs: a reconcile's plan of an unchanged service on unchanged nodes is one lookup (the same
+# bench: ~7 ms a reconcile with every shape from SHAPE_PLANS, most of it the strategies' fit and the keys' hashing).
+SERVICE_PLANS: Memo[Hashable, Plan] = Memo(size=1024)
+
+
+def forget_plans() -> None:
+    """Empty both memos: a test that changes a constant the planner reads plans afresh under its value."""
+    SHAPE_PLANS.clear()
+    SERVICE_PLANS.clear()
 
 
 def _plan_for_shape(

@@ -25,6 +25,7 @@ from typing import Any
 
 from cpullm.api.isa import lscpu_name
 from cpullm.api.plan import NodeProfileSummary, NodeShape
+from cpullm.core.memo import Hashed, cached
 from cpullm.core.performance import NodePerformance
 from cpullm.errors import NodeLabelError
 
@@ -103,6 +104,13 @@ class NodeProfile:
             isa=tuple(self.isa),
             numa_cpus=self.numa_cpus,
         )
+
+    @cached  # a profile lives in the node index: each reconcile's plan reads its key again
+    def planning_key(self) -> Hashed:
+        """Everything the planner reads of this node, hashed once: its equality's fields and what they leave out
+        (measured speed, price, labels). The planner's memo of whole plans keys on it (core/planner.py)."""
+        labels = tuple(sorted(self.labels.items()))
+        return Hashed((self, self.performance, self.price_per_hour, labels))
 
     def summary(self, memory_bytes: int) -> NodeProfileSummary:
         """Its shape as status.plan stores it, with `memory_bytes` (a shape's least)."""

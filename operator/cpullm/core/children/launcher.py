@@ -8,6 +8,7 @@ constants.LAUNCHER_MOUNT (the fixes in a directory of their own, which the launc
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from importlib import resources
@@ -57,9 +58,14 @@ def in_pod_code_digest(api_key_guard: bool) -> str:
     """A digest of the in-pod files a server runs (those launcher_volume mounts), for its pod template: a change of
     them (a fix to the guard, the launcher or the fixes to vLLM) changes the template, so the servers are rolled
     onto it (paced, as any change their user did not ask for), not left on the code they started with."""
+    return _digest_of(tuple((key, SOURCES[key]) for key in sorted(_mounted(api_key_guard))))
+
+
+@functools.lru_cache(maxsize=8)  # asked on every reconcile of the same files: their strings' hashes are kept
+def _digest_of(files: tuple[tuple[str, str], ...]) -> str:
     digest = hashlib.sha256()
-    for key in sorted(_mounted(api_key_guard)):
-        digest.update(key.encode() + b"\0" + SOURCES[key].encode() + b"\0")
+    for key, source in files:
+        digest.update(key.encode() + b"\0" + source.encode() + b"\0")
     return digest.hexdigest()[:16]
 
 
