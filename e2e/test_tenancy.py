@@ -109,7 +109,7 @@ def test_a_spec_nested_too_deep_is_refused_without_a_traceback(
 ):
     """A free-form field (an inline config.json) 600 levels deep passes the API server; it raised RecursionError
     in Kopf's diff base and the operator's copies of the service: no status, a traceback per event. It is an
-    InvalidSpec now (controller/handlers.py's SpecBlindDiffBase, api/spec.py's copy_json and too_deep)."""
+    InvalidSpec now (controller/kopf_settings.py's NoDiffBase, api/spec.py's copy_json and too_deep)."""
     deep: dict = {}
     for _ in range(600):
         deep = {"a": deep}

@@ -25,6 +25,7 @@ from typing import Any
 
 import kopf
 
+from cpullm.api.crd import spec_schema
 from cpullm.api.gateway import PLURAL as GATEWAY_PLURAL
 from cpullm.api.spec import GROUP, PLURAL, VERSION, copy_json
 from cpullm.controller import dispatch, gateway, kopf_settings, performance
@@ -75,6 +76,7 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> Non
         memo["state"] = kopf_settings.controller_state(_settings(memo))
         track_services(memo["state"].memory.readiness)
         track_predictions(memo["state"].performance.predictions)
+    spec_schema()  # what each reconcile prunes stored specs against: made before several threads want it
 
 
 def _state(memo: kopf.Memo) -> ControllerState:
