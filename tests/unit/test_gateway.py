@@ -16,6 +16,7 @@ from cpullm.controller.gateway import GatewayReconciler, controlling_gateway, na
 from cpullm.core.gateway import (
     GATEWAY_SCRIPT,
     GatewayOwner,
+    ceilings,
     config_files,
     decide_gateway,
     fronts,
@@ -52,6 +53,7 @@ def service(
     key: str | None = None,
     seqs: int | None = None,
     replicas: int = 1,
+    saturation: int | None = None,
 ) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"name": model, "config": {}},
@@ -62,6 +64,8 @@ def service(
     if key:
         spec["apiKeySecret"] = {"name": key, "key": "token"}
     status = {"plan": {"maxNumSeqs": seqs, "drainSeconds": 120}} if seqs else {}
+    if saturation is not None:
+        status["plan"]["predicted"] = {"saturationStreams": saturation}
     return {"metadata": {"name": name, "namespace": "teams"}, "spec": spec, "status": status}
 
 
@@ -315,6 +319,62 @@ def test_each_team_has_a_share_of_each_service_it_uses_by_weight(teams: list[Any
     assert shares(spec, routes(spec, SERVICES)) == {}
 
 
+A, B, C = ({"name": n, "keySecret": {"name": n}} for n in ("a", "b", "c"))
+
+
+@pytest.mark.parametrize(
+    ("teams", "chat", "expected"),
+    [
+        # One team: nobody to leave a slot for.
+        ([A], service("chat", "org/chat", seqs=8), {}),
+        # Two: each may fill all but one slot, so the other's next request finds one free.
+        ([A, B], service("chat", "org/chat", seqs=8), {("a", "chat"): 7, ("b", "chat"): 7}),
+        # The plan's saturation, not maxNumSeqs, is what the servers run at once; replicas multiply it.
+        ([A, B], service("chat", "org/chat", seqs=256, saturation=3, replicas=2), {("a", "chat"): 5, ("b", "chat"): 5}),
+        # A team that may not use the service leaves no slot on it.
+        (
+            [A, B, {**C, "models": ["org/code"]}],
+            service("chat", "org/chat", seqs=4),
+            {("a", "chat"): 3, ("b", "chat"): 3},
+        ),
+        # More teams than slots: each keeps to its share (by weight) instead.
+        ([{**A, "weight": 3}, B, C], service("chat", "org/chat", seqs=2), {("b", "chat"): 1, ("c", "chat"): 1}),
+        # A service that runs one at a time has nothing to reserve.
+        ([A, B], service("chat", "org/chat", seqs=1), {}),
+        # No plan yet: no capacity, nothing waits.
+        ([A, B], service("chat", "org/chat"), {}),
+    ],
+)
+def test_a_team_leaves_a_slot_of_a_full_service_for_each_other_team(
+    teams: list[Any], chat: dict[str, Any], expected: dict[Any, int]
+):
+    spec = gateway_spec(teams=teams)
+    services = {"chat": chat, "code": service("code", "org/code")}
+    assert ceilings(spec, routes(spec, services)) == expected
+    lines = cfg_lines(spec, services)
+    routed = [line for line in lines if line.startswith("  use_backend slot:")]
+    assert len(routed) == len(expected)
+    if not expected:
+        assert not any(line.startswith("frontend inner-") for line in lines)
+        return
+    # A team's requests beyond its ceiling wait in its slot, which passes the others on with their priority class,
+    # through a loopback frontend, into the service's backend; a client cannot set that class itself, and the
+    # servers never see the header.
+    inner = lines.index("frontend inner-chat")
+    port = lines[inner + 1].removeprefix("  bind 127.0.0.1:")
+    assert int(port) not in (8000, 8404) and lines[inner + 3] == "  default_backend svc-chat"
+    for (team, svc), ceiling in expected.items():
+        assert (
+            lines[lines.index(f"backend slot:{team}:{svc}") + 1] == f"  server {svc} 127.0.0.1:{port} maxconn {ceiling}"
+        )
+        when = f"{{ var(txn.team) -m str {team} }} {{ var(txn.backend) -m str svc-{svc} }}"
+        assert f"  use_backend slot:{team}:{svc} if {when}" in routed
+    assert lines[lines.index("frontend api") + 3] == "  http-request del-header x-cpullm-priority-class"
+    assert "  http-request del-header x-cpullm-priority-class" in lines[lines.index("backend svc-chat") :]
+    last_class = max(i for i, line in enumerate(lines) if "set-priority-class int(" in line)
+    assert last_class < lines.index("  http-request set-header x-cpullm-priority-class %[prio_class]")
+
+
 def test_the_refusals_come_in_order_each_in_openais_error_shape():
     team = {"name": "team-a", "keySecret": {"name": "a"}, "requestsPerMinute": 10, "generatedTokensPerMinute": 99}
     lines = cfg_lines(gateway_spec(teams=[team]))
@@ -418,7 +478,16 @@ def test_a_new_configuration_rolls_the_pods_a_new_key_does_not():
 )
 def test_a_pods_memory_holds_two_buffers_a_connection(connections: int, body: int, memory: int):
     spec = gateway_spec(maxConnections=connections, maxRequestBytes=body)
-    assert memory_bytes(spec) == memory * 2**20
+    assert memory_bytes(spec, routes(spec, SERVICES)) == memory * 2**20
+    # Two teams behind a full service: the hop from their slots to it holds connections too, both ends.
+    two = gateway_spec(
+        maxConnections=connections,
+        maxRequestBytes=body,
+        teams=[{"name": "a", "keySecret": {"name": "a"}}, {"name": "b", "keySecret": {"name": "b"}}],
+    )
+    routed = routes(two, {"chat": service("chat", "org/chat", seqs=4), "code": service("code", "org/code")})
+    hop = 2 * (3 + 3)  # each team's ceiling on chat: 4 less a slot for the other
+    assert memory_bytes(two, routed) - memory * 2**20 == pytest.approx(2 * hop * (body + 32 * 1024), abs=2**20)
 
 
 def test_a_long_gateway_name_still_names_its_children_within_a_dns_label():

@@ -20,9 +20,11 @@ from cpullm.core.performance import (
     NumaPerformance,
     Serving,
     ThreadRates,
+    decode_step,
     estimated_performance,
     parse_performance,
     predict,
+    saturation_streams,
     step_bytes,
 )
 from cpullm.core.planner import plan_service
@@ -119,6 +121,28 @@ def test_more_sequences_at_once_generate_more_tokens_and_a_longer_prompt_waits_l
     assert figures.throughput_tokens_per_second > 4 * figures.decode_tokens_per_second
     assert speeds(model, prompt=4096).time_to_first_token_seconds > 3 * figures.time_to_first_token_seconds
     assert speeds(model, context=8192).decode_tokens_per_second < figures.decode_tokens_per_second  # more KV read
+
+
+@pytest.mark.parametrize(("cores", "most"), [(2, 256), (8, 256), (32, 256), (8, 4)])
+def test_a_server_saturates_where_each_sequences_step_is_a_quarter_slower_than_alone(cores: int, most: int):
+    """The gateway sends a server no more than this at once (core/gateway.py): the step at that count is within
+    SATURATION_SLOWDOWN of one sequence's and one more is past it, unless maxNumSeqs comes first."""
+    model, node = llama_8b(), parse_performance(probe_object(numa=2))
+    serving, kv = Serving(1, cores, BF16, 1.0), model.kv_bytes_per_token_per_rank(1)
+
+    def step(streams: int) -> float:
+        return decode_step(model, serving, node, streams, perf.DECODE_CONTEXT_TOKENS, kv).seconds
+
+    found = saturation_streams(model, serving, node, most, kv)
+    assert 1 <= found <= most and step(found) <= perf.SATURATION_SLOWDOWN * step(1)
+    assert found == most or step(found + 1) > perf.SATURATION_SLOWDOWN * step(1)
+
+
+def test_every_plan_says_where_its_servers_saturate():
+    for seqs in (4, 256):
+        plan = plan_service(spec(maxNumSeqs=seqs), llama_8b(), [node("a", numa=1, cpu="16")])
+        assert plan.predicted is not None and 1 <= (plan.predicted.saturation_streams or 0) <= seqs
+    assert plan.predicted.saturation_streams < 256  # an 8B model on 16 cores is compute-bound well before 256
 
 
 def test_a_machine_twice_as_fast_is_predicted_nearly_twice_as_fast():

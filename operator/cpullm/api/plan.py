@@ -140,6 +140,11 @@ class PredictedSpeed(_Model):
         description="An idle server's time to the first token of a promptTokens-token prompt."
     )
     prompt_tokens: int = Field(description="That prompt's tokens.")
+    saturation_streams: int | None = Field(
+        default=None,
+        description="The most sequences a server decodes at once before each is predicted 1.25x slower than alone: "
+        "what a CpuLLMGateway sends it at most (unset: maxNumSeqs).",
+    )
     basis: str = Field(description="'probe' (a NodePerformance of the nodes) or 'estimate' (by ISA class).")
     source: str = Field(description="Which probe, or which row of the estimates.")
     cost_per_million_tokens: float | None = Field(

@@ -51,6 +51,10 @@ CPU_REQUEST = "100m"
 DEFAULT_DRAIN_SECONDS = c.DRAIN_MAX_SECONDS
 # HAProxy's last priority class: where a request over its team's share waits.
 LAST_CLASS = 2047
+# A team's requests beyond its ceiling wait in a backend of their own, which passes the rest to the service's
+# backend through a frontend on the pod's loopback; the request's priority class rides along in this header.
+CLASS_HEADER = "x-cpullm-priority-class"
+INNER_PORT_BASE = 10000
 # The environment variable that carries a fronted service's API key into HAProxy's configuration.
 SERVICE_KEY_ENV = "CPULLM_SERVICE_KEY_{index}"
 
@@ -110,6 +114,9 @@ def fronted(body: Mapping[str, Any]) -> Fronted | str:
         return f"service {meta.get('name')}: its spec is invalid ({err.reason})"
     plan = (body.get("status") or {}).get("plan") or {}
     seqs, replicas = plan.get("maxNumSeqs"), spec.replicas
+    saturation = (plan.get("predicted") or {}).get("saturationStreams")
+    if isinstance(seqs, int) and isinstance(saturation, int) and saturation > 0:
+        seqs = min(seqs, saturation)  # where a server is predicted to saturate, before its KV cache fills
     capacity = seqs * replicas if isinstance(seqs, int) and seqs > 0 and replicas > 0 else None
     drain = plan.get("drainSeconds")
     key = (spec.api_key_secret.name, spec.api_key_secret.key) if spec.api_key_secret else None
@@ -225,6 +232,38 @@ def shares(spec: CpuLLMGatewaySpec, routed: Routes) -> dict[tuple[str, str], int
     return found
 
 
+def ceilings(spec: CpuLLMGatewaySpec, routed: Routes) -> dict[tuple[str, str], int]:
+    """The most requests each team may have running on each service at once, where that is less than its capacity:
+    the capacity less a slot for each other team that may use the service, and never less than the team's share.
+    A team flooding a full service leaves the others a free slot for their next request, which then waits for
+    nobody; with more teams than slots, each keeps to its share."""
+    share = shares(spec, routed)
+    found: dict[tuple[str, str], int] = {}
+    for service in routed.services:
+        users = [t.name for t in spec.teams if (t.name, service.name) in share]
+        for team in users:
+            ceiling = max(share[(team, service.name)], (service.capacity or 0) - (len(users) - 1))
+            if ceiling < (service.capacity or 0):
+                found[(team, service.name)] = ceiling
+    return found
+
+
+def slot_backend(team: str, service: str) -> str:
+    """Where a team's requests to a service wait beyond its ceiling (':' is in no Kubernetes name)."""
+    return f"slot:{team}:{service}"
+
+
+def _inner_ports(spec: CpuLLMGatewaySpec, count: int) -> list[int]:
+    """Loopback ports of the services' inner frontends, clear of the gateway's own."""
+    taken = {spec.port, HEALTH_PORT}
+    return [port for port in range(INNER_PORT_BASE, INNER_PORT_BASE + count + len(taken)) if port not in taken][:count]
+
+
+def hop_connections(spec: CpuLLMGatewaySpec, routed: Routes) -> int:
+    """The connections the hop from the teams' slots to the services can hold at most (both of its ends)."""
+    return 2 * sum(ceilings(spec, routed).values())
+
+
 def _over_share(spec: CpuLLMGatewaySpec, routed: Routes) -> list[str]:
     """A request that takes its team over its share of a service's capacity (its in-flight requests, tracked in
     team_rates) waits after every other, whatever the team's priority: when the servers are full, a flooding team
@@ -252,6 +291,29 @@ def _generated_limits(spec: CpuLLMGatewaySpec) -> list[str]:
     return lines
 
 
+def _slots(spec: CpuLLMGatewaySpec, routed: Routes, slots: Mapping[tuple[str, str], int]) -> list[str]:
+    """Each team's slot backend (at most its ceiling at once; the rest wait there, in arrival order), and for each
+    service behind slots a loopback frontend into its backend, where the request's priority class applies again."""
+    behind = sorted({service for _, service in slots})
+    ports = dict(zip(behind, _inner_ports(spec, len(behind)), strict=True))
+    lines = []
+    for (team, service), ceiling in sorted(slots.items()):
+        lines += [
+            f"backend {slot_backend(team, service)}",
+            f"  server {service} 127.0.0.1:{ports[service]} maxconn {ceiling}",
+            "",
+        ]
+    for service in behind:
+        lines += [
+            f"frontend inner-{service}",
+            f"  bind 127.0.0.1:{ports[service]}",
+            f"  http-request set-priority-class req.hdr({CLASS_HEADER}) if {{ req.hdr({CLASS_HEADER}) -m found }}",
+            f"  default_backend {backend_name(service)}",
+            "",
+        ]
+    return lines
+
+
 def drain_seconds(found: Sequence[Fronted]) -> int:
     """The longest a request through the gateway may run: the longest of the fronted services' plans."""
     return max((s.drain_seconds or DEFAULT_DRAIN_SECONDS for s in found), default=DEFAULT_DRAIN_SECONDS)
@@ -265,7 +327,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
     seconds, entries = max(drain_seconds(routed.services), 1), max(len(spec.teams) * 2, 16)
     lines = [
         "global",
-        f"  maxconn {spec.max_connections}",
+        f"  maxconn {spec.max_connections + hop_connections(spec, routed)}",
         f"  tune.bufsize {spec.max_request_bytes + HEADER_ROOM}",
         f"  hard-stop-after {seconds}s",
         f"  lua-load {CONFIG_DIR}/{USAGE_FILE}",
@@ -297,6 +359,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
         "frontend api",
         f"  bind :{spec.port}",
         "  filter lua.usage",
+        f"  http-request del-header {CLASS_HEADER}",
         '  http-request set-var(txn.key) req.hdr(authorization),regsub("^[Bb]earer +","")',
         f"  http-request set-var(txn.team) var(txn.key),sha2(256),hex,lower,map({RUN_DIR}/keys.map)",
         "  "
@@ -343,11 +406,21 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
                 f"  http-request set-priority-class int({-team.priority}) if {{ var(txn.team) -m str {team.name} }}"
             )
     lines += _over_share(spec, routed)
-    lines += ["  http-request set-var(txn.routed) bool(true)", "  use_backend %[var(txn.backend)]", ""]
+    lines.append("  http-request set-var(txn.routed) bool(true)")
+    slots = ceilings(spec, routed)
+    if slots:
+        lines.append(f"  http-request set-header {CLASS_HEADER} %[prio_class]")
+    lines += [
+        f"  use_backend {slot_backend(team, service)} if {{ var(txn.team) -m str {team} }}"
+        f" {{ var(txn.backend) -m str {backend_name(service)} }}"
+        for team, service in sorted(slots)
+    ]
+    lines += ["  use_backend %[var(txn.backend)]", ""]
+    lines += _slots(spec, routed, slots)
     for index, service in enumerate(routed.services):
         host = f"{service.name}.{owner.namespace}.svc.{spec.cluster_domain}"
         seqs = f" maxconn {service.capacity}" if service.capacity else ""
-        lines += [f"backend {backend_name(service.name)}"]
+        lines += [f"backend {backend_name(service.name)}", f"  http-request del-header {CLASS_HEADER}"]
         if service.api_key is not None:  # the servers keep their own guard: the gateway sends their key
             env = SERVICE_KEY_ENV.format(index=index)
             lines.append(f'  http-request set-header authorization "Bearer ${{{env}}}"')
@@ -418,9 +491,11 @@ def config_files(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes) -
     return files
 
 
-def memory_bytes(spec: CpuLLMGatewaySpec) -> int:
-    """What a gateway pod may use: HAProxy's own, and two buffers for each connection it holds (rounded to MiB)."""
-    total = BASE_MEMORY + 2 * spec.max_connections * (spec.max_request_bytes + HEADER_ROOM)
+def memory_bytes(spec: CpuLLMGatewaySpec, routed: Routes) -> int:
+    """What a gateway pod may use: HAProxy's own, and two buffers for each connection it holds, the hop's included
+    (rounded to MiB)."""
+    connections = spec.max_connections + hop_connections(spec, routed)
+    total = BASE_MEMORY + 2 * connections * (spec.max_request_bytes + HEADER_ROOM)
     return math.ceil(total / 2**20) * 2**20
 
 
@@ -477,7 +552,7 @@ def _deployment(
     owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes, image: str, digest: str
 ) -> dict[str, Any]:
     name, pods = gateway_name(owner), pod_selector(owner)
-    memory = binary_quantity(memory_bytes(spec))
+    memory = binary_quantity(memory_bytes(spec, routed))
     keys = [
         {
             "secret": {

@@ -403,6 +403,33 @@ def predict(
     )
 
 
+# Where a server saturates: each sequence's decode step this many times one sequence's alone. A CpuLLMGateway sends a
+# server no more sequences than that at once (core/gateway.py), well before its KV cache fills; 1.25 leaves the
+# others' prefills room under the 1.5x a team's latency may grow while another team floods (docs/gateway.md).
+SATURATION_SLOWDOWN = 1.25
+
+
+def saturation_streams(
+    model: ModelSize,
+    serving: Serving,
+    node: NodePerformance,
+    most: int,
+    kv_bytes_per_token: int,
+    context: int = DECODE_CONTEXT_TOKENS,
+) -> int:
+    """The most sequences (1 to `most`) a server decodes at once with each step at most SATURATION_SLOWDOWN times one
+    sequence's. A step's time grows with the sequences in it (their KV reads and FLOPs), so the search halves."""
+    limit = SATURATION_SLOWDOWN * decode_step(model, serving, node, 1, context, kv_bytes_per_token).seconds
+    low, high = 1, max(1, most)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if decode_step(model, serving, node, middle, context, kv_bytes_per_token).seconds <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
 # The checkpoints of the same model a plan compares its own with, as vLLM CPU runs them: W8A8 int8 (compressed-tensors,
 # per output channel, activations per token) and AWQ int4 (groups of 128, zero points), the LM head unquantized.
 ALTERNATIVE_FORMATS: tuple[tuple[str, WeightFormat], ...] = (

@@ -49,7 +49,7 @@ from cpullm.core.eligibility import Needs, node_rejection
 from cpullm.core.memo import Memo
 from cpullm.core.memory import MemoryBudget, memory_budget, onednn_packs_embeddings, shm_size_bytes
 from cpullm.core.node_selection import shape_node_terms
-from cpullm.core.performance import Serving, faster_formats, kernel_of, predict
+from cpullm.core.performance import Serving, faster_formats, kernel_of, predict, saturation_streams
 from cpullm.core.placement import STRATEGIES, PlacementStrategy, PodLayout, Shape, strategy_for
 from cpullm.core.placement.base import shapes_of
 from cpullm.core.podsecurity import server_security
@@ -440,6 +440,7 @@ def _predicted(model: ModelSize, shape: Shape, fitted: _Fitted, speculation: Spe
         throughput_streams=figures.throughput_streams,
         time_to_first_token_seconds=round(figures.time_to_first_token_seconds, 2),
         prompt_tokens=figures.prompt_tokens,
+        saturation_streams=saturation_streams(model, serving, shape.performance, streams, kv_bytes),
         basis=figures.basis,
         source=figures.source,
         cost_per_million_tokens=cost,
