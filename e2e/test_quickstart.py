@@ -251,6 +251,46 @@ except urllib.error.HTTPError as refused:
     print(refused.code, refused.read().decode())
 """
 
+# Team B's requests one after another, alone and then beside team A's flood (8 threads asking without pause), each
+# B request's seconds and status; A's statuses. Run in a pod of the namespace: the gateway's address is the cluster's.
+FAIRNESS = """import json, sys, threading, time, urllib.error, urllib.request
+url, key_a, key_b, model, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+def call(key, tokens):
+    body = {"model": model, "prompt": "The capital of France is", "max_tokens": tokens, "ignore_eos": True}
+    headers = {"content-type": "application/json", "authorization": "Bearer " + key}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=300) as answer:
+            answer.read()
+            status = answer.status
+    except urllib.error.HTTPError as refused:
+        status = refused.code
+    except OSError:
+        status = 0
+    return status, time.monotonic() - started
+alone = [call(key_b, 16) for _ in range(count)]
+stop, flooded = threading.Event(), []
+def flood():
+    while not stop.is_set():
+        flooded.append(call(key_a, 64)[0])
+threads = [threading.Thread(target=flood) for _ in range(8)]
+for thread in threads:
+    thread.start()
+while len(flooded) < 2:  # the flood holds its slot: some of its requests have come back
+    time.sleep(0.1)
+beside = [call(key_b, 16) for _ in range(count)]
+stop.set()
+for thread in threads:
+    thread.join()
+print(json.dumps({"alone": alone, "beside": beside, "flooded": flooded}))
+"""
+
+
+def p99(seconds: list[float]) -> float:
+    ordered = sorted(seconds)
+    return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
+
 
 def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_rotated_key(
     quick_start: QuickStart,
@@ -258,19 +298,20 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
     """A CpuLLMGateway in front of the router's service, its HAProxy the router's image, under the released chart's
     write policy and kube-router's firewall: no key is 401, the team's key lists the model and gets a completion from
     real vLLM through the router, the usage counts its tokens, and a key added to the Secret is admitted by the same
-    pod (the kubelet updates the file, the start script reloads HAProxy). With the service's allowedFrom narrowed to
-    no one, its router refuses the namespace's pods and still admits the gateway's."""
+    pod (the kubelet updates the file, the start script reloads HAProxy). With one team flooding the service, the
+    other team's p99 latency stays within 1.5x of its p99 alone, none of its requests refused. With the service's
+    allowedFrom narrowed to no one, its router refuses the namespace's pods and still admits the gateway's."""
     kubectl = quick_start.kubectl
     model = deploy_spread(quick_start, 1, extraArgs=["--optimization-level", "0"])
     eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
     image = kubectl.get("cpullmservice", SPREAD, NAMESPACE)["spec"]["routing"]["router"]["image"]
 
-    def secret(keys: str) -> None:
+    def secret(keys: str, name: str = "team-a-key") -> None:
         made = kubectl.run(
             "create",
             "secret",
             "generic",
-            "team-a-key",
+            name,
             "-n",
             NAMESPACE,
             f"--from-literal=api-key={keys}",
@@ -281,13 +322,17 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
         kubectl.run("apply", "-f", "-", input=made.stdout)
 
     secret("first-key")
+    secret("b-key", "team-b-key")
     gateway = {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMGateway",
         "metadata": {"name": "front", "namespace": NAMESPACE},
         "spec": {
             "services": [SPREAD],
-            "teams": [{"name": "team-a", "keySecret": {"name": "team-a-key"}}],
+            "teams": [
+                {"name": "team-a", "keySecret": {"name": "team-a-key"}},
+                {"name": "team-b", "keySecret": {"name": "team-b-key"}},
+            ],
             "image": image,
             "replicas": 1,
             "metricsFrom": [{"podSelector": {}}],
@@ -323,6 +368,22 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
         assert status == 200 and f"cpullm_gateway_requests_total{counted} 1" in usage, usage
         assert f"cpullm_gateway_prompt_tokens_total{counted} {tokens['prompt_tokens']}" in usage, usage
         assert f"cpullm_gateway_generation_tokens_total{counted} {tokens['completion_tokens']}" in usage, usage
+        # Team A floods the full service (maxNumSeqs 2, one server): it holds one slot, team B's requests take the
+        # other and run beside one of A's, as fast as alone within 1.5x, none refused.
+        url = f"http://front-gateway.{NAMESPACE}.svc.cluster.local:8000/v1/completions"
+        out = kubectl.run(
+            "exec", client, "-n", NAMESPACE, "--", "python3", "-c", FAIRNESS, url, "first-key", "b-key", model, "20",
+            timeout=600,
+        )  # fmt: skip
+        measured = json.loads(out.stdout)
+        alone, beside = ([s for _, s in measured[k]] for k in ("alone", "beside"))
+        log(
+            f"gateway: team B's p99 {p99(alone):.2f} s alone, {p99(beside):.2f} s beside team A's flood "
+            f"({len(measured['flooded'])} of A's requests answered meanwhile)"
+        )
+        assert all(status == 200 for status, _ in measured["alone"] + measured["beside"]), measured
+        assert len(measured["flooded"]) >= 4 and set(measured["flooded"]) == {200}, measured["flooded"]
+        assert p99(beside) <= 1.5 * p99(alone), measured
         # The service's callers narrowed to no one: its router refuses the namespace's pods, the gateway's it admits.
         patch_spec(kubectl, {"networkPolicy": {"allowedFrom": []}})
         router = f"http://{kubectl.get('service', SPREAD, NAMESPACE)['spec']['clusterIP']}:8000/health"
@@ -349,7 +410,7 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
     finally:
         patch_spec(kubectl, {"networkPolicy": None})
         kubectl.run("delete", "cpullmgateway", "front", "-n", NAMESPACE, "--wait=false", check=False)
-        kubectl.run("delete", "secret", "team-a-key", "-n", NAMESPACE, "--wait=false", check=False)
+        kubectl.run("delete", "secret", "team-a-key", "team-b-key", "-n", NAMESPACE, "--wait=false", check=False)
         kubectl.run("delete", "pod", client, "-n", NAMESPACE, "--wait=false", check=False)
 
 
