@@ -710,11 +710,11 @@ def _plan_for_shape(
     explicit_tp: int | None,
     default_router_image: str,
     vllm_images: Mapping[str, str],
-    before: _Before = _Before(),
-    spec_key: str | None = None,
+    before: _Before,
+    spec_key: str,
 ) -> tuple[Plan, _Fitted]:
-    """The plan on `shape`, from SHAPE_PLANS where `spec_key` (the spec's JSON) is given and it holds one made of the
-    same inputs: the shape after the router's room, and what the running servers keep on it."""
+    """The plan on `shape`, from SHAPE_PLANS where it holds one made of the same inputs (`spec_key`: the spec's JSON):
+    the shape after the router's room, and what the running servers keep on it."""
     routing, router_cpu, router_image = routing_mode(spec, strategy), None, None
     if routing == RoutingMode.ROUTER:  # each node leaves the router room: it never takes a server's CPUs
         shape, router_cpu = leave_router_room(spec, shape)
@@ -724,11 +724,9 @@ def _plan_for_shape(
     def make() -> tuple[Plan, _Fitted]:
         return _planned(spec, model, shape, strategy, explicit_tp, vllm_images, kept, routing, router_cpu, router_image)
 
-    if spec_key is None:
-        return make()
     images = tuple(sorted(vllm_images.items()))
     # What a node profile's equality leaves out (its measured speed, price and labels) is the plan's input too.
-    facts = tuple((n.performance, n.price_per_hour, tuple(sorted(n.labels.items()))) for n in shape.members)
+    facts = tuple(n.planning_key for n in shape.members)
     key = (spec_key, model, shape, facts, strategy, explicit_tp, images, kept, router_cpu, router_image)
     return SHAPE_PLANS.get(key, make)
 
