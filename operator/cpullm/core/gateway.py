@@ -240,10 +240,10 @@ def ceilings(spec: CpuLLMGatewaySpec, routed: Routes) -> dict[tuple[str, str], i
     share = shares(spec, routed)
     found: dict[tuple[str, str], int] = {}
     for service in routed.services:
-        users = [t.name for t in spec.teams if (t.name, service.name) in share]
+        users, capacity = [t.name for t in spec.teams if (t.name, service.name) in share], service.capacity or 0
         for team in users:
-            ceiling = max(share[(team, service.name)], (service.capacity or 0) - (len(users) - 1))
-            if ceiling < (service.capacity or 0):
+            ceiling = max(share[(team, service.name)], capacity - (len(users) - 1))
+            if ceiling < capacity:
                 found[(team, service.name)] = ceiling
     return found
 
@@ -259,9 +259,9 @@ def _inner_ports(spec: CpuLLMGatewaySpec, count: int) -> list[int]:
     return [port for port in range(INNER_PORT_BASE, INNER_PORT_BASE + count + len(taken)) if port not in taken][:count]
 
 
-def hop_connections(spec: CpuLLMGatewaySpec, routed: Routes) -> int:
-    """The connections the hop from the teams' slots to the services can hold at most (both of its ends)."""
-    return 2 * sum(ceilings(spec, routed).values())
+def hop_connections(slots: Mapping[tuple[str, str], int]) -> int:
+    """The connections the hop from the teams' slots (`ceilings`) to the services can hold at most (both ends)."""
+    return 2 * sum(slots.values())
 
 
 def _over_share(spec: CpuLLMGatewaySpec, routed: Routes) -> list[str]:
@@ -291,7 +291,7 @@ def _generated_limits(spec: CpuLLMGatewaySpec) -> list[str]:
     return lines
 
 
-def _slots(spec: CpuLLMGatewaySpec, routed: Routes, slots: Mapping[tuple[str, str], int]) -> list[str]:
+def _slots(spec: CpuLLMGatewaySpec, slots: Mapping[tuple[str, str], int]) -> list[str]:
     """Each team's slot backend (at most its ceiling at once; the rest wait there, in arrival order), and for each
     service behind slots a loopback frontend into its backend, where the request's priority class applies again."""
     behind = sorted({service for _, service in slots})
@@ -325,9 +325,10 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
     no service serves 404, one the team may not use 403; then the service's backend, where requests over what its
     servers run at once wait, highest priority first."""
     seconds, entries = max(drain_seconds(routed.services), 1), max(len(spec.teams) * 2, 16)
+    slots = ceilings(spec, routed)
     lines = [
         "global",
-        f"  maxconn {spec.max_connections + hop_connections(spec, routed)}",
+        f"  maxconn {spec.max_connections + hop_connections(slots)}",
         f"  tune.bufsize {spec.max_request_bytes + HEADER_ROOM}",
         f"  hard-stop-after {seconds}s",
         f"  lua-load {CONFIG_DIR}/{USAGE_FILE}",
@@ -407,7 +408,6 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
             )
     lines += _over_share(spec, routed)
     lines.append("  http-request set-var(txn.routed) bool(true)")
-    slots = ceilings(spec, routed)
     if slots:
         lines.append(f"  http-request set-header {CLASS_HEADER} %[prio_class]")
     lines += [
@@ -416,7 +416,7 @@ def haproxy_config(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes)
         for team, service in sorted(slots)
     ]
     lines += ["  use_backend %[var(txn.backend)]", ""]
-    lines += _slots(spec, routed, slots)
+    lines += _slots(spec, slots)
     for index, service in enumerate(routed.services):
         host = f"{service.name}.{owner.namespace}.svc.{spec.cluster_domain}"
         seqs = f" maxconn {service.capacity}" if service.capacity else ""
@@ -494,7 +494,7 @@ def config_files(owner: GatewayOwner, spec: CpuLLMGatewaySpec, routed: Routes) -
 def memory_bytes(spec: CpuLLMGatewaySpec, routed: Routes) -> int:
     """What a gateway pod may use: HAProxy's own, and two buffers for each connection it holds, the hop's included
     (rounded to MiB)."""
-    connections = spec.max_connections + hop_connections(spec, routed)
+    connections = spec.max_connections + hop_connections(ceilings(spec, routed))
     total = BASE_MEMORY + 2 * connections * (spec.max_request_bytes + HEADER_ROOM)
     return math.ceil(total / 2**20) * 2**20
 
