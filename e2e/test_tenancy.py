@@ -10,10 +10,13 @@ import json
 import urllib.request
 
 import pytest
+from kubernetes import client, config
 from testbed.objects import QWEN_SMALL, tiny_service
 from testbed.operator import InClusterOperator, Operator
 from testbed.tools import Kubectl, eventually
 
+from cpullm.errors import ChildExists
+from cpullm.io.kube import FIELD_MANAGER, Kube
 from e2e.support import LogMark, conditions, events, not_planned, ready
 
 
@@ -40,6 +43,33 @@ def test_a_same_name_service_someone_else_made_is_not_adopted(
     assert kubectl.get("deployment", "taken", namespace) is None  # nothing applied at all
     kubectl.run("delete", "service", "taken", "-n", namespace)
     ready(kubectl, namespace, "taken", 1, timeout=120)  # retried with backoff: the name is free now
+
+
+def test_an_apply_that_may_only_create_makes_what_is_absent_and_leaves_what_exists(kubectl: Kubectl, namespace: str):
+    """What io/kube.py's first writes rest on (the resourceVersion no object holds), held to the real API server: an
+    absent object is made; one that exists, the operator's or someone else's with the very same values (which a
+    plain apply would share and take a controller reference on), is refused and left as it was."""
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubectl.kubeconfig, client_configuration=configuration)
+    kube = Kube(client.ApiClient(configuration))
+
+    def config_map(name: str, value: str) -> dict[str, object]:
+        meta = {"name": name, "namespace": namespace}
+        return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {"key": value}}
+
+    made = kube.apply(config_map("made", "1"), None)
+    assert made["metadata"]["uid"] and made["data"] == {"key": "1"}
+    with pytest.raises(ChildExists):
+        kube.apply(config_map("made", "2"), None)
+    assert kubectl.get("configmap", "made", namespace)["data"] == {"key": "1"}
+
+    kubectl.apply(config_map("theirs", "1"))
+    before = kubectl.get("configmap", "theirs", namespace)
+    with pytest.raises(ChildExists):
+        kube.apply(config_map("theirs", "1"), None)
+    after = kubectl.get("configmap", "theirs", namespace)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert FIELD_MANAGER not in {entry["manager"] for entry in after["metadata"]["managedFields"]}
 
 
 def test_a_child_of_another_service_is_not_taken_over_by_a_service_named_like_it(

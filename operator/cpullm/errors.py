@@ -186,3 +186,8 @@ class TransientApiError(CpuLLMError):
     429, 5xx). Retried soon; nothing about the spec is wrong."""
 
     reason = "ApiUnavailable"
+
+
+class ChildExists(TransientApiError):
+    """An apply that may only create (io/kube.py) found an object of the child's name: whose it is is read next
+    (controller/owned.py). Transient where nothing reads it: the retry reads it."""

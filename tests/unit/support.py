@@ -21,7 +21,7 @@ from cpullm.core.children.common import Owner
 from cpullm.core.observation import ClusterView, NamespaceFacts, Observed, Ownership
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelFiles, size_model
-from cpullm.errors import ModelConfigUnavailable
+from cpullm.errors import ChildExists, ModelConfigUnavailable
 from cpullm.io.files import load_nodes
 from cpullm.settings import Settings
 
@@ -140,7 +140,7 @@ class StubKube:
         self.unlisted: set[tuple[str, str]] = set()  # what exists though list_owned misses it
         self.reads: list[tuple[str, str, str]] = []
         self.owners: dict[tuple[str, str, str], Ownership] = {}  # objects that exist, by kind, namespace, name
-        self.ownership_reads: list[tuple[str, str, str]] = []  # the reads before a write
+        self.ownership_reads: list[tuple[str, str, str]] = []  # the reads of a child's owner
         self.applied_over: list[Ownership | None] = []  # what each apply was told the child is
 
     def list_owned(self, kind, namespaces):
@@ -152,6 +152,10 @@ class StubKube:
         return (namespace, name) in self.present | self.unlisted
 
     def apply(self, manifest, over):
+        """As the API server: an apply over nothing known (a create) is refused where the object exists."""
+        meta = manifest["metadata"]
+        if over is None and (manifest["kind"], meta["namespace"], meta["name"]) in self.owners:
+            raise ChildExists(f"cannot apply {manifest['kind']} {meta['namespace']}/{meta['name']}: it exists")
         self.applied.append(manifest)
         self.applied_over.append(over)
         return manifest

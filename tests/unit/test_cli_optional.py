@@ -122,9 +122,9 @@ def write_service(tmp_path: Path, **fields: object) -> str:
             [
                 "NetworkPolicy",
                 "ConfigMap",
-                "Deployment",
                 "PodDisruptionBudget",
                 "Service",
+                "Deployment",
                 "PodMonitor",
                 "HorizontalPodAutoscaler",
             ],
@@ -133,12 +133,12 @@ def write_service(tmp_path: Path, **fields: object) -> str:
         ),
         pytest.param(
             {"autoscaling": KEDA_SCALING},
-            ["NetworkPolicy", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ScaledObject"],
+            ["NetworkPolicy", "ConfigMap", "PodDisruptionBudget", "Service", "Deployment", "ScaledObject"],
             [PDB, SCALED_OBJECT],
             id="keda-scale-to-zero",
         ),
         pytest.param(
-            {}, ["NetworkPolicy", "ConfigMap", "Deployment", "PodDisruptionBudget", "Service"], [PDB], id="neither"
+            {}, ["NetworkPolicy", "ConfigMap", "PodDisruptionBudget", "Service", "Deployment"], [PDB], id="neither"
         ),
     ],
 )
@@ -155,7 +155,7 @@ def test_render_prints_the_optional_children_in_apply_order(tmp_path, capsys, fi
         objects = list(yaml.safe_load_all(captured.out))
     assert [o["kind"] for o in objects] == kinds
     # The NetworkPolicy's own shapes are tests/unit/test_network_policy.py's.
-    base = ("NetworkPolicy", "ConfigMap", "Deployment", "Service")
+    base = ("NetworkPolicy", "ConfigMap", "Service", "Deployment")
     assert [o for o in objects if o["kind"] not in base] == optional
     assert all("ownerReferences" not in o["metadata"] for o in objects)  # no uid offline: no owner
 

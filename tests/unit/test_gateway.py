@@ -27,7 +27,7 @@ from cpullm.core.gateway import (
 )
 from cpullm.core.gateway_usage import GENERATED_ACTION, GENERATED_RETRY, USAGE_LUA
 from cpullm.core.observation import Ownership
-from cpullm.errors import InvalidSpec
+from cpullm.errors import ChildExists, InvalidSpec
 
 from .support import ROOT
 
@@ -545,6 +545,8 @@ class FakeKube:
 
     def apply(self, manifest: Mapping[str, Any], over: Ownership | None) -> dict[str, Any]:
         key = (manifest["kind"], manifest["metadata"]["name"])
+        if over is None and key in self.objects:  # a create, where the object exists
+            raise ChildExists(f"{key} exists")
         self.writes.append(("apply", key[0]))
         self.objects[key] = Ownership("o-" + key[0], manifest["metadata"]["ownerReferences"][0]["uid"], "1")
         return dict(manifest)

@@ -14,8 +14,8 @@ from kubernetes import client
 from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NODE_FACT_SOURCES
 from cpullm.core.observation import NamespaceFacts, Ownership
-from cpullm.errors import ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
-from cpullm.io.kube import REQUEST_TIMEOUT, Kube
+from cpullm.errors import ChildExists, ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
+from cpullm.io.kube import ABSENT_VERSION, REQUEST_TIMEOUT, Kube
 
 from .fake_api import RESET, FakeTransport, kube
 
@@ -25,12 +25,12 @@ SERVICE = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "llama", 
 
 @pytest.mark.parametrize(
     ("over", "force", "resource_version"),
-    [(None, "false", None), (Ownership(uid="d1", controller_uid="u1", resource_version="41"), "true", "41")],
-    ids=["absent-creates-unforced", "its-own-forced-at-the-read-version"],
+    [(None, "false", ABSENT_VERSION), (Ownership(uid="d1", controller_uid="u1", resource_version="41"), "true", "41")],
+    ids=["unknown-may-only-create", "its-own-forced-at-the-known-version"],
 )
 def test_apply_is_a_server_side_apply_under_our_field_manager(over, force, resource_version):
-    """Over a child read as the service's, a forced apply preconditioned on the read's resourceVersion; where the
-    read found nothing, an apply that does not force (a same-name object made meanwhile is a conflict)."""
+    """Over a child known as the service's, a forced apply preconditioned on its resourceVersion; where none is
+    known, an unforced apply at a version no object holds, which only a create passes."""
     transport = FakeTransport(200, {**DEPLOYMENT, "status": {"readyReplicas": 1}})
     stored = kube(transport).apply(DEPLOYMENT, over)
     assert stored["status"] == {"readyReplicas": 1}
@@ -49,7 +49,7 @@ def test_apply_is_a_server_side_apply_under_our_field_manager(over, force, resou
     [
         (403, None, PermissionDenied, "forbidden to apply Service serving/llama: said 403"),
         (422, None, ChildRejected, "the API server refused to apply Service serving/llama: said 422"),
-        (409, None, TransientApiError, "cannot apply Service serving/llama: HTTP 409 said 409"),
+        (409, None, ChildExists, "cannot apply Service serving/llama: an object of that name exists"),
         (429, None, TransientApiError, "cannot apply Service serving/llama: HTTP 429 said 429"),
         (500, None, TransientApiError, "cannot apply Service serving/llama: HTTP 500 said 500"),
         (503, None, TransientApiError, "cannot apply Service serving/llama: HTTP 503 said 503"),
@@ -61,6 +61,14 @@ def test_apply_errors_map_to_typed_errors(status, error, expected, message):
     with pytest.raises(expected) as raised:
         kube(FakeTransport(status, error=error)).apply(SERVICE, None)
     assert raised.value.message.startswith(message)
+
+
+def test_a_conflict_over_a_known_child_is_transient_not_a_taken_name():
+    over = Ownership(uid="s1", controller_uid="u1", resource_version="41")
+    with pytest.raises(TransientApiError) as raised:
+        kube(FakeTransport(409)).apply(SERVICE, over)
+    assert not isinstance(raised.value, ChildExists)
+    assert raised.value.message.startswith("cannot apply Service serving/llama: HTTP 409 said 409")
 
 
 def _items(*keys: tuple[str, str]) -> list[dict[str, object]]:

@@ -231,8 +231,8 @@ def test_nothing_optional_when_not_asked_for(fields):
     assert [c["kind"] for c in build_children(OWNER, service_spec, plan_for(service_spec))] == [
         NP,
         "ConfigMap",
-        "Deployment",
         "Service",
+        "Deployment",
     ]
 
 
@@ -253,9 +253,9 @@ def test_children_in_apply_order():
     assert [(c["apiVersion"], c["kind"]) for c in build_children(OWNER, service_spec, plan_for(service_spec))] == [
         ("networking.k8s.io/v1", NP),
         ("v1", "ConfigMap"),
-        ("apps/v1", "Deployment"),
         ("policy/v1", PDB),
         ("v1", "Service"),
+        ("apps/v1", "Deployment"),
         ("monitoring.coreos.com/v1", "PodMonitor"),
         ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ]
@@ -357,10 +357,10 @@ def conditions(decision: Decision) -> dict[str, tuple[str, str, str]]:
 
 # On by default (spec.networkPolicy): the servers' NetworkPolicy comes first, before what it guards.
 NP = "NetworkPolicy"
-BASE_KINDS = [NP, "ConfigMap", "Deployment", "Service"]
+BASE_KINDS = [NP, "ConfigMap", "Service", "Deployment"]
 # An autoscaler may scale to more than one server: the servers get a PodDisruptionBudget (built-in, no CRD).
 PDB = "PodDisruptionBudget"
-SCALED_KINDS = [NP, "ConfigMap", "Deployment", PDB, "Service"]
+SCALED_KINDS = [NP, "ConfigMap", PDB, "Service", "Deployment"]
 POD_MONITOR_MISSING = (
     "False",
     "PodMonitorCRDMissing",
@@ -587,8 +587,8 @@ def writes(kube: RecordingKube, verb: str) -> list[tuple[str, ...]]:
 BASE_APPLIES = [
     ("apply", "networking.k8s.io/v1", NP),
     ("apply", "v1", "ConfigMap"),
-    ("apply", "apps/v1", "Deployment"),
     ("apply", "v1", "Service"),
+    ("apply", "apps/v1", "Deployment"),
 ]
 
 

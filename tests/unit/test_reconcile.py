@@ -11,7 +11,14 @@ from cpullm.controller.dispatch import find_drifted
 from cpullm.controller.outcomes import retry_delay
 from cpullm.controller.reconcile import Reconciler
 from cpullm.core.observation import ChildSeen, ClusterView, OperatorPolicy, Ownership
-from cpullm.errors import ChildConflict, ModelConfigUnavailable, NoEligibleNode, PermissionDenied, TransientApiError
+from cpullm.errors import (
+    ChildConflict,
+    ChildExists,
+    ModelConfigUnavailable,
+    NoEligibleNode,
+    PermissionDenied,
+    TransientApiError,
+)
 from cpullm.io.hub import HubClient
 
 from .builders import LLAMA_8B, node
@@ -32,7 +39,7 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     rec, kube = reconciler()
     outcome = rec.reconcile(service({"hfTokenSecret": {"name": "hf"}}), ClusterView(nodes=NODES, deployment=READY))
     assert outcome.tensor_parallel_size == 2
-    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Service", "Deployment"]
     assert rec.hub.calls == [("meta-llama/Llama-3.1-8B", None, "hf_secret")]
     (patch,) = kube.status_patches
     assert patch["readyReplicas"] == 1 and patch["observedGeneration"] == 2
@@ -51,7 +58,7 @@ def test_a_stored_spec_with_a_newer_crds_default_is_planned_as_without_it():
     newer = {"hfTokenSecret": {"name": "hf", "rotateEvery": "24h"}, "model": {"name": "meta-llama/Llama-3.1-8B"}}
     outcome = rec.reconcile(service(newer), ClusterView(nodes=NODES, deployment=READY))
     assert outcome.tensor_parallel_size == 2, outcome  # type: ignore[union-attr]
-    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Service", "Deployment"]
 
 
 @pytest.mark.parametrize(
@@ -60,15 +67,18 @@ def test_a_stored_spec_with_a_newer_crds_default_is_planned_as_without_it():
     ids=["unowned", "another-controller", "its-own"],
 )
 def test_a_child_name_taken_by_someone_else_is_a_conflict_and_nothing_is_touched(controller, adopted):
-    """A same-name Service made by someone else is neither adopted nor changed, and no other child is applied
-    either; the service's own (a restart of the operator) is applied as usual."""
+    """A same-name Service made by someone else is neither adopted nor changed, found by the create that it refuses
+    and read only then; the servers are not written (what came before them is the service's own); the service's
+    own Service (a restart of the operator) is written over as read."""
     rec, kube = reconciler()
-    kube.owners[("Service", "serving", "llama")] = Ownership(uid="s1", controller_uid=controller)
+    kube.owners[("Service", "serving", "llama")] = Ownership(uid="s1", controller_uid=controller, resource_version="3")
     outcome = rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
+    assert kube.ownership_reads == [("Service", "serving", "llama")]
     if adopted:
-        assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
+        assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Service", "Deployment"]
+        assert kube.applied_over[2] == kube.owners[("Service", "serving", "llama")]
         return
-    assert isinstance(outcome, ChildConflict) and kube.applied == []
+    assert isinstance(outcome, ChildConflict) and [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap"]
     planned = kube.status_patches[0]["conditions"][0]
     assert (planned["reason"], planned["status"]) == ("Conflict", "False")
     assert planned["message"].startswith("Service serving/llama exists and is not controlled by this CpuLLMService")
@@ -191,13 +201,14 @@ def test_forbidden_apply_is_reported_even_when_reads_are_forbidden_too():
 
 
 def test_a_child_the_watches_show_controlled_by_the_service_is_written_over_without_a_read():
-    """After a restart (nothing applied by this process yet) every child is written again: over what the watches
-    show, carrying their resourceVersion, with no read; a child they show controlled by another object is read,
-    and refused as any object the service does not control."""
+    """The first writes are creates, with no read; after a restart (nothing applied by this process yet) every child
+    is written again: over what the watches show, carrying their resourceVersion, with no read; a child they show
+    controlled by another object is read, and refused before anything is written, as any object the service does
+    not control."""
     rec, kube = reconciler()
     rec.reconcile(service({}), ClusterView(nodes=NODES))
     created = [(m["kind"], m["metadata"]["namespace"], m["metadata"]["name"]) for m in kube.applied]
-    assert sorted(kube.ownership_reads) == sorted(created)  # the first writes: each child read first
+    assert kube.ownership_reads == [] and kube.applied_over == [None] * len(created)
     watched = [ChildSeen(kind, ns, name, Ownership(f"uid-{name}", "u1", "7")) for kind, ns, name in created]
 
     restarted = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
@@ -243,7 +254,7 @@ def test_children_are_applied_again_only_when_they_or_someone_elses_edits_change
         }
     )
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
-    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied] == ["NetworkPolicy", "ConfigMap", "Service", "Deployment"]
     status_only = {"metadata": {"name": "llama", "generation": 1, "resourceVersion": "11"}}
     rec.memory.child_event("Deployment", "serving", "llama", "MODIFIED", status_only, "llama")
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
@@ -256,7 +267,7 @@ def test_children_are_applied_again_only_when_they_or_someone_elses_edits_change
         "Service", "serving", "llama", "MODIFIED", {"metadata": {"resourceVersion": "12"}}, "llama"
     )
     rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
-    assert [m["kind"] for m in kube.applied[4:]] == ["ConfigMap", "Deployment", "Service"]
+    assert [m["kind"] for m in kube.applied[4:]] == ["ConfigMap", "Service", "Deployment"]
     rec.reconcile(
         service({"kvCacheGiB": 8}), ClusterView(nodes=NODES, deployment=READY)
     )  # the desired Deployment changed
@@ -474,7 +485,9 @@ def owners_from_applies(kube: StubKube) -> None:
         meta = manifest["metadata"]
         key = (manifest["kind"], meta["namespace"], meta["name"])
         existing = kube.owners.get(key)
-        assert over == existing  # every write names what was read just before it: the object, or its absence
+        if over is None and existing is not None:  # a create, where the object exists
+            raise ChildExists(f"{key} exists")
+        assert over in (None, existing)  # a write over an object names it as it is
         controller = next(ref["uid"] for ref in meta["ownerReferences"] if ref.get("controller"))
         kube.owners[key] = Ownership(uid=f"{key}", controller_uid=controller, resource_version=str(next(versions)))
         kube.applied.append(manifest)
@@ -505,7 +518,8 @@ def test_a_child_another_service_of_this_process_applied_is_never_taken_over():
     outcome = rec.reconcile(named({}, "llama-servers", "u2"), ClusterView(nodes=NODES, deployment=READY))
     assert isinstance(outcome, ChildConflict)
     assert outcome.message.startswith("Service serving/llama-servers exists and is not controlled by this")
-    assert len(kube.applied) == applied and kube.owners[("Service", "serving", "llama-servers")] == theirs
+    assert kube.owners[("Service", "serving", "llama-servers")] == theirs
+    assert "Deployment" not in [m["kind"] for m in kube.applied[applied:]]
 
 
 def test_a_service_made_again_under_its_old_name_does_not_take_its_predecessors_children():

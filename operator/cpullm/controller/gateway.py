@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from cpullm.api.gateway import KIND, PLURAL, parse_gateway_spec
 from cpullm.api.spec import API_VERSION, copy_json
 from cpullm.controller.outcomes import retry_delay
+from cpullm.controller.owned import read_owned, write_owned
 from cpullm.controller.state import ControllerState
 from cpullm.core.children.common import controller_reference
 from cpullm.core.gateway import GatewayDecision, GatewayOwner, decide_gateway
@@ -135,13 +136,9 @@ class GatewayReconciler:
             key, digest = (child["kind"], child["metadata"]["name"]), _digest(child)
             if not force and applied.get(key) == digest:
                 continue
-            found = self.kube.ownership(child["apiVersion"], child["kind"], owner.namespace, key[1])
-            if found is not None and found.controller_uid != uid:
-                raise ChildConflict(
-                    f"{child['kind']} {owner.namespace}/{key[1]} exists and is not controlled by this CpuLLMGateway: "
-                    "it is left untouched; delete or rename it, or give the gateway another name"
-                )
-            self.kube.apply(child, found)
+            # Written by this process before: read what it is now. Otherwise a create, refused where it exists.
+            known = read_owned(self.kube, child, uid, KIND) if key in applied else None
+            write_owned(self.kube, child, uid, known, KIND)
             applied[key] = digest
         kept = {(c["kind"], c["metadata"]["name"]) for c in decision.children}
         name = next((c["metadata"]["name"] for c in decision.children), None)

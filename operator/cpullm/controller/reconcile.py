@@ -18,8 +18,10 @@ from typing import Any, Protocol
 
 from cpullm.api.crd import parse_stored_spec
 from cpullm.api.plan import Plan
+from cpullm.api.spec import KIND
 from cpullm.controller.gather import AdapterConfigSource, ClusterFacts, ModelConfigSource, gather
 from cpullm.controller.memory import ChildKey, OperatorMemory
+from cpullm.controller.owned import read_owned, write_owned
 from cpullm.controller.pacing import RolloutPacer, ServiceKey
 from cpullm.controller.vllm_sizing import SizingJobs
 from cpullm.core.children.common import SERVICE_LABEL, Owner
@@ -145,12 +147,12 @@ class Reconciler:
     ) -> list[_Write]:
         """The children to write, each with what it is known to be: one whose manifest this process last applied for
         this very service (its uid) unchanged is not written again; one the watches show controlled by the service
-        is written over as they show it; every other is read, whatever this process applied before under its name
-        (another service's child of the same name), and must be absent or controlled by the service. Any that is
-        not is a conflict before anything is written: an object someone else made, or that another service owns,
-        is never adopted or overwritten. A write over what the watches showed carries their resourceVersion: if
-        the object changed since, the API server refuses it, and the retry reads the watches' newer view."""
-        seen = {(c.kind, c.namespace, c.name): c.ownership for c in watched if c.ownership.controller_uid == owner_uid}
+        is written over as they show it, carrying their resourceVersion (if the object changed since, the API server
+        refuses, and the retry reads the watches' newer view); one they show controlled by another object is read
+        now, and is a conflict before anything is written if it is still not the service's; every other is written
+        as a create, which an object of its name refuses (controller/owned.py). An object someone else made, or that
+        another service owns, is never adopted or overwritten."""
+        seen = {(c.kind, c.namespace, c.name): c.ownership for c in watched}
         writes = []
         for child in children:
             meta = child["metadata"]
@@ -158,36 +160,24 @@ class Reconciler:
             digest = _digest(child)
             if self.memory.unchanged(key, digest, owner_uid):
                 continue
-            found = seen.get(key) or self.kube.ownership(
-                child["apiVersion"], child["kind"], meta["namespace"], meta["name"]
-            )
-            if found is not None and found.controller_uid != owner_uid:
-                raise ChildConflict(
-                    f"{child['kind']} {meta['namespace']}/{meta['name']} exists and is not controlled by this "
-                    "CpuLLMService: it is left untouched; delete or rename it, or give the CpuLLMService another name"
-                )
-            writes.append(_Write(key, child, digest, found))
+            known = seen.get(key)
+            if known is not None and known.controller_uid != owner_uid:
+                known = read_owned(self.kube, child, owner_uid, KIND)
+            writes.append(_Write(key, child, digest, known))
         return writes
 
     def _apply(self, write: _Write, owner_uid: str) -> Mapping[str, Any]:
         self.memory.applying(write.key)
-        stored = self.kube.apply(write.child, write.read)
+        stored = write_owned(self.kube, write.child, owner_uid, write.read, KIND)
+        assert stored is not None  # written over, or made
         owner = write.child["metadata"]["labels"][SERVICE_LABEL]
         self.memory.applied(write.key, write.digest, stored, owner, owner_uid)
         return stored
 
     def _create_sizing_job(self, job: Mapping[str, Any], owner_uid: str) -> None:
-        """The Job gather found absent; read first like any child, so a same-name Job someone else made is a
-        conflict, never taken over. Not remembered as applied: it ends and Kubernetes removes it."""
-        meta = job["metadata"]
-        found = self.kube.ownership(job["apiVersion"], job["kind"], meta["namespace"], meta["name"])
-        if found is not None and found.controller_uid != owner_uid:
-            raise ChildConflict(
-                f"Job {meta['namespace']}/{meta['name']} exists and is not controlled by this CpuLLMService: it is "
-                "left untouched; delete it, or give the CpuLLMService another name"
-            )
-        if found is None:
-            self.kube.apply(job, None)
+        """The Job gather found absent, made; a same-name Job someone else made is a conflict, never taken over, and
+        the service's own is left as it is. Not remembered as applied: it ends and Kubernetes removes it."""
+        write_owned(self.kube, job, owner_uid, None, KIND, keep_existing=True)
 
     def _delete(self, children: Sequence[Mapping[str, str]], owner_uid: str) -> None:
         for gone in children:

@@ -34,7 +34,14 @@ from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NodeFactSource
 from cpullm.core.observation import NamespaceFacts, Ownership
 from cpullm.core.pod_troubles import pod_trouble
-from cpullm.errors import ChildRejected, CpuLLMError, ModelConfigUnavailable, PermissionDenied, TransientApiError
+from cpullm.errors import (
+    ChildExists,
+    ChildRejected,
+    CpuLLMError,
+    ModelConfigUnavailable,
+    PermissionDenied,
+    TransientApiError,
+)
 from cpullm.metrics import API_ERRORS
 
 FIELD_MANAGER = "cpullm-operator"
@@ -49,6 +56,11 @@ LIST_PAGE = 500
 # Seconds to connect, and between bytes read; an API server under load answers a page of 500 well within them.
 REQUEST_TIMEOUT = (10.0, 60.0)
 APPLY = "application/apply-patch+yaml"
+# What an apply that may only create carries as its resourceVersion: the API server's versions are etcd revisions,
+# and etcd's first write is revision 2, so no stored object holds 1. Where the object is absent the API server creates
+# it (an apply's create does not compare versions); where one exists, the versions differ: a conflict, nothing
+# written. e2e/test_tenancy.py holds the API server to both.
+ABSENT_VERSION = "1"
 MERGE = "application/merge-patch+json"
 log = logging.getLogger(__name__)
 
@@ -95,16 +107,16 @@ class Kube:
     def apply(self, manifest: Mapping[str, Any], over: Ownership | None) -> dict[str, Any]:
         """Server-side apply an owned child (the kinds of core/children); returns the object as stored.
 
-        `over` is the child as read just before, controlled by the service (`ownership`), or None when it was
-        absent. Over a read child, the apply carries the read's resourceVersion: if anything changed it since
-        (deleted and made again by someone else, another controller set), the API server refuses with a conflict
-        instead of the apply taking it over. Where it was absent, the apply does not force: a same-name object
-        someone made meanwhile with other values is a conflict, not overwritten (and one with a controller of its
-        own cannot take a second). Both conflicts are retried, and the next read tells whose the object is."""
+        `over` is the child as the operator last knew it (its watches, or a read) controlled by the service, or
+        None where it knows of none. Over a known child the apply carries its resourceVersion: if anything changed
+        it since (deleted and made again by someone else, another controller set), the API server refuses with a
+        conflict instead of the apply taking it over. Where none was known the apply may only create: it carries
+        ABSENT_VERSION, which no stored object holds, so an object of that name, whoever made it, is refused
+        untouched as ChildExists, and only then read (controller/owned.py). No read precedes a first write."""
         meta = manifest["metadata"]
         kind, name, namespace = manifest["kind"], meta["name"], meta["namespace"]
-        if over is not None:
-            manifest = {**manifest, "metadata": {**meta, "resourceVersion": over.resource_version}}
+        version = over.resource_version if over is not None else ABSENT_VERSION
+        manifest = {**manifest, "metadata": {**meta, "resourceVersion": version}}
         options: dict[str, Any] = {
             "field_manager": FIELD_MANAGER,
             "force": over is not None,
@@ -113,14 +125,14 @@ class Kube:
         }
         # A server-side apply creates what is absent: a 404 means the kind itself is not served (yet), e.g. a
         # CRD installed a moment ago; that passes.
-        with _api_errors(f"apply {kind} {namespace}/{name}", absent_is_transient=True):
-            group, version, plural = _resource(manifest["apiVersion"], kind)
+        with _api_errors(f"apply {kind} {namespace}/{name}", absent_is_transient=True, taken=over is None):
+            group, api_version, plural = _resource(manifest["apiVersion"], kind)
             if (typed := self._typed_api(group)) is not None:
                 patch = getattr(typed, f"patch_namespaced_{_snake(kind)}")
                 response = patch(name, namespace, dict(manifest), **options)
             else:
                 response = self.custom.patch_namespaced_custom_object(
-                    group, version, namespace, plural, name, dict(manifest), **options
+                    group, api_version, namespace, plural, name, dict(manifest), **options
                 )
             # The body is read here, within the mapping: a connection cut mid-answer is transient too.
             return _json(response)
@@ -363,15 +375,20 @@ def _snake(kind: str) -> str:
 
 
 @contextmanager
-def _api_errors(action: str, *, absent_ok: bool = False, absent_is_transient: bool = False) -> Iterator[None]:
-    """Maps what the API server (or the connection to it) answered to the operator's typed errors."""
+def _api_errors(
+    action: str, *, absent_ok: bool = False, absent_is_transient: bool = False, taken: bool = False
+) -> Iterator[None]:
+    """Maps what the API server (or the connection to it) answered to the operator's typed errors; `taken`: a 409
+    means an object of the name exists (an apply that may only create)."""
     try:
         yield
     except ApiException as err:
         if err.status == 404 and absent_ok:
             return
         typed: CpuLLMError | None = None
-        if err.status == 403:
+        if err.status == 409 and taken:
+            typed = ChildExists(f"cannot {action}: an object of that name exists")
+        elif err.status == 403:
             typed = PermissionDenied(f"forbidden to {action}: {_message(err)}")
         elif err.status == 422:
             typed = ChildRejected(f"the API server refused to {action}: {_message(err)}")

@@ -46,13 +46,15 @@ from cpullm.core.children.service import build_service
 CHILDREN: tuple[ChildBuilder, ...] = (
     build_servers_network_policy,  # before the servers: no pod of theirs is reachable without it
     build_router_network_policy,
-    build_launcher_config_map,
-    build_deployment,
+    build_launcher_config_map,  # what the pods mount
+    build_router_config_map,
     build_disruption_budget,
     build_servers_service,
-    build_router_config_map,
-    build_router_deployment,
     build_service,
+    # The servers after the names someone else may hold: a first write finds a taken name by writing
+    # (controller/owned.py), and no server starts for a service that is a conflict.
+    build_deployment,
+    build_router_deployment,  # after the servers it sends requests to
     build_inference_pool,
     build_http_route,
     build_pod_monitor,
@@ -176,8 +178,8 @@ def owned_kinds_document() -> dict[str, Any]:
 
 
 def build_children(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
-    """Every owned child the spec asks for, in apply order: what the pods mount exists before the pods, the
-    servers before what sends them requests."""
+    """Every owned child the spec asks for, in apply order (CHILDREN): what the pods mount, and every name a
+    conflict can stop, before the servers; the servers before the router that sends them requests."""
     return [child for build in CHILDREN if (child := build(owner, spec, plan)) is not None]
 
 
