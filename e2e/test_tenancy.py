@@ -40,7 +40,7 @@ def test_a_same_name_service_someone_else_made_is_not_adopted(
     )
     service = kubectl.get("service", "taken", namespace)
     assert service["spec"]["selector"] == {"app": "theirs"} and "ownerReferences" not in service["metadata"]
-    assert kubectl.get("deployment", "taken", namespace) is None  # nothing applied at all
+    assert kubectl.get("deployment", "taken", namespace) is None  # no server started
     kubectl.run("delete", "service", "taken", "-n", namespace)
     ready(kubectl, namespace, "taken", 1, timeout=120)  # retried with backoff: the name is free now
 
