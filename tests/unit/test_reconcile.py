@@ -229,6 +229,22 @@ def test_a_child_the_watches_show_controlled_by_the_service_is_written_over_with
     assert "exists and is not controlled by this CpuLLMService" in str(kube.status_patches[-1])
 
 
+def test_a_child_of_a_kind_not_watched_that_the_status_lists_is_read_then_written_over():
+    """After a restart, the NetworkPolicy (a kind the watches do not show) that status.optionalChildren lists as
+    written is read and written over as read: one read, where a create would be refused before it."""
+    rec, kube = reconciler()
+    rec.reconcile(service({}), ClusterView(nodes=NODES))
+    listed = kube.status_patches[-1]["optionalChildren"]
+    policy = next(m for m in kube.applied if m["kind"] == "NetworkPolicy")
+    key = ("NetworkPolicy", "serving", policy["metadata"]["name"])
+    kube.owners[key] = Ownership("np-1", "u1", "5")
+    restarted = Reconciler(kube, StubHub(), clock=lambda: datetime(2026, 1, 1, tzinfo=UTC))
+    kube.applied.clear(), kube.applied_over.clear()
+    restarted.reconcile(service({}, status={"optionalChildren": listed}), ClusterView(nodes=NODES))
+    assert kube.ownership_reads == [key]
+    assert kube.applied[0]["kind"] == "NetworkPolicy" and kube.applied_over[0] == kube.owners[key]
+
+
 def test_forgetting_a_deleted_service_releases_its_memory():
     rec, kube = reconciler()
     rec.reconcile(service({}), ClusterView(nodes=NODES))

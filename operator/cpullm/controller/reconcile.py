@@ -24,6 +24,7 @@ from cpullm.controller.memory import ChildKey, OperatorMemory
 from cpullm.controller.owned import read_owned, write_owned
 from cpullm.controller.pacing import RolloutPacer, ServiceKey
 from cpullm.controller.vllm_sizing import SizingJobs
+from cpullm.core.children import child_ref
 from cpullm.core.children.common import SERVICE_LABEL, Owner
 from cpullm.core.decision import Decision, decide, regarding
 from cpullm.core.observation import (
@@ -36,6 +37,7 @@ from cpullm.core.observation import (
     Ownership,
 )
 from cpullm.core.rollout import is_servers_deployment
+from cpullm.core.status import OPTIONAL_CHILDREN
 from cpullm.errors import (
     ChildConflict,
     ChildRejected,
@@ -143,16 +145,18 @@ class Reconciler:
         self._cluster.drop(namespace)
 
     def _writes(
-        self, children: Sequence[Mapping[str, Any]], owner_uid: str, watched: Sequence[ChildSeen] = ()
+        self, children: Sequence[Mapping[str, Any]], owner_uid: str, watched: Sequence[ChildSeen], observed: Observed
     ) -> list[_Write]:
         """The children to write, each with what it is known to be: one whose manifest this process last applied for
         this very service (its uid) unchanged is not written again; one the watches show controlled by the service
         is written over as they show it, carrying their resourceVersion (if the object changed since, the API server
-        refuses, and the retry reads the watches' newer view); one they show controlled by another object is read
-        now, and is a conflict before anything is written if it is still not the service's; every other is written
-        as a create, which an object of its name refuses (controller/owned.py). An object someone else made, or that
-        another service owns, is never adopted or overwritten."""
+        refuses, and the retry reads the watches' newer view); one they show controlled by another object, or of a
+        kind they do not watch that the status lists as written, is read now (a conflict before anything is written
+        if it is not the service's); every other is written as a create, which an object of its name refuses
+        (controller/owned.py). An object someone else made, or that another service owns, is never adopted or
+        overwritten."""
         seen = {(c.kind, c.namespace, c.name): c.ownership for c in watched}
+        listed = set(observed.status.get(OPTIONAL_CHILDREN) or ())
         writes = []
         for child in children:
             meta = child["metadata"]
@@ -163,6 +167,8 @@ class Reconciler:
             known = seen.get(key)
             if known is not None and known.controller_uid != owner_uid:
                 known = read_owned(self.kube, child, owner_uid, KIND)
+            elif known is None and child_ref(child, observed.owner) in listed:
+                known = read_owned(self.kube, child, owner_uid, KIND)  # most likely there: a create would be refused
             writes.append(_Write(key, child, digest, known))
         return writes
 
@@ -233,7 +239,7 @@ class Reconciler:
             )
             decision = self._admitted(decide(observed, self.clock()), observed, key)
             try:
-                writes = self._writes(decision.children, uid, view.children)
+                writes = self._writes(decision.children, uid, view.children, observed)
                 self._delete(decision.obsolete_deleted(before_writes=True), uid)
                 for write in writes:
                     stored = self._apply(write, uid)

@@ -183,7 +183,7 @@ def build_children(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> list[di
     return [child for build in CHILDREN if (child := build(owner, spec, plan)) is not None]
 
 
-def child_ref(child: dict[str, Any], owner: Owner) -> str:
+def child_ref(child: Mapping[str, Any], owner: Owner) -> str:
     """How status.children names a child: its kind, and its name when it is not the service's."""
     kind, name = child["kind"], child["metadata"]["name"]
     return kind if name == owner.name else f"{kind}/{name}"
