@@ -15,6 +15,7 @@ pytestmark = pytest.mark.vllm
 
 PROMPTS = ["The capital of France is", "Once upon a time", "Kubernetes schedules pods onto"]
 RANK = 8
+END_OF_DOCUMENT = "</s>"  # the trained tiny model's (tests/vllm/make_tiny_model.py)
 
 
 def test_an_adapter_is_served_under_its_name_within_the_plans_memory(vllm_python: Path, tiny_model: Path, tmp_path):
@@ -48,5 +49,12 @@ def test_an_adapter_is_served_under_its_name_within_the_plans_memory(vllm_python
     assert plans["adapted"]["memoryLimitBytes"] > plans["plain"]["memoryLimitBytes"]
     base = models["plain"][0]
     assert models["adapted"] == [base, "tuned"]
-    assert texts["adapted"][base] == texts["plain"][base]  # the base model's text, unchanged by LoRA being on
+    # The base model's text, unchanged by LoRA being on, to the end of its first document: after it the tiny model
+    # starts another from a nearly flat distribution, and the order of the floating-point sums (a compiled graph
+    # without LoRA, eager ops with it) picks among near-ties; on Zen 4 one of three texts parted there.
+    assert [first_document(t) for t in texts["adapted"][base]] == [first_document(t) for t in texts["plain"][base]]
     assert texts["adapted"]["tuned"] != texts["adapted"][base]  # the adapter changes what the model says
+
+
+def first_document(text: str) -> str:
+    return text.split(END_OF_DOCUMENT, 1)[0]
