@@ -295,8 +295,8 @@ def test_install_rbac_suffices_and_is_needed_then_upgrade_and_uninstall(
             return str(planned["message"])
 
         message = eventually(permission_problem, timeout=60, what="PermissionDenied condition")
-        # The first call the rule grants: reading the child's name before its first apply (never adopted).
-        assert "forbidden to read ConfigMap" in message
+        # The first call the rule grants: the ConfigMap's first write, a create (controller/owned.py).
+        assert "forbidden to apply ConfigMap" in message
     finally:
         as_chart.stop()
 
