@@ -45,9 +45,9 @@ def test_the_router_and_its_service_follow_the_routing(
     assert status["optionalChildren"] == [
         "NetworkPolicy",  # spec.networkPolicy, on by default: the servers', then the router's
         "NetworkPolicy/spread-router",
+        "ConfigMap/spread-router",
         "PodDisruptionBudget",
         "Service/spread-servers",
-        "ConfigMap/spread-router",
         "Deployment/spread-router",
     ]
     assert owned_by_service(kubectl.get("deployment", "spread-router", namespace), "spread")
