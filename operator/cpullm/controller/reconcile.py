@@ -165,10 +165,10 @@ class Reconciler:
             if self.memory.unchanged(key, digest, owner_uid):
                 continue
             known = seen.get(key)
-            if known is not None and known.controller_uid != owner_uid:
+            anothers = known is not None and known.controller_uid != owner_uid
+            likely_there = known is None and child_ref(child, observed.owner) in listed  # a create would be refused
+            if anothers or likely_there:
                 known = read_owned(self.kube, child, owner_uid, KIND)
-            elif known is None and child_ref(child, observed.owner) in listed:
-                known = read_owned(self.kube, child, owner_uid, KIND)  # most likely there: a create would be refused
             writes.append(_Write(key, child, digest, known))
         return writes
 
