@@ -14,7 +14,14 @@ from kubernetes import client
 from cpullm.core.children.sizing_job import SizingJobFacts
 from cpullm.core.node_facts import NODE_FACT_SOURCES
 from cpullm.core.observation import NamespaceFacts, Ownership
-from cpullm.errors import ChildExists, ChildRejected, ModelConfigUnavailable, PermissionDenied, TransientApiError
+from cpullm.errors import (
+    ChildExists,
+    ChildRejected,
+    CpuLLMError,
+    ModelConfigUnavailable,
+    PermissionDenied,
+    TransientApiError,
+)
 from cpullm.io.kube import ABSENT_VERSION, REQUEST_TIMEOUT, Kube
 
 from .fake_api import RESET, FakeTransport, kube
@@ -61,6 +68,38 @@ def test_apply_errors_map_to_typed_errors(status, error, expected, message):
     with pytest.raises(expected) as raised:
         kube(FakeTransport(status, error=error)).apply(SERVICE, None)
     assert raised.value.message.startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("message", "expected"),
+    [
+        (  # what kube-apiserver answered while etcd was down (e2e/test_faults.py saw it)
+            'Service "llama" is invalid: spec.clusterIPs: Invalid value: [""]: failed to allocate IP: rpc error: '
+            "code = Unavailable desc = error reading from server: EOF",
+            TransientApiError,
+        ),
+        (
+            'Service "llama" is invalid: spec.clusterIPs: failed to allocate IP: context deadline exceeded',
+            TransientApiError,
+        ),
+        ("etcdserver: request timed out", TransientApiError),
+        (
+            'Service "llama" is invalid: spec.clusterIPs: Invalid value: [""]: failed to allocate IP: range is full',
+            ChildRejected,
+        ),
+        (
+            'Deployment "llama" is invalid: spec.template.spec.containers[0].env[0].name: Invalid value: "1x"',
+            ChildRejected,
+        ),
+    ],
+    ids=["etcd-unavailable", "deadline", "etcd-timeout", "range-full", "bad-env"],
+)
+def test_a_422_caused_by_the_api_servers_storage_is_transient(message, expected):
+    """A 422 is the spec's fault unless its cause is etcd failing under a validation that reads it."""
+    with pytest.raises(CpuLLMError) as raised:
+        kube(FakeTransport(422, {"kind": "Status", "message": message})).apply(SERVICE, None)
+    assert type(raised.value) is expected
+    assert message in raised.value.message
 
 
 def test_a_conflict_over_a_known_child_is_transient_not_a_taken_name():

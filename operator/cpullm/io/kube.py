@@ -5,9 +5,10 @@ fields it sets: drift in them is reverted, fields others own (an HPA's, kubectl 
 
 API errors become typed errors in one place (`_api_errors`): 403 -> PermissionDenied (retried; status names
 the missing rule), 422 -> ChildRejected (a spec whose pass-through fields the API server refuses; waits for
-a spec change), 409, 429, 5xx and connection errors -> TransientApiError (retried soon). A 404 is "absent"
-where a call says so, and transient for an apply (the kind is not served yet). Events are best effort: a
-failure to post one is logged, never raised.
+a spec change), 409, 429, 5xx and connection errors -> TransientApiError (retried soon), and so is a 422 whose
+cause is the API server's own storage failing (a Service's IP allocated while etcd is down is "invalid").
+A 404 is "absent" where a call says so, and transient for an apply (the kind is not served yet). Events are
+best effort: a failure to post one is logged, never raised.
 """
 
 from __future__ import annotations
@@ -361,6 +362,12 @@ class Kube:
 
 
 _TRANSIENT_STATUS = frozenset({409, 429})
+# How a validation that reads storage (a Service's cluster IP or node port allocator) reports etcd failing: a gRPC
+# status from the etcd client, a Go context ended, or etcd's own timeouts. The spec is not what is wrong.
+_STORAGE_FAILED = re.compile(
+    r"rpc error: code = (?:Unavailable|DeadlineExceeded|Canceled|Aborted|ResourceExhausted)"
+    r"|context deadline exceeded|context canceled|etcdserver: (?:request timed out|leader changed|too many requests)"
+)
 
 
 def _resource(api_version: str, kind: str) -> tuple[str, str, str]:
@@ -390,6 +397,8 @@ def _api_errors(
             typed = ChildExists(f"cannot {action}: an object of that name exists")
         elif err.status == 403:
             typed = PermissionDenied(f"forbidden to {action}: {_message(err)}")
+        elif err.status == 422 and _STORAGE_FAILED.search(_message(err)):
+            typed = TransientApiError(f"cannot {action}: HTTP 422 {_message(err)}")
         elif err.status == 422:
             typed = ChildRejected(f"the API server refused to {action}: {_message(err)}")
         elif err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500 or (err.status == 404 and absent_is_transient):
