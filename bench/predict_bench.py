@@ -202,6 +202,8 @@ def table(cases: list[Case]) -> str:
         if case.error:
             lines.append(line + f"  {case.error}")
             continue
+        if not case.measured:
+            continue  # not run yet
         for column in columns:
             p, m = case.predicted[column], case.measured[column]
             unit = "s" if column == "TTFT" else ""
@@ -225,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.replay:
         cases = [Case(**fields) for fields in json.loads(args.replay.read_text())]
         for case in cases:
-            if not case.error:
+            if not case.error and case.config:  # a run still going has written its cases to come, unmeasured
                 predict_case(case)
         print(table(cases))
         return
