@@ -39,6 +39,11 @@ STREAMED_BATCHES = (1, 8, 32)  # over weights larger than the caches; the rest o
 # probes minutes apart read 0.34 and 0.75 GB/s of weights for the same point (docs/benchmarks.md).
 COMPUTE_PASSES = 4
 HIDDEN = 4096  # the matrices' width: an 8B model's
+# Every point again over matrices of this many inputs (a small model's layers; a 0.5B model's are 896 wide): how much
+# of the wide product's rate a narrow layer keeps is the node's and the kernel's, not a constant (per call, the
+# narrow product does a quarter of the work for the same dispatch). core/performance.py reads it as
+# PROBE_NARROW_WIDTH.
+NARROW_WIDTH = 1024
 MiB = 1 << 20
 
 
@@ -157,17 +162,22 @@ def measure(threads: int, size: int, budget: float) -> dict[str, Any]:
     # about a dozen per layer (norms, rotary, activations, the matrices of a small model).
     small, vector = torch.randn(256, 256, dtype=torch.bfloat16), torch.randn(1, 256, dtype=torch.bfloat16)
     out["smallKernelSeconds"] = median_seconds(lambda: torch.nn.functional.linear(vector, small), 300)
-    found = kernels(torch)
     compute_bound: dict[str, Any] = {}
-    for fmt, kernel in found.items():
-        out[f"{fmt}WeightBytesPerSecond"] = kernel_rates(torch, kernel, size, budget)
+    points: dict[str, tuple[str, str, int]] = {}  # a compute-bound run's key -> (field, batch, its weight bytes)
+    for fmt, kernel in kernels(torch).items():
         out[f"{fmt}Kernel"] = kernel.name
-        compute_bound.update(
-            {f"{fmt} {batch}": _product(torch, kernel, batch) for batch in BATCHES if batch not in STREAMED_BATCHES}
-        )
+        for width, field in (
+            (HIDDEN, f"{fmt}WeightBytesPerSecond"),
+            (NARROW_WIDTH, f"{fmt}NarrowWeightBytesPerSecond"),
+        ):
+            out[field] = kernel_rates(torch, kernel, size, budget, width)
+            for batch in BATCHES:
+                if batch not in STREAMED_BATCHES:
+                    compute_bound[f"{field} {batch}"] = _product(torch, kernel, batch, width)
+                    points[f"{field} {batch}"] = (field, str(batch), width * HIDDEN * kernel.bytes_per_weight)
     for key, seconds in spread_seconds(compute_bound, budget).items():
-        fmt, batch = key.split()
-        out[f"{fmt}WeightBytesPerSecond"][batch] = round(HIDDEN * HIDDEN * found[fmt].bytes_per_weight / seconds)
+        field, rows, weight_bytes = points[key]
+        out[field][rows] = round(weight_bytes / seconds)
     out.update(attention(torch, budget))
     return out
 
@@ -262,14 +272,14 @@ def read_rate(torch: Any, size: int, budget: float) -> int:
     return round(size / typical_seconds(data.sum, budget))
 
 
-def kernel_rates(torch: Any, kernel: _Kernel, size: int, budget: float) -> dict[str, int]:
-    """Weight bytes per second at each of STREAMED_BATCHES, over a chain of matrices larger than the caches (the
-    compute-bound batches are timed over one matrix, in measure())."""
-    matrix_bytes = HIDDEN * HIDDEN * kernel.bytes_per_weight
-    chain = [kernel.weight(torch) for _ in range(max(1, size // matrix_bytes))]
+def kernel_rates(torch: Any, kernel: _Kernel, size: int, budget: float, width: int = HIDDEN) -> dict[str, int]:
+    """Weight bytes per second at each of STREAMED_BATCHES, over a chain of matrices of `width` inputs larger than
+    the caches (the compute-bound batches are timed over one matrix, in measure())."""
+    matrix_bytes = width * HIDDEN * kernel.bytes_per_weight
+    chain = [kernel.weight(torch, width) for _ in range(max(1, size // matrix_bytes))]
     rates = {}
     for batch in STREAMED_BATCHES:
-        x = torch.randn(batch, HIDDEN, dtype=torch.bfloat16)
+        x = torch.randn(batch, width, dtype=torch.bfloat16)
 
         def run(x: Any = x) -> None:
             for w in chain:
@@ -279,9 +289,9 @@ def kernel_rates(torch: Any, kernel: _Kernel, size: int, budget: float) -> dict[
     return rates
 
 
-def _product(torch: Any, kernel: _Kernel, batch: int) -> Any:
-    """One HIDDEN x HIDDEN product at `batch` rows."""
-    w, x = kernel.weight(torch), torch.randn(batch, HIDDEN, dtype=torch.bfloat16)
+def _product(torch: Any, kernel: _Kernel, batch: int, width: int = HIDDEN) -> Any:
+    """One product of `width` inputs to HIDDEN outputs at `batch` rows."""
+    w, x = kernel.weight(torch, width), torch.randn(batch, width, dtype=torch.bfloat16)
     return lambda: kernel.multiply(x, w)
 
 
@@ -289,7 +299,8 @@ class _Kernel:
     name = ""
     bytes_per_weight = 2
 
-    def weight(self, torch: Any) -> Any: ...
+    def weight(self, torch: Any, width: int = HIDDEN) -> Any:
+        """A HIDDEN x `width` weight (outputs x inputs), as the kernel holds it."""
 
     def multiply(self, x: Any, w: Any) -> Any: ...
 
@@ -302,8 +313,8 @@ class _VllmBF16(_Kernel):
     def __init__(self, ops: Any) -> None:
         self.ops = ops
 
-    def weight(self, torch: Any) -> Any:
-        return self.ops.create_onednn_mm(torch.randn(HIDDEN, HIDDEN, dtype=torch.bfloat16).t(), 32)
+    def weight(self, torch: Any, width: int = HIDDEN) -> Any:
+        return self.ops.create_onednn_mm(torch.randn(HIDDEN, width, dtype=torch.bfloat16).t(), 32)
 
     def multiply(self, x: Any, w: Any) -> Any:
         return self.ops.onednn_mm(w, x, None)
@@ -312,8 +323,8 @@ class _VllmBF16(_Kernel):
 class _TorchBF16(_Kernel):
     name = "torch linear"
 
-    def weight(self, torch: Any) -> Any:
-        return torch.randn(HIDDEN, HIDDEN, dtype=torch.bfloat16)
+    def weight(self, torch: Any, width: int = HIDDEN) -> Any:
+        return torch.randn(HIDDEN, width, dtype=torch.bfloat16)
 
     def multiply(self, x: Any, w: Any) -> Any:
         import torch
@@ -331,8 +342,8 @@ class _VllmInt8(_Kernel):
     def __init__(self, ops: Any) -> None:
         self.ops = ops
 
-    def weight(self, torch: Any) -> Any:
-        w = torch.randint(-127, 127, (HIDDEN, HIDDEN), dtype=torch.int8).t()
+    def weight(self, torch: Any, width: int = HIDDEN) -> Any:
+        w = torch.randint(-127, 127, (HIDDEN, width), dtype=torch.int8).t()
         scales = torch.rand(HIDDEN, 1, dtype=torch.float32) / 100
         return self.ops.create_onednn_scaled_mm(w, scales, torch.bfloat16, True, False, 32)
 
@@ -344,6 +355,36 @@ class _VllmInt8(_Kernel):
         return self.ops.onednn_scaled_mm(w, q, out, scale, None, None, None)
 
 
+class _VllmInt8Packed(_Kernel):
+    """vLLM's W8A8 int8 kernel where it picks SGL's (x86 with AMX tiles: check_cpu_sgl_kernel): the weight packed
+    once, the activation quantized per token inside the product."""
+
+    name = "vllm int8_scaled_mm_with_quant"
+    bytes_per_weight = 1
+
+    def weight(self, torch: Any, width: int = HIDDEN) -> Any:
+        w = torch.randint(-127, 127, (HIDDEN, width), dtype=torch.int8)
+        return torch.ops._C.convert_weight_packed(w), torch.rand(HIDDEN, 1, dtype=torch.float32) / 100
+
+    def multiply(self, x: Any, w: Any) -> Any:
+        import torch
+
+        packed, scales = w
+        return torch.ops._C.int8_scaled_mm_with_quant(x, packed, scales, None, torch.bfloat16, True)
+
+
+def int8_kernel(torch: Any, ops: Any) -> _Kernel:
+    """The kernel vLLM runs a symmetric W8A8 layer on here (model_executor/kernels/linear/scaled_mm/cpu.py, 0.31 and
+    0.32): SGL's where vLLM's own check_cpu_sgl_kernel holds on x86, oneDNN's otherwise."""
+    try:
+        from vllm.model_executor.layers.utils import check_cpu_sgl_kernel
+
+        sgl = platform.machine() in ("x86_64", "AMD64") and check_cpu_sgl_kernel(HIDDEN, NARROW_WIDTH, torch.int8)
+    except Exception:  # a vLLM without it: oneDNN's, as before SGL's kernels came
+        sgl = False
+    return _VllmInt8Packed() if sgl else _VllmInt8(ops)
+
+
 def kernels(torch: Any) -> dict[str, _Kernel]:
     """The formats measured, by the kernels this environment has: vLLM's own where it imports, else torch's bf16."""
     try:
@@ -351,7 +392,7 @@ def kernels(torch: Any) -> dict[str, _Kernel]:
     except Exception:  # a torch without vLLM (a development environment): bf16 through torch alone
         return {"bf16": _TorchBF16()}
     found: dict[str, _Kernel] = {}
-    for fmt, kernel in (("bf16", _VllmBF16(ops)), ("int8", _VllmInt8(ops))):
+    for fmt, kernel in (("bf16", _VllmBF16(ops)), ("int8", int8_kernel(torch, ops))):
         try:
             kernel.multiply(torch.randn(1, HIDDEN, dtype=torch.bfloat16), kernel.weight(torch))
         except Exception:  # a kernel this vLLM or CPU does not have

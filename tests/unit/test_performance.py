@@ -109,6 +109,25 @@ def test_a_quantized_checkpoint_streams_fewer_bytes_through_its_own_kernel():
     assert step_bytes(int8, 1).at(1) < 0.6 * step_bytes(bf16, 1).at(1)
 
 
+AWQ = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True}
+
+
+@pytest.mark.parametrize("config", [W8A8, AWQ], ids=["w8a8", "awq-int4"])
+def test_a_quantized_checkpoints_lm_head_runs_through_bf16s_kernel_at_its_own_rate(config):
+    """The formats leave the LM head in the serving dtype (step_bytes counts it so): it streams at bf16's rate, not
+    at the layers' kernel's."""
+    model = size_model({**QWEN25_05B, "quantization_config": config}, "bfloat16")
+    kernel, factor = perf.kernel_of(model)
+    numa, streamed = parse_performance(probe_object()).slowest(), step_bytes(model, 1)
+    serving = Serving(1, 8, kernel, factor)
+    bf16 = Serving(1, 8, BF16, 1.0)
+    for rows in (1, 8, 32):
+        layers = streamed.layers(rows) / perf.matrix_rate(numa, serving, rows)
+        head = streamed.lm_head / perf.matrix_rate(numa, bf16, rows)
+        step = decode_step(model, serving, parse_performance(probe_object()), rows, 512, 0)
+        assert step.weights == pytest.approx(layers + head)
+
+
 def speeds(model, tp: int = 1, cores: int = 8, kernel: str = BF16, probe: dict[str, Any] | None = None, **kw):
     node = parse_performance(probe or probe_object(numa=2))
     kv = model.kv_bytes_per_token_per_rank(tp)
@@ -155,6 +174,57 @@ def test_tp_2_decodes_faster_on_a_large_model_and_pays_its_all_reduces_on_a_smal
     large, small = llama_8b(), size_model({**QWEN25_05B, "num_hidden_layers": 2, "intermediate_size": 64}, "bfloat16")
     assert speeds(large, tp=2).decode_tokens_per_second > 1.6 * speeds(large).decode_tokens_per_second
     assert speeds(small, tp=2).decode_tokens_per_second < 1.6 * speeds(small).decode_tokens_per_second
+
+
+def narrow_probe(share: float | None) -> dict[str, Any]:
+    """probe_object whose 1,024-input products kept `share` of the wide ones' rates at every batch (None: not
+    measured)."""
+    probe = probe_object(numa=2)
+    if share is not None:
+        for numa in probe["spec"]["numaNodes"]:
+            for threads in (numa["oneThread"], numa["allCores"]):
+                wide = threads["bf16WeightBytesPerSecond"]
+                threads["bf16NarrowWeightBytesPerSecond"] = {batch: rate * share for batch, rate in wide.items()}
+    return probe
+
+
+@pytest.mark.parametrize(
+    ("width", "share", "rows", "prefill", "expected"),
+    [
+        (896, None, 1024, True, (896 / 1536) ** 0.75),  # not measured: in a prefill, the exponent fitted on AMX
+        (896, None, 8, False, 1.0),  # and none in a decode step
+        (1536, None, 1024, True, 1.0),
+        (4096, None, 1024, True, 1.0),
+        (896, 0.94, 1024, True, (896 / 1536) ** (math.log(0.94) / math.log(1024 / 1536))),  # 0.92
+        (896, 0.77, 8, False, (896 / 1536) ** (math.log(0.77) / math.log(1024 / 1536))),  # a decode step's too
+        (1024, 0.5, 32, False, 0.5),  # the probe's own width keeps what the probe measured
+        (896, 1.2, 1024, True, 1.0),  # a narrow product faster than the wide one: no discount, never a bonus
+        (2048, 0.5, 1024, True, 1.0),
+    ],
+)
+def test_narrow_layers_keep_the_share_the_probes_narrow_product_kept_at_that_batch(
+    width, share, rows, prefill, expected
+):
+    shape = {"hidden_size": width, "num_attention_heads": width // 64}  # heads of 64: the layers' inputs are `width`
+    model = size_model({**QWEN25_05B, **shape}, "bfloat16")
+    numa = parse_performance(narrow_probe(share)).slowest()
+    efficiency = perf.width_efficiency(model, numa, Serving(1, 8, BF16, 1.0), rows, prefill)
+    assert efficiency == pytest.approx(expected)
+
+
+def test_a_probe_whose_narrow_product_keeps_the_wide_rate_predicts_a_small_models_first_token_sooner():
+    model = qwen_05b()
+    fitted, measured = (speeds(model, probe=narrow_probe(share)) for share in (None, 1.0))
+    assert measured.time_to_first_token_seconds < 0.9 * fitted.time_to_first_token_seconds
+    assert measured.decode_tokens_per_second == fitted.decode_tokens_per_second  # unmeasured: no decode discount
+
+
+def test_a_slow_narrow_product_slows_a_small_model_and_leaves_a_wide_one_as_it_was():
+    small, wide = qwen_05b(), llama_8b()
+    for model, slower in ((small, True), (wide, False)):
+        fast, slow = (speeds(model, probe=narrow_probe(share)) for share in (1.0, 0.5))
+        assert (slow.decode_tokens_per_second < 0.9 * fast.decode_tokens_per_second) is slower
+        assert (slow.throughput_tokens_per_second < 0.9 * fast.throughput_tokens_per_second) is slower
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])

@@ -38,6 +38,14 @@ class ThreadsMeasured(_Model):
     int8_weight_bytes_per_second: Rates | None = Field(
         default=None, max_length=MAX_BATCHES, description="vLLM's W8A8 int8 kernel, likewise (absent: not run)."
     )
+    bf16_narrow_weight_bytes_per_second: Rates | None = Field(
+        default=None,
+        max_length=MAX_BATCHES,
+        description="The bf16 kernel over 1,024 inputs (a small model's layers), likewise (absent: not run).",
+    )
+    int8_narrow_weight_bytes_per_second: Rates | None = Field(
+        default=None, max_length=MAX_BATCHES, description="The int8 kernel over 1,024 inputs, likewise."
+    )
     attention_prefill_flops_per_second: float | None = Field(
         default=None, ge=0, description="vLLM's attention kernel over a 1,024-token causal prefill (absent: not run)."
     )

@@ -60,10 +60,14 @@ ALLREDUCE_SMALL_KERNELS = 6.5
 #   calls sched_yield, gives way to the ranks (five TP 2 first tokens at one core a rank: 0.59-1.74x the measurement
 #   without it, centred; 0.88-2.61x with it, high; docs/benchmarks.md);
 BUSY_SERVER_PROCESSES = 1
-# - a prefill chunk's matrix products reach the probe's 4096 x 4096 matrix's rate at the same batch from layers this
-#   wide, and (width / this) ** PREFILL_WIDTH_EXPONENT of it from narrower ones (their blocks fill the kernel's less).
-PREFILL_FULL_WIDTH = 1536
+# - a layer's matrix product reaches the probe's 4096 x 4096 matrix's rate at the same batch from layers this wide,
+#   and (width / this) ** exponent of it from narrower ones (a call does less work for the same dispatch, and their
+#   blocks fill the kernel's less). The exponent is the node's and the batch's: what the probe's
+#   PROBE_NARROW_WIDTH-input product kept of the wide one's rate at that batch puts that width on the curve. Where the
+#   probe did not measure it, PREFILL_WIDTH_EXPONENT in a prefill (fitted on AMX) and none in a decode step.
+FULL_RATE_WIDTH = 1536
 PREFILL_WIDTH_EXPONENT = 0.75
+PROBE_NARROW_WIDTH = 1024  # perf_probe.py NARROW_WIDTH
 
 
 @dataclass(frozen=True)
@@ -116,9 +120,13 @@ class ThreadRates:
     kernels: tuple[tuple[str, KernelRates], ...]
     small_kernel_seconds: float
     attention: Attention | None = None
+    narrow: tuple[tuple[str, KernelRates], ...] = ()  # each kernel over PROBE_NARROW_WIDTH inputs (none: not run)
 
     def kernel(self, fmt: str) -> KernelRates | None:
         return next((rates for name, rates in self.kernels if name == fmt), None)
+
+    def narrow_kernel(self, fmt: str) -> KernelRates | None:
+        return next((rates for name, rates in self.narrow if name == fmt), None)
 
     def attention_or_estimate(self) -> Attention:
         """The attention measured, else one from the bf16 kernel: a prefill at a third of its arithmetic at a
@@ -147,6 +155,15 @@ class NumaPerformance:
         if one is None or every is None:
             return None
         return min(cores * one.at(batch), every.at(batch))
+
+    def narrow_share(self, fmt: str, cores: int, batch: int) -> float | None:
+        """What a product of PROBE_NARROW_WIDTH inputs kept of the wide one's weight bytes per second (at one batch,
+        its arithmetic) on `cores` at `batch` rows; None where the probe did not measure it."""
+        one, every = self.one.narrow_kernel(fmt), self.every.narrow_kernel(fmt)
+        wide = self.rate(fmt, cores, batch)
+        if one is None or every is None or not wide:
+            return None
+        return min(cores * one.at(batch), every.at(batch)) / wide
 
     def attention_prefill_flops(self, cores: int) -> float:
         one, every = self.one.attention_or_estimate(), self.every.attention_or_estimate()
@@ -226,11 +243,12 @@ def kernel_of(model: ModelSize) -> tuple[str, float]:
     return BF16, FORMAT_FACTORS.get(fmt.method if fmt.method in ("fp8", "mxfp4") else f"int{fmt.bits}", 1.0)
 
 
-# Weight bytes per second of a format's kernel against bf16's, where no probe measures it. int4: AWQ int4 streamed
-# 12.2 GB/s where bf16 streamed 58.6 in the same run (vLLM 0.32's cpu_gemm_wna16, 2 Zen 4 cores, avx512_bf16 without
-# AMX; bench/engines_bench.py, docs/benchmarks.md). fp8 and mxfp4 run on AMX only and were not measured: counted as
-# bf16's bytes rate.
-FORMAT_FACTORS: Mapping[str, float] = {"int4": 12.2 / 58.6, "fp8": 1.0, "mxfp4": 1.0}
+# Weight bytes per second of a format's kernel against bf16's, where no probe measures it (the LM head is bf16's,
+# lm_head_seconds). int4: Qwen2.5-1.5B in AWQ int4 decoded 10.62 tok/s, 1.149 GB a token, where bf16 streamed
+# 58.6 GB/s in the same run: its 0.467 GB bf16 LM head at that rate leaves 0.682 GB of int4 layers in 86.2 ms, 7.9
+# GB/s (vLLM 0.32's cpu_gemm_wna16, 2 Zen 4 cores, avx512_bf16 without AMX; bench/engines_bench.py,
+# docs/benchmarks.md). fp8 and mxfp4 run on AMX only and were not measured: counted as bf16's bytes rate.
+FORMAT_FACTORS: Mapping[str, float] = {"int4": 7.9 / 58.6, "fp8": 1.0, "mxfp4": 1.0}
 
 
 @dataclass(frozen=True)
@@ -326,10 +344,11 @@ def decode_step(
     layers = max(1, model.anatomy.layers)
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
     per_sequence = _kv_scale(model, kv_bytes_per_token) / numa.attention_decode_rate(cores, context)
-    shared, rows = serving.sharing, batch * max(1, queries)
+    shared, rows, streamed = serving.sharing, batch * max(1, queries), step_bytes(model, tp)
     lora = lora_small_kernels(model, rows) if serving.lora else 0.0
     return StepTime(
-        weights=step_bytes(model, tp).at(rows) / matrix_rate(numa, serving, rows) * shared,
+        weights=(layers_seconds(model, streamed, numa, serving, rows) + lm_head_seconds(streamed, numa, serving, rows))
+        * shared,
         attention=batch * attention_layers * per_sequence * shared,
         small_kernels=(layers * LAYER_SMALL_KERNELS + lora) * small * shared,
         allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small * shared) if tp > 1 else 0.0,
@@ -345,17 +364,33 @@ def lora_small_kernels(model: ModelSize, rows: int) -> float:
     return slices * (LORA_SLICE_SMALL_KERNELS + rows * LORA_SLICE_ROW_SMALL_KERNELS)
 
 
-def prefill_efficiency(model: ModelSize) -> float:
-    """The share of the probe's matrix rate a prefill's layers reach, by the model's width (PREFILL_FULL_WIDTH)."""
-    hidden = min((linear.in_features for linear in model.anatomy.linears), default=PREFILL_FULL_WIDTH)
-    return float(min(1.0, hidden / PREFILL_FULL_WIDTH) ** PREFILL_WIDTH_EXPONENT)
+def width_efficiency(model: ModelSize, numa: NumaPerformance, serving: Serving, rows: int, prefill: bool) -> float:
+    """The share of the probe's matrix rate the model's layers reach at `rows`, by their narrowest input:
+    (width / FULL_RATE_WIDTH) ** exponent, the exponent from the probe's narrow product at those rows."""
+    width = min((linear.in_features for linear in model.anatomy.linears), default=FULL_RATE_WIDTH)
+    if width >= FULL_RATE_WIDTH:
+        return 1.0
+    share = numa.narrow_share(serving.kernel, serving.cores_per_rank, rows)
+    if share is None:
+        exponent = PREFILL_WIDTH_EXPONENT if prefill else 0.0
+    else:
+        exponent = max(0.0, math.log(min(1.0, share)) / math.log(PROBE_NARROW_WIDTH / FULL_RATE_WIDTH))
+    return float((width / FULL_RATE_WIDTH) ** exponent)
+
+
+def layers_seconds(
+    model: ModelSize, streamed: StepBytes, numa: NumaPerformance, serving: Serving, rows: int, prefill: bool = False
+) -> float:
+    """The decoder layers' weights through the checkpoint's kernel at `rows`, at the model's width_efficiency."""
+    rate = matrix_rate(numa, serving, rows) * width_efficiency(model, numa, serving, rows, prefill)
+    return streamed.layers(rows) / rate
 
 
 def prefill_seconds(
     model: ModelSize, serving: Serving, node: NodePerformance, prompt: int, kv_bytes_per_token: int
 ) -> float:
     """A prompt alone, in chunks of PREFILL_CHUNK_TOKENS: each chunk's matrix products at its batch (at
-    prefill_efficiency of the probe's), its attention's arithmetic (each query against the keys before it) at
+    width_efficiency of the probe's), its attention's arithmetic (each query against the keys before it) at
     the probe's attention rate, and a step's other costs; the ranks' cores are theirs (BUSY_SERVER_PROCESSES)."""
     serving = dataclasses.replace(serving, shares_cores=False)
     numa, tp, cores = node.slowest(), serving.tensor_parallel_size, serving.cores_per_rank
@@ -366,9 +401,9 @@ def prefill_seconds(
         chunk = min(PREFILL_CHUNK_TOKENS, prompt - done)
         step = decode_step(model, serving, node, chunk, 0, kv_bytes_per_token)
         streamed = step_bytes(model, tp)
-        # The decoder layers at the chunk's batch; the LM head only for the sequence's last token.
-        layers = streamed.layers(chunk) / matrix_rate(numa, serving, chunk) / prefill_efficiency(model)
-        matrices = layers + streamed.lm_head / matrix_rate(numa, serving, 1)
+        # The decoder layers at the chunk's batch; the LM head for the sequence's last token only.
+        layers = layers_seconds(model, streamed, numa, serving, chunk, prefill=True)
+        matrices = layers + lm_head_seconds(streamed, numa, serving, 1)
         flops = 4 * chunk * (done + chunk / 2) * width * attention_layers
         attention = flops / numa.attention_prefill_flops(cores)
         total += matrices + attention + step.small_kernels + step.allreduce
@@ -469,6 +504,12 @@ def faster_formats(
         if max(decode, throughput) >= FASTER_FORMAT_RATIO:
             found.append(FasterFormat(name, round(decode, 2), round(throughput, 2)))
     return sorted(found, key=lambda f: -max(f.decode_speedup, f.throughput_speedup))
+
+
+def lm_head_seconds(streamed: StepBytes, numa: NumaPerformance, serving: Serving, rows: int) -> float:
+    """The LM head at `rows` (the tokens that need logits): in the serving dtype whatever the checkpoint quantizes
+    (step_bytes), so through bf16's kernel at its own rate."""
+    return streamed.lm_head / matrix_rate(numa, dataclasses.replace(serving, kernel=BF16, kernel_factor=1.0), rows)
 
 
 def matrix_rate(numa: NumaPerformance, serving: Serving, batch: int) -> float:
@@ -635,8 +676,21 @@ def _thread_rates(measured: ThreadsMeasured) -> ThreadRates:
     if measured.attention_prefill_flops_per_second and decode:
         seconds = _rates(decode).points
         attention = Attention(measured.attention_prefill_flops_per_second, tuple((c, 1 / t) for c, t in seconds))
+    narrow = [
+        (fmt, _rates(rates))
+        for fmt, rates in (
+            (BF16, measured.bf16_narrow_weight_bytes_per_second),
+            (INT8, measured.int8_narrow_weight_bytes_per_second),
+        )
+        if rates
+    ]
     return ThreadRates(
-        measured.threads, measured.read_bytes_per_second, tuple(kernels), measured.small_kernel_seconds, attention
+        measured.threads,
+        measured.read_bytes_per_second,
+        tuple(kernels),
+        measured.small_kernel_seconds,
+        attention,
+        tuple(narrow),
     )
 
 
