@@ -397,12 +397,15 @@ def _api_errors(
             typed = ChildExists(f"cannot {action}: an object of that name exists")
         elif err.status == 403:
             typed = PermissionDenied(f"forbidden to {action}: {_message(err)}")
-        elif err.status == 422 and _STORAGE_FAILED.search(_message(err)):
-            typed = TransientApiError(f"cannot {action}: HTTP 422 {_message(err)}")
+        elif (
+            err.status in _TRANSIENT_STATUS
+            or (err.status or 0) >= 500
+            or (err.status == 404 and absent_is_transient)
+            or (err.status == 422 and _STORAGE_FAILED.search(_message(err)))
+        ):
+            typed = TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}")
         elif err.status == 422:
             typed = ChildRejected(f"the API server refused to {action}: {_message(err)}")
-        elif err.status in _TRANSIENT_STATUS or (err.status or 0) >= 500 or (err.status == 404 and absent_is_transient):
-            typed = TransientApiError(f"cannot {action}: HTTP {err.status} {_message(err)}")
         elif err.status == 0 and isinstance(err.__context__, urllib3.exceptions.HTTPError):
             # The client answers a TLS failure (a connection cut mid-handshake) with a status-0 ApiException.
             typed = _connection_failed(action, err.__context__)
