@@ -48,6 +48,29 @@ def test_kernel_rates_interpolate_in_log_log_and_fall_as_one_over_the_batch_past
     assert KernelRates(((1, 8.0), (16, 2.0))).at(batch) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("measured", "read"),
+    [
+        (((1, 8.0), (8, 6.0), (32, 2.0)), ((1, 8.0), (8, 6.0), (32, 2.0))),  # falling: as measured
+        (((1, 8.0), (8, 9.5), (32, 2.0)), ((1, 8.0), (8, 8.0), (32, 2.0))),  # 8 rows above 1 row's: 1 row's
+        (((1, 5.0), (8, 9.0), (32, 7.0)), ((1, 5.0), (8, 5.0), (32, 5.0))),  # every later point held to the lowest
+    ],
+)
+def test_a_kernels_rate_never_rises_with_more_rows(measured, read):
+    assert KernelRates(measured).never_faster_with_more_rows().points == read
+
+
+def test_a_probe_whose_8_row_point_ran_faster_predicts_no_faster_step_at_8_sequences():
+    probe = probe_object()
+    for threads in (probe["spec"]["numaNodes"][0]["oneThread"], probe["spec"]["numaNodes"][0]["allCores"]):
+        threads["bf16WeightBytesPerSecond"]["8"] *= 1.2  # the host's noise: a faster point at more rows
+    model, node = qwen_05b(), parse_performance(probe)
+    serving = Serving(1, 32, BF16, 1.0)
+    kv = model.kv_bytes_per_token_per_rank(1)
+    one, eight = (decode_step(model, serving, node, batch, 512, kv).seconds for batch in (1, 8))
+    assert eight >= one
+
+
 def numa(one_read: float, all_read: float, cpus: int = 8) -> NumaPerformance:
     kernels = lambda r: ((BF16, KernelRates(((1, r),))),)  # noqa: E731
     return NumaPerformance(
