@@ -72,7 +72,7 @@ class Case:
     probe: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     threads: int = 0
-    shares_cores: bool = False
+    shares_cores: bool = False  # no CPU kept off the ranks' threads (reservedCpusPerRank 0), as the plan had it
     adapter_rank: int = 0  # with a LoRA adapter of this rank, every request naming it (0: none)
 
 
@@ -145,9 +145,7 @@ def predict_case(case: Case) -> None:
     """What core/performance.py predicts for the case's request shapes, on its probe (the plan's own `predicted` is
     the same model at its maxNumSeqs)."""
     size = size_model(case.config, "bfloat16")
-    serving = Serving(
-        case.tp, case.threads, *kernel_of(size), shares_cores=case.shares_cores, lora=bool(case.adapter_rank)
-    )
+    serving = Serving(case.tp, case.threads, *kernel_of(size), lora=bool(case.adapter_rank))
     node = parse_performance(case.probe)
     kv = size.kv_bytes_per_token_per_rank(case.tp)
     for streams in (1, *STREAMS):

@@ -154,7 +154,7 @@ def run(name: str, python: Path, tmp: Path, rounds: int, probe: dict[str, Any] |
     plan = plans[NGRAM]
     size = size_model(config, "bfloat16")
     threads = plan["cpusPerRank"] - plan["reservedCpusPerRank"]
-    serving = Serving(1, threads, *kernel_of(size), shares_cores=not plan["reservedCpusPerRank"])
+    serving = Serving(1, threads, *kernel_of(size))
     node = parse_performance(probe) if probe else estimated_performance("localhost", *_this_machine())
     kv = size.kv_bytes_per_token_per_rank(1)
     tokens = plan["speculative"]["tokens"]

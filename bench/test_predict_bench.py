@@ -45,7 +45,7 @@ def test_a_replay_predicts_each_case_again_beside_its_measurements(tmp_path: Pat
     lines = capsys.readouterr().out.splitlines()
 
     size = size_model(CONFIG, "bfloat16")
-    serving = Serving(1, 2, *kernel_of(size), shares_cores=True)
+    serving = Serving(1, 2, *kernel_of(size))
     decode = predict(size, serving, parse_performance(PROBE), 1, size.kv_bytes_per_token_per_rank(1), context=528)
     now = decode.throughput_tokens_per_second
     assert lines[2].startswith("qwen2.5-0.5b        bf16         1")

@@ -29,6 +29,7 @@ from cpullm.core.performance import (
 )
 from cpullm.core.planner import plan_service
 from cpullm.core.sizing import ModelSize, size_model
+from cpullm.core.sizing.anatomy import Split
 from cpullm.errors import NodeLabelError, NodePerformanceError
 
 from .builders import AVX512_FLAGS, LLAMA_8B, QWEN25_05B, W8A8, llama_8b, node, probe_object, qwen_05b, spec
@@ -228,7 +229,8 @@ def narrow_probe(share: float | None) -> dict[str, Any]:
 def test_narrow_layers_keep_the_share_the_probes_narrow_product_kept_at_that_batch(
     width, share, rows, prefill, expected
 ):
-    shape = {"hidden_size": width, "num_attention_heads": width // 64}  # heads of 64: the layers' inputs are `width`
+    # Heads of 64 and an MLP as wide as the model: every layer's inputs are `width`.
+    shape = {"hidden_size": width, "intermediate_size": width, "num_attention_heads": width // 64}
     model = size_model({**QWEN25_05B, **shape}, "bfloat16")
     numa = parse_performance(narrow_probe(share)).slowest()
     efficiency = perf.width_efficiency(model, numa, Serving(1, 8, BF16, 1.0), rows, prefill)
@@ -250,17 +252,25 @@ def test_a_slow_narrow_product_slows_a_small_model_and_leaves_a_wide_one_as_it_w
         assert (slow.throughput_tokens_per_second < 0.9 * fast.throughput_tokens_per_second) is slower
 
 
-@pytest.mark.parametrize("tp", [1, 2, 4])
-def test_the_engine_core_on_the_ranks_cores_slows_decode_steps_at_tp_above_1_but_not_a_prefill(tp):
-    model, probe = llama_8b(), parse_performance(probe_object(numa=2))
-    kv = model.kv_bytes_per_token_per_rank(tp)
-    own, shared = (
-        predict(model, Serving(tp, 2, BF16, 1.0, shares_cores=shares), probe, 8, kv) for shares in (False, True)
+@pytest.mark.parametrize(
+    ("tp", "row_width"),
+    [
+        (1, 2048),  # every layer 2,048 wide: the probe's wide rate
+        (2, 1024),  # o_proj and down_proj split their inputs: as narrow as the probe's narrow product on a rank
+        (4, 512),
+    ],
+)
+def test_a_row_parallel_layer_is_as_narrow_as_its_inputs_on_a_rank_and_counts_by_its_bytes(tp, row_width):
+    model = size_model(
+        {**QWEN25_05B, "hidden_size": 2048, "intermediate_size": 2048, "num_attention_heads": 32}, "bfloat16"
     )
-    slower = (tp * 2 + perf.BUSY_SERVER_PROCESSES) / (tp * 2) if tp > 1 else 1.0
-    assert own.time_to_first_token_seconds == shared.time_to_first_token_seconds
-    # Every term of a decode step but the engine's Python is on the ranks' cores.
-    assert own.decode_tokens_per_second / shared.decode_tokens_per_second == pytest.approx(slower, rel=0.05)
+    linears = model.anatomy.linears
+    row_share = sum(x.parameters for x in linears if x.split == Split.ROW) / sum(x.parameters for x in linears)
+    row = min(1.0, row_width / 1536) ** (math.log(0.5) / math.log(1024 / 1536))  # the probe's narrow share: 0.5
+    numa_node = parse_performance(narrow_probe(0.5)).slowest()
+    efficiency = perf.width_efficiency(model, numa_node, Serving(tp, 2, BF16, 1.0), 256, prefill=True)
+    assert efficiency == pytest.approx(1 / (1 - row_share + row_share / row))
+    assert (efficiency < 1) is (tp > 1)
 
 
 def test_the_probes_object_is_read_and_says_where_it_came_from():

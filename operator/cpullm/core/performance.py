@@ -55,11 +55,6 @@ LORA_SLICE_SMALL_KERNELS = 17.6
 LORA_SLICE_ROW_SMALL_KERNELS = 1.22
 # - per all-reduce (two per layer and step at TP > 1), likewise;
 ALLREDUCE_SMALL_KERNELS = 6.5
-# - at TP > 1 without a CPU kept for them, the server's processes that keep a core busy beside the ranks (the engine
-#   core, polling its workers' replies) in a decode step; not in a prefill's long steps, where the poller, which
-#   calls sched_yield, gives way to the ranks (five TP 2 first tokens at one core a rank: 0.59-1.74x the measurement
-#   without it, centred; 0.88-2.61x with it, high; docs/benchmarks.md);
-BUSY_SERVER_PROCESSES = 1
 # - a layer's matrix product reaches the probe's 4096 x 4096 matrix's rate at the same batch from layers this wide,
 #   and (width / this) ** exponent of it from narrower ones (a call does less work for the same dispatch, and their
 #   blocks fill the kernel's less). The exponent is the node's and the batch's: what the probe's
@@ -228,18 +223,7 @@ class Serving:
     cores_per_rank: int
     kernel: str  # BF16, INT8, or what a format estimates from (kernel_of)
     kernel_factor: float  # the format's rate against the kernel's (1 where measured)
-    # No CPU kept off the ranks' threads (reservedCpusPerRank 0): at TP > 1 the engine core, a process of its own
-    # that polls its workers, runs on the ranks' cores.
-    shares_cores: bool = False
     lora: bool = False  # LoRA adapters on (spec.adapters): compilation off, the adapters' products per layer
-
-    @property
-    def sharing(self) -> float:
-        """How much longer a decode step takes for the processes beside the ranks on their cores."""
-        if not self.shares_cores or self.tensor_parallel_size <= 1:
-            return 1.0
-        threads = self.tensor_parallel_size * self.cores_per_rank
-        return (threads + BUSY_SERVER_PROCESSES) / threads
 
 
 def kernel_of(model: ModelSize) -> tuple[str, float]:
@@ -355,14 +339,13 @@ def decode_step(
     layers = max(1, model.anatomy.layers)
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
     per_sequence = _kv_scale(model, kv_bytes_per_token) / numa.attention_decode_rate(cores, context)
-    shared, rows, streamed = serving.sharing, batch * max(1, queries), step_bytes(model, tp)
+    rows, streamed = batch * max(1, queries), step_bytes(model, tp)
     lora = lora_small_kernels(model, rows) if serving.lora else 0.0
     return StepTime(
-        weights=(layers_seconds(model, streamed, numa, serving, rows) + lm_head_seconds(streamed, numa, serving, rows))
-        * shared,
-        attention=batch * attention_layers * per_sequence * shared,
-        small_kernels=(layers * LAYER_SMALL_KERNELS + lora) * small * shared,
-        allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small * shared) if tp > 1 else 0.0,
+        weights=layers_seconds(model, streamed, numa, serving, rows) + lm_head_seconds(streamed, numa, serving, rows),
+        attention=batch * attention_layers * per_sequence,
+        small_kernels=(layers * LAYER_SMALL_KERNELS + lora) * small,
+        allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small) if tp > 1 else 0.0,
         python=STEP_PYTHON_MULTIPLE * node.python_seconds,
     )
 
@@ -376,17 +359,21 @@ def lora_small_kernels(model: ModelSize, rows: int) -> float:
 
 
 def width_efficiency(model: ModelSize, numa: NumaPerformance, serving: Serving, rows: int, prefill: bool) -> float:
-    """The share of the probe's matrix rate the model's layers reach at `rows`, by their narrowest input:
-    (width / FULL_RATE_WIDTH) ** exponent, the exponent from the probe's narrow product at those rows."""
-    width = min((linear.in_features for linear in model.anatomy.linears), default=FULL_RATE_WIDTH)
-    if width >= FULL_RATE_WIDTH:
-        return 1.0
+    """The share of the probe's matrix rate the model's layers reach at `rows`: each linear layer at
+    (width / FULL_RATE_WIDTH) ** exponent by its inputs on a rank (a row-parallel layer's are split by TP), weighted
+    by its bytes (the time of each is its bytes over its rate); the exponent from the probe's narrow product at
+    those rows."""
     share = numa.narrow_share(serving.kernel, serving.cores_per_rank, rows)
     if share is None:
         exponent = PREFILL_WIDTH_EXPONENT if prefill else 0.0
     else:
         exponent = max(0.0, math.log(min(1.0, share)) / math.log(PROBE_NARROW_WIDTH / FULL_RATE_WIDTH))
-    return float((width / FULL_RATE_WIDTH) ** exponent)
+    tp, weighted, seconds = serving.tensor_parallel_size, 0.0, 0.0
+    for linear in model.anatomy.linears:
+        width = linear.in_features // (tp if linear.split == Split.ROW else 1)
+        weighted += linear.parameters
+        seconds += linear.parameters / min(1.0, max(1, width) / FULL_RATE_WIDTH) ** exponent
+    return weighted / seconds if seconds else 1.0
 
 
 def layers_seconds(
@@ -402,8 +389,7 @@ def prefill_seconds(
 ) -> float:
     """A prompt alone, in chunks of PREFILL_CHUNK_TOKENS: each chunk's matrix products at its batch (at
     width_efficiency of the probe's), its attention's arithmetic (each query against the keys before it) at
-    the probe's attention rate, and a step's other costs; the ranks' cores are theirs (BUSY_SERVER_PROCESSES)."""
-    serving = dataclasses.replace(serving, shares_cores=False)
+    the probe's attention rate, and a step's other costs."""
     numa, tp, cores = node.slowest(), serving.tensor_parallel_size, serving.cores_per_rank
     width = _attention_width(model, tp)
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)

@@ -227,7 +227,7 @@ def _proposing(
         anatomy.active_experts or 0,
         lm_head=weights.embeddings,
     )
-    per_token = one_layer.at(batch) / matrix_rate(numa, serving, batch) * serving.sharing
+    per_token = one_layer.at(batch) / matrix_rate(numa, serving, batch)
     per_token += LAYER_SMALL_KERNELS * numa.small_kernel_seconds(serving.cores_per_rank)
     per_token += STEP_PYTHON_MULTIPLE * node.python_seconds
     return tokens * per_token
