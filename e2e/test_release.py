@@ -42,6 +42,23 @@ def platform_digests(quick_start: QuickStart) -> dict[str, str]:
     return {m["platform"]["architecture"]: m["digest"] for m in index["manifests"]}
 
 
+def test_the_release_names_its_base_by_the_digest_its_tag_had(quick_start: QuickStart) -> None:
+    """release.sh reads the base's tag once and builds every platform FROM that index digest, recorded in
+    digests.env: a base retagged later changes nothing the release names."""
+    release = quick_start.release
+    repository, digest = release.base.split("/", 1)[1].split("@")
+    connection = quick_start.registry.connection()
+    try:
+        accept = "application/vnd.oci.image.index.v1+json, application/vnd.docker.distribution.manifest.list.v2+json"
+        connection.request("HEAD", f"/v2/{repository}/manifests/release", headers={"Accept": accept})
+        tagged = connection.getresponse().getheader("Docker-Content-Digest")
+    finally:
+        connection.close()
+    assert release.base.startswith(f"{quick_start.registry.host}/cpullm-python-base@sha256:")
+    assert digest == tagged
+    assert f"RELEASE_BASE={release.base}\n" in (release.assets / "digests.env").read_text()
+
+
 def test_the_quick_start_runs_the_released_chart_and_its_image_by_digest(quick_start: QuickStart) -> None:
     release, kubectl = quick_start.release, quick_start.kubectl
     (deployment,) = kubectl.get("deployments", namespace=OPERATOR_NAMESPACE)

@@ -77,16 +77,29 @@ mkdir -p "$out"
 # releases, nothing left in the maintainer's store.
 bah() { buildah --root "$work/store" --runroot "$work/run" --storage-driver vfs "$@"; }
 
-# 2. The image, every platform, one index.
+# 2. The image, every platform, one index, on its base pinned by digest: the tag (--base, else the Dockerfile's
+# default) is read once, as its index's digest, and every platform builds FROM that digest, which digests.env records
+# (RELEASE_BASE): a base retagged during the release, or after it, changes nothing the release names.
 image=$registry/cpullm-operator
-say "building $image:$version for $platforms${base:+ on $base}"
+base=${base:-$(sed -n 's/^ARG BASE=//p' Dockerfile)}
+if [[ $base != *@sha256:* ]]; then
+  first=${platforms%%,*}
+  bah pull --quiet --platform "$first" "${tls[@]}" "docker://$base" >/dev/null
+  base_digest=$(bah images --digests --format '{{.Digest}}' "$base" | head -n1)
+  [[ $base_digest == sha256:* ]] || die "no digest for the base image $base"
+  name=${base##*/}
+  [[ $name == *:* ]] && base=${base%:*}  # the tag, not a registry's port
+  [[ $base == */* ]] || base=docker.io/library/$base  # a bare Docker Hub name
+  base=$base@$base_digest
+fi
+say "building $image:$version for $platforms on $base"
 # One build a platform, each added to the manifest list; the Dockerfile's build stage runs on this machine's platform
 # for every target (buildah 1.28 is told both platforms: the Dockerfile's header says why).
 build_platform=linux/$(case $(uname -m) in x86_64) echo amd64 ;; aarch64) echo arm64 ;; *) uname -m ;; esac)
 for platform in ${platforms//,/ }; do
   bah build --quiet --isolation chroot --network host --layers=false --format oci --platform "$platform" \
     --build-arg "BUILDPLATFORM=$build_platform" --build-arg "TARGETPLATFORM=$platform" \
-    --manifest "cpullm-operator:$version" ${base:+--build-arg "BASE=$base"} "${tls[@]}" --file Dockerfile . >/dev/null
+    --manifest "cpullm-operator:$version" --build-arg "BASE=$base" "${tls[@]}" --file Dockerfile . >/dev/null
 done
 bah manifest push --quiet --all --format oci "${tls[@]}" --digestfile "$work/image.digest" \
   "cpullm-operator:$version" "docker://$image:$version"
@@ -128,8 +141,8 @@ say "pushed oci://$registry/charts/cpullm-operator:$version as $chart_digest"
 # 5. install.yaml from that chart.
 scripts/render-install.sh "$chart" "$out/install.yaml"
 
-printf 'RELEASE_IMAGE=%s\nRELEASE_CHART=%s\nRELEASE_CHART_DIGEST=%s\n' \
-  "$image@$digest" "oci://$registry/charts/cpullm-operator" "$chart_digest" >"$out/digests.env"
+printf 'RELEASE_IMAGE=%s\nRELEASE_CHART=%s\nRELEASE_CHART_DIGEST=%s\nRELEASE_BASE=%s\n' \
+  "$image@$digest" "oci://$registry/charts/cpullm-operator" "$chart_digest" "$base" >"$out/digests.env"
 
 # 6. Signatures by digest.
 if ((unsigned)); then

@@ -28,6 +28,7 @@ class Release:
     image: str  # REGISTRY/cpullm-operator@sha256:...
     chart: str  # oci://REGISTRY/charts/cpullm-operator
     chart_digest: str
+    base: str  # the image it was built on, REGISTRY/REPOSITORY@sha256:... (the index's digest)
     assets: Path  # install.yaml, the chart's .tgz, sbom-ARCH.spdx.json, digests.env
     public_key: Path
     cosign: Path
@@ -65,6 +66,7 @@ def release_into(registry: Registry, version: str, workdir: Path) -> Release:
         printed["RELEASE_IMAGE"],
         printed["RELEASE_CHART"],
         printed["RELEASE_CHART_DIGEST"],
+        printed["RELEASE_BASE"],
         assets,
         keys / "cosign.pub",
         cosign,
