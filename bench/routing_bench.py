@@ -2,7 +2,7 @@
 the same two real vLLM servers (the tiny random-weight model, throughput placement, one server of 1 CPU on each
 worker of the quick start's kind cluster, testbed/spread.py).
 
-    .venv/bin/python bench/routing_bench.py [--clients 6] [--seconds 120] [--rounds 2]
+    .venv/bin/python bench/routing_bench.py [--clients 6] [--seconds 120] [--rounds 2] [--chat] [--model qwen2.5-0.5b]
 
 A client pod inside the cluster (Debian's python3.11, testbed/load.py mounted from a ConfigMap) sends bursty, mixed
 streamed completions (prompts of 16-1024 tokens, 8-128 tokens out; a client pauses 2-8 s after a third of its
@@ -21,6 +21,9 @@ message of its own, then turns that send the whole conversation so far), through
 router with `affinity: none` (least connections, the default) and the router with `affinity: prefix`, switched by
 patching the service between them. Each route's rows add the time to first token of the later turns alone (what
 the prefix cache can save) and the servers' prefix-cache hit rate (vLLM's prefix_cache_hits / _queries, in tokens).
+
+--model serves a random-weight model of a published size (tests/vllm/make_sized_model.py, built once under the
+models cache) in place of the tiny one: a prefill that takes seconds, where a cache miss costs what it would in use.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from testbed.spread import (
     server_counters,
 )
 from testbed.tools import ROOT, Kubectl, eventually
+from testbed.vllm_server import TINY, built_model, vllm_python
 
 CLIENT = "routing-bench-client"
 DIRECT = f"{SPREAD}-direct"
@@ -123,7 +127,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--seconds", type=int, default=120)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--chat", action="store_true", help="multi-turn conversations through three routes")
+    parser.add_argument("--model", default=TINY, help=f"{TINY}, or a random-weight size of make_sized_model.py")
+    parser.add_argument(
+        "--bounds", type=int, nargs="*", default=[], help="with --chat, prefix routes at these loadFactors too"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=2048,
+        help="the servers' context (a random model's replies come back as several times their tokens)",
+    )
     args = parser.parse_args(argv)
+    model_dir = None if args.model == TINY else built_model(vllm_python(), args.model)
     docker = subprocess.run(
         [str(ROOT / "scripts" / "docker.sh"), "start"], check=True, capture_output=True, text=True
     ).stdout
@@ -132,10 +147,17 @@ def main(argv: list[str]) -> int:
     try:
         with (
             tempfile.TemporaryDirectory(prefix="routing-bench-") as workdir,
-            quick_start_cluster(docker_env, Path(workdir)) as quick_start,
+            quick_start_cluster(docker_env, Path(workdir), model_dir) as quick_start,
         ):
             if args.chat:
-                print(table(measure_chat(quick_start, args.clients, args.seconds, args.rounds), CHAT_HEADER))
+                print(
+                    table(
+                        measure_chat(
+                            quick_start, args.clients, args.seconds, args.rounds, args.bounds, args.max_model_len
+                        ),
+                        CHAT_HEADER,
+                    )
+                )
             else:
                 print(table(measure(quick_start, args.clients, args.seconds, args.rounds)))
     finally:
@@ -172,10 +194,11 @@ CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% 
 PREFIX_COUNTERS = ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total")
 
 
-def switch_router(kubectl: Kubectl, affinity: str) -> None:
-    """The service's router to `affinity`, once the router runs its new configuration alone."""
-    patch_spec(kubectl, {"routing": {"router": {"affinity": affinity}}})
-    wanted = "  balance leastconn" if affinity == "none" else "  balance hash var(txn.affinity)"
+def switch_router(kubectl: Kubectl, affinity: str, load_factor: int = 150) -> None:
+    """The service's router to `affinity` (with prefix, bounded at `load_factor`), once the router runs its new
+    configuration alone."""
+    patch_spec(kubectl, {"routing": {"router": {"affinity": affinity, "loadFactor": load_factor}}})
+    wanted = "  balance leastconn" if affinity == "none" else f"  hash-balance-factor {load_factor}"
 
     def rolled() -> bool:
         config = kubectl.get("configmap", f"{SPREAD}-router", NAMESPACE) or {}
@@ -189,28 +212,35 @@ def switch_router(kubectl: Kubectl, affinity: str) -> None:
     eventually(rolled, timeout=300, interval=2, what=f"the router with affinity {affinity}")
 
 
-def measure_chat(quick_start: QuickStart, clients: int, seconds: int, rounds: int) -> list[list[str]]:
+def measure_chat(
+    quick_start: QuickStart, clients: int, seconds: int, rounds: int, bounds: list[int], max_model_len: int
+) -> list[list[str]]:
     kubectl = quick_start.kubectl
     # The Service route reaches the servers from the client pod, which their NetworkPolicy admits only from the router.
     model = deploy_spread(
-        quick_start, 2, extraArgs=["--chat-template", CHAT_TEMPLATE], networkPolicy={"enabled": False}
+        quick_start,
+        2,
+        extraArgs=["--chat-template", CHAT_TEMPLATE],
+        networkPolicy={"enabled": False},
+        maxModelLen=max_model_len,
     )
     eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
     debian = build_debian()
     kubectl.apply(*client_objects(push_archive(quick_start.registry, debian, debian.ref.split("/", 1)[1])))
     kubectl.run("wait", "--for=condition=Ready", f"pod/{CLIENT}", "-n", NAMESPACE, "--timeout=300s")
     routes = (
-        ("service", DIRECT, "prefix"),
-        ("router, least connections", SPREAD, "none"),
-        ("router, prefix", SPREAD, "prefix"),
+        ("service", DIRECT, "prefix", 150),
+        ("router, least connections", SPREAD, "none", 150),
+        ("router, prefix", SPREAD, "prefix", 150),
+        *((f"router, prefix, bound {bound}", SPREAD, "prefix", bound) for bound in bounds),
     )
     results: dict[str, tuple[list[dict[str, Any]], dict[str, float], list[float]]] = {
-        route: ([], {}, [0.0, 0.0]) for route, _, _ in routes
+        route: ([], {}, [0.0, 0.0]) for route, *_ in routes
     }
     for round_ in range(rounds):
-        for index, (route, address, affinity) in enumerate(routes):
+        for index, (route, address, affinity, bound) in enumerate(routes):
             if address == SPREAD:
-                switch_router(kubectl, affinity)
+                switch_router(kubectl, affinity, bound)
             before, cache_before = served(kubectl), server_counters(kubectl, PREFIX_COUNTERS)
             # Fresh conversations per route and round: no route finds another's in the caches.
             outcomes = drive(kubectl, address, model, clients, seconds, seed=100 * round_ + index, chat=True)

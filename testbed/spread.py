@@ -67,14 +67,17 @@ def kind_config(path: Path) -> Path:
 
 
 @contextmanager
-def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[QuickStart]:
-    """The quick start run from no cluster (asserted to succeed), its cluster deleted at the end."""
+def quick_start_cluster(
+    docker_env: dict[str, str], workdir: Path, model_dir: Path | None = None
+) -> Iterator[QuickStart]:
+    """The quick start run from no cluster (asserted to succeed) with the model in `model_dir` (default: the tests'
+    tiny model), its cluster deleted at the end."""
     # Measured: 31.7 GB at the most, with both workers running vLLM (the registry's uncompressed copy of the 6 GB
     # image, and each worker's blob and unpacked snapshot of it).
     require_free_space([workdir, CACHE], QUICK_START_DISK_BYTES, "the quick start's cluster with two workers")
     mount_unmounted_v1_hierarchies()  # the nodes' containerd sees them: kills for memory read as OOMKilled
     tools = tool_dirs(["kubernetes", "helm", "kind"])
-    make_tiny_model(vllm_python(), workdir / TINY)
+    model_dir = model_dir or make_tiny_model(vllm_python(), workdir / TINY)
     env = {**docker_env, "PATH": os.pathsep.join([*(str(d) for d in tools.values()), docker_env["PATH"]])}
     with local_registry() as registry:
         # kind's node image under the registry's name in Docker's store, not pushed: kind pulls a node image only
@@ -89,7 +92,7 @@ def quick_start_cluster(docker_env: dict[str, str], workdir: Path) -> Iterator[Q
         vllm = push_archive(registry, vllm_image, vllm_image.ref.split("/", 1)[1])
         command = [
             str(ROOT / "scripts" / "quickstart.sh"),
-            *("--offline", "--registry", registry.host, "--model-dir", str(workdir / TINY), "--chart", release.chart),
+            *("--offline", "--registry", registry.host, "--model-dir", str(model_dir), "--chart", release.chart),
             *("--name", NAME, "--kind-config", str(kind_config(workdir / "kind.json")), "--port", str(free_port())),
             *("--timeout", "900"),
         ]
