@@ -20,7 +20,8 @@ EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.yaml"))
 # moves one of them is seen in review: (TP, KV GiB per rank, CPU, memory limit bytes, eligible nodes).
 EXPECTED_PLANS = {
     "llama-8b-amx.yaml": (2, 4, 94, 32892780544, ["xeon-amx-0", "xeon-amx-1"]),
-    "mistral-7b-context.yaml": (2, 4, 94, 29395779584, ["xeon-amx-0", "xeon-amx-1"]),  # latency: AMX with n-gram
+    # latency: the AMX TP 2's decode (23.8 tok/s) ties the 4-NUMA TP 4's (22.6, within 10%); TP 4's first token wins
+    "mistral-7b-context.yaml": (4, 2, 124, 31932284928, ["avx512-4numa-0"]),
     "qwen-small.yaml": (1, 2, 47, 6170869760, ["xeon-amx-0", "xeon-amx-1"]),
     "qwen-throughput.yaml": (1, 1, 47, 5042601984, ["xeon-amx-0", "xeon-amx-1"]),
 }

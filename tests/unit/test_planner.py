@@ -1,5 +1,6 @@
 import pytest
 
+from cpullm.core import planner
 from cpullm.core.children.deployment import vllm_env
 from cpullm.core.constants import DTYPE_BYTES, GiB, MiB
 from cpullm.core.memory import memory_budget
@@ -232,6 +233,21 @@ def test_selector_and_affinity_narrow_the_pool():
 def test_too_small_nodes_refuse_with_model_too_large(nodes, message):
     with pytest.raises(ModelTooLarge, match=message):
         plan_service(spec(), llama_8b(), nodes)
+
+
+@pytest.mark.parametrize(
+    ("best", "value", "steps"),
+    [
+        (100.0, 100.0, 0),  # the best itself
+        (100.0, 91.0, 0),  # within 10%: a tie
+        (100.0, 90.0, 1),  # a step below (100 / 90 = 1.11)
+        (100.0, 80.0, 2),
+        (1.1**5 * 1.001, 1.1**5 * 0.999, 0),  # a hair apart across a fixed step's boundary: still a tie
+        (100.0, 0.0, 10**6),  # nothing predicted: below everything
+    ],
+)
+def test_an_objective_is_counted_in_steps_below_the_best_plan(best, value, steps):
+    assert planner._steps_below(best, value) == steps
 
 
 def test_heterogeneous_pool_prefers_a_shape_with_room_for_every_replica_then_the_objectives_prediction():

@@ -142,16 +142,17 @@ def _plan_service(
                 continue
             plans.append((plan, shape, fitted))
     if plans:
-        plan, shape, fitted = max(plans, key=lambda candidate: _preference(candidate[0], spec, running))
+        best = _best_objective([p for p, _, _ in plans], spec)
+        plan, shape, fitted = max(plans, key=lambda candidate: _preference(candidate[0], spec, running, best))
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
         terms = shape_node_terms(shape.members, spec.cpu.required_isa, _unfit_lookalikes(plan, shape, eligible))
         # Listed in the order a fresh plan lists them (the running shape aside), offline and in the operator alike.
         others = sorted(
-            (p for p, _, _ in plans if p is not plan), key=lambda p: _preference(p, spec, None), reverse=True
+            (p for p, _, _ in plans if p is not plan), key=lambda p: _preference(p, spec, None, best), reverse=True
         )
         passed_over = [
-            f"{_describe(p)}: {_why_passed_over(plan, p, spec, running)}" for p in others[:PASSED_OVER_SHOWN]
+            f"{_describe(p)}: {_why_passed_over(plan, p, spec, running, best)}" for p in others[:PASSED_OVER_SHOWN]
         ]
         if len(others) > PASSED_OVER_SHOWN:
             passed_over.append(f"and {len(others) - PASSED_OVER_SHOWN} more node shapes")
@@ -229,11 +230,13 @@ def _describe(plan: Plan) -> str:
     return f"{plan.placement} TP {plan.tensor_parallel_size} on {where}"
 
 
-def _why_passed_over(chosen: Plan, other: Plan, spec: CpuLLMServiceSpec, running: NodeShape | None) -> str:
+def _why_passed_over(
+    chosen: Plan, other: Plan, spec: CpuLLMServiceSpec, running: NodeShape | None, best: tuple[float, ...]
+) -> str:
     """The rule of _preference the chosen plan beat `other` on, in words: the first that tells them apart of those
     about the plans themselves; the shape the service already runs on only where it alone decided (so a plan reads
     the same offline as in the operator)."""
-    won, lost = _preference(chosen, spec, running), _preference(other, spec, running)
+    won, lost = _preference(chosen, spec, running, best), _preference(other, spec, running, best)
     reasons = (
         f"they hold {other.capacity} of the {spec.replicas} replicas",
         "the service runs on the chosen shape already (moving it would restart its servers)",
@@ -258,37 +261,52 @@ def _objective_shown(plan: Plan, spec: CpuLLMServiceSpec) -> str:
     if p is None:
         return "nothing"
     if spec.objective == Objective.LATENCY:
-        return f"{p.decode_tokens_per_second:.1f} tok/s for one sequence"
+        first = p.time_to_first_token_seconds
+        return f"{p.decode_tokens_per_second:.1f} tok/s for one sequence, a first token in {first:.2f} s"
     return f"{p.throughput_tokens_per_second / plan.cpu:.2f} tok/s per CPU at {p.throughput_streams} sequences"
 
 
-def _objective(plan: Plan, spec: CpuLLMServiceSpec) -> tuple[int, ...]:
-    """How well a plan meets spec.objective, by its prediction, in steps of OBJECTIVE_STEP (a closer call is a tie,
-    which the rules after it decide): throughput per CPU; or one sequence's decode, then its first token."""
+def _objective_values(plan: Plan, spec: CpuLLMServiceSpec) -> tuple[float, ...]:
+    """What spec.objective asks of a plan's prediction, each higher-is-better: throughput per CPU; or one sequence's
+    decode, then the first token's rate (1 / its seconds). Zero where nothing is predicted."""
     p = plan.predicted
-    if p is None:
-        return (0,)
     if spec.objective == Objective.LATENCY:
-        return (_steps(p.decode_tokens_per_second), -_steps(p.time_to_first_token_seconds))
-    return (_steps(p.throughput_tokens_per_second / plan.cpu),)
+        return (p.decode_tokens_per_second, 1 / p.time_to_first_token_seconds) if p else (0.0, 0.0)
+    return (p.throughput_tokens_per_second / plan.cpu,) if p else (0.0,)
+
+
+def _best_objective(plans: list[Plan], spec: CpuLLMServiceSpec) -> tuple[float, ...]:
+    """The best of each of the plans' objective values: what a plan's steps are counted down from."""
+    return tuple(max(values) for values in zip(*(_objective_values(p, spec) for p in plans), strict=True))
+
+
+def _objective(plan: Plan, spec: CpuLLMServiceSpec, best: tuple[float, ...]) -> tuple[int, ...]:
+    """How well a plan meets spec.objective, in steps of OBJECTIVE_STEP below the best plan's (each value in turn):
+    every plan within a step of the best ties with it, and the rules after it decide. Counted from the best, not
+    from fixed boundaries, so two plans a hair apart never fall either side of one."""
+    return tuple(-_steps_below(top, value) for value, top in zip(_objective_values(plan, spec), best, strict=True))
 
 
 # Predictions this close are a tie: the estimates are not finer, and the probes move by as much between runs.
 OBJECTIVE_STEP = 1.1
 
 
-def _steps(value: float) -> int:
-    return math.floor(math.log(max(value, 1e-9)) / math.log(OBJECTIVE_STEP))
+def _steps_below(best: float, value: float) -> int:
+    if value <= 0:
+        return 10**6  # nothing predicted: below every prediction
+    return math.floor(math.log(max(best, value) / value) / math.log(OBJECTIVE_STEP))
 
 
-def _preference(plan: Plan, spec: CpuLLMServiceSpec, running: NodeShape | None) -> tuple[object, ...]:
+def _preference(
+    plan: Plan, spec: CpuLLMServiceSpec, running: NodeShape | None, best: tuple[float, ...]
+) -> tuple[object, ...]:
     profile = plan.node_profile
     return (
         plan.capacity >= spec.replicas,
         # The shape the service runs on stays while it is good enough: nodes joining the pool must not move
         # running servers to an equally good shape (each move restarts them, minutes on CPU).
         profile.shape == running,
-        _objective(plan, spec),
+        _objective(plan, spec, best),
         plan.capacity,
         plan.tensor_parallel_size,
         profile.cpus,
