@@ -142,7 +142,9 @@ def _plan_service(
                 continue
             plans.append((plan, shape, fitted))
     if plans:
-        best = _best_objective([p for p, _, _ in plans], spec)
+        # Counted from the best of the plans that hold every replica (the rule before it), where any does.
+        holding = [p for p, _, _ in plans if p.capacity >= spec.replicas] or [p for p, _, _ in plans]
+        best = _best_objective(holding, spec)
         plan, shape, fitted = max(plans, key=lambda candidate: _preference(candidate[0], spec, running, best))
         # The chosen shape's alone: a label signature per member node was the planner's costliest step when
         # worked out for every shape (~1/3 of its time at 1,000 nodes).
