@@ -49,6 +49,22 @@ def ran(seconds: int, **ended: Any) -> dict[str, Any]:
             id="a tag that does not exist",
         ),
         pytest.param(
+            waiting(
+                "ErrImagePull",
+                'failed to pull and unpack image "localhost:40101/vllm/x:no-such-tag": failed to resolve reference '
+                '"localhost:40101/vllm/x:no-such-tag": localhost:40101/vllm/x:no-such-tag: not found',
+            ),
+            "ImagePullFailed",
+            ["no such image or tag"],
+            id="a missing tag in a registry whose port holds 401",
+        ),
+        pytest.param(
+            waiting("ErrImagePull", "unexpected status from HEAD request to https://r.example/v2/x/manifests/1: 401"),
+            "ImagePullFailed",
+            ["imagePullSecret"],
+            id="a bare 401",
+        ),
+        pytest.param(
             waiting("ImagePullBackOff", 'Back-off pulling image: pull access denied, repository does not exist or may '
                     "require authorization: authorization failed"),
             "ImagePullFailed",

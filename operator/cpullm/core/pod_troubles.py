@@ -5,6 +5,7 @@ pulled, container made, container running)."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -50,6 +51,9 @@ def _unschedulable(status: Mapping[str, Any], declared: Mapping[str, Declared]) 
 
 
 IMAGE_PULL = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+# A registry refusing the node: its words, or a 401 or 403 standing alone (not in a port such as localhost:40101).
+REFUSED_WORDS = ("unauthorized", "denied", "authentication", "forbidden")
+REFUSED_STATUS = re.compile(r"(?<![\w:.])40[13](?![\w.])")
 
 
 def _image_pull(status: Mapping[str, Any], declared: Mapping[str, Declared]) -> PodTrouble | None:
@@ -61,7 +65,7 @@ def _image_pull(status: Mapping[str, Any], declared: Mapping[str, Declared]) -> 
         lowered = said.lower()
         if "platform" in lowered or "exec format" in lowered:
             fix = "the image has no build for the node's CPU architecture: name one that does (spec.image)"
-        elif any(word in lowered for word in ("unauthorized", "denied", "authentication", "forbidden", "403", "401")):
+        elif any(word in lowered for word in REFUSED_WORDS) or REFUSED_STATUS.search(lowered):
             fix = (
                 "the registry refuses the node: give the namespace's default ServiceAccount an imagePullSecret for it, "
                 "or name an image the nodes may pull"
