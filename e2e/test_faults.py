@@ -1,4 +1,4 @@
-"""Faults (issue 14): the API server and etcd going away mid-reconcile, the operator SIGKILLed while 100
+"""Faults: the API server and etcd going away mid-reconcile, the operator SIGKILLed while 100
 services are created, children deleted en masse, the operator's connections cut. After each, every service's
 status must agree with its children within a short retry, with no duplicate children, no operator restart and
 no traceback in its log (a transient API error is one warning line and a short jittered retry)."""

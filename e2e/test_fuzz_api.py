@@ -1,4 +1,4 @@
-"""Fuzzed input through the real API server (issue 14): CpuLLMService specs and nodes with garbage in every
+"""Fuzzed input through the real API server: CpuLLMService specs and nodes with garbage in every
 field. What the schema or its CEL rules reject never reaches the operator; everything the API server accepts
 must end as a Planned condition for its generation with a known reason and a message, while the operator logs
 no traceback and goes on reconciling other services. Deterministic (derandomize, no example database): every

@@ -454,7 +454,7 @@ def test_each_error_names_the_file_field_and_fix_in_one_line(tmp_path, capsys, a
 
 
 def test_a_plan_of_a_spec_with_its_config_imports_no_hub_client_and_no_metrics():
-    """What a plan's start is made of (issue 63: `cpullm plan` under half a second): huggingface_hub's client and
+    """What a plan's start is made of (`cpullm plan` starts in under half a second): huggingface_hub's client and
     prometheus_client are a third of it, and a spec that carries its model's config needs neither. Checked by what a
     fresh interpreter imported, not by a clock."""
     import subprocess
