@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from make_tiny_model import build_tokenizer, random_weights
+from make_tiny_model import CONFIG, build_tokenizer, random_weights
 from safetensors.torch import save_file
 
 QWEN25 = {
@@ -61,24 +61,14 @@ SIZES: dict[str, dict[str, Any]] = {
         "num_key_value_heads": 2,
         "max_window_layers": 70,
     },
-    "tinyllama-1.1b": {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    "tinyllama-1.1b": {  # the tests' tiny Llama's architecture at TinyLlama's size
+        **CONFIG,
         "hidden_size": 2048,
         "intermediate_size": 5632,
         "num_hidden_layers": 22,
         "num_attention_heads": 32,
         "num_key_value_heads": 4,
         "vocab_size": 32000,
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": False,
-        "attention_bias": False,
-        "hidden_act": "silu",
-        "torch_dtype": "bfloat16",
-        "bos_token_id": 1,
-        "eos_token_id": 2,
     },
 }
 
