@@ -89,3 +89,15 @@ def test_compute_bound_points_are_sampled_in_rounds_over_every_point():
     warm_up, timed = order[:3], order[3:]
     assert warm_up == list(runs)
     assert timed == [key for _ in range(3) for key in runs for _ in range(2)]  # two samples a round at least
+
+
+def test_what_runs_before_each_timed_run_is_not_timed(monkeypatch):
+    """The attention's decode runs after the caches are evicted (a server's layers stream weights between two
+    layers' attention): the eviction precedes every timed run, and its time is not counted."""
+    clock = iter(range(1000))
+    monkeypatch.setattr(perf_probe.time, "perf_counter", lambda: float(next(clock)))
+    order: list[str] = []
+    seconds = perf_probe.typical_seconds(lambda: order.append("run"), budget=0.0, before=lambda: order.append("evict"))
+    assert order[0] == "run"  # the warm-up
+    assert order[1:] == ["evict", "run"] * 5
+    assert seconds == 1.0  # each run between two readings of the clock, the eviction outside them

@@ -200,6 +200,60 @@ def test_tp_2_decodes_faster_on_a_large_model_and_pays_its_all_reduces_on_a_smal
     assert speeds(small, tp=2).decode_tokens_per_second < 1.6 * speeds(small).decode_tokens_per_second
 
 
+# The probe's attention layers at 128 and 1,024 tokens of context, seconds per sequence: the large layer (2,048 KV
+# bytes a token) and a small one (256) whose time is mostly fixed.
+LARGE = ((128, 2e-6), (1024, 8e-6))
+SMALL = ((128, 1.5e-6), (1024, 2.0e-6))
+PER_BYTE_AT_128 = (2e-6 - 1.5e-6) / (2048 - 256)
+
+
+@pytest.mark.parametrize(
+    ("kv_bytes", "context", "small", "expected"),
+    [
+        (2048, 128, (), 2e-6),  # the probe's layer: what it measured
+        (512, 128, (), 0.5e-6),  # one small layer measured: in proportion to the KV bytes
+        (2048, 576, (), 5e-6),  # linear in context between the points
+        (2048, 128, SMALL, 2e-6),  # both measured: each layer's own time
+        (256, 128, SMALL, 1.5e-6),
+        (512, 128, SMALL, 1.5e-6 + 256 * PER_BYTE_AT_128),  # affine in the KV bytes through the two
+        (0, 128, SMALL, 1.5e-6 - 256 * PER_BYTE_AT_128),  # no KV bytes: the kernel's fixed cost
+        (512, 128, ((128, 3e-6), (1024, 4e-6)), 3e-6),  # the small layer slower (noise): no cost per byte
+    ],
+)
+def test_a_layers_decode_attention_is_affine_in_its_kv_bytes_through_the_probes_two_layers(
+    kv_bytes, context, small, expected
+):
+    attention = perf.Attention(1e12, LARGE, small)
+    assert attention.decode_seconds(context, kv_bytes) == pytest.approx(expected)
+
+
+def attention_probe(small: bool) -> dict[str, Any]:
+    """probe_object with the attention measured on its large layer (LARGE's times on one thread, eight threads' worth
+    ten times as fast), and on the small one where `small`."""
+    probe = probe_object(numa=2)
+    for numa in probe["spec"]["numaNodes"]:
+        for threads in (numa["oneThread"], numa["allCores"]):
+            faster = min(threads["threads"], 8)
+            threads["attentionPrefillFlopsPerSecond"] = 50e9 * faster
+            threads["attentionDecodeSecondsPerSequence"] = {str(c): 10 * s / faster for c, s in LARGE}
+            if small:
+                threads["attentionSmallDecodeSecondsPerSequence"] = {str(c): 10 * s / faster for c, s in SMALL}
+    return probe
+
+
+def test_a_small_layers_fixed_cost_slows_a_small_models_batch_and_barely_moves_a_large_models():
+    """Qwen2.5-0.5B's layers hold a quarter of the probe's KV bytes: in proportion, a quarter of its time; through
+    the small layer, most of it. An 8B model's layers hold twice the probe's layer's bytes, near where the two
+    ways agree."""
+
+    def ratio(model: ModelSize) -> float:
+        alone, both = (speeds(model, probe=attention_probe(small), streams=32) for small in (False, True))
+        return both.throughput_tokens_per_second / alone.throughput_tokens_per_second
+
+    assert ratio(qwen_05b()) < 0.97
+    assert ratio(llama_8b()) == pytest.approx(1.0, abs=0.02)
+
+
 def narrow_probe(share: float | None) -> dict[str, Any]:
     """probe_object whose 1,024-input products kept `share` of the wide ones' rates at every batch (None: not
     measured)."""

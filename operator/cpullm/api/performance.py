@@ -54,6 +54,11 @@ class ThreadsMeasured(_Model):
         max_length=MAX_BATCHES,
         description="Its decode step's seconds per sequence, by context length (16 heads over 4 KV heads of 128).",
     )
+    attention_small_decode_seconds_per_sequence: Rates | None = Field(
+        default=None,
+        max_length=MAX_BATCHES,
+        description="The same on a small layer (4 heads over 1 KV head of 64): its fixed cost (absent: not run).",
+    )
     attention_kernel: str | None = Field(default=None, max_length=128, description="The attention kernel measured.")
     bf16_kernel: str | None = Field(default=None, max_length=64, description="The bf16 kernel measured.")
     int8_kernel: str | None = Field(default=None, max_length=64, description="The int8 kernel measured.")

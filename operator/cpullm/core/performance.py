@@ -32,8 +32,10 @@ DECODE_CONTEXT_TOKENS = 512
 TTFT_PROMPT_TOKENS = 1024
 # vLLM CPU's prefill chunk (max_num_batched_tokens, its default on CPU: the plan renders none).
 PREFILL_CHUNK_TOKENS = 2048
-# What the probe's attention layer holds per token: 4 KV heads x (K and V) x 128 x 2 bytes (perf_probe.py).
+# What the probe's attention layers hold per token: 4 KV heads x (K and V) x 128 x 2 bytes, and its small layer's 1
+# KV head of 64 (perf_probe.py LAYER, SMALL_LAYER).
 PROBE_KV_BYTES_PER_TOKEN = 4 * 2 * 128 * 2
+PROBE_SMALL_KV_BYTES_PER_TOKEN = 1 * 2 * 64 * 2
 
 # The terms the probe does not measure whole, in units it does (calibrated by bench/predict_bench.py against real
 # vLLM 0.32 servers; docs/performance.md has the fit and the machine it was made on):
@@ -98,22 +100,35 @@ class KernelRates:
         return KernelRates(tuple(points))
 
 
+def _linear_in_context(points: tuple[tuple[int, float], ...], context: int) -> float:
+    """Seconds per sequence at `context` from (context, seconds) points, linear between the two nearest (a decode
+    step's time is), extended past them, never below the first point's."""
+    if len(points) == 1:
+        return points[0][1]
+    (c0, t0), (c1, t1) = (points[0], points[1]) if context <= points[1][0] else points[-2:]
+    return max(t0 + (context - c0) * (t1 - t0) / (c1 - c0), points[0][1] if context >= points[0][0] else 1e-12)
+
+
 @dataclass(frozen=True)
 class Attention:
-    """vLLM's attention kernel as the probe's layer measured it: a prefill's arithmetic per second, and a decode
-    step's sequences per second at each context length (per layer)."""
+    """vLLM's attention kernel as the probe's layers measured it: a prefill's arithmetic per second, and a decode
+    step's seconds per sequence at each context length (per layer), on the probe's layer and its small one."""
 
     prefill_flops: float
-    decode: tuple[tuple[int, float], ...]  # (context, sequences per second), context ascending
+    decode: tuple[tuple[int, float], ...]  # (context, seconds per sequence), context ascending
+    small_decode: tuple[tuple[int, float], ...] = ()  # likewise on the small layer (none: not measured)
 
-    def decode_rate(self, context: int) -> float:
-        """Sequences per second at `context`, linear in context between the points (their time is)."""
-        points = self.decode
-        if len(points) == 1:
-            return points[0][1]
-        (c0, r0), (c1, r1) = (points[0], points[1]) if context <= points[1][0] else points[-2:]
-        seconds = 1 / r0 + (context - c0) * (1 / r1 - 1 / r0) / (c1 - c0)
-        return 1 / max(seconds, 1 / r0 if context >= c0 else 1e-9)
+    def decode_seconds(self, context: int, kv_bytes: float) -> float:
+        """One sequence's decode through a layer holding `kv_bytes` per token, at `context`: affine in the KV bytes
+        through the probe's two layers (the kernel's cost per sequence and layer is part fixed, part its KV reads:
+        on two Zen 5 vCPUs at 144 tokens, 7.2 us for the small layer's 256 bytes a token, 38 us for the large one's
+        2,048); where only one layer was measured, in proportion to its KV bytes."""
+        large = _linear_in_context(self.decode, context)
+        if not self.small_decode:
+            return large * kv_bytes / PROBE_KV_BYTES_PER_TOKEN
+        small = _linear_in_context(self.small_decode, context)
+        per_byte = max(0.0, large - small) / (PROBE_KV_BYTES_PER_TOKEN - PROBE_SMALL_KV_BYTES_PER_TOKEN)
+        return max(0.0, small - per_byte * PROBE_SMALL_KV_BYTES_PER_TOKEN) + per_byte * kv_bytes
 
 
 @dataclass(frozen=True)
@@ -141,7 +156,7 @@ class ThreadRates:
             return self.attention
         bf16 = self.kernel(BF16)
         flops = (bf16.at(1024) * 1024 / 3) if bf16 else 1e9
-        return Attention(flops, tuple((c, self.read / (c * PROBE_KV_BYTES_PER_TOKEN)) for c in (128, 1024)))
+        return Attention(flops, tuple((c, c * PROBE_KV_BYTES_PER_TOKEN / self.read) for c in (128, 1024)))
 
 
 @dataclass(frozen=True)
@@ -175,10 +190,10 @@ class NumaPerformance:
         one, every = self.one.attention_or_estimate(), self.every.attention_or_estimate()
         return min(cores * one.prefill_flops, every.prefill_flops)
 
-    def attention_decode_rate(self, cores: int, context: int) -> float:
-        """Sequences per second per layer of the probe's attention layer."""
+    def attention_decode_seconds(self, cores: int, context: int, kv_bytes: float) -> float:
+        """One sequence's decode through a layer of `kv_bytes` per token (Attention.decode_seconds) on `cores`."""
         one, every = self.one.attention_or_estimate(), self.every.attention_or_estimate()
-        return min(cores * one.decode_rate(context), every.decode_rate(context))
+        return max(one.decode_seconds(context, kv_bytes) / cores, every.decode_seconds(context, kv_bytes))
 
     def small_kernel_seconds(self, cores: int) -> float:
         """One small kernel's cost on `cores` threads: between one thread's and all the node's, by thread count."""
@@ -315,10 +330,9 @@ class StepTime:
         return self.weights + self.attention + self.small_kernels + self.allreduce + self.python
 
 
-def _kv_scale(model: ModelSize, kv_bytes_per_token: int) -> float:
-    """A layer's KV bytes per token on a rank against the probe's attention layer's."""
-    layers = max(1, sum(g.layers for g in model.anatomy.kv_groups))
-    return kv_bytes_per_token / layers / PROBE_KV_BYTES_PER_TOKEN
+def _layer_kv_bytes(model: ModelSize, kv_bytes_per_token: int) -> float:
+    """A layer's KV bytes per token on a rank."""
+    return kv_bytes_per_token / max(1, sum(g.layers for g in model.anatomy.kv_groups))
 
 
 def decode_step(
@@ -331,14 +345,14 @@ def decode_step(
     queries: int = 1,
 ) -> StepTime:
     """One decode step of `batch` sequences at `context` tokens each, on the node's slowest NUMA node. The attention
-    reads each sequence's KV cache at the rate the probe's layer did, scaled by this model's KV bytes per layer.
+    costs each sequence what the probe's layers put on a layer of this model's KV bytes (Attention.decode_seconds).
     `queries`: tokens each sequence puts through the weights in the step (a speculative step checks the proposed
     tokens and one more: the matrix kernels run at batch x queries rows, each sequence's KV cache is read once)."""
     numa, cores, tp = node.slowest(), serving.cores_per_rank, serving.tensor_parallel_size
     small = numa.small_kernel_seconds(cores)
     layers = max(1, model.anatomy.layers)
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
-    per_sequence = _kv_scale(model, kv_bytes_per_token) / numa.attention_decode_rate(cores, context)
+    per_sequence = numa.attention_decode_seconds(cores, context, _layer_kv_bytes(model, kv_bytes_per_token))
     rows, streamed = batch * max(1, queries), step_bytes(model, tp)
     lora = lora_small_kernels(model, rows) if serving.lora else 0.0
     return StepTime(
@@ -671,8 +685,10 @@ def _thread_rates(measured: ThreadsMeasured) -> ThreadRates:
     attention = None
     decode = measured.attention_decode_seconds_per_sequence
     if measured.attention_prefill_flops_per_second and decode:
-        seconds = _rates(decode).points
-        attention = Attention(measured.attention_prefill_flops_per_second, tuple((c, 1 / t) for c, t in seconds))
+        small = measured.attention_small_decode_seconds_per_sequence
+        attention = Attention(
+            measured.attention_prefill_flops_per_second, _rates(decode).points, _rates(small).points if small else ()
+        )
     narrow = [
         (fmt, _rates(rates).never_faster_with_more_rows())
         for fmt, rates in (
