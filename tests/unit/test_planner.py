@@ -441,7 +441,7 @@ def test_passed_over_reads_the_same_offline_and_once_the_service_runs():
         offline.passed_over
         == running.passed_over
         == [
-            "tensorParallel TP 4 on amd64/4-NUMA/128-CPU nodes (big): predicted 1.82 tok/s per CPU at 8 sequences "
-            "there, 2.45 tok/s per CPU at 8 sequences for the chosen plan (objective throughput)"
+            "tensorParallel TP 4 on amd64/4-NUMA/128-CPU nodes (big): predicted 1.76 tok/s per CPU at 8 sequences "
+            "there, 2.33 tok/s per CPU at 8 sequences for the chosen plan (objective throughput)"
         ]
     )

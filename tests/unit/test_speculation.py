@@ -98,7 +98,7 @@ def test_the_gain_shrinks_as_the_weights_shrink_and_as_sequences_grow():
     # 256 sequences on 32 cores: the checking step's 1,024 rows are bound by arithmetic.
     small = node("small", numa=1, cpu="32", memory="512Gi")
     many = plan_service(spec(maxNumSeqs=256, kvCacheGiB=32, **latency), model("llama-8b"), [small]).speculative
-    assert many and many.throughput_gain is not None and many.throughput_gain < 0.5 * bf16.throughput_gain
+    assert many and many.throughput_gain is not None and many.throughput_gain < 1 < bf16.throughput_gain  # a loss
     ceiling = ACCEPTANCE[NGRAM].tokens_per_step(3)
     assert bf16.decode_gain <= round(ceiling, 2)
 

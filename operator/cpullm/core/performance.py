@@ -36,6 +36,9 @@ PREFILL_CHUNK_TOKENS = 2048
 # KV head of 64 (perf_probe.py LAYER, SMALL_LAYER).
 PROBE_KV_BYTES_PER_TOKEN = 4 * 2 * 128 * 2
 PROBE_SMALL_KV_BYTES_PER_TOKEN = 1 * 2 * 64 * 2
+# Where the probe did not time the attention: a decode reads the KV cache at this share of the streaming read (vLLM's
+# kernel read the probe's layer, its KV cache out of the caches, at 0.34-0.40 of it on two Zen 5 vCPUs, 2026-12-02).
+KV_READ_SHARE = 0.4
 
 # The terms the probe does not measure whole, in units it does (calibrated by bench/predict_bench.py against real
 # vLLM 0.32 servers; docs/performance.md has the fit and the machine it was made on):
@@ -151,12 +154,13 @@ class ThreadRates:
 
     def attention_or_estimate(self) -> Attention:
         """The attention measured, else one from the bf16 kernel: a prefill at a third of its arithmetic at a
-        1,024-token batch, a decode reading the KV cache at the streaming read."""
+        1,024-token batch, a decode reading the KV cache at KV_READ_SHARE of the streaming read."""
         if self.attention is not None:
             return self.attention
         bf16 = self.kernel(BF16)
         flops = (bf16.at(1024) * 1024 / 3) if bf16 else 1e9
-        return Attention(flops, tuple((c, c * PROBE_KV_BYTES_PER_TOKEN / self.read) for c in (128, 1024)))
+        read = KV_READ_SHARE * self.read
+        return Attention(flops, tuple((c, c * PROBE_KV_BYTES_PER_TOKEN / read) for c in (128, 1024)))
 
 
 @dataclass(frozen=True)
