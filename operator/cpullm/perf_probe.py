@@ -189,9 +189,9 @@ def measure(threads: int, size: int, budget: float) -> dict[str, Any]:
 # in 32-token blocks: one causal prefill of PREFILL_TOKENS, and a decode step of DECODE_SEQUENCES sequences at each
 # of DECODE_CONTEXTS tokens of context; the decode again on SMALL_LAYER (query heads, KV heads, head width): a small
 # model's layer, whose time per sequence is mostly the kernel's fixed cost, not its KV bytes. Each decode run comes
-# after writing twice the last-level cache: in a server a layer's weights stream through the caches between two
-# layers' attention, so each reads its KV cache from memory (on 2 Zen 5 vCPUs a 0.5B model's layer at 144 tokens
-# took 13 us a sequence in vLLM's engine and 14 us so, against 3 us with its KV cache in the caches).
+# after writing twice the last-level cache per thread: in a server a layer's weights stream through the caches
+# between two layers' attention, so each reads its KV cache from memory (on 2 Zen 5 vCPUs a 0.5B model's layer at
+# 144 tokens took 13 us a sequence in vLLM's engine and 14 us so, against 3 us with its KV cache in the caches).
 ATTENTION_HEADS, ATTENTION_KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 128, 32
 SMALL_LAYER = (4, 1, 64)
 PREFILL_TOKENS, DECODE_SEQUENCES, DECODE_CONTEXTS = 1024, 32, (128, 1024)
@@ -260,7 +260,9 @@ def attention(torch: Any, budget: float) -> dict[str, Any]:
 
         return run
 
-    evicting = torch.empty(2 * last_level_cache_bytes(), dtype=torch.uint8)
+    # Twice the last-level cache per thread, up to 1 GiB: a node's cores may sit under several L3s (one per AMD CCD),
+    # and each thread's share of the write passes through its own.
+    evicting = torch.empty(min(2 * last_level_cache_bytes() * torch.get_num_threads(), 1024 * MiB), dtype=torch.uint8)
 
     def decode(layer: tuple[int, int, int]) -> dict[str, float]:
         return {
