@@ -191,7 +191,7 @@ def measure(threads: int, size: int, budget: float) -> dict[str, Any]:
 # model's layer, whose time per sequence is mostly the kernel's fixed cost, not its KV bytes. Each decode run comes
 # after writing twice the last-level cache per thread: in a server a layer's weights stream through the caches
 # between two layers' attention, so each reads its KV cache from memory (on 2 Zen 5 vCPUs a 0.5B model's layer at
-# 144 tokens took 13 us a sequence in vLLM's engine and 14 us so, against 3 us with its KV cache in the caches).
+# 144 tokens took about 10 us a sequence in vLLM's engine and 14 us so, against 3 us with its KV cache cached).
 ATTENTION_HEADS, ATTENTION_KV_HEADS, HEAD_DIM, BLOCK = 16, 4, 128, 32
 SMALL_LAYER = (4, 1, 64)
 PREFILL_TOKENS, DECODE_SEQUENCES, DECODE_CONTEXTS = 1024, 32, (128, 1024)
