@@ -334,11 +334,6 @@ class StepTime:
         return self.weights + self.attention + self.small_kernels + self.allreduce + self.python
 
 
-def _layer_kv_bytes(model: ModelSize, kv_bytes_per_token: int) -> float:
-    """A layer's KV bytes per token on a rank."""
-    return kv_bytes_per_token / max(1, sum(g.layers for g in model.anatomy.kv_groups))
-
-
 def decode_step(
     model: ModelSize,
     serving: Serving,
@@ -356,7 +351,8 @@ def decode_step(
     small = numa.small_kernel_seconds(cores)
     layers = max(1, model.anatomy.layers)
     attention_layers = sum(g.layers for g in model.anatomy.kv_groups)
-    per_sequence = numa.attention_decode_seconds(cores, context, _layer_kv_bytes(model, kv_bytes_per_token))
+    layer_kv_bytes = kv_bytes_per_token / max(1, attention_layers)  # a layer's KV bytes per token on the rank
+    per_sequence = numa.attention_decode_seconds(cores, context, layer_kv_bytes)
     rows, streamed = batch * max(1, queries), step_bytes(model, tp)
     lora = lora_small_kernels(model, rows) if serving.lora else 0.0
     return StepTime(
