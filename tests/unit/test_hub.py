@@ -24,6 +24,7 @@ from cpullm.io.hub import (
     FAILURE_SECONDS,
     HEADER_PROBE_BYTES,
     INDEX_FILE,
+    TENANT_READERS,
     HubClient,
     checked_token,
     index_facts,
@@ -33,6 +34,7 @@ from cpullm.io.hub import (
 from .builders import LLAMA_8B
 
 TOKEN = "hf_secret_token_value"
+SLOW_SECONDS = 1.0
 
 
 def safetensors(tensors: dict[str, tuple[str, list[int]]], payload: bool = True, metadata: str = "") -> bytes:
@@ -117,13 +119,24 @@ FILES: dict[str, bytes] = {
 
 
 class Hub(BaseHTTPRequestHandler):
+    """`/held/` serves `/org/`'s headers once `released` is set (each arrival counted in `arrived`); `/slow/` serves
+    them after SLOW_SECONDS."""
+
     requests: ClassVar[list[tuple[str, str | None, str | None]]] = []
     cdn: ClassVar[str] = ""
+    arrived: ClassVar[threading.Semaphore] = threading.Semaphore(0)
+    released: ClassVar[threading.Event] = threading.Event()
 
     def do_GET(self) -> None:
         auth = self.headers.get("Authorization")
         Hub.requests.append((self.path, auth, self.headers.get("Range")))
         path = self.path.split("?")[0]
+        for prefix in ("/held/", "/slow/"):
+            if path.startswith(prefix) and path.endswith(".safetensors"):
+                Hub.arrived.release()
+                Hub.released.wait(SLOW_SECONDS if prefix == "/slow/" else 30)
+            if path.startswith(prefix):
+                path = path.replace(prefix, "/org/", 1)
         if path.startswith("/gated/"):
             return self._send(401, b"")
         if path.startswith("/overloaded/"):
@@ -415,6 +428,60 @@ def test_a_hub_endpoint_that_is_not_https_is_refused_unless_allowed(endpoint, al
     with pytest.raises(ValueError, match="is not https://"):
         HubClient(endpoint=endpoint, allow_http=allow_http)
     assert HubClient(endpoint="https://hub.example").endpoint == "https://hub.example"
+
+
+@pytest.mark.parametrize(
+    ("shards", "max_requests", "outcome", "requests"),
+    [
+        (12, 640, "files=12", 2 + 12 + 2),  # two headers past the first 100 KB: a second read each
+        (12, 13, None, 2 + 13),  # over the budget: not summed (the index's total sizes it)
+        (4096, 640, None, 2),  # an index of more shards than a checkpoint's: config and index alone
+    ],
+)
+def test_a_fetch_makes_at_most_its_requests(endpoint, monkeypatch, shards, max_requests, outcome, requests):
+    """An index of 4,096 one-tensor shards made 4,098 requests, holding every reader of the client."""
+    name = f"org/shards{shards}"
+    files = {f"model-{i:05d}.safetensors": MANY_SHARDS[f"model-{i % 12:05d}.safetensors"] for i in range(shards)}
+    monkeypatch.setitem(FILES, f"/{name}/resolve/main/config.json", json.dumps(CONFIG).encode())
+    index = {"metadata": {"total_size": 99}, "weight_map": {str(i): file for i, file in enumerate(files)}}
+    monkeypatch.setitem(FILES, f"/{name}/resolve/main/{INDEX_FILE}", json.dumps(index).encode())
+    for file, body in files.items():
+        monkeypatch.setitem(FILES, f"/{name}/resolve/main/{file}", body)
+    Hub.requests.clear()
+    tensors = HubClient(endpoint=endpoint, allow_http=True, max_requests=max_requests).fetch(name, None, None).tensors
+    assert (tensors is None) if outcome is None else (outcome in repr(tensors))
+    assert len(Hub.requests) == requests
+
+
+def test_a_fetch_past_its_time_is_transient(endpoint):
+    """Headers slower than the fetch's time: a failure that says so, not cached (the next reconcile asks again)."""
+    hub = HubClient(endpoint=endpoint, allow_http=True, fetch_seconds=SLOW_SECONDS / 4)
+    Hub.released.clear()
+    with pytest.raises(ModelConfigUnavailable, match=r"slow/many@main from .* took over 0.25 s: tried again"):
+        hub.fetch("slow/many", None, None)
+    assert not hub._cache
+
+
+def test_one_namespace_holds_at_most_half_the_readers(endpoint):
+    """Namespace a's headers held by the Hub keep TENANT_READERS readers; b's fetch of 12 shards goes on beside
+    them and a's next reads wait."""
+    hub = HubClient(endpoint=endpoint, allow_http=True)
+    Hub.released.clear()
+    while Hub.arrived.acquire(blocking=False):
+        pass
+    held: list[object] = []
+    first = threading.Thread(target=lambda: held.append(hub.in_namespace("a").fetch("held/many", None, None).tensors))
+    first.start()
+    try:
+        for _ in range(TENANT_READERS):
+            assert Hub.arrived.acquire(timeout=10)
+        other = hub.in_namespace("b").fetch("org/many", None, None).tensors
+        assert other is not None and other.files == 12
+        assert not Hub.arrived.acquire(blocking=False) and hub._readers.held == {"a": TENANT_READERS}
+    finally:
+        Hub.released.set()
+        first.join(timeout=30)
+    assert repr(held[0]) == repr(other) and not hub._readers.held
 
 
 # The operator's fetch in a process of its own, its peak RSS printed: the high-water mark of its own memory

@@ -50,6 +50,19 @@ def test_reconcile_applies_children_patches_status_once_and_is_idempotent():
     assert len(kube.applied) == 4  # the children did not change and nobody touched them: no second write
 
 
+def test_a_source_shared_by_namespace_is_asked_as_the_services_namespace():
+    """The Hub client shares its header readers by namespace (io/hub.py): a reconcile asks it as its service's."""
+
+    class SharedHub(StubHub):
+        def in_namespace(self, namespace: str) -> StubHub:
+            self.calls.append(("in_namespace", namespace, None))
+            return self
+
+    rec, _ = reconciler(SharedHub())
+    rec.reconcile(service({}), ClusterView(nodes=NODES, deployment=READY))
+    assert rec.hub.calls == [("in_namespace", "serving", None), ("meta-llama/Llama-3.1-8B", None, None)]
+
+
 def test_a_stored_spec_with_a_newer_crds_default_is_planned_as_without_it():
     """While an upgrade rolls, the new CRD is applied first and the API server shows its defaults in every stored
     spec, fields an operator of the version before does not know: it plans the spec without them, where before it

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from cpullm.api.spec import CpuLLMServiceSpec, SizedBy, name_problem, parse_spec
 from cpullm.controller.vllm_sizing import JobSizer, SizingJobs
@@ -43,6 +43,18 @@ class AdapterConfigSource(Protocol):
     """Where a LoRA adapter's rank is read (its adapter_config.json on the Hub); None: it cannot be told."""
 
     def adapter_rank(self, source: str, token: str | None) -> int | None: ...
+
+
+@runtime_checkable
+class SharedByNamespace(Protocol):
+    """A source that shares what it holds among namespaces (the Hub client's readers): asked as one namespace."""
+
+    def in_namespace(self, namespace: str) -> Any: ...
+
+
+def as_namespace(source: Any, namespace: str) -> Any:
+    """`source` as `namespace`'s reconciles ask it, where it shares by namespace; else itself."""
+    return source.in_namespace(namespace) if isinstance(source, SharedByNamespace) else source
 
 
 def check_adapter_ranks(spec: CpuLLMServiceSpec, token: str | None, adapters: AdapterConfigSource) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from cpullm.api.crd import parse_stored_spec
 from cpullm.api.plan import Plan
 from cpullm.api.spec import KIND
-from cpullm.controller.gather import AdapterConfigSource, ClusterFacts, ModelConfigSource, gather
+from cpullm.controller.gather import AdapterConfigSource, ClusterFacts, ModelConfigSource, as_namespace, gather
 from cpullm.controller.memory import ChildKey, OperatorMemory
 from cpullm.controller.owned import read_owned, write_owned
 from cpullm.controller.pacing import RolloutPacer, ServiceKey
@@ -231,8 +231,8 @@ class Reconciler:
                 view,
                 last_status=self.memory.written(uid),
                 cluster=self._cluster,
-                models=self.hub,
-                adapters=self.adapters,
+                models=as_namespace(self.hub, key[0]),
+                adapters=as_namespace(self.adapters, key[0]),
                 policy=self.policy,
                 sizing_jobs=self.kube,
                 read_spec=parse_stored_spec,

@@ -4,11 +4,12 @@ checkpoint's real bytes. Its HTTP client drops the token on a redirect to anothe
 
 Whoever may create a service names the model, so everything read is bounded: config.json and the index by size;
 a header by its declared length (max_header_bytes), all of a checkpoint's together (max_headers_bytes), and the
-client-wide header reads (HEADER_READERS at once); each is decoded a tensor at a time (never the whole header as
-Python objects, up to ~25 times its bytes) and summed by decoder layer (at most MAX_LAYERS of them) into one running
-total; the index is read an entry at a time for its distinct shard names. Results are cached in an LRU bounded by
-entries and bytes, keyed by the model, the revision and a digest of the credential, so one tenant's private answer
-never serves another."""
+client-wide header reads (HEADER_READERS at once, at most half of them for one namespace); each is decoded a tensor
+at a time (never the whole header as Python objects, up to ~25 times its bytes) and summed by decoder layer (at most
+MAX_LAYERS of them) into one running total; the index is read an entry at a time for its distinct shard names. A
+fetch makes at most max_requests requests within fetch_seconds. Results are cached in an LRU bounded by entries and
+bytes, keyed by the model, the revision and a digest of the credential, so one tenant's private answer never serves
+another (docs/tenancy.md)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,9 @@ LIBRARY = "cpullm-operator"
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"  # a PEFT LoRA adapter's: its rank is `r`
-MAX_SHARDS = 4096
+MAX_SHARDS = 512  # an index naming more is not read (real ones: DeepSeek-V3 163 shards, Llama-3.1-405B 191)
 HEADER_READERS = 8  # safetensors headers read at once by the client (a 163-shard checkpoint in ~20 round trips)
+TENANT_READERS = HEADER_READERS // 2  # of them, at once for one namespace's fetches: another's never wait for all
 HEADER_PROBE_BYTES = 100_000  # a shard's first read; as huggingface_hub's, it holds 97% of headers whole
 FAILURE_SECONDS = 30.0  # a model's failure is answered again for this long without asking the Hub
 MAX_MEMBER_BYTES = 4096  # a tensor's name, dtype, shape and offsets in a header: ~100-300 bytes in real ones
@@ -102,14 +104,17 @@ class HubClient:
     # Adapters' ranks, in a cache of their own: a tenant's 16 adapters a service must not push models' answers out.
     adapter_cache_entries: int = 1024
     cache_bytes: int = 32 * 2**20  # a parsed config.json holds ~3-8 times its text: ~115 MiB for a 14.8 MiB one
+    # Requests of one fetch (config, index, headers: one each, a second for a header past HEADER_PROBE_BYTES): a
+    # real checkpoint makes about one a shard. Beyond it the headers are not summed (the index's total sizes it).
+    max_requests: int = 640
+    # One fetch's whole time, waiting for readers included; past it, it is tried again on a later reconcile.
+    fetch_seconds: float = 120.0
     allow_http: bool = False
     clock: Callable[[], float] = field(default=time.monotonic, repr=False)
     _cache: OrderedDict[tuple[str, str, str], _Cached] = field(default_factory=OrderedDict, init=False, repr=False)
     _adapters: OrderedDict[tuple[str, str, str], _Cached] = field(default_factory=OrderedDict, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _header_readers: threading.Semaphore = field(
-        default_factory=lambda: threading.Semaphore(HEADER_READERS), init=False, repr=False
-    )
+    _readers: _Readers = field(default_factory=lambda: _Readers(HEADER_READERS, TENANT_READERS), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith("https://") and not (self.allow_http and self.endpoint.startswith("http://")):
@@ -118,7 +123,13 @@ class HubClient:
                 "use https, or allow http explicitly (CPULLM_HUB_ALLOW_HTTP=true) for a mirror on a trusted network"
             )
 
-    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+    def in_namespace(self, namespace: str) -> NamespaceHub:
+        """This client as one namespace's reconciles ask it: their header reads share that namespace's readers."""
+        return NamespaceHub(self, namespace)
+
+    def fetch(self, name: str, revision: str | None, token: str | None, *, tenant: str | None = None) -> ModelFiles:
+        """A model's files; `tenant` (a namespace) holds at most TENANT_READERS of the client's header readers,
+        None (the CLI's one model) any of them."""
         if name.startswith("/"):
             raise ModelConfigUnavailable(f"model {name} is a path the operator cannot read: give spec.model.config")
         try:
@@ -132,14 +143,14 @@ class HubClient:
         revision = revision or "main"
 
         def read() -> tuple[ModelFiles, int]:
-            files = _Fetch(self, name, revision, token).files()
+            files = _Fetch(self, name, revision, token, tenant).files()
             return files, _footprint((files.config, files.tensors and files.tensors.elements), self.cache_bytes)
 
         files = self._answer((name, revision, _credential(token)), self._cache, read)
         assert isinstance(files, ModelFiles), "the models' cache holds models' answers"
         return files
 
-    def adapter_rank(self, source: str, token: str | None) -> int | None:
+    def adapter_rank(self, source: str, token: str | None, *, tenant: str | None = None) -> int | None:
         """A LoRA adapter's rank, `r` in its adapter_config.json on the Hub; None where that cannot be told: a path
         in the container (the server reads it), a repository without the file, or a rank that is not a positive
         integer. A repository the Hub does not serve to this token is a failure, as a model's is."""
@@ -152,7 +163,7 @@ class HubClient:
         token = checked_token(token)
 
         def read() -> tuple[_AdapterConfig, int]:
-            config = _Fetch(self, source, "main", token).json(
+            config = _Fetch(self, source, "main", token, tenant).json(
                 ADAPTER_CONFIG, required=False, limit=self.max_config_bytes
             )
             rank = config.get("r") if isinstance(config, dict) else None
@@ -242,16 +253,68 @@ def checked_token(token: str | None) -> str | None:
     return token
 
 
+@dataclass(frozen=True)
+class NamespaceHub:
+    """The client as one namespace's reconciles ask it (gather's ModelConfigSource and AdapterConfigSource)."""
+
+    client: HubClient
+    namespace: str
+
+    def fetch(self, name: str, revision: str | None, token: str | None) -> ModelFiles:
+        return self.client.fetch(name, revision, token, tenant=self.namespace)
+
+    def adapter_rank(self, source: str, token: str | None) -> int | None:
+        return self.client.adapter_rank(source, token, tenant=self.namespace)
+
+
+class _Readers:
+    """Header reads at once: `total` for the client, at most `per_tenant` of them for one tenant (a namespace), so
+    one tenant's checkpoints of many shards never hold every reader while another's wait. A read without a tenant
+    (the CLI) is bound by the total alone."""
+
+    def __init__(self, total: int, per_tenant: int) -> None:
+        self.total, self.per_tenant = total, per_tenant
+        self.held: dict[str | None, int] = {}
+        self._changed = threading.Condition()
+
+    @contextmanager
+    def slot(self, tenant: str | None, deadline: float) -> Iterator[None]:
+        """One reader, waited for until `deadline` (time.monotonic), then _Transient."""
+        with self._changed:
+            while sum(self.held.values()) >= self.total or (
+                tenant is not None and self.held.get(tenant, 0) >= self.per_tenant
+            ):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise _Transient("the Hub's readers stayed busy: tried again on a later reconcile")
+                self._changed.wait(left)
+            self.held[tenant] = self.held.get(tenant, 0) + 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.held[tenant] -= 1
+                if not self.held[tenant]:
+                    del self.held[tenant]
+                self._changed.notify_all()
+
+
 @dataclass
 class _Fetch:
-    """One model's files from the Hub."""
+    """One model's files from the Hub, within the client's request budget and time."""
 
     client: HubClient
     name: str
     revision: str
     token: str | None
+    tenant: str | None = None
     header_bytes: int = field(default=0, init=False)  # declared by the headers read so far
+    requests: int = field(default=0, init=False)
+    deadline: float = field(default=0.0, init=False)  # time.monotonic(): the injected clock is the cache's
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.client.fetch_seconds
 
     def files(self) -> ModelFiles:
         config = self.json("config.json", required=True, limit=self.client.max_config_bytes)
@@ -275,7 +338,7 @@ class _Fetch:
         """A file's bytes, at most `limit`; None for a file that is not required and not there."""
         try:
             with self._get(filename) as response:
-                body = b"".join(_capped(response.iter_bytes(), limit, filename))
+                body = b"".join(_capped(self._in_time(response.iter_bytes()), limit, filename))
         except HfHubHTTPError as err:  # RepositoryNotFound, RevisionNotFound, EntryNotFound, Gated...
             status = _status(err)
             if not required and status == 404:
@@ -309,15 +372,15 @@ class _Fetch:
         try:
             return self._read_shard(shard)
         except ModelConfigUnavailable as err:
-            error: Exception = ModelConfigUnavailable(err.message)
+            error: Exception = type(err)(err.message)  # _Transient stays so: not cached
         except (CheckpointUnreadable, HfHubHTTPError, httpx2.HTTPError) as err:
             error = CheckpointUnreadable(f"{shard[:100]}: {type(err).__name__}")
         raise error
 
     def _read_shard(self, shard: str) -> CheckpointTensors:
-        """Its header read and summed while holding one of the client's HEADER_READERS: at once at most
-        HEADER_READERS headers of at most max_header_bytes."""
-        with self.client._header_readers:
+        """Its header read and summed while holding one of the client's readers: at once at most HEADER_READERS
+        headers of at most max_header_bytes."""
+        with self.client._readers.slot(self.tenant, self.deadline):
             header = self._prefix(shard, HEADER_PROBE_BYTES)
             if len(header) < 8:
                 raise CheckpointUnreadable(f"{shard} is shorter than a safetensors header")
@@ -350,10 +413,16 @@ class _Fetch:
             )
 
     def _prefix(self, filename: str, size: int) -> bytearray:
-        """The file's first `size` bytes (fewer if it is shorter), however much the server sends."""
+        """The file's first `size` bytes (fewer if it is shorter), however much the server sends; one of the
+        fetch's max_requests, beyond which the headers are not summed."""
+        with self._lock:
+            self.requests += 1
+            over = self.requests > self.client.max_requests
+        if over:
+            raise CheckpointUnreadable(f"more than {self.client.max_requests} requests for its headers")
         body = bytearray()
         with self._get(filename, byte_range=f"bytes=0-{size - 1}") as response:
-            for chunk in response.iter_bytes():
+            for chunk in self._in_time(response.iter_bytes()):
                 body += chunk[: size - len(body)]
                 if len(body) == size:
                     break
@@ -362,6 +431,7 @@ class _Fetch:
     @contextmanager
     def _get(self, filename: str, byte_range: str | None = None) -> Iterator[httpx2.Response]:
         """A streamed GET of one of the model's files; huggingface_hub's typed error for an HTTP error."""
+        self._check_time()
         url = hf_hub_url(self.name, filename, revision=self.revision, endpoint=self.client.endpoint)
         headers = build_hf_headers(token=self.token or False, library_name=LIBRARY)
         if byte_range:
@@ -371,6 +441,18 @@ class _Fetch:
                 response.read()
             hf_raise_for_status(response)
             yield response
+
+    def _in_time(self, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        for chunk in chunks:
+            self._check_time()
+            yield chunk
+
+    def _check_time(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise _Transient(
+                f"reading {self.name}@{self.revision} from {self.client.endpoint} took over "
+                f"{self.client.fetch_seconds:g} s: tried again on a later reconcile"
+            )
 
     def _http_hint(self, filename: str, err: HfHubHTTPError) -> str:
         status = _status(err)
