@@ -17,11 +17,12 @@ plan's own `predicted` is the same model at its maxNumSeqs), with their ratio.
 
     .venv/bin/python bench/predict_bench.py [--models qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b] [--formats bf16 w8a8-int8]
         [--tp 1 2] [--rounds 2] [--probe FILE] [--json FILE]
-    .venv/bin/python bench/predict_bench.py --replay FILE
+    .venv/bin/python bench/predict_bench.py --replay FILE [FILE ...] [--every-probe]
 
-`--replay` reads a run's `--json` file (each case's measurements, probe, model config and plan shape) and prints the
+`--replay` reads runs' `--json` files (each case's measurements, probe, model config and plan shape) and prints the
 table again with what core/performance.py predicts now: a change to the model's constants is checked against the
-measurements of a run without running vLLM again.
+measurements of a run without running vLLM again. `--every-probe` predicts each case from every probe in the files
+and prints each ratio's least, median and greatest: on a shared host, how much of a ratio is the probe's moment.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -141,9 +142,9 @@ def model_dir(python: Path, name: str, fmt: str) -> Path:
     return bf16 if fmt == "bf16" else built_quantized(python, bf16, fmt)
 
 
-def predict_case(case: Case) -> None:
+def predict_case(case: Case, ratios: dict[str, list[float]] | None = None) -> None:
     """What core/performance.py predicts for the case's request shapes, on its probe (the plan's own `predicted` is
-    the same model at its maxNumSeqs)."""
+    the same model at its maxNumSeqs); each figure's predicted / measured appended to `ratios` where given."""
     size = size_model(case.config, "bfloat16")
     serving = Serving(case.tp, case.threads, *kernel_of(size), lora=bool(case.adapter_rank))
     node = parse_performance(case.probe)
@@ -154,6 +155,9 @@ def predict_case(case: Case) -> None:
         key = "decode" if streams == 1 else f"{streams} streams"
         case.predicted[key] = figures.throughput_tokens_per_second
         case.predicted["TTFT"] = figures.time_to_first_token_seconds
+    for column, predicted in case.predicted.items():
+        if ratios is not None and column in case.measured:
+            ratios[column].append(predicted / case.measured[column])
 
 
 def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int, workdir: Path) -> None:
@@ -210,6 +214,24 @@ def table(cases: list[Case]) -> str:
     return "\n".join(lines)
 
 
+def every_probe(cases: list[Case]) -> str:
+    """Each measured case's ratios (predicted / measured) over every case's probe: least / median / greatest."""
+    measured = [case for case in cases if case.measured and case.config]
+    columns = ("decode", *(f"{s} streams" for s in STREAMS), "TTFT")
+    head = f"{'model':<20}{'format':<11}{'TP':>3}" + "".join(f"{c + ' least / median / most':>36}" for c in columns)
+    lines = [head, "-" * len(head)]
+    for case in measured:
+        ratios: dict[str, list[float]] = {column: [] for column in columns}
+        for probe in [other.probe for other in measured]:
+            predict_case(replace(case, probe=probe, predicted={}), ratios)
+        line = f"{case.model:<20}{case.fmt:<11}{case.tp:>3}"
+        for column in columns:
+            found = sorted(ratios[column])
+            line += f"{f'{found[0]:.2f} / {found[len(found) // 2]:.2f} / {found[-1]:.2f}':>36}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"])
@@ -220,10 +242,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--probe", type=Path, help="a NodePerformance of this machine (default: probed for each case)")
     parser.add_argument("--probe-seconds", type=float, default=0.5, help="the probe's seconds per point")
     parser.add_argument("--json", type=Path, help="also write every figure here")
-    parser.add_argument("--replay", type=Path, help="a --json file: predict its cases again, run nothing")
+    parser.add_argument("--replay", type=Path, nargs="+", help="--json files: predict their cases again, run nothing")
+    parser.add_argument("--every-probe", action="store_true", help="with --replay: each case from every probe")
     args = parser.parse_args(argv)
     if args.replay:
-        cases = [Case(**fields) for fields in json.loads(args.replay.read_text())]
+        cases = [Case(**fields) for run in args.replay for fields in json.loads(run.read_text())]
+        if args.every_probe:
+            print(every_probe(cases))
+            return
         for case in cases:
             if not case.error and case.config:  # a run still going has written its cases to come, unmeasured
                 predict_case(case)

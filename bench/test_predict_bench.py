@@ -51,3 +51,26 @@ def test_a_replay_predicts_each_case_again_beside_its_measurements(tmp_path: Pat
     assert lines[2].startswith("qwen2.5-0.5b        bf16         1")
     assert f"{now:.2f} / 11.00 ({now / 11.0:.2f})" in lines[2]  # the model's figure now, not the one saved
     assert lines[3].endswith("server did not start")
+
+
+def test_every_probe_predicts_each_case_from_each_runs_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+    """Two runs, one probe each, the second machine twice as fast: each case's least and greatest ratio are its
+    predictions from the two probes over its own measurement."""
+    fast = {**PROBE, "spec": {**PROBE["spec"], "numaNodes": [{"node": 0, "cpus": 2, "oneThread": threads(1, 16e9),
+                                                            "allCores": threads(2, 30e9)}]}}  # fmt: skip
+    case = {"model": "qwen2.5-0.5b", "fmt": "bf16", "tp": 1, "measured": MEASURED, "config": CONFIG, "threads": 2}
+    runs = []
+    for index, probe in enumerate((PROBE, fast)):
+        runs.append(tmp_path / f"run-{index}.json")
+        runs[-1].write_text(json.dumps([case | {"probe": probe, "shares_cores": True}]))
+    predict_bench.main(["--replay", *map(str, runs), "--every-probe"])
+    lines = capsys.readouterr().out.splitlines()
+
+    size = size_model(CONFIG, "bfloat16")
+    serving, kv = Serving(1, 2, *kernel_of(size)), size.kv_bytes_per_token_per_rank(1)
+    slow, quick = (
+        predict(size, serving, parse_performance(p), 1, kv, context=528).throughput_tokens_per_second / 11.0
+        for p in (PROBE, fast)
+    )
+    assert slow < quick and len(lines) == 4
+    assert all(f"{slow:.2f} / {quick:.2f} / {quick:.2f}" in line for line in lines[2:])
