@@ -198,6 +198,52 @@ PREFILL_TOKENS, DECODE_SEQUENCES, DECODE_CONTEXTS = 1024, 32, (128, 1024)
 LAYER = (ATTENTION_HEADS, ATTENTION_KV_HEADS, HEAD_DIM)
 
 
+def attention_call(
+    ops: Any, isa: str, query: Any, caches: tuple[Any, Any], table: Any, starts: Any, contexts: list[int]
+) -> tuple[Any, Any]:
+    """One call of vLLM's CPU attention (`cpu_attention_with_kv_cache`, vLLM 0.31 and 0.32) of `query` (tokens x
+    heads x width, bf16) over paged caches (blocks x KV heads x BLOCK x width), causal, scheduled once: the call to
+    run again and again, and the output it writes."""
+    import torch
+
+    key_cache, value_cache = caches
+    lengths = torch.tensor(contexts, dtype=torch.int32)
+    output = torch.empty_like(query)
+    metadata = ops.cpu_attn_get_scheduler_metadata(
+        num_reqs=len(contexts),
+        num_heads=query.shape[1],
+        num_kv_heads=key_cache.shape[1],
+        head_dim=query.shape[2],
+        seq_lens=lengths,
+        dtype=torch.bfloat16,
+        query_start_loc=starts,
+        causal=True,
+        sliding_window_size=-1,
+        isa=isa,
+        enable_kv_split=False,
+    )
+
+    def run() -> None:
+        ops.cpu_attention_with_kv_cache(
+            query=query,
+            key_cache=key_cache,
+            value_cache=value_cache,
+            output=output,
+            query_start_loc=starts,
+            seq_lens=lengths,
+            scale=query.shape[2] ** -0.5,
+            causal=True,
+            alibi_slopes=None,
+            sliding_window=-1,
+            block_table=table,
+            softcap=0.0,
+            scheduler_metadata=metadata,
+            s_aux=None,
+        )
+
+    return run, output
+
+
 def attention(torch: Any, budget: float) -> dict[str, Any]:
     """vLLM's CPU attention kernel (the ISA it chooses here): a prefill's arithmetic per second (its multiply-adds
     over the causal half, x 4 flops), and a decode step's seconds per sequence at each context. {} without vLLM."""
@@ -223,41 +269,8 @@ def attention(torch: Any, budget: float) -> dict[str, Any]:
             table[row, :count] = torch.arange(first, first + count, dtype=torch.int32)
             first += count
         starts = torch.tensor([0, *itertools.accumulate(queries)], dtype=torch.int32)
-        lengths = torch.tensor(contexts, dtype=torch.int32)
         query = torch.randn(sum(queries), heads, head_dim, dtype=torch.bfloat16)
-        output = torch.empty_like(query)
-        metadata = ops.cpu_attn_get_scheduler_metadata(
-            num_reqs=len(contexts),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            seq_lens=lengths,
-            dtype=torch.bfloat16,
-            query_start_loc=starts,
-            causal=True,
-            sliding_window_size=-1,
-            isa=isa,
-            enable_kv_split=False,
-        )
-
-        def run() -> None:
-            ops.cpu_attention_with_kv_cache(
-                query=query,
-                key_cache=key_cache,
-                value_cache=value_cache,
-                output=output,
-                query_start_loc=starts,
-                seq_lens=lengths,
-                scale=head_dim**-0.5,
-                causal=True,
-                alibi_slopes=None,
-                sliding_window=-1,
-                block_table=table,
-                softcap=0.0,
-                scheduler_metadata=metadata,
-                s_aux=None,
-            )
-
+        run, _ = attention_call(ops, isa, query, (key_cache, value_cache), table, starts, contexts)
         return run
 
     # Twice the last-level cache per thread, up to 1 GiB: a node's cores may sit under several L3s (one per AMD CCD),
