@@ -1,4 +1,4 @@
-"""Benchmark, not a test: where one sequence's decode time goes in the rendered pod (issue 52). Starts the rendered
+"""Benchmark, not a test: where one sequence's decode time goes in the rendered pod. Starts the rendered
 bf16 pod as bench/engines_bench.py does, keeps one long completion decoding, and samples the engine core process
 (where the launcher runs the rank: the model's kernels run there) with py-spy, native frames included; then splits
 the per-token time of its thread that runs the model into the model's matrix products, attention, sampling, the

@@ -1,5 +1,5 @@
-"""Benchmark, not a test: the rendered pod against what CPU users run instead, side by side in one run on this machine
-(issue 52): the same model shape (Qwen2.5-1.5B's, random weights built locally) served by
+"""Benchmark, not a test: the rendered pod against what CPU users run instead, side by side in one run on this machine:
+the same model shape (Qwen2.5-1.5B's, random weights built locally) served by
 
 - the rendered pod (`cpullm render`, run as a local process by testbed/vllm_server.py) with bf16, W8A8 int8 and
   AWQ int4 checkpoints of the same weights (tests/vllm/make_quantized_model.py);

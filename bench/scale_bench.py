@@ -1,4 +1,4 @@
-"""Benchmark, not a test: the operator at scale against the API-write floor, side by side in one run (issue 14).
+"""Benchmark, not a test: the operator at scale against the API-write floor, side by side in one run.
 
     .venv/bin/python bench/scale_bench.py --services N [--seed S] [--steady-seconds 300] [--latency-samples 20]
         [--variant CPULLM_RECONCILE_WORKERS=32 ...]

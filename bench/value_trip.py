@@ -1,5 +1,5 @@
 """Measurement, not a test: how far a value travels through the operator's code, from the Kopf handler that receives
-it to the place it ends up, as the code runs (issue 51). A short trip is a house whose parts sit where the data flows.
+it to the place it ends up, as the code runs. A short trip is a house whose parts sit where the data flows.
 
 Each trip drives the real handlers (controller/handlers.py) as Kopf calls them, with Kopf's indexes filled as Kopf
 fills them and an API that stores what it is given, and profiles every call into the package. Its stops are, in the

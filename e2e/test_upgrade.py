@@ -414,7 +414,7 @@ class NoisyTenant:
 def test_one_namespace_editing_its_services_does_not_hold_back_another_namespaces_paced_rollout(
     kubectl: Kubectl, operator: Operator, nodes: NodePool, namespace: str, workdir: Path
 ) -> None:
-    """Issue 64, item 3: a tenant (namespace) editing its services all the time, its rollouts lasting a while,
+    """Fair pacing: a tenant (namespace) editing its services all the time, its rollouts lasting a while,
     delays another namespace's rollout the operator paces (a new vLLM image, one rollout at a time) by no more than
     one rollout's time. Its own rollouts hold no slot (controller/pacing.py); before commit 7f35c12 every Deployment
     replacing pods held one, and the other namespace waited for as long as the edits went on. The noisy tenant
