@@ -13,7 +13,7 @@ it where it ends. Between two stops the value goes up the call stack to their co
 Three trips, all on a one-node cluster planning manifests/examples/llama-8b-amx.yaml:
 
 - service -> decide: the service handler, to the reconcile that hands what it gathered to the pure decision;
-- kvCacheGiB -> env: the service handler, to VLLM_CPU_KVCACHE_SPACE in the Deployment's env;
+- kvCacheGiB -> env: the service handler, to the Deployment's env (the variable the vLLM version reads);
 - NUMA label -> TP: the node's `cpullm.io/numa-nodes` goes 1 -> 2; the node index handler, then the node event
   handler, to `--tensor-parallel-size` in the server's arguments.
 
@@ -281,8 +281,7 @@ class Value:
 
 VALUES = (
     Value("service -> decide", kv_cache_to_env, frozenset({"decide"}), "decide"),
-    Value("kvCacheGiB -> env", kv_cache_to_env, frozenset({"kv_cache_gi_b", "VLLM_CPU_KVCACHE_SPACE"}),
-          "VLLM_CPU_KVCACHE_SPACE"),
+    Value("kvCacheGiB -> env", kv_cache_to_env, frozenset({"kv_cache_gi_b", "kv_cache_env"}), "kv_cache_env"),
     Value("NUMA label -> TP", numa_label_to_tp,
           frozenset({"NUMA_NODES_LABEL", "numa_nodes", "tensor_parallel_size", "--tensor-parallel-size"}),
           "--tensor-parallel-size"),

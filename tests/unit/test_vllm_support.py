@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from cpullm import vllm_support
+from cpullm.core.children.deployment import vllm_env
 from cpullm.core.planner import plan_service
 
 from .builders import AMX_FLAGS, AVX512_FLAGS, node, qwen_05b, spec
@@ -77,6 +78,16 @@ def test_fix_ranges_are_half_open(monkeypatch, fix_range, version, applies):
     assert vllm_support.fix_applies("a_fix", version) is applies
 
 
+@pytest.mark.parametrize(("image", "variable"), [("vllm/x:v0.33.0", "VLLM_KV_BYTES"), ("vllm/x:mine", "VLLM_KV_BYTES")])
+def test_the_kv_caches_size_reaches_vllm_through_its_releases_variable(monkeypatch, image, variable):
+    """The renderer names the variable the plan's version reads (an unknown version: the newest known one's)."""
+    newest = list(vllm_support.RELEASES)[-1]
+    monkeypatch.setitem(vllm_support.RELEASES, newest, vllm_support.RELEASES[newest]._replace(kv_cache_env=variable))
+    plan = plan_for(image)
+    env = {item["name"]: item.get("value") for item in vllm_env(spec(tensorParallelSize=1, image=image), plan)}
+    assert env[variable] == str(plan.kv_cache_gi_b) and "VLLM_CPU_KVCACHE_SPACE" not in env
+
+
 def test_the_docs_table_is_the_table():
     text = (ROOT / "docs" / "vllm-versions.md").read_text()
     rows = re.findall(
@@ -85,14 +96,14 @@ def test_the_docs_table_is_the_table():
     assert [row[0] for row in rows] == list(vllm_support.RELEASES)
     for version, run_here, kv_cache, fixes, speculative, note in rows:
         release = vllm_support.RELEASES[version]
-        assert (run_here == "yes", kv_cache, note) == (release["run_here"], release["kv_cache"], release["note"])
-        assert speculative.strip() == ", ".join(str(release["speculative"]).split())
+        assert (run_here == "yes", kv_cache, note) == (release.run_here, release.kv_cache_env, release.note)
+        assert speculative.strip() == ", ".join(release.speculative)
         applying = sorted(vllm_support.fixes_for(version))
         assert fixes.strip() == ("all" if applying == ALL_FIXES else ", ".join(applying) or "none")
     fixes_listed = re.findall(r"^\| `(\w+)`", text, re.MULTILINE)
     assert set(fixes_listed) == set(vllm_support.FIX_VERSIONS) - {vllm_support.ENGINE_CORE_FORKED}
     assert (
-        max((v for v, r in vllm_support.RELEASES.items() if r["run_here"]), key=vllm_support.version_key)
+        max((v for v, r in vllm_support.RELEASES.items() if r.run_here), key=vllm_support.version_key)
         == vllm_support.DEFAULT_VERSION
     )
 

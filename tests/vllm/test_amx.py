@@ -38,7 +38,7 @@ def run_probe(python: Path, pythonpath: list[Path], report: Path) -> subprocess.
     return subprocess.run([str(python), str(PROBE)], env=env, capture_output=True, text=True, timeout=300)
 
 
-RUN_HERE = [version for version, release in vllm_support.RELEASES.items() if release["run_here"]]
+RUN_HERE = [version for version, release in vllm_support.RELEASES.items() if release.run_here]
 
 
 @pytest.mark.parametrize("version", RUN_HERE)

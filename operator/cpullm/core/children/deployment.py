@@ -22,7 +22,7 @@ from cpullm.core.children.launcher import (
 from cpullm.core.children.model_cache import compile_cache_volume, ephemeral_storage_request, model_cache_source
 from cpullm.core.node_selection import combine_terms
 from cpullm.core.rollout import TEMPLATE_DIGEST, template_digest
-from cpullm.vllm_support import GUARD_METRICS_ENV
+from cpullm.vllm_support import GUARD_METRICS_ENV, kv_cache_env
 
 CONTAINER_NAME = "vllm"
 PYTHONPATH = "PYTHONPATH"
@@ -77,7 +77,7 @@ def _python_path(spec: CpuLLMServiceSpec) -> list[dict[str, Any]]:
 def vllm_env(spec: CpuLLMServiceSpec, plan: Plan) -> list[dict[str, Any]]:
     """The operator's env, then the user's."""
     env: list[dict[str, Any]] = [
-        {"name": "VLLM_CPU_KVCACHE_SPACE", "value": str(plan.kv_cache_gi_b)},
+        {"name": kv_cache_env(plan.vllm_version), "value": str(plan.kv_cache_gi_b)},
         {"name": "VLLM_CPU_OMP_THREADS_BIND", "value": plan.threads_bind},
         # vLLM 0.32 reads this as the total over the pod's ranks (vllm/utils/ompmultiprocessing.py).
         {"name": "VLLM_CPU_NUM_OF_RESERVED_CPU", "value": str(plan.reserved_cpus_per_rank * plan.tensor_parallel_size)},
