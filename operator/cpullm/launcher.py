@@ -1,8 +1,8 @@
 """NUMA-aware launcher for vLLM's CPU backend: turns the cpuset the pod really got into explicit vLLM knobs.
 
 vLLM's `VLLM_CPU_OMP_THREADS_BIND=auto` maps rank i to the i-th allowed memory node, which the kubelet's static CPU
-manager does not narrow: a pod whose CPUs sit on NUMA node 1 gets rank 0 bound to node 0, where it has no CPU (vLLM
-issue 43240). Only code inside the container knows the cpuset, so this launcher reads it, writes explicit
+manager does not narrow: a pod whose CPUs sit on NUMA node 1 gets rank 0 bound to node 0, where it has no CPU
+(vllm#43240). Only code inside the container knows the cpuset, so this launcher reads it, writes explicit
 `VLLM_CPU_OMP_THREADS_BIND` (ranks separated by `|`) and `CPU_VISIBLE_MEMORY_NODES`, puts `--python-path` (the
 fixes to vLLM, as sitecustomize.py) first on PYTHONPATH, then execs the server. A bind the pod's env already makes
 explicit is left as it is. The operator ships this file in a ConfigMap and the vLLM image runs it with its own
