@@ -155,9 +155,9 @@ def predict_case(case: Case, ratios: dict[str, list[float]] | None = None) -> No
         key = "decode" if streams == 1 else f"{streams} streams"
         case.predicted[key] = figures.throughput_tokens_per_second
         case.predicted["TTFT"] = figures.time_to_first_token_seconds
-    for column, predicted in case.predicted.items():
-        if ratios is not None and column in case.measured:
-            ratios[column].append(predicted / case.measured[column])
+    if ratios is not None:
+        for column, measured in case.measured.items():
+            ratios[column].append(case.predicted[column] / measured)
 
 
 def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int, workdir: Path) -> None:

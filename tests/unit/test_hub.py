@@ -178,6 +178,16 @@ def _serve() -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_port}"
 
 
+def serve_checkpoint(monkeypatch: pytest.MonkeyPatch, name: str, index: bytes, shards: dict[str, bytes]) -> None:
+    """`name` on the test Hub for one test: the tests' config.json, `index` as its safetensors index, and `shards`."""
+    for file, body in {"config.json": json.dumps(CONFIG).encode(), INDEX_FILE: index, **shards}.items():
+        monkeypatch.setitem(FILES, f"/{name}/resolve/main/{file}", body)
+
+
+def index_naming(shards: dict[str, bytes]) -> bytes:
+    return json.dumps({"weight_map": {str(i): shard for i, shard in enumerate(shards)}}).encode()
+
+
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[str]:
     hub, address = _serve()
@@ -442,11 +452,7 @@ def test_a_fetch_makes_at_most_its_requests(endpoint, monkeypatch, shards, max_r
     """An index of 4,096 one-tensor shards made 4,098 requests, holding every reader of the client."""
     name = f"org/shards{shards}"
     files = {f"model-{i:05d}.safetensors": MANY_SHARDS[f"model-{i % 12:05d}.safetensors"] for i in range(shards)}
-    monkeypatch.setitem(FILES, f"/{name}/resolve/main/config.json", json.dumps(CONFIG).encode())
-    index = {"metadata": {"total_size": 99}, "weight_map": {str(i): file for i, file in enumerate(files)}}
-    monkeypatch.setitem(FILES, f"/{name}/resolve/main/{INDEX_FILE}", json.dumps(index).encode())
-    for file, body in files.items():
-        monkeypatch.setitem(FILES, f"/{name}/resolve/main/{file}", body)
+    serve_checkpoint(monkeypatch, name, index_naming(files), files)
     Hub.requests.clear()
     tensors = HubClient(endpoint=endpoint, allow_http=True, max_requests=max_requests).fetch(name, None, None).tensors
     assert (tensors is None) if outcome is None else (outcome in repr(tensors))
@@ -552,11 +558,8 @@ def test_hostile_headers_keep_the_fetch_within_its_memory(
     endpoint, monkeypatch, name, shards, shard, header_bytes, outcome
 ):
     header = shard(header_bytes)
-    weight_map = {str(shard): f"model-{shard}.safetensors" for shard in range(shards)}
-    monkeypatch.setitem(FILES, f"/{name}/resolve/main/config.json", json.dumps(CONFIG).encode())
-    monkeypatch.setitem(FILES, f"/{name}/resolve/main/{INDEX_FILE}", json.dumps({"weight_map": weight_map}).encode())
-    for file in weight_map.values():
-        monkeypatch.setitem(FILES, f"/{name}/resolve/main/{file}", header)
+    files = {f"model-{index}.safetensors": header for index in range(shards)}
+    serve_checkpoint(monkeypatch, name, index_naming(files), files)
     Hub.requests.clear()
     fetched = subprocess.run(
         [sys.executable, "-c", HOSTILE_FETCH, endpoint, name], capture_output=True, text=True, timeout=60, check=True
@@ -572,8 +575,7 @@ def test_an_index_is_read_an_entry_at_a_time(endpoint, monkeypatch):
     through json.loads; read an entry at a time, it holds its bytes and the distinct shard names alone."""
     name, size = "org/listindex", 16 * 2**20 - 16
     lists = (size - 2) // 3
-    monkeypatch.setitem(FILES, f"/{name}/resolve/main/config.json", json.dumps(CONFIG).encode())
-    monkeypatch.setitem(FILES, f"/{name}/resolve/main/{INDEX_FILE}", b"[" + b"[]," * (lists - 1) + b"[]]")
+    serve_checkpoint(monkeypatch, name, b"[" + b"[]," * (lists - 1) + b"[]]", {})
     fetched = subprocess.run(
         [sys.executable, "-c", HOSTILE_FETCH, endpoint, name], capture_output=True, text=True, timeout=60, check=True
     )
