@@ -146,7 +146,9 @@ def predict_case(case: Case, ratios: dict[str, list[float]] | None = None) -> No
     """What core/performance.py predicts for the case's request shapes, on its probe (the plan's own `predicted` is
     the same model at its maxNumSeqs); each figure's predicted / measured appended to `ratios` where given."""
     size = size_model(case.config, "bfloat16")
-    serving = Serving(case.tp, case.threads, *kernel_of(size), lora=bool(case.adapter_rank))
+    serving = Serving(
+        case.tp, case.threads, *kernel_of(size), lora=bool(case.adapter_rank), shares_cores=case.shares_cores
+    )
     node = parse_performance(case.probe)
     kv = size.kv_bytes_per_token_per_rank(case.tp)
     for streams in (1, *STREAMS):

@@ -45,7 +45,7 @@ def test_a_replay_predicts_each_case_again_beside_its_measurements(tmp_path: Pat
     lines = capsys.readouterr().out.splitlines()
 
     size = size_model(CONFIG, "bfloat16")
-    serving = Serving(1, 2, *kernel_of(size))
+    serving = Serving(1, 2, *kernel_of(size), shares_cores=True)
     decode = predict(size, serving, parse_performance(PROBE), 1, size.kv_bytes_per_token_per_rank(1), context=528)
     now = decode.throughput_tokens_per_second
     assert lines[2].startswith("qwen2.5-0.5b        bf16         1")
@@ -67,7 +67,7 @@ def test_every_probe_predicts_each_case_from_each_runs_probe(tmp_path: Path, cap
     lines = capsys.readouterr().out.splitlines()
 
     size = size_model(CONFIG, "bfloat16")
-    serving, kv = Serving(1, 2, *kernel_of(size)), size.kv_bytes_per_token_per_rank(1)
+    serving, kv = Serving(1, 2, *kernel_of(size), shares_cores=True), size.kv_bytes_per_token_per_rank(1)
     slow, quick = (
         predict(size, serving, parse_performance(p), 1, kv, context=528).throughput_tokens_per_second / 11.0
         for p in (PROBE, fast)

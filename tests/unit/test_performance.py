@@ -4,6 +4,7 @@ estimates by ISA class, and the plan's predicted figures."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -519,3 +520,24 @@ def test_a_price_per_node_hour_gives_a_cost_per_million_tokens(prices, cost):
 def test_a_price_label_that_is_no_price_is_refused_naming_the_label(value):
     with pytest.raises(NodeLabelError, match=f"label {PRICE}=.* is not a price per hour of the node"):
         node(labels={PRICE: value})
+
+
+@pytest.mark.parametrize(("reserved", "threads", "shares"), [(0, 4, True), (1, 3, False)])
+def test_a_rank_sharing_its_cores_with_the_front_end_pays_the_front_ends_work_each_step(reserved, threads, shares):
+    """Where no CPU is reserved for them (reservedCpusPerRank 0, the default at 2 CPUs a rank), the API server and
+    the engine core take each step's output work from the ranks: SHARED_CORES_PYTHON_MULTIPLE more of the probe's
+    Python a step, and nothing else moves. A plan's figures are the model's with what the plan reserved."""
+    model, probed = qwen_05b(), parse_performance(probe_object(cpus=4))
+    kv = model.kv_bytes_per_token_per_rank(1)
+    alone = decode_step(model, Serving(1, 2, BF16, 1.0), probed, 8, 512, kv)
+    shared = decode_step(model, Serving(1, 2, BF16, 1.0, shares_cores=True), probed, 8, 512, kv)
+    assert shared.python - alone.python == pytest.approx(perf.SHARED_CORES_PYTHON_MULTIPLE * probed.python_seconds)
+    assert dataclasses.replace(shared, python=alone.python) == alone
+
+    nodes = refine_profiles([node("n1", cpu="4")], [probed])
+    cpu = {"cpusPerRank": 4, "reservedCpusPerRank": reserved}
+    plan = plan_service(spec(placement="throughput", kvCacheGiB=1, maxModelLen=4096, cpu=cpu), model, nodes)
+    assert plan.predicted is not None and plan.reserved_cpus_per_rank == reserved
+    serving = Serving(1, threads, BF16, 1.0, shares_cores=shares)
+    expected = predict(model, serving, probed, plan.predicted.throughput_streams, kv)
+    assert plan.predicted.decode_tokens_per_second == pytest.approx(expected.decode_tokens_per_second, abs=0.01)

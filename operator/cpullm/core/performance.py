@@ -45,6 +45,11 @@ KV_READ_SHARE = 0.4
 # - per step, the engine's Python (scheduler, sampler, output processing), in multiples of the probe's fixed piece
 #   of Python;
 STEP_PYTHON_MULTIPLE = 0.3
+# - per step where the API server and the engine core run on the ranks' own cores (no CPU reserved for them: at one
+#   or two cores a rank), what their work for the step (its outputs: detokenizing, streaming) takes from the ranks,
+#   likewise: on six runs of two 2-vCPU classes (Zen 4, Zen 5), it brought the median predicted / measured of 96
+#   figures from 1.15 to 1.04, and those within 20% from 58 to 73 (docs/performance.md);
+SHARED_CORES_PYTHON_MULTIPLE = 1.7
 # - per request, the API server's (HTTP, tokenizing, detokenizing), likewise;
 REQUEST_PYTHON_MULTIPLE = 4.0
 # - per layer and step, the small kernels (norms, rotary, activation, residual adds), in multiples of the probe's
@@ -243,6 +248,7 @@ class Serving:
     kernel: str  # BF16, INT8, or what a format estimates from (kernel_of)
     kernel_factor: float  # the format's rate against the kernel's (1 where measured)
     lora: bool = False  # LoRA adapters on (spec.adapters): compilation off, the adapters' products per layer
+    shares_cores: bool = False  # the API server and engine core on the ranks' cores (no CPU reserved per rank)
 
 
 def kernel_of(model: ModelSize) -> tuple[str, float]:
@@ -334,6 +340,11 @@ class StepTime:
         return self.weights + self.attention + self.small_kernels + self.allreduce + self.python
 
 
+def step_python_multiple(serving: Serving) -> float:
+    """The Python a step costs beside its kernels, in multiples of the probe's piece of Python."""
+    return STEP_PYTHON_MULTIPLE + (SHARED_CORES_PYTHON_MULTIPLE if serving.shares_cores else 0.0)
+
+
 def decode_step(
     model: ModelSize,
     serving: Serving,
@@ -360,7 +371,7 @@ def decode_step(
         attention=batch * attention_layers * per_sequence,
         small_kernels=(layers * LAYER_SMALL_KERNELS + lora) * small,
         allreduce=(2 * layers * ALLREDUCE_SMALL_KERNELS * small) if tp > 1 else 0.0,
-        python=STEP_PYTHON_MULTIPLE * node.python_seconds,
+        python=step_python_multiple(serving) * node.python_seconds,
     )
 
 

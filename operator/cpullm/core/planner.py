@@ -676,7 +676,7 @@ def _fitted(
     _check_fits(budget, layout, where, "needs")
     threads_bind, reserved, omp = _threads(spec, node, layout.cpus_per_rank)
     threads = _rank_threads(node, layout.cpus_per_rank, reserved, omp)
-    serving = Serving(tp, threads, *kernel_of(model), lora=bool(spec.adapters))
+    serving = Serving(tp, threads, *kernel_of(model), lora=bool(spec.adapters), shares_cores=reserved == 0)
     return _Fitted(layout, shard, processes, kv, budget, threads_bind, reserved, omp, serving)
 
 
