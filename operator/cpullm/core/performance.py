@@ -47,8 +47,8 @@ KV_READ_SHARE = 0.4
 STEP_PYTHON_MULTIPLE = 0.3
 # - per step where the API server and the engine core run on the ranks' own cores (no CPU reserved for them: at one
 #   or two cores a rank), what their work for the step (its outputs: detokenizing, streaming) takes from the ranks,
-#   likewise: on six runs of two 2-vCPU classes (Zen 4, Zen 5), it brought the median predicted / measured of 96
-#   figures from 1.15 to 1.04, and those within 20% from 58 to 73 (docs/performance.md);
+#   likewise: on six runs of two 2-vCPU classes (Zen 4, Zen 5), it brought the median ratio of 96 figures (over 1:
+#   predicted faster) from 1.15 to 1.04, and those within 20% from 58 to 73 (docs/performance.md);
 SHARED_CORES_PYTHON_MULTIPLE = 1.7
 # - per request, the API server's (HTTP, tokenizing, detokenizing), likewise;
 REQUEST_PYTHON_MULTIPLE = 4.0
