@@ -198,13 +198,13 @@ def switch_router(kubectl: Kubectl, affinity: str, load_factor: int = 150) -> No
     """The service's router to `affinity` (with prefix, bounded at `load_factor`), once the router runs its new
     configuration alone."""
     patch_spec(kubectl, {"routing": {"router": {"affinity": affinity, "loadFactor": load_factor}}})
-    wanted = "  balance leastconn" if affinity == "none" else f"  hash-balance-factor {load_factor}"
+    sticks = affinity != "none"  # prefix affinity's stick table is in the configuration, or not
 
     def rolled() -> bool:
-        config = kubectl.get("configmap", f"{SPREAD}-router", NAMESPACE) or {}
+        config = (kubectl.get("configmap", f"{SPREAD}-router", NAMESPACE) or {}).get("data", {}).get("haproxy.cfg", "")
         pods = kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/router": SPREAD})
         return (
-            wanted in config.get("data", {}).get("haproxy.cfg", "").splitlines()
+            ("  stick on var(txn.affinity),sha1" in config.splitlines()) == sticks
             and router_ready(kubectl)
             and (len(pods) == 1 and not pods[0]["metadata"].get("deletionTimestamp"))
         )

@@ -1,4 +1,4 @@
-"""The CpuLLMGateway's HAProxy as its pod runs it (testbed/gateway_pod.py: the image's root filesystem, the rendered
+"""The CpuLLMGateway's HAProxy as its pod runs it (testbed/haproxy_pod.py: the image's root filesystem, the rendered
 ConfigMap and start script, the teams' keys as mounted Secrets), in front of two stand-in OpenAI servers on this
 machine: each team reaches exactly its models, a wrong key is 401, an ungranted model 403, an unknown one 404, a team
 over its rate or its generated tokens a minute 429 with Retry-After, GET /v1/models lists the team's models, a
@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
-from testbed.gateway_pod import GatewayPod
+from testbed.haproxy_pod import HAProxyPod
 from testbed.tools import eventually, free_port, scrape
 
 from cpullm.api.gateway import parse_gateway_spec
@@ -130,7 +130,7 @@ class Gateway:
 @dataclass(frozen=True)
 class Bed:
     front: Gateway
-    pod: GatewayPod
+    pod: HAProxyPod
     servers: tuple[StandInServer, ...]
 
 
@@ -163,7 +163,7 @@ def gateway() -> Iterator[Bed]:
     files["haproxy.cfg"] = files["haproxy.cfg"].replace(f"bind :{HEALTH_PORT}", f"bind :{health}")
     for name in ("chat", "code"):  # the services' addresses, here on this machine
         files["haproxy.cfg"] = files["haproxy.cfg"].replace(f"{name}.{NAMESPACE}.svc.cluster.local", "127.0.0.1")
-    pod = GatewayPod(
+    pod = HAProxyPod(
         files,
         {"team-a": "key-a\n", "team-b": "key-b", "team-r": "key-r", "team-t": "key-t"},
         env={"CPULLM_SERVICE_KEY_1": "the-servers-key"},

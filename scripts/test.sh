@@ -96,8 +96,8 @@ if wanted CPULLM_SKIP_NODE; then
 fi
 if wanted CPULLM_SKIP_KIND; then
   stage "kind tests"
-  .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py e2e/test_release.py e2e/test_gateway_proxy.py -m kind -q \
-    -p no:logging --durations=8
+  .venv/bin/python -m pytest e2e/test_kind.py e2e/test_quickstart.py e2e/test_release.py e2e/test_gateway_proxy.py \
+    e2e/test_router_proxy.py -m kind -q -p no:logging --durations=8
   stage "e2e suite on kind (testbed/kind/run.sh)"
   testbed/kind/run.sh --durations=8
 fi

@@ -196,30 +196,43 @@ def test_a_new_router_configuration_rolls_the_router_and_scaling_does_not():
             id="autoscaled-bounded-and-drain-set",
         ),
         pytest.param(
-            {"placement": "throughput", "routing": {"router": {"affinity": "prefix"}}},
+            {"placement": "throughput", "maxNumSeqs": 8, "routing": {"router": {"affinity": "prefix"}}},
             [
-                # prefix affinity: the conversation's key, a consistent hash, bounded load
+                # prefix affinity: the conversation's key, its last server remembered, new ones least busy
+                "  balance leastconn",
                 "  option http-buffer-request",
                 "  http-request set-var(txn.affinity) req.body,json_query('$.messages[0].content') "
                 "unless { var(txn.affinity) -m found }",
                 "  http-request set-var(txn.affinity) req.body,json_query('$.prompt'),bytes(0,256) "
                 "unless { var(txn.affinity) -m found }",
-                "  balance hash var(txn.affinity)",
-                "  hash-type consistent",
-                "  hash-balance-factor 150",
+                "  stick-table type binary len 20 size 65536 expire 30m",
+                "  stick on var(txn.affinity),sha1",
+                # loadFactor 150 of 8 running: 4 more may wait for a conversation's server
+                "  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none maxconn 8 maxqueue 4",
             ],
             id="prefix-affinity",
         ),
         pytest.param(
             {
                 "placement": "throughput",
+                "maxNumSeqs": 2,
                 "routing": {"router": {"affinity": "prefix", "sessionHeader": "X-Session-Id", "loadFactor": 125}},
             },
             [
                 "  http-request set-var(txn.affinity) req.hdr(x-session-id) if { req.hdr(x-session-id) -m found }",
-                "  hash-balance-factor 125",
+                # a quarter of 2 is half a request: at least one waits, else maxqueue 0 would mean no bound
+                "  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none maxconn 2 maxqueue 1",
             ],
-            id="a-session-header-first",
+            id="a-session-header-first-and-the-bound-rounded-up",
+        ),
+        pytest.param(
+            {"placement": "throughput", "routing": {"router": {"affinity": "prefix", "loadFactor": 300}}},
+            [
+                # no maxNumSeqs rendered (an explicit kvCacheGiB): no limit in the router, so no bound
+                "  stick on var(txn.affinity),sha1",
+                "  default-server check inter 2s fall 2 rise 1 resolvers cluster init-addr none",
+            ],
+            id="prefix-without-max-num-seqs",
         ),
     ],
 )

@@ -742,10 +742,10 @@ class RouterSettings(_Model):
     )
     affinity: RouterAffinity = Field(
         default=RouterAffinity.NONE,
-        description="none: the server with the fewest requests in flight. prefix: the requests of one conversation "
-        "go to the server that served it, where vLLM's prefix cache holds its earlier turns (keyed on sessionHeader "
-        "where the request has it, else the first user message, else the prompt's first 256 bytes), unless that "
-        "server has loadFactor percent of the average load (docs/routing.md has when each wins).",
+        description="none: the server with the fewest requests in flight. prefix: a conversation's requests go to "
+        "the server that served its last one, where vLLM's prefix cache holds its earlier turns (keyed on "
+        "sessionHeader, else the first user message, else the prompt's first 256 bytes), unless that server is "
+        "over loadFactor; a new one to the least busy (docs/routing.md).",
     )
     session_header: str | None = Field(
         default=None,
@@ -758,8 +758,8 @@ class RouterSettings(_Model):
         default=150,
         ge=101,
         le=1000,
-        description="With prefix affinity, the most a server takes, in percent of the servers' average requests in "
-        "flight, before its conversations go to the next one (HAProxy's hash-balance-factor).",
+        description="With prefix affinity, the most a server holds for its conversations, in percent of the "
+        "requests it runs at once (maxNumSeqs; 150: half as many again may wait for it), before one moves.",
     )
     cluster_domain: str = Field(
         default="cluster.local",

@@ -1,8 +1,9 @@
 """The router in front of a service's servers (spec.routing mode router): HAProxy balancing by least connections,
-so each request goes to the server holding the fewest in flight, where kube-proxy would pick one per connection
-at random. Three children: HAProxy's configuration (a ConfigMap), its Deployment, and a headless Service whose DNS
-answer lists the ready servers (HAProxy re-resolves it every second: servers joining, leaving and draining are
-followed without a reload). The service's own Service then selects the router's pods.
+so each request goes to the server holding the fewest in flight (or, with prefix affinity, a conversation's to the
+server that served it), where kube-proxy would pick one per connection at random. Three children: HAProxy's
+configuration (a ConfigMap), its Deployment, and a headless Service whose DNS answer lists the ready servers
+(HAProxy re-resolves it every second: servers joining, leaving and draining are followed without a reload). The
+service's own Service then selects the router's pods.
 """
 
 from __future__ import annotations
@@ -76,11 +77,12 @@ def haproxy_config(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> str:
     """HAProxy's configuration. Each request waits as long as the longest one may run (plan.drainSeconds); a
     server slot for each server the chosen nodes can hold (plan.capacity: the same as the service scales, so
     scaling never rolls the router); with maxNumSeqs (set, or chosen by the plan), no server is sent more than it
-    runs at once, and the rest queue in the router for the first one free."""
+    runs at once, and the rest queue in the router for the first one free (or, with prefix affinity, for their
+    conversation's server while it holds no more than its bound)."""
     port, seconds = spec.service.port, max(plan.drain_seconds, 1)
     domain = spec.routing.router.cluster_domain
     servers = f"{servers_service_name(owner)}.{owner.namespace}.svc.{domain}"
-    per_server = f" maxconn {plan.max_num_seqs}" if plan.max_num_seqs else ""
+    per_server = _server_bound(spec.routing.router, plan.max_num_seqs)
     return "\n".join(
         [
             "global",
@@ -125,16 +127,21 @@ def haproxy_config(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> str:
 # user message of a chat (after a system prompt, where the first message is one), a completion's prompt (its first
 # PROMPT_KEY_BYTES: a later turn repeats the earlier text first). HAProxy's json_query reads the buffered body.
 PROMPT_KEY_BYTES = 256
+# The stick table: a conversation's key (its SHA-1) and the server that served it last, forgotten after STICK_EXPIRE
+# unused (vLLM's prefix cache has evicted it by then on a busy server); STICK_ENTRIES conversations at most, about
+# 100 bytes each, the least recently used dropped first (a flood of new keys costs affinity, never memory).
+STICK_ENTRIES, STICK_EXPIRE = 65536, "30m"
 
 
 def _balance(router: RouterSettings) -> list[str]:
-    """How the backend picks a server: least connections, or a consistent hash of the conversation's key with
-    bounded load (HAProxy's hash-balance-factor): a server over loadFactor percent of the average takes no more
-    conversations until it is not. Requests without a key (no body, no text) are spread over the servers."""
+    """How the backend picks a server: the one with the fewest requests in flight; with prefix affinity, a known
+    conversation's request goes to the server that served its last one (a stick table of its key). Requests
+    without a key (no body, no text) are balanced alone. The bound on a conversation's server is per server
+    (_server_bound)."""
     if router.affinity == RouterAffinity.NONE:
         return ["  balance leastconn"]
     key, found = "txn.affinity", "{ var(txn.affinity) -m found }"
-    lines = ["  option http-buffer-request"]
+    lines = ["  balance leastconn", "  option http-buffer-request"]
     if router.session_header:
         header = router.session_header.lower()
         lines.append(f"  http-request set-var({key}) req.hdr({header}) if {{ req.hdr({header}) -m found }}")
@@ -144,11 +151,23 @@ def _balance(router: RouterSettings) -> list[str]:
         "{ var(txn.first_role) -m str system }",
         f"  http-request set-var({key}) req.body,json_query('$.messages[0].content') unless {found}",
         f"  http-request set-var({key}) req.body,json_query('$.prompt'),bytes(0,{PROMPT_KEY_BYTES}) unless {found}",
-        f"  balance hash var({key})",
-        "  hash-type consistent",
-        f"  hash-balance-factor {router.load_factor}",
+        f"  stick-table type binary len 20 size {STICK_ENTRIES} expire {STICK_EXPIRE}",
+        f"  stick on var({key}),sha1",
     ]
     return lines
+
+
+def _server_bound(router: RouterSettings, max_num_seqs: int | None) -> str:
+    """Each server's limits: it runs at most maxNumSeqs requests at once (maxconn; the rest wait in the router).
+    With prefix affinity, at most loadFactor percent of that may be held for it (running and waiting, maxqueue for
+    the waiting part): past it a conversation's request goes to the least busy server, which then holds the
+    conversation (HAProxy breaks persistence at maxqueue). No maxNumSeqs: no limit, and no bound."""
+    if not max_num_seqs:
+        return ""
+    if router.affinity == RouterAffinity.NONE:
+        return f" maxconn {max_num_seqs}"
+    waiting = max(1, -(-max_num_seqs * (router.load_factor - 100) // 100))
+    return f" maxconn {max_num_seqs} maxqueue {waiting}"
 
 
 def build_router_config_map(owner: Owner, spec: CpuLLMServiceSpec, plan: Plan) -> dict[str, Any] | None:

@@ -1,14 +1,15 @@
-"""A CpuLLMGateway pod's container, run on this machine as its image runs it (root): the files of the gateway's
-ConfigMap at /etc/cpullm-gateway, the teams' keys at /var/run/cpullm-gateway/keys, the image's own root filesystem
-(testbed.images HAPROXY_ROOTFS: Debian's haproxy, the router's and gateway's image here) under an overlay, so its
-/bin/sh, sha256sum and haproxy run the start script as the pod's user (nobody), all in a mount namespace of their
-own and on this machine's network. The keys directory is bind-mounted from the host, so a test rotates a key as the
-kubelet does: a new file renamed over the old one.
+"""An HAProxy pod's container, a CpuLLMGateway's or a router's, run on this machine as its image runs it (root): the
+files of its ConfigMap at their mount, a gateway's team keys at /var/run/cpullm-gateway/keys, the image's own root
+filesystem (testbed.images HAPROXY_ROOTFS: Debian's haproxy, the router's and gateway's image here) under an
+overlay, so its /bin/sh, sha256sum and haproxy run the container's command as the pod's user (nobody), all in a
+mount namespace of their own and on this machine's network. The keys directory is bind-mounted from the host, so a
+test rotates a key as the kubelet does: a new file renamed over the old one.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -18,28 +19,39 @@ from pathlib import Path
 
 from testbed.images import HAPROXY_ROOTFS
 
-CONFIG_DIR, KEYS_DIR, RUN_DIR = "etc/cpullm-gateway", "run/cpullm-gateway/keys", "run/cpullm-gateway"
+GATEWAY_CONFIG_DIR, KEYS_DIR, RUN_DIR = "etc/cpullm-gateway", "run/cpullm-gateway/keys", "run/cpullm-gateway"
+GATEWAY_COMMAND = f"/bin/sh /{GATEWAY_CONFIG_DIR}/start.sh"
 NOBODY = 65534  # the user the gateway's container runs as (core/children/router.py)
 
 
-class GatewayPod:
-    """`files`: the ConfigMap's data; `keys`: team -> key; `env`: the container's environment (services' keys)."""
+class HAProxyPod:
+    """`files`: the ConfigMap's data, mounted at `config_dir` (relative to /); `command`: the container's, run by
+    /bin/sh -c; `keys`: team -> key; `env`: the container's environment (services' keys). The defaults are a
+    gateway's."""
 
-    def __init__(self, files: Mapping[str, str], keys: Mapping[str, str], env: Mapping[str, str] | None = None) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="cpullm-gateway-"))
+    def __init__(
+        self,
+        files: Mapping[str, str],
+        keys: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        config_dir: str = GATEWAY_CONFIG_DIR,
+        command: str = GATEWAY_COMMAND,
+    ) -> None:
+        self.command = command
+        self.dir = Path(tempfile.mkdtemp(prefix="cpullm-haproxy-"))
         self.keys = self.dir / "keys"
         self.keys.mkdir()
         upper = self.dir / "upper"
-        (upper / CONFIG_DIR).mkdir(parents=True)
+        (upper / config_dir).mkdir(parents=True)
         (upper / KEYS_DIR).mkdir(parents=True)
         for name, text in files.items():
-            (upper / CONFIG_DIR / name).write_text(text)
+            (upper / config_dir / name).write_text(text)
         shutil.copy("/etc/resolv.conf", upper / "etc" / "resolv.conf")
         (upper / RUN_DIR).chmod(0o777)  # an emptyDir: writable by the pod's user
-        for team, key in keys.items():
+        for team, key in (keys or {}).items():
             self.rotate(team, key)
         self.env = dict(env or {})
-        self.log = self.dir / "gateway.log"
+        self.log = self.dir / "haproxy.log"
         self.process: subprocess.Popen[bytes] | None = None
 
     def rotate(self, team: str, key: str) -> None:
@@ -56,7 +68,7 @@ class GatewayPod:
         script = (
             f"mount -t overlay overlay -o lowerdir={rootfs},upperdir={self.dir / 'upper'},workdir={work} {merged}"
             f" && mount --bind {self.keys} {merged / KEYS_DIR}"
-            f" && exec chroot --userspec={NOBODY}:{NOBODY} {merged} /bin/sh /{CONFIG_DIR}/start.sh"
+            f" && exec chroot --userspec={NOBODY}:{NOBODY} {merged} /bin/sh -c {shlex.quote(self.command)}"
         )
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", **self.env}
         with self.log.open("wb") as log:
