@@ -16,11 +16,11 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from testbed.haproxy_pod import HAProxyPod
+from testbed.stand_in import StandInHandler, StandInServer
 from testbed.tools import eventually, free_port, scrape
 
 from cpullm.api.gateway import parse_gateway_spec
@@ -31,14 +31,13 @@ NAMESPACE = "teams"
 STREAM_PAUSE = 0.3  # between a stand-in server's streamed chunks
 
 
-class StandIn(BaseHTTPRequestHandler):
+class StandIn(StandInHandler):
     """An OpenAI server's shape (taking `seconds` to answer): echoes the model and the Authorization it was sent, with
     a usage (prompt tokens: the prompt's characters; generated: max_tokens, else 7) that it also counts, as vLLM
     counts its tokens; streams when asked, the usage in a last chunk where the request asked
     stream_options.include_usage."""
 
-    protocol_version = "HTTP/1.1"
-    server: StandInServer
+    server: CountingServer
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
@@ -63,31 +62,18 @@ class StandIn(BaseHTTPRequestHandler):
                 time.sleep(STREAM_PAUSE)
             self.wfile.write(b"0\r\n\r\n")
             return
-        out = json.dumps({**seen, "usage": {**usage, "total_tokens": sum(usage.values())}}).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *_: Any) -> None:
-        pass
+        self.answer_json({**seen, "usage": {**usage, "total_tokens": sum(usage.values())}})
 
 
-class StandInServer(ThreadingHTTPServer):
-    block_on_close = False  # closing does not wait for the gateway's idle connections' threads
-
+class CountingServer(StandInServer):
     def __init__(self, name: str) -> None:
-        super().__init__(("127.0.0.1", free_port()), StandIn)
-        self.name, self.lock, self.tokens = name, threading.Lock(), [0, 0]  # prompt, generated
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # the gateway closing an idle connection: nothing to print
+        super().__init__(name, StandIn)
+        self.tokens = [0, 0]  # prompt, generated
 
 
-def stand_in(name: str) -> StandInServer:
-    server = StandInServer(name)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+def stand_in(name: str) -> CountingServer:
+    server = CountingServer(name)
+    server.start()
     return server
 
 
@@ -131,7 +117,7 @@ class Gateway:
 class Bed:
     front: Gateway
     pod: HAProxyPod
-    servers: tuple[StandInServer, ...]
+    servers: tuple[CountingServer, ...]
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +162,7 @@ def gateway() -> Iterator[Bed]:
     finally:
         pod.stop()
         for server in (chat, code):
-            server.shutdown()
-            server.server_close()
+            server.stop()
 
 
 def test_each_team_reaches_exactly_its_models(gateway: Bed):

@@ -13,21 +13,19 @@ import os
 import shlex
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from testbed.haproxy_pod import HAProxyPod
 from testbed.objects import SAMPLE_NODES, tiny_service
+from testbed.stand_in import StandInHandler, StandInServer
 from testbed.tools import ROOT, eventually, free_port
 
 from cpullm.core.children.router import CONFIG_FILE, CONFIG_MOUNT, HEALTH_PORT
@@ -37,17 +35,14 @@ SERVING = 1  # maxNumSeqs: what each server runs at once
 LOAD_FACTOR = 200  # a conversation's server holds at most twice that: one running, one waiting (maxqueue 1)
 
 
-class StandIn(BaseHTTPRequestHandler):
+class StandIn(StandInHandler):
     """A server's shape: answers a POST after the body's `seconds` with its name, counting the requests it holds at
     once; GET /health is the router's check."""
 
-    protocol_version = "HTTP/1.1"
-    server: StandInServer
+    server: Server
 
     def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("content-length", "0")
-        self.end_headers()
+        self.answer_json({})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
@@ -57,31 +52,19 @@ class StandIn(BaseHTTPRequestHandler):
         time.sleep(float(body.get("seconds", 0)))
         with self.server.lock:
             self.server.holding -= 1
-        out = json.dumps({"server": self.server.name}).encode()
-        self.send_response(200)
-        self.send_header("content-length", str(len(out)))
-        self.end_headers()
-        self.wfile.write(out)
-
-    def log_message(self, *_: Any) -> None:
-        pass
+        self.answer_json({"server": self.server.name})
 
 
-class StandInServer(ThreadingHTTPServer):
-    block_on_close = False
-
+class Server(StandInServer):
     def __init__(self, name: str) -> None:
-        super().__init__(("127.0.0.1", free_port()), StandIn)
-        self.name, self.lock, self.holding, self.most = name, threading.Lock(), 0, 0
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        pass  # the router closing an idle connection: nothing to print
+        super().__init__(name, StandIn)
+        self.holding, self.most = 0, 0  # requests held now, and at most
 
 
 @dataclass(frozen=True)
 class Bed:
     url: str
-    servers: tuple[StandInServer, ...]
+    servers: tuple[Server, ...]
 
     def ask(self, conversation: str, turn: int = 0, seconds: float = 0.0) -> str:
         """One turn of a chat: a system prompt every conversation shares, the conversation's first message, and
@@ -123,9 +106,9 @@ def rendered_router(port: int, tmp: Path) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
-    servers = (StandInServer("a"), StandInServer("b"))
+    servers = (Server("a"), Server("b"))
     for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        server.start()
     port, health = free_port(), free_port()
     config, command = rendered_router(port, tmp_path_factory.mktemp("router"))
     template = next(line for line in config.splitlines() if line.startswith("  server-template "))
@@ -148,8 +131,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
     finally:
         pod.stop()
         for server in servers:
-            server.shutdown()
-            server.server_close()
+            server.stop()
 
 
 def test_a_conversations_turns_reach_the_server_that_served_it(router: Bed):
