@@ -16,7 +16,7 @@ Each figure is printed beside what core/performance.py predicts for the same req
 plan's own `predicted` is the same model at its maxNumSeqs), with their ratio.
 
     .venv/bin/python bench/predict_bench.py [--models qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b] [--formats bf16 w8a8-int8]
-        [--tp 1 2] [--rounds 2] [--probe FILE] [--json FILE]
+        [--tp 1 2] [--rounds 2] [--reserved-cpus-per-rank N] [--probe FILE] [--json FILE]
     .venv/bin/python bench/predict_bench.py --replay FILE [FILE ...] [--every-probe]
 
 `--replay` reads runs' `--json` files (each case's measurements, probe, model config and plan shape) and prints the
@@ -75,6 +75,7 @@ class Case:
     threads: int = 0
     shares_cores: bool = False  # no CPU kept off the ranks' threads (reservedCpusPerRank 0), as the plan had it
     adapter_rank: int = 0  # with a LoRA adapter of this rank, every request naming it (0: none)
+    reserved: int = 0  # CPUs of each rank kept for vLLM's front end (the spec's reservedCpusPerRank)
 
 
 def probe(python: Path, seconds: float) -> dict[str, Any]:
@@ -168,6 +169,8 @@ def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int,
     spec: dict[str, Any] = {"kvCacheGiB": None, "maxModelLen": 2048, "maxNumSeqs": max(STREAMS)}
     if case.tp > 1:
         spec["env"] = SIM_MULTI_NUMA
+    if case.reserved:
+        spec["cpu"] = {"reservedCpusPerRank": case.reserved}
     adapter = None
     if case.adapter_rank:
         adapter = "tuned"
@@ -202,6 +205,7 @@ def table(cases: list[Case]) -> str:
     lines = [head, "-" * len(head)]
     for case in cases:
         model = case.model + (f"+lora{case.adapter_rank}" if case.adapter_rank else "")
+        model += f" r{case.reserved}" if case.reserved else ""  # CPUs a rank keeps for the front end
         line = f"{model:<20}{case.fmt:<11}{case.tp:>3}"
         if case.error:
             lines.append(line + f"  {case.error}")
@@ -241,6 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tp", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--adapter-rank", type=int, default=0, help="serve a LoRA adapter of this rank, and ask it")
+    parser.add_argument(
+        "--reserved-cpus-per-rank", type=int, default=0, help="keep this many of each rank's CPUs for the front end"
+    )
     parser.add_argument("--probe", type=Path, help="a NodePerformance of this machine (default: probed for each case)")
     parser.add_argument("--probe-seconds", type=float, default=0.5, help="the probe's seconds per point")
     parser.add_argument("--json", type=Path, help="also write every figure here")
@@ -260,7 +267,10 @@ def main(argv: list[str] | None = None) -> None:
     python = vllm_python()
     given = json.loads(args.probe.read_text()) if args.probe else None
     cases = [
-        Case(m, f, tp, adapter_rank=args.adapter_rank) for m in args.models for f in args.formats for tp in args.tp
+        Case(m, f, tp, adapter_rank=args.adapter_rank, reserved=args.reserved_cpus_per_rank)
+        for m in args.models
+        for f in args.formats
+        for tp in args.tp
     ]
     tmp = Path(tempfile.mkdtemp(prefix="cpullm-predict-"))  # kept: each case's plan, probe and server log
     for index, case in enumerate(cases):

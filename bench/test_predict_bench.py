@@ -9,7 +9,7 @@ import pytest
 from bench import predict_bench
 
 from cpullm.core.performance import Serving, kernel_of, parse_performance, predict
-from cpullm.core.sizing import size_model
+from cpullm.core.sizing import ModelSize, size_model
 
 # A small Llama: what the replay sizes and predicts from.
 CONFIG = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 6}
@@ -33,11 +33,18 @@ PROBE = {
 MEASURED = {"decode": 11.0, "8 streams": 90.0, "32 streams": 220.0, "TTFT": 1.7}
 
 
+def decode_kv(size: ModelSize) -> int:
+    return size.kv_bytes_per_token_per_rank(1)
+
+
 def test_a_replay_predicts_each_case_again_beside_its_measurements(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     run = [
         {"model": "qwen2.5-0.5b", "fmt": "bf16", "tp": 1, "measured": MEASURED, "predicted": {"decode": 1.0}}
         | {"probe": PROBE, "config": CONFIG, "threads": 2, "shares_cores": True},
         {"model": "qwen2.5-3b", "fmt": "bf16", "tp": 2, "error": "server did not start"},
+        # a CPU of the rank's two kept for the front end: one thread, and no front-end charge on its cores
+        {"model": "qwen2.5-0.5b", "fmt": "bf16", "tp": 1, "measured": MEASURED, "reserved": 1}
+        | {"probe": PROBE, "config": CONFIG, "threads": 1, "shares_cores": False},
     ]
     saved = tmp_path / "run.json"
     saved.write_text(json.dumps(run))
@@ -46,11 +53,14 @@ def test_a_replay_predicts_each_case_again_beside_its_measurements(tmp_path: Pat
 
     size = size_model(CONFIG, "bfloat16")
     serving = Serving(1, 2, *kernel_of(size), shares_cores=True)
-    decode = predict(size, serving, parse_performance(PROBE), 1, size.kv_bytes_per_token_per_rank(1), context=528)
+    decode = predict(size, serving, parse_performance(PROBE), 1, decode_kv(size), context=528)
     now = decode.throughput_tokens_per_second
     assert lines[2].startswith("qwen2.5-0.5b        bf16         1")
     assert f"{now:.2f} / 11.00 ({now / 11.0:.2f})" in lines[2]  # the model's figure now, not the one saved
     assert lines[3].endswith("server did not start")
+    kept = predict(size, Serving(1, 1, *kernel_of(size)), parse_performance(PROBE), 1, decode_kv(size), context=528)
+    assert lines[4].startswith("qwen2.5-0.5b r1     bf16         1")
+    assert f"{kept.throughput_tokens_per_second:.2f} / 11.00" in lines[4]
 
 
 def test_every_probe_predicts_each_case_from_each_runs_probe(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
