@@ -97,8 +97,7 @@ def rendered_router(port: int, tmp: Path) -> tuple[str, str]:
         cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
-    out = done.stdout
-    children = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(out)}
+    children = {(o["kind"], o["metadata"]["name"]): o for o in yaml.safe_load_all(done.stdout)}
     config = children["ConfigMap", "chat-router"]["data"][CONFIG_FILE]
     container = children["Deployment", "chat-router"]["spec"]["template"]["spec"]["containers"][0]
     return config, shlex.join(container["command"])
@@ -126,7 +125,7 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Bed]:
             return False
 
     try:
-        eventually(up, timeout=30, what=f"the router ready ({pod.output()[-500:]})")
+        eventually(up, timeout=30, what="the router ready")
         yield Bed(f"http://127.0.0.1:{port}/v1/chat/completions", servers)
     finally:
         pod.stop()
