@@ -15,9 +15,9 @@ from testbed.tools import free_port
 class StandInHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as a proxy's connections to a server are
 
-    def answer_json(self, body: Any, status: int = 200) -> None:
+    def answer_json(self, body: Any) -> None:
         out = json.dumps(body).encode()
-        self.send_response(status)
+        self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(out)))
         self.end_headers()
