@@ -44,7 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.engines_bench import built_quantized, isa_shown
 from bench.sizes_bench import prompt_ids
 from testbed import machine
-from testbed.vllm_server import LocalServer, built_model, render_service, server_for_container, vllm_python
+from testbed.vllm_server import (
+    LocalServer,
+    built_model,
+    make_adapter,
+    render_service,
+    server_for_container,
+    vllm_python,
+)
 
 from cpullm import perf_probe
 from cpullm.core.performance import Serving, kernel_of, parse_performance, predict
@@ -175,8 +182,7 @@ def run_case(case: Case, python: Path, performance: dict[str, Any], rounds: int,
     if case.adapter_rank:
         adapter = "tuned"
         built = workdir / "models" / "adapters" / adapter  # the pod's /models (testbed/vllm_server.pod_mounts)
-        make = ROOT / "tests" / "vllm" / "make_adapter.py"
-        subprocess.run([str(python), str(make), str(model), str(built), str(case.adapter_rank)], check=True)
+        make_adapter(python, model, built, case.adapter_rank)
         spec["adapters"] = [{"name": adapter, "source": f"/models/adapters/{adapter}", "rank": case.adapter_rank}]
     plan, container = render_service(workdir, model, case.tp, node_facts=[performance], **spec)
     case.plan_predicted = plan.get("predicted") or {}

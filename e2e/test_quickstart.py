@@ -14,7 +14,9 @@ import json
 import math
 import os
 import subprocess
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -33,13 +35,16 @@ from testbed.spread import (
     QuickStart,
     deploy_spread,
     patch_spec,
+    put_on_nodes,
     rolled_out,
     router_ready,
     scale,
     served,
+    server_counters,
     servers_generation,
 )
-from testbed.tools import Kubectl, eventually, free_port
+from testbed.tools import Kubectl, eventually, free_port, metric_total, parse_metrics
+from testbed.vllm_server import make_adapter, make_tiny_model, vllm_python
 
 from cpullm.core.topology import parse_quantity
 from e2e.serving import TINY, assert_as_planned, in_container
@@ -251,11 +256,13 @@ except urllib.error.HTTPError as refused:
     print(refused.code, refused.read().decode())
 """
 
-# Team B's requests one after another, alone and then beside team A's flood (8 threads asking without pause), each
-# B request's seconds and status; A's statuses. Run in a pod of the namespace: the gateway's address is the cluster's.
-FAIRNESS = """import json, sys, threading, time, urllib.error, urllib.request
-url, key_a, key_b, model, count = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-def call(key, tokens):
+# What a client pod runs against the gateway (python3 -c CALLS MODE URL ...): prints JSON, each call as [status,
+# seconds, Retry-After]. fairness: team B's requests one after another, alone and then beside team A's flood (8
+# threads asking without pause); steady: one request after another until the file `stop` is in the pod (a key
+# rotating meanwhile); rate: requests in a row until one is refused. Run in a pod: the gateway's address is the
+# cluster's.
+CALLS = """import json, os, sys, threading, time, urllib.error, urllib.request
+def call(url, key, model, tokens):
     body = {"model": model, "prompt": "The capital of France is", "max_tokens": tokens, "ignore_eos": True}
     headers = {"content-type": "application/json", "authorization": "Bearer " + key}
     request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
@@ -263,30 +270,44 @@ def call(key, tokens):
     try:
         with urllib.request.urlopen(request, timeout=300) as answer:
             answer.read()
-            status = answer.status
+            return answer.status, time.monotonic() - started, None
     except urllib.error.HTTPError as refused:
-        status = refused.code
+        return refused.code, time.monotonic() - started, refused.headers.get("Retry-After")
     except OSError:
-        status = 0
-    return status, time.monotonic() - started
-for _ in range(3):  # the server's first answers are slower: not part of either series
-    call(key_b, 32)
-alone = [call(key_b, 32) for _ in range(count)]
-stop, flooded = threading.Event(), []
-def flood():
-    while not stop.is_set():
-        flooded.append(call(key_a, 64)[0])
-threads = [threading.Thread(target=flood) for _ in range(8)]
-for thread in threads:
-    thread.start()
-while len(flooded) < 2:  # the flood holds its slot: some of its requests have come back
-    time.sleep(0.1)
-beside = [call(key_b, 32) for _ in range(count)]
-stop.set()
-for thread in threads:
-    thread.join()
-print(json.dumps({"alone": alone, "beside": beside, "flooded": flooded}))
+        return 0, time.monotonic() - started, None
+def fairness(url, key_a, key_b, model, count):
+    for _ in range(3):  # the server's first answers are slower: not part of either series
+        call(url, key_b, model, 32)
+    alone = [call(url, key_b, model, 32) for _ in range(int(count))]
+    stop, flooded = threading.Event(), []
+    def flood():
+        while not stop.is_set():
+            flooded.append(call(url, key_a, model, 64)[0])
+    threads = [threading.Thread(target=flood) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    while len(flooded) < 2:  # the flood holds its slot: some of its requests have come back
+        time.sleep(0.1)
+    beside = [call(url, key_b, model, 32) for _ in range(int(count))]
+    stop.set()
+    for thread in threads:
+        thread.join()
+    return {"alone": alone, "beside": beside, "flooded": flooded}
+def steady(url, key, model, stop):
+    done, deadline = [], time.monotonic() + 600
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        done.append(call(url, key, model, 8))
+    return done
+def rate(url, key, model):
+    done = [call(url, key, model, 1)]
+    while done[-1][0] == 200 and len(done) < 10:
+        done.append(call(url, key, model, 1))
+    return done
+print(json.dumps({"fairness": fairness, "steady": steady, "rate": rate}[sys.argv[1]](*sys.argv[2:])))
 """
+ADAPTER_RANK = 8
+TOKEN_COUNTERS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+USAGE_COUNTERS = ("cpullm_gateway_prompt_tokens_total", "cpullm_gateway_generation_tokens_total")
 
 
 def percentile(seconds: list[float], share: float) -> float:
@@ -294,19 +315,45 @@ def percentile(seconds: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, math.ceil(share * len(ordered)) - 1)]
 
 
-def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_rotated_key(
-    quick_start: QuickStart,
+def tokens_served(kubectl: Kubectl, services: tuple[str, ...]) -> list[float]:
+    """The prompt and generated tokens the services' running servers counted, summed over them."""
+    counts = [server_counters(kubectl, TOKEN_COUNTERS, service) for service in services]
+    return [sum(c[i] for per_service in counts for c in per_service.values()) for i in range(len(TOKEN_COUNTERS))]
+
+
+def test_a_gateway_fronts_two_services_with_a_key_per_team_and_rotates_keys_under_traffic(
+    quick_start: QuickStart, docker_env: dict[str, str], tmp_path: Path
 ) -> None:
-    """A CpuLLMGateway in front of the router's service, its HAProxy the router's image, under the released chart's
-    write policy and kube-router's firewall: no key is 401, the team's key lists the model and gets a completion from
-    real vLLM through the router, the usage counts its tokens, and a key added to the Secret is admitted by the same
-    pod (the kubelet updates the file, the start script reloads HAProxy). With one team flooding the service, the
-    other team's 90th percentile latency stays within 2x of its own alone, none of its requests refused. With the
-    service's allowedFrom narrowed to no one, its router refuses the namespace's pods and still admits the gateway's."""
+    """A CpuLLMGateway in front of two services, the router's and a second whose servers carry a LoRA adapter, its
+    HAProxy the router's image, under the released chart's write policy and kube-router's firewall. Three teams with
+    their own keys: each lists and reaches exactly its models through the one address (the adapter answers otherwise
+    than the base model), a model it may not use is refused, no key is 401, a team over its rate 429 with
+    Retry-After; the usage per team adds up to what the servers counted. With one team flooding the router's service,
+    the other team's 90th percentile latency stays within 2x of its own alone, none of its requests refused. A key
+    added to its Secret and the old one removed while a client keeps asking: no request fails, the same pod serves.
+    With the router's service's allowedFrom narrowed to no one, its router refuses the namespace's pods and still
+    admits the gateway's."""
     kubectl = quick_start.kubectl
+    python = vllm_python()
+    base = make_tiny_model(python, tmp_path / "base")
+    second_model = put_on_nodes(docker_env, kubectl, base, "second-llama")
+    adapter = make_adapter(python, base, tmp_path / "tuned", ADAPTER_RANK)
     model = deploy_spread(quick_start, 1, extraArgs=["--optimization-level", "0"])
+    spread = kubectl.get("cpullmservice", SPREAD, NAMESPACE)["spec"]
+    second = {
+        **{k: spread[k] for k in ("image", "kvCacheGiB", "maxModelLen", "modelCache")},
+        "model": {**spread["model"], "name": second_model},
+        "adapters": [
+            {"name": "tuned", "source": put_on_nodes(docker_env, kubectl, adapter, "tuned"), "rank": ADAPTER_RANK}
+        ],
+        "maxNumSeqs": 2,
+        "placement": "throughput",
+        "replicas": 1,
+    }
+    meta = {"name": "second", "namespace": NAMESPACE}
+    kubectl.apply({"apiVersion": "cpullm.io/v1alpha1", "kind": "CpuLLMService", "metadata": meta, "spec": second})
     eventually(lambda: router_ready(kubectl), timeout=180, interval=1, what="the router ready")
-    image = kubectl.get("cpullmservice", SPREAD, NAMESPACE)["spec"]["routing"]["router"]["image"]
+    image = spread["routing"]["router"]["image"]
 
     def secret(keys: str, name: str = "team-a-key") -> None:
         made = kubectl.run(
@@ -325,15 +372,22 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
 
     secret("first-key")
     secret("b-key", "team-b-key")
+    secret("c-key", "team-c-key")
     gateway = {
         "apiVersion": "cpullm.io/v1alpha1",
         "kind": "CpuLLMGateway",
         "metadata": {"name": "front", "namespace": NAMESPACE},
         "spec": {
-            "services": [SPREAD],
+            "services": [SPREAD, "second"],
             "teams": [
-                {"name": "team-a", "keySecret": {"name": "team-a-key"}},
-                {"name": "team-b", "keySecret": {"name": "team-b-key"}},
+                {"name": "team-a", "keySecret": {"name": "team-a-key"}, "models": [model, "tuned"]},
+                {"name": "team-b", "keySecret": {"name": "team-b-key"}, "models": [model, second_model]},
+                {
+                    "name": "team-c",
+                    "keySecret": {"name": "team-c-key"},
+                    "models": [second_model],
+                    "requestsPerMinute": 2,
+                },
             ],
             "image": image,
             "replicas": 1,
@@ -342,20 +396,52 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
     }
     kubectl.apply(gateway)
     client = client_pod(kubectl, NAMESPACE, quick_start.release.image, name="gateway-client")
+    address = f"front-gateway.{NAMESPACE}.svc.cluster.local:8000"
+    completions = f"http://{address}/v1/completions"
 
     def gateway_ready() -> bool:
         status = (kubectl.get("cpullmgateway", "front", NAMESPACE) or {}).get("status") or {}
         return status.get("readyReplicas") == 1
 
-    def ask(
-        key: str, path: str, body: str = "", at: str = f"front-gateway.{NAMESPACE}.svc.cluster.local:8000"
-    ) -> tuple[int, str]:
+    def ask(key: str, path: str, body: str = "", at: str = address) -> tuple[int, str]:
         url = f"http://{at}{path}"
         out = kubectl.run("exec", client, "-n", NAMESPACE, "--", "python3", "-c", ASK, url, key, body, timeout=180)
         status, _, text = out.stdout.strip().partition(" ")
         return int(status), text
 
+    def calls(*args: str, timeout: float = 600) -> Any:
+        out = kubectl.run("exec", client, "-n", NAMESPACE, "--", "python3", "-c", CALLS, *args, timeout=timeout)
+        return json.loads(out.stdout)
+
+    def listed(key: str) -> list[str]:
+        status, text = ask(key, "/v1/models")
+        assert status == 200, text
+        return sorted(m["id"] for m in json.loads(text)["data"])
+
+    def completion(key: str, name: str) -> tuple[int, dict[str, Any]]:
+        request = {"model": name, "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
+        status, text = ask(key, "/v1/completions", json.dumps(request))
+        return status, json.loads(text)
+
+    def rotate_under_traffic(keys: str, using: str, key: str, status: int) -> None:
+        """The team's Secret set to `keys` while a client keeps asking with `using`, until `key` gets `status`: no
+        request fails. The kubelet updates the file within a pod sync (a minute by default, 10 s on this cluster:
+        testbed/spread.py), the script reloads HAProxy, whose old worker finishes what it holds."""
+        stop, during = f"/tmp/stop-{using}", []
+        traffic = threading.Thread(target=lambda: during.extend(calls("steady", completions, using, model, stop)))
+        traffic.start()
+        try:
+            rotated = time.monotonic()
+            secret(keys)
+            eventually(lambda: ask(key, "/v1/models")[0] == status, timeout=180, interval=2, what=f"{key}: {status}")
+            log(f"gateway: keys {keys!r} in force {time.monotonic() - rotated:.0f} s after the Secret's change")
+        finally:
+            kubectl.run("exec", client, "-n", NAMESPACE, "--", "touch", stop)
+            traffic.join(timeout=660)
+        assert len(during) >= 3 and all(answer[0] == 200 for answer in during), during
+
     try:
+        ready(kubectl, NAMESPACE, "second", 1, timeout=600, interval=2)
         eventually(gateway_ready, timeout=180, interval=2, what="the gateway's pod ready")
         (pod,) = kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/gateway": "front"})
         answers: list[tuple[int, str]] = []
@@ -376,37 +462,51 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
             raise AssertionError(f"{answers[-3:]}\n" + "\n".join(r.stdout + r.stderr for r in seen)) from failed
         if len(answers) > 1:
             log(f"gateway: answered {answers[0][0]} without a key at first, 401 after {len(answers) - 1} more tries")
-        status, listed = ask("first-key", "/v1/models")
-        assert status == 200 and [m["id"] for m in json.loads(listed)["data"]] == [model], listed
-        request = json.dumps({"model": model, "prompt": "The capital of France is", "max_tokens": 4})
-        status, answer = ask("first-key", "/v1/completions", request)
-        assert status == 200, answer
-        tokens = json.loads(answer)["usage"]  # the trained model may stop before max_tokens
-        status, usage = ask("", "/usage", at=f"{pod['status']['podIP']}:8404")  # metricsFrom: the namespace
-        counted = f'{{team="team-a",model="{model}"}}'
-        assert status == 200 and f"cpullm_gateway_requests_total{counted} 1" in usage, usage
-        assert f"cpullm_gateway_prompt_tokens_total{counted} {tokens['prompt_tokens']}" in usage, usage
-        assert f"cpullm_gateway_generation_tokens_total{counted} {tokens['completion_tokens']}" in usage, usage
+        before = tokens_served(kubectl, (SPREAD, "second"))
+        # Each team lists and reaches exactly its models, through the one address.
+        assert listed("first-key") == sorted([model, "tuned"])
+        assert listed("b-key") == sorted([model, second_model])
+        assert listed("c-key") == [second_model]
+        assert ask("wrong-key", "/v1/models")[0] == 401
+        # Over its rate (2 a minute, its first requests): 429 with the seconds to wait.
+        rated = calls("rate", completions, "c-key", second_model)
+        assert [status for status, _, _ in rated] == [200, 200, 429] and int(rated[-1][2]) > 0, rated
+        for key, name in (("first-key", second_model), ("b-key", "tuned")):
+            status, refused = completion(key, name)
+            assert status == 403 and refused["error"]["code"] == "model_not_allowed", (key, name, refused)
+        texts = {}
+        for key, name in (("first-key", model), ("first-key", "tuned"), ("b-key", second_model)):
+            status, answer = completion(key, name)
+            assert status == 200 and answer["model"] == name, answer
+            texts[name] = answer["choices"][0]["text"]
+        assert texts["tuned"] not in (texts[model], texts[second_model]), texts  # the adapter answers otherwise
         # Team A floods the full service (maxNumSeqs 2, one server): it holds one slot, team B's requests take the
         # other and run beside one of A's, none refused. Without that slot, each of B's would wait for one of A's to
         # end (a 64-token answer, twice one of B's): most of B's would take three times as long. The bound is B's
         # 90th percentile within 2x of its own alone: on two shared vCPUs one server running two sequences measured
         # 1.57x in one run, and the p99 of 40 requests is the slowest one, which one hiccup decides (docs/gateway.md).
-        url = f"http://front-gateway.{NAMESPACE}.svc.cluster.local:8000/v1/completions"
-        out = kubectl.run(
-            "exec", client, "-n", NAMESPACE, "--", "python3", "-c", FAIRNESS, url, "first-key", "b-key", model, "40",
-            timeout=600,
-        )  # fmt: skip
-        measured = json.loads(out.stdout)
-        alone, beside = ([s for _, s in measured[k]] for k in ("alone", "beside"))
+        measured = calls("fairness", completions, "first-key", "b-key", model, "40")
+        alone, beside = ([seconds for _, seconds, _ in measured[k]] for k in ("alone", "beside"))
         log(
             f"gateway: team B's p90 {percentile(alone, 0.9):.2f} s alone, {percentile(beside, 0.9):.2f} s beside "
             f"team A's flood, p99 {percentile(alone, 0.99):.2f} and {percentile(beside, 0.99):.2f} s "
             f"({len(measured['flooded'])} of A's requests answered meanwhile)"
         )
-        assert all(status == 200 for status, _ in measured["alone"] + measured["beside"]), measured
+        assert all(status == 200 for status, _, _ in measured["alone"] + measured["beside"]), measured
         assert len(measured["flooded"]) >= 4 and set(measured["flooded"]) == {200}, measured["flooded"]
         assert percentile(beside, 0.9) <= 2 * percentile(alone, 0.9), measured
+        # The usage per team adds up to what the servers counted (HAProxy's counters start again at a reload: read
+        # before the keys rotate).
+        served_tokens = [n - was for n, was in zip(tokens_served(kubectl, (SPREAD, "second")), before, strict=True)]
+        status, usage = ask("", "/usage", at=f"{pod['status']['podIP']}:8404")  # metricsFrom: the namespace
+        assert status == 200, usage
+        counted = [metric_total(parse_metrics(usage), name) for name in USAGE_COUNTERS]
+        log(f"gateway: counted {counted} prompt and generated tokens, the servers {served_tokens}")
+        for gateway_count, server_count in zip(counted, served_tokens, strict=True):
+            assert server_count > 0 and abs(gateway_count - server_count) <= 0.01 * server_count, (
+                counted,
+                served_tokens,
+            )
         # The service's callers narrowed to no one: its router refuses the namespace's pods, the gateway's it admits.
         patch_spec(kubectl, {"networkPolicy": {"allowedFrom": []}})
         router = f"http://{kubectl.get('service', SPREAD, NAMESPACE)['spec']['clusterIP']}:8000/health"
@@ -416,25 +516,23 @@ def test_a_gateway_admits_a_teams_key_routes_through_the_router_and_follows_a_ro
             interval=2,
             what="the router refusing a pod of its namespace",
         )
-        status, answer = ask("first-key", "/v1/completions", request)
-        assert status == 200, answer
-        # The new key beside the old one: the kubelet updates the file within a pod sync (a minute by default, 10 s
-        # on this cluster: testbed/spread.py), the script reloads HAProxy. The old key's removal is the same path
-        # (e2e/test_gateway_proxy.py runs both).
-        secret("first-key\nsecond-key")
-        rotated = time.monotonic()
-        eventually(lambda: ask("second-key", "/v1/models")[0] == 200, timeout=180, interval=2, what="the new key")
-        log(f"gateway: the added key admitted {time.monotonic() - rotated:.0f} s after the Secret's change")
-        assert ask("first-key", "/v1/models")[0] == 200
+        assert completion("first-key", model)[0] == 200
+        # A key rotated while a client keeps asking: the new key beside the old, then the old removed.
+        rotate_under_traffic("first-key\nsecond-key", using="first-key", key="second-key", status=200)
+        rotate_under_traffic("second-key", using="second-key", key="first-key", status=401)
         (after,) = kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/gateway": "front"})
         assert after["metadata"]["uid"] == pod["metadata"]["uid"]
         assert sum(c.get("restartCount", 0) for c in after["status"]["containerStatuses"]) == 0
-        log("gateway: 401 without a key, a completion through the router with it, a key rotated in the same pod")
+        log("gateway: two services, three teams, each its own models; keys rotated under traffic in the same pod")
     finally:
         patch_spec(kubectl, {"networkPolicy": None})
-        kubectl.run("delete", "cpullmgateway", "front", "-n", NAMESPACE, "--wait=false", check=False)
-        kubectl.run("delete", "secret", "team-a-key", "team-b-key", "-n", NAMESPACE, "--wait=false", check=False)
-        kubectl.run("delete", "pod", client, "-n", NAMESPACE, "--wait=false", check=False)
+        for kind, names in (
+            ("cpullmgateway", ["front"]),
+            ("cpullmservice", ["second"]),
+            ("secret", ["team-a-key", "team-b-key", "team-c-key"]),
+            ("pod", [client]),
+        ):
+            kubectl.run("delete", kind, *names, "-n", NAMESPACE, "--wait=false", check=False)
 
 
 def test_the_released_charts_probe_job_measures_a_worker_and_a_plan_on_it_reads_it(quick_start: QuickStart) -> None:

@@ -39,6 +39,7 @@ REGISTRY_DIRECTORY = '[plugins."io.containerd.grpc.v1.cri".registry]\n  config_p
 SPREAD = "spread"
 QUICK_START_DISK_BYTES = 34 * 10**9
 NAMESPACE = "default"
+NODE_MODELS = "/var/lib/cpullm-quickstart"  # scripts/quickstart.sh's copy of the model, each node's /models
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,16 @@ def cluster_kubectl(tools: dict[str, Path], env: dict[str, str], kubeconfig: Pat
     return Kubectl(str(tools["kubernetes"] / "kubectl"), str(kubeconfig))
 
 
+def put_on_nodes(docker_env: dict[str, str], kubectl: Kubectl, source: Path, name: str) -> str:
+    """`source` copied to every node as the quick start copies its model (beside it, under `name`): returns its path
+    in a server, where the quick start's model cache is mounted."""
+    for node in kubectl.get("nodes"):
+        container = node["metadata"]["name"]  # a kind node is the Docker container of its name
+        subprocess.run(["docker", "exec", container, "rm", "-rf", f"{NODE_MODELS}/{name}"], env=docker_env, check=True)
+        subprocess.run(["docker", "cp", str(source), f"{container}:{NODE_MODELS}/{name}"], env=docker_env, check=True)
+    return f"/models/{name}"
+
+
 def deploy_spread(quick_start: QuickStart, replicas: int, **spec: Any) -> str:
     """In place of the quick start's service (whose worker's CPU it needs): "spread", throughput placement of the
     quick start's model and image over the two workers behind the router (HAProxy pushed into the registry), once
@@ -192,11 +203,11 @@ def served(kubectl: Kubectl) -> dict[str, float]:
     return {pod: counts[0] for pod, counts in server_counters(kubectl, ("vllm:request_success_total",)).items()}
 
 
-def server_counters(kubectl: Kubectl, names: tuple[str, ...]) -> dict[str, list[float]]:
+def server_counters(kubectl: Kubectl, names: tuple[str, ...], service: str = SPREAD) -> dict[str, list[float]]:
     """Each running server's sums of the vLLM counters `names` (every series of each), read inside the pod: the API
     server's proxy to it comes from another node, which the servers' NetworkPolicy refuses."""
     counts = {}
-    for pod in kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/service": SPREAD}):
+    for pod in kubectl.get("pods", namespace=NAMESPACE, **{"cpullm.io/service": service}):
         name = pod["metadata"]["name"]
         if pod["metadata"].get("deletionTimestamp") or pod["status"].get("phase") != "Running":
             continue

@@ -73,6 +73,14 @@ def make_tiny_model(python: Path, dest: Path) -> Path:
     return dest
 
 
+def make_adapter(python: Path, model: Path, dest: Path, rank: int) -> Path:
+    """A LoRA adapter of the Llama checkpoint `model` in PEFT's layout (tests/vllm/make_adapter.py: seeded random
+    A and B of rank `rank` for every linear layer), written to `dest` with the vLLM environment."""
+    script = ROOT / "tests" / "vllm" / "make_adapter.py"
+    subprocess.run([str(python), str(script), str(model), str(dest), str(rank)], check=True)
+    return dest
+
+
 # Random-weight models of published sizes, built once and kept (bench/, the opt-in real-node start).
 MODELS_CACHE = Path.home() / ".cache" / "cpullm-operator" / "models"
 

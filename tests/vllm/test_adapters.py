@@ -5,11 +5,10 @@ and the base model's own text is the same as a server without adapters gives."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
-from testbed.vllm_server import render_service, server_for_container
+from testbed.vllm_server import make_adapter, render_service, server_for_container
 
 pytestmark = pytest.mark.vllm
 
@@ -25,9 +24,7 @@ def test_an_adapter_is_served_under_its_name_within_the_plans_memory(vllm_python
         workdir = tmp_path / case
         workdir.mkdir()
         if spec:
-            script = Path(__file__).parent / "make_adapter.py"
-            built = workdir / "models" / "adapters" / "tuned"  # /models of the pod (pod_mounts)
-            subprocess.run([str(vllm_python), str(script), str(tiny_model), str(built), str(RANK)], check=True)
+            make_adapter(vllm_python, tiny_model, workdir / "models" / "adapters" / "tuned", RANK)  # the pod's /models
         plan, container = render_service(workdir, tiny_model, 1, **spec)
         plans[case] = plan
         server = server_for_container(container, workdir=workdir, python=vllm_python, model=tiny_model)
